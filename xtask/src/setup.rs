@@ -1,0 +1,685 @@
+//! `cargo xtask setup`: installs what the build, the lab and the tests need on
+//! a fresh Debian machine run as root. Every step looks first and installs only
+//! what is missing, so running it again is fast and changes nothing.
+//!
+//! [`ensure`] is the same work, quiet about what is already there: `build`,
+//! `test` and `lab` call it before they start.
+//!
+//! The helpers [`run_checked`], [`stdout_of`] and [`shell_line`] run a
+//! `std::process::Command` and turn a failure into an error that quotes the
+//! command line, so it can be run by hand.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Debian packages the datapath, the lab and the tests use. `util-linux`
+/// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
+/// `modprobe`.
+pub const APT_PACKAGES: &[&str] = &[
+    "iproute2",
+    "iptables",
+    "nftables",
+    "tcpdump",
+    "bpftool",
+    "iperf3",
+    "ethtool",
+    "procps",
+    "util-linux",
+    "kmod",
+];
+
+/// Python packages to install with pip: requirement specifiers such as
+/// `moto[server]`.
+pub const PYPI_PACKAGES: &[&str] = &[];
+
+/// Rustup components as (toolchain, component). The programs crate builds
+/// with nightly and `-Z build-std=core` (rust-src); rustfmt.toml uses
+/// nightly-only options, so formatting uses nightly's rustfmt.
+const RUST_COMPONENTS: &[(&str, &str)] = &[
+    ("nightly", "rust-src"),
+    ("nightly", "rustfmt"),
+    ("nightly", "clippy"),
+    ("stable", "rustfmt"),
+    ("stable", "clippy"),
+];
+
+/// The LLVM major version of the nightly toolchain that bpf-linker links to.
+const LLVM_MAJOR: u32 = 22;
+
+/// Where the BPF filesystem must be mounted for the datapath to pin maps.
+const BPFFS_MOUNT_POINT: &str = "/sys/fs/bpf";
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+/// `cargo xtask setup`: every step says what it did or that it was there.
+pub fn run(_args: &Args) -> Result<()> {
+    install_missing(Reporter { verbose: true })?;
+    println!("setup: everything is in place");
+    Ok(())
+}
+
+/// Installs only what is missing, printing only what it installs. Cheap when
+/// everything is there (no `apt-get update`, no `cargo install`), and done at
+/// most once per process.
+pub fn ensure() -> Result<()> {
+    static ENSURED: AtomicBool = AtomicBool::new(false);
+    if ENSURED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    install_missing(Reporter { verbose: false })?;
+    ENSURED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether this process runs with effective user id 0.
+pub fn is_root() -> bool {
+    effective_uid().is_ok_and(|uid| uid == 0)
+}
+
+/// The effective user id, read from `/proc/self/status`.
+pub fn effective_uid() -> Result<u32> {
+    let status = fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
+    parse_effective_uid(&status).context("no effective uid in /proc/self/status")
+}
+
+/// Runs `command` with inherited stdio; an error quotes the command line.
+pub(crate) fn run_checked(command: &mut Command) -> Result<()> {
+    let line = shell_line(command);
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status})");
+    }
+    Ok(())
+}
+
+/// Runs `command` and returns its standard output; an error quotes the
+/// command line and what it wrote to standard error.
+pub(crate) fn stdout_of(command: &mut Command) -> Result<String> {
+    let line = shell_line(command);
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !output.status.success() {
+        bail!(
+            "`{line}` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    String::from_utf8(output.stdout).with_context(|| format!("`{line}` printed non-UTF-8 output"))
+}
+
+/// `command` as a line to paste into a shell: directory, environment,
+/// program and arguments, quoted where needed.
+pub(crate) fn shell_line(command: &Command) -> String {
+    let mut line = String::new();
+    if let Some(dir) = command.get_current_dir() {
+        let _ = write!(line, "cd {} && ", shell_quote(&dir.to_string_lossy()));
+    }
+    for (key, value) in command.get_envs() {
+        if let Some(value) = value {
+            let _ = write!(
+                line,
+                "{}={} ",
+                key.to_string_lossy(),
+                shell_quote(&value.to_string_lossy())
+            );
+        }
+    }
+    line.push_str(&shell_quote(&command.get_program().to_string_lossy()));
+    for arg in command.get_args() {
+        line.push(' ');
+        line.push_str(&shell_quote(&arg.to_string_lossy()));
+    }
+    line
+}
+
+fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%^".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Says that a step found what it needs, unless quiet. What a step installs
+/// is always said.
+#[derive(Clone, Copy)]
+struct Reporter {
+    verbose: bool,
+}
+
+impl Reporter {
+    fn present(self, what: &str) {
+        if self.verbose {
+            say(what, "already there");
+        }
+    }
+
+    fn note(self, what: &str, note: &str) {
+        if self.verbose {
+            say(what, note);
+        }
+    }
+}
+
+/// Prints `setup: <what>: <doing>`.
+fn say(what: &str, doing: &str) {
+    println!("setup: {what}: {doing}");
+}
+
+fn install_missing(reporter: Reporter) -> Result<()> {
+    rust_components(reporter)?;
+    bpf_linker(reporter)?;
+    apt_packages(reporter)?;
+    pypi_packages(reporter)?;
+    bpffs(reporter)
+}
+
+/// The error for a step that could not install `what`, with the command that
+/// does it by hand.
+fn install_failed(what: &str, by_hand: &str) -> String {
+    format!("could not install {what}; to do it by hand, run:\n    {by_hand}")
+}
+
+fn require_root_for(what: &str, by_hand: &str) -> Result<()> {
+    if is_root() {
+        return Ok(());
+    }
+    bail!(
+        "{what} is missing and installing it needs root; run `cargo xtask setup` as root, \
+         or by hand as root:\n    {by_hand}"
+    )
+}
+
+// ---- rustup toolchains and components -------------------------------------
+
+fn rust_components(reporter: Reporter) -> Result<()> {
+    for toolchain in toolchains_in(RUST_COMPONENTS) {
+        let wanted: Vec<&str> = RUST_COMPONENTS
+            .iter()
+            .filter(|(t, _)| *t == toolchain)
+            .map(|(_, component)| *component)
+            .collect();
+        let what = format!("{toolchain} toolchain with {}", wanted.join(", "));
+        let Some(installed) = installed_components(toolchain) else {
+            install_toolchain(toolchain, &wanted, &what)?;
+            continue;
+        };
+        let missing: Vec<&str> = wanted
+            .iter()
+            .copied()
+            .filter(|component| !has_component(&installed, component))
+            .collect();
+        if missing.is_empty() {
+            reporter.present(&what);
+            continue;
+        }
+        let mut add = Command::new("rustup");
+        add.args(["component", "add"])
+            .args(&missing)
+            .args(["--toolchain", toolchain]);
+        let label = format!("{} for {toolchain}", missing.join(", "));
+        say(&label, "installing");
+        run_checked(&mut add).with_context(|| install_failed(&label, &shell_line(&add)))?;
+        say(&label, "installed");
+    }
+    Ok(())
+}
+
+/// The toolchains named in `components`, in order, once each.
+fn toolchains_in(components: &[(&'static str, &str)]) -> Vec<&'static str> {
+    let mut toolchains: Vec<&'static str> = Vec::new();
+    for (toolchain, _) in components {
+        if !toolchains.contains(toolchain) {
+            toolchains.push(toolchain);
+        }
+    }
+    toolchains
+}
+
+/// `rustup component list --installed` for `toolchain`; `None` when the
+/// toolchain itself is not installed.
+fn installed_components(toolchain: &str) -> Option<String> {
+    stdout_of(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        toolchain,
+        "--installed",
+    ]))
+    .ok()
+}
+
+fn install_toolchain(toolchain: &str, components: &[&str], what: &str) -> Result<()> {
+    let mut install = Command::new("rustup");
+    install
+        .args(["toolchain", "install", toolchain, "--profile", "minimal"])
+        .arg("--component")
+        .arg(components.join(","));
+    say(what, "installing");
+    run_checked(&mut install).with_context(|| install_failed(what, &shell_line(&install)))?;
+    say(what, "installed");
+    Ok(())
+}
+
+/// Whether rustup's `--installed` listing has `component`: listed bare
+/// (`rust-src`) or with the host triple (`rustfmt-x86_64-unknown-linux-gnu`).
+fn has_component(installed: &str, component: &str) -> bool {
+    installed.lines().map(str::trim).any(|line| {
+        line == component
+            || line
+                .strip_prefix(component)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(looks_like_target_triple)
+    })
+}
+
+fn looks_like_target_triple(text: &str) -> bool {
+    text.split('-').count() >= 3
+}
+
+// ---- bpf-linker ------------------------------------------------------------
+
+fn bpf_linker(reporter: Reporter) -> Result<()> {
+    const WHAT: &str = "bpf-linker";
+    if command_succeeds(Command::new("bpf-linker").arg("--version")) {
+        reporter.present(WHAT);
+        return Ok(());
+    }
+    let by_hand = bpf_linker_by_hand();
+    let mut install =
+        bpf_linker_install_command().with_context(|| install_failed(WHAT, &by_hand))?;
+    say(
+        WHAT,
+        "installing with cargo +nightly install (about a minute)",
+    );
+    run_checked(&mut install).with_context(|| install_failed(WHAT, &shell_line(&install)))?;
+    if !command_succeeds(Command::new("bpf-linker").arg("--version")) {
+        bail!(
+            "bpf-linker was installed but `bpf-linker --version` does not run: \
+             is cargo's bin directory (~/.cargo/bin) on PATH?"
+        );
+    }
+    say(WHAT, "installed");
+    Ok(())
+}
+
+/// `cargo +nightly install bpf-linker` linked to the nightly toolchain's own
+/// libLLVM shared library, so no system LLVM is needed.
+fn bpf_linker_install_command() -> Result<Command> {
+    let sysroot = stdout_of(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let lib_dir = Path::new(sysroot.trim()).join("lib");
+    let libllvm = find_libllvm(&lib_dir, LLVM_MAJOR)?;
+    let lib = lib_dir.display();
+    let rustflags =
+        format!("-C link-arg=-L{lib} -C link-arg=-l:{libllvm} -C link-arg=-Wl,-rpath,{lib}");
+    let mut install = Command::new("cargo");
+    install
+        .args(["+nightly", "install", "bpf-linker", "--no-default-features"])
+        .arg("--features")
+        .arg(format!("llvm-{LLVM_MAJOR},no-llvm-linking"))
+        .env("RUSTFLAGS", rustflags)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .stdin(Stdio::null());
+    Ok(install)
+}
+
+fn bpf_linker_by_hand() -> String {
+    let major = LLVM_MAJOR;
+    format!(
+        r#"L=$(rustc +nightly --print sysroot)/lib; RUSTFLAGS="-C link-arg=-L$L -C link-arg=-l:$(basename $L/libLLVM-{major}-*.so) -C link-arg=-Wl,-rpath,$L" cargo +nightly install bpf-linker --no-default-features --features llvm-{major},no-llvm-linking"#
+    )
+}
+
+/// The file name of `libLLVM-<major>-*.so` in `lib_dir`.
+fn find_libllvm(lib_dir: &Path, major: u32) -> Result<String> {
+    let names: Vec<String> = fs::read_dir(lib_dir)
+        .with_context(|| format!("list {}", lib_dir.display()))?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .collect();
+    pick_libllvm(&names, major).with_context(|| {
+        let llvm: Vec<&String> = names.iter().filter(|n| n.starts_with("libLLVM")).collect();
+        format!(
+            "no libLLVM-{major}-*.so in {} (found: {llvm:?}); bpf-linker's llvm-{major} \
+             feature needs the nightly toolchain's LLVM {major}",
+            lib_dir.display()
+        )
+    })
+}
+
+fn pick_libllvm(names: &[String], major: u32) -> Option<String> {
+    let prefix = format!("libLLVM-{major}-");
+    let mut matching: Vec<&String> = names
+        .iter()
+        .filter(|name| name.starts_with(&prefix))
+        .filter(|name| Path::new(name).extension().is_some_and(|ext| ext == "so"))
+        .collect();
+    matching.sort();
+    matching.first().map(|name| (*name).clone())
+}
+
+fn command_succeeds(command: &mut Command) -> bool {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+// ---- Debian packages ------------------------------------------------------
+
+fn apt_packages(reporter: Reporter) -> Result<()> {
+    let what = format!("apt packages ({})", APT_PACKAGES.join(" "));
+    let missing = missing_apt_packages(APT_PACKAGES)?;
+    if missing.is_empty() {
+        reporter.present(&what);
+        return Ok(());
+    }
+    let label = format!("apt packages {}", missing.join(" "));
+    let mut update = apt_get(&["update"]);
+    let mut install = apt_get(&["install", "-y", "--no-install-recommends"]);
+    install.args(&missing);
+    let by_hand = format!("{} && {}", shell_line(&update), shell_line(&install));
+    require_root_for(&label, &by_hand)?;
+    say(&label, "installing");
+    run_checked(&mut update).with_context(|| install_failed(&label, &by_hand))?;
+    run_checked(&mut install).with_context(|| install_failed(&label, &by_hand))?;
+    let still_missing = missing_apt_packages(&missing)?;
+    if !still_missing.is_empty() {
+        bail!(
+            "{}",
+            install_failed(
+                &format!("apt packages {}", still_missing.join(" ")),
+                &by_hand
+            )
+        );
+    }
+    say(&label, "installed");
+    Ok(())
+}
+
+fn apt_get(args: &[&str]) -> Command {
+    let mut command = Command::new("apt-get");
+    command
+        .arg("-q")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null());
+    command
+}
+
+/// The packages of `wanted` that dpkg does not list as installed.
+fn missing_apt_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a str>> {
+    // dpkg-query exits 1 when a package is unknown to it; its output still
+    // lists the others, and an unlisted package counts as missing.
+    let output = Command::new("dpkg-query")
+        .args(["-W", "-f=${Package}\t${Status}\n"])
+        .args(wanted)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .context("cannot run dpkg-query (is this a Debian machine?)")?;
+    let listing = String::from_utf8_lossy(&output.stdout);
+    Ok(not_installed(wanted, &listing))
+}
+
+/// The packages of `wanted` that a `dpkg-query -W -f='${Package}\t${Status}\n'`
+/// listing does not show as installed.
+fn not_installed<'a>(wanted: &[&'a str], listing: &str) -> Vec<&'a str> {
+    let installed: Vec<&str> = listing
+        .lines()
+        .filter_map(|line| line.split_once('\t'))
+        .filter(|(_, status)| status.split_whitespace().last() == Some("installed"))
+        .map(|(package, _)| package.split(':').next().unwrap_or(package))
+        .collect();
+    wanted
+        .iter()
+        .copied()
+        .filter(|package| !installed.contains(package))
+        .collect()
+}
+
+// ---- PyPI packages ---------------------------------------------------------
+
+fn pypi_packages(reporter: Reporter) -> Result<()> {
+    if PYPI_PACKAGES.is_empty() {
+        reporter.note("PyPI packages", "none listed");
+        return Ok(());
+    }
+    let what = format!("PyPI packages ({})", PYPI_PACKAGES.join(" "));
+    let missing = missing_pypi_packages(PYPI_PACKAGES)?;
+    if missing.is_empty() {
+        reporter.present(&what);
+        return Ok(());
+    }
+    let label = format!("PyPI packages {}", missing.join(" "));
+    let mut install = Command::new("python3");
+    install
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--root-user-action=ignore",
+        ])
+        .args(&missing)
+        .stdin(Stdio::null());
+    say(&label, "installing");
+    run_checked(&mut install).with_context(|| install_failed(&label, &shell_line(&install)))?;
+    say(&label, "installed");
+    Ok(())
+}
+
+/// The requirement specifiers of `wanted` whose distribution pip does not
+/// show as installed.
+fn missing_pypi_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a str>> {
+    // `pip show` exits 1 when one is missing, and lists the others.
+    let output = Command::new("python3")
+        .args(["-m", "pip", "show", "--disable-pip-version-check"])
+        .args(wanted.iter().map(|spec| requirement_name(spec)))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .context("cannot run `python3 -m pip`")?;
+    let listing = String::from_utf8_lossy(&output.stdout);
+    let shown: Vec<String> = listing
+        .lines()
+        .filter_map(|line| line.strip_prefix("Name:"))
+        .map(|name| normalize_pypi_name(name.trim()))
+        .collect();
+    Ok(wanted
+        .iter()
+        .copied()
+        .filter(|spec| !shown.contains(&normalize_pypi_name(requirement_name(spec))))
+        .collect())
+}
+
+/// The distribution name of a pip requirement: `moto[server]>=5` is `moto`.
+fn requirement_name(spec: &str) -> &str {
+    let end = spec
+        .find(|c: char| "[=<>!~; @".contains(c))
+        .unwrap_or(spec.len());
+    spec[..end].trim()
+}
+
+/// PEP 503 normalization: case and runs of `-`, `_`, `.` do not matter.
+fn normalize_pypi_name(name: &str) -> String {
+    let mut normalized = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !normalized.ends_with('-') {
+                normalized.push('-');
+            }
+        } else {
+            normalized.push(c.to_ascii_lowercase());
+        }
+    }
+    normalized
+}
+
+// ---- bpffs -------------------------------------------------------------------
+
+fn bpffs(reporter: Reporter) -> Result<()> {
+    let what = format!("bpffs at {BPFFS_MOUNT_POINT}");
+    let mounts = fs::read_to_string("/proc/mounts").context("read /proc/mounts")?;
+    if bpffs_mounted(&mounts, BPFFS_MOUNT_POINT) {
+        reporter.present(&what);
+        return Ok(());
+    }
+    let mut mount = Command::new("mount");
+    mount.args(["-t", "bpf", "bpf", BPFFS_MOUNT_POINT]);
+    let by_hand = format!("mkdir -p {BPFFS_MOUNT_POINT} && {}", shell_line(&mount));
+    require_root_for(&what, &by_hand)?;
+    say(&what, "mounting");
+    fs::create_dir_all(BPFFS_MOUNT_POINT)
+        .with_context(|| format!("create {BPFFS_MOUNT_POINT}"))
+        .with_context(|| install_failed(&what, &by_hand))?;
+    run_checked(&mut mount).with_context(|| install_failed(&what, &by_hand))?;
+    say(&what, "mounted");
+    Ok(())
+}
+
+/// Whether a `/proc/mounts` listing has a bpf filesystem at `mount_point`.
+fn bpffs_mounted(mounts: &str, mount_point: &str) -> bool {
+    mounts.lines().any(|line| {
+        let mut fields = line.split_whitespace().skip(1);
+        fields.next() == Some(mount_point) && fields.next() == Some("bpf")
+    })
+}
+
+fn parse_effective_uid(status: &str) -> Option<u32> {
+    let uids = status.lines().find_map(|line| line.strip_prefix("Uid:"))?;
+    uids.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dpkg_listing_counts_only_installed_packages() {
+        let listing = "iproute2\tinstall ok installed\n\
+                       iperf3\tunknown ok not-installed\n\
+                       tcpdump\tdeinstall ok config-files\n\
+                       kmod\thold ok installed\n\
+                       libc6:amd64\tinstall ok installed\n";
+        let wanted = ["iproute2", "iperf3", "tcpdump", "kmod", "libc6", "bpftool"];
+        assert_eq!(
+            not_installed(&wanted, listing),
+            ["iperf3", "tcpdump", "bpftool"]
+        );
+    }
+
+    #[test]
+    fn dpkg_listing_half_installed_is_missing() {
+        let listing = "ethtool\tinstall reinstreq half-installed\n";
+        assert_eq!(not_installed(&["ethtool"], listing), ["ethtool"]);
+    }
+
+    #[test]
+    fn libllvm_of_the_wanted_major_is_picked() {
+        let names: Vec<String> = [
+            "libLLVM.so.22.1-rust-1.97.0-nightly",
+            "librustc_driver-b5a965480ee51f9a.so",
+            "libLLVM-22-rust-1.97.0-nightly.so",
+            "rustlib",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(
+            pick_libllvm(&names, 22).as_deref(),
+            Some("libLLVM-22-rust-1.97.0-nightly.so")
+        );
+        assert_eq!(pick_libllvm(&names, 21), None);
+    }
+
+    #[test]
+    fn libllvm_lookup_reads_the_directory() {
+        let dir = std::env::temp_dir().join(format!("xtask-libllvm-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("libLLVM-22-rust-1.97.0-nightly.so"), b"").unwrap();
+        let found = find_libllvm(&dir, 22).unwrap();
+        let missing = find_libllvm(&dir, 23).unwrap_err();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(found, "libLLVM-22-rust-1.97.0-nightly.so");
+        assert!(format!("{missing:#}").contains("libLLVM-22-rust-1.97.0-nightly.so"));
+    }
+
+    #[test]
+    fn rustup_listing_matches_bare_and_triple_suffixed_components() {
+        let installed = "cargo-x86_64-unknown-linux-gnu\n\
+                         rust-src\n\
+                         rust-std-x86_64-unknown-linux-gnu\n\
+                         rustfmt-x86_64-unknown-linux-gnu\n";
+        assert!(has_component(installed, "rust-src"));
+        assert!(has_component(installed, "rustfmt"));
+        assert!(!has_component(installed, "clippy"));
+        assert!(!has_component("rust-src-extra\n", "rust-src"));
+    }
+
+    #[test]
+    fn toolchains_are_listed_once_in_order() {
+        assert_eq!(toolchains_in(RUST_COMPONENTS), ["nightly", "stable"]);
+    }
+
+    #[test]
+    fn bpffs_is_found_only_as_a_bpf_mount_at_the_mount_point() {
+        let mounts = "sysfs /sys sysfs rw,nosuid 0 0\n\
+                      bpf /sys/fs/bpf bpf rw,relatime,mode=700 0 0\n";
+        assert!(bpffs_mounted(mounts, "/sys/fs/bpf"));
+        assert!(!bpffs_mounted("sysfs /sys sysfs rw 0 0\n", "/sys/fs/bpf"));
+        assert!(!bpffs_mounted(
+            "tmpfs /sys/fs/bpf tmpfs rw 0 0\n",
+            "/sys/fs/bpf"
+        ));
+    }
+
+    #[test]
+    fn effective_uid_is_the_second_uid_field() {
+        let status = "Name:\txtask\nUid:\t1000\t0\t0\t0\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(parse_effective_uid(status), Some(0));
+        assert_eq!(parse_effective_uid("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn pip_requirement_names_are_normalized() {
+        assert_eq!(requirement_name("moto[server]>=5"), "moto");
+        assert_eq!(requirement_name("scapy==2.5.0"), "scapy");
+        assert_eq!(requirement_name("pyroute2"), "pyroute2");
+        assert_eq!(normalize_pypi_name("Flask_SocketIO"), "flask-socketio");
+        assert_eq!(normalize_pypi_name("zope..interface"), "zope-interface");
+    }
+
+    #[test]
+    fn shell_line_quotes_what_a_shell_would_split() {
+        let mut command = Command::new("cargo");
+        command
+            .args(["+nightly", "install", "a b"])
+            .env("RUSTFLAGS", "-C link-arg=-L/x y")
+            .current_dir("/tmp");
+        assert_eq!(
+            shell_line(&command),
+            "cd /tmp && RUSTFLAGS='-C link-arg=-L/x y' cargo +nightly install 'a b'"
+        );
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}
