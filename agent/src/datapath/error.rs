@@ -1,0 +1,55 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong managing the datapath.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    #[error(
+        "this agent was built without its eBPF programs (bpf-linker was missing); \
+         run `cargo xtask setup` and build again"
+    )]
+    NoPrograms,
+    #[error("mounting bpffs at {path}")]
+    MountBpffs {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("creating pin directory {path}")]
+    PinDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("loading the eBPF object")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {0} is missing from the eBPF object")]
+    MissingProgram(&'static str),
+    #[error("map {0} is missing from the eBPF object")]
+    MissingMap(&'static str),
+    #[error("program {name}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("opening pinned map {path}")]
+    OpenPinned {
+        path: PathBuf,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("interface {0} not found")]
+    NoInterface(String),
+}
+
+impl DatapathError {
+    pub(crate) fn map(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
+        move |source| Self::Map { name, source }
+    }
+}

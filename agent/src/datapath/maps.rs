@@ -1,0 +1,160 @@
+//! Typed handles on the datapath's maps, taken from a freshly loaded object
+//! or opened from their pins (the CLI, a restarted agent).
+
+use std::{net::Ipv4Addr, path::Path};
+
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key};
+use ipnet::Ipv4Net;
+use vpcnet_common::{
+    addr_to_raw,
+    cidr::{CidrKind, CidrValue},
+    config::Config,
+    counters::Counter,
+    maps,
+    nat::{FlowKey, NatEntry},
+};
+
+use super::DatapathError;
+
+pub struct DatapathMaps {
+    pub config: Array<MapData, Config>,
+    pub cidrs: LpmTrie<MapData, [u8; 4], CidrValue>,
+    pub nat_fwd: HashMap<MapData, FlowKey, NatEntry>,
+    pub nat_rev: HashMap<MapData, FlowKey, NatEntry>,
+    pub counters: PerCpuArray<MapData, u64>,
+}
+
+impl DatapathMaps {
+    /// Takes the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name));
+        Self::from_maps(
+            take(maps::CONFIG)?,
+            take(maps::CIDRS)?,
+            take(maps::NAT_FWD)?,
+            take(maps::NAT_REV)?,
+            take(maps::COUNTERS)?,
+        )
+    }
+
+    /// Opens the maps a running (or previous) agent pinned in `pin_dir`.
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self, DatapathError> {
+        let open = |name: &'static str| {
+            let path = pin_dir.join(name);
+            MapData::from_pin(&path)
+                .and_then(Map::from_map_data)
+                .map_err(|source| DatapathError::OpenPinned { path, source })
+        };
+        Self::from_maps(
+            open(maps::CONFIG)?,
+            open(maps::CIDRS)?,
+            open(maps::NAT_FWD)?,
+            open(maps::NAT_REV)?,
+            open(maps::COUNTERS)?,
+        )
+    }
+
+    fn from_maps(
+        config: Map,
+        cidrs: Map,
+        nat_fwd: Map,
+        nat_rev: Map,
+        counters: Map,
+    ) -> Result<Self, DatapathError> {
+        Ok(Self {
+            config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
+            cidrs: LpmTrie::try_from(cidrs).map_err(DatapathError::map(maps::CIDRS))?,
+            nat_fwd: HashMap::try_from(nat_fwd).map_err(DatapathError::map(maps::NAT_FWD))?,
+            nat_rev: HashMap::try_from(nat_rev).map_err(DatapathError::map(maps::NAT_REV))?,
+            counters: PerCpuArray::try_from(counters).map_err(DatapathError::map(maps::COUNTERS))?,
+        })
+    }
+
+    pub fn config(&self) -> Result<Config, DatapathError> {
+        self.config
+            .get(&0, 0)
+            .map_err(DatapathError::map(maps::CONFIG))
+    }
+
+    /// Writes the configuration: the programs read it on the next packet.
+    pub fn set_config(&mut self, config: &Config) -> Result<(), DatapathError> {
+        self.config
+            .set(0, *config, 0)
+            .map_err(DatapathError::map(maps::CONFIG))
+    }
+
+    /// Makes the CIDR trie hold exactly `prefixes`: adds the new ones first,
+    /// then removes the ones no longer wanted, so no lookup in between sees
+    /// a prefix missing that is in both the old and the new set.
+    pub fn set_cidrs(&mut self, prefixes: &[(Ipv4Net, CidrKind)]) -> Result<(), DatapathError> {
+        let wanted: Vec<(Key<[u8; 4]>, CidrValue)> = prefixes
+            .iter()
+            .map(|(net, kind)| (cidr_key(*net), CidrValue { kind: *kind as u32 }))
+            .collect();
+        for (key, value) in &wanted {
+            self.cidrs
+                .insert(key, *value, 0)
+                .map_err(DatapathError::map(maps::CIDRS))?;
+        }
+        let present: Vec<Key<[u8; 4]>> = self
+            .cidrs
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(DatapathError::map(maps::CIDRS))?;
+        for key in present {
+            let keep = wanted
+                .iter()
+                .any(|(w, _)| w.prefix_len() == key.prefix_len() && w.data() == key.data());
+            if !keep {
+                self.cidrs
+                    .remove(&key)
+                    .map_err(DatapathError::map(maps::CIDRS))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The prefixes in the trie.
+    pub fn cidrs(&self) -> Result<Vec<(Ipv4Net, Option<CidrKind>)>, DatapathError> {
+        self.cidrs
+            .iter()
+            .map(|item| {
+                item.map(|(key, value)| {
+                    let net = Ipv4Net::new(Ipv4Addr::from(key.data()), prefix_len_u8(key.prefix_len()))
+                        .expect("the trie holds valid prefix lengths");
+                    (net, CidrKind::from_raw(value.kind))
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(DatapathError::map(maps::CIDRS))
+    }
+
+    /// Every counter summed over the CPUs.
+    pub fn counters(&self) -> Result<Vec<(Counter, u64)>, DatapathError> {
+        Counter::ALL
+            .iter()
+            .map(|&counter| {
+                self.counters
+                    .get(&(counter as u32), 0)
+                    .map(|per_cpu| (counter, per_cpu.iter().sum()))
+                    .map_err(DatapathError::map(maps::COUNTERS))
+            })
+            .collect()
+    }
+
+    /// One counter summed over the CPUs.
+    pub fn counter(&self, counter: Counter) -> Result<u64, DatapathError> {
+        self.counters
+            .get(&(counter as u32), 0)
+            .map(|per_cpu| per_cpu.iter().sum())
+            .map_err(DatapathError::map(maps::COUNTERS))
+    }
+}
+
+fn prefix_len_u8(len: u32) -> u8 {
+    u8::try_from(len.min(32)).expect("at most 32")
+}
+
+fn cidr_key(net: Ipv4Net) -> Key<[u8; 4]> {
+    Key::new(u32::from(net.prefix_len()), addr_to_raw(net.network().octets()).to_ne_bytes())
+}

@@ -1,0 +1,6 @@
+//! The vpcnet node agent as a library: the datapath manager (load, pin,
+//! attach, fill maps, garbage-collect NAT) and the configuration from the
+//! VPC CNI's environment variables. The binary and the tests use it.
+
+pub mod config;
+pub mod datapath;

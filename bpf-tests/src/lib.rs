@@ -1,0 +1,118 @@
+//! Helpers for the tests that load the real programs: a loaded datapath in
+//! its own pin directory, packets built with etherparse, and checksum checks
+//! written independently of the code under test.
+
+pub mod packets;
+
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::programs::{TestRun, TestRunOptions};
+use ipnet::Ipv4Net;
+use vpcnet_agent::{
+    config::SnatSettings,
+    datapath::{Datapath, LoadOptions, remove_pins},
+};
+use vpcnet_common::{cidr::CidrKind, counters::Counter, maps};
+
+/// tc's "pass, let the next program see it" and "drop".
+pub const TC_ACT_UNSPEC: i32 = -1;
+pub const TC_ACT_SHOT: i32 = 2;
+
+/// The lab's addresses (DESIGN.md), used for crafted packets too.
+pub const NODE: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 162);
+pub const POD: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 20);
+pub const POD2: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 21);
+pub const PEER: Ipv4Addr = Ipv4Addr::new(10, 20, 12, 50);
+pub const INET: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+pub const ONPREM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+pub const VPC_CIDRS: [&str; 2] = ["10.20.0.0/16", "100.64.0.0/16"];
+
+static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+
+/// The real programs, loaded with maps pinned in a directory of their own
+/// that is removed on drop.
+pub struct Harness {
+    pub datapath: Datapath,
+    pin_dir: PathBuf,
+}
+
+/// What a program did with a packet.
+#[derive(Debug)]
+pub struct Outcome {
+    pub action: i32,
+    pub packet: Vec<u8>,
+}
+
+impl Harness {
+    /// Loads the programs with `nat_entries` flows per NAT map and the lab's
+    /// node configured with `settings`.
+    pub fn new(settings: &SnatSettings, nat_entries: u32) -> Self {
+        let pin_dir = PathBuf::from(format!(
+            "/sys/fs/bpf/vpcnet-test-{}-{}",
+            std::process::id(),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        ));
+        let datapath = Datapath::load(&LoadOptions {
+            pin_dir: pin_dir.clone(),
+            nat_entries,
+        })
+        .expect("loading the programs (run as root, after `cargo xtask setup`)");
+        let mut harness = Self { datapath, pin_dir };
+        harness.configure(settings);
+        let cidrs: Vec<(Ipv4Net, CidrKind)> = VPC_CIDRS
+            .iter()
+            .map(|c| (c.parse().unwrap(), CidrKind::Vpc))
+            .chain(settings.exclude_snat_cidrs.iter().map(|n| (*n, CidrKind::Excluded)))
+            .chain(std::iter::once((Ipv4Net::new(NODE, 32).unwrap(), CidrKind::Local)))
+            .collect();
+        harness.datapath.maps.set_cidrs(&cidrs).unwrap();
+        harness
+    }
+
+    /// The lab's defaults: SNAT on, prng ports.
+    pub fn lab_default() -> Self {
+        Self::new(&SnatSettings::default(), maps::NAT_DEFAULT_ENTRIES)
+    }
+
+    pub fn configure(&mut self, settings: &SnatSettings) {
+        let cfg = settings.datapath_config(NODE, 0x5eed_1234);
+        self.datapath.maps.set_config(&cfg).unwrap();
+    }
+
+    /// Runs `program` on `packet` once.
+    pub fn run(&self, program: &'static str, packet: &[u8]) -> Outcome {
+        let prog = self.datapath.program(program).unwrap();
+        let mut out = vec![0u8; packet.len() + 256];
+        let mut opts = TestRunOptions::default();
+        opts.data_in = Some(packet);
+        opts.data_out = Some(&mut out);
+        let result = prog.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        Outcome {
+            action: result.return_value as i32,
+            packet: out,
+        }
+    }
+
+    pub fn egress(&self, packet: &[u8]) -> Outcome {
+        self.run(maps::PROG_ENI_EGRESS, packet)
+    }
+
+    pub fn ingress(&self, packet: &[u8]) -> Outcome {
+        self.run(maps::PROG_ENI_INGRESS, packet)
+    }
+
+    pub fn counter(&self, counter: Counter) -> u64 {
+        self.datapath.maps.counter(counter).unwrap()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = remove_pins(&self.pin_dir);
+    }
+}

@@ -1,0 +1,36 @@
+//! The prefix trie that decides whether a destination is SNATed.
+
+/// What a prefix in the `CIDRS` trie is. The longest match wins, so a node
+/// address inside the VPC CIDR reads as `Local`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CidrKind {
+    /// A VPC CIDR block (primary or secondary): never SNATed.
+    Vpc = 1,
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`: never SNATed.
+    Excluded = 2,
+    /// An address of the node itself (`addrtype --dst-type LOCAL`).
+    Local = 3,
+}
+
+impl CidrKind {
+    #[must_use]
+    pub const fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            1 => Some(Self::Vpc),
+            2 => Some(Self::Excluded),
+            3 => Some(Self::Local),
+            _ => None,
+        }
+    }
+}
+
+/// Value stored in the trie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrValue {
+    /// A [`CidrKind`] as `u32`.
+    pub kind: u32,
+}
+
+crate::impl_pod!(CidrValue);

@@ -1,0 +1,86 @@
+//! The datapath's configuration: one entry of the `CONFIG` array map, read
+//! per packet, so flipping a flag takes effect on the next packet.
+
+/// `AWS_VPC_K8S_CNI_EXTERNALSNAT=true`: new flows to non-VPC destinations
+/// leave un-NATed (a NAT gateway translates them).
+pub const FLAG_EXTERNAL_SNAT: u32 = 1 << 0;
+
+/// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: how the NAT picks a source port.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RandomizeMode {
+    /// `none`: keep the pod's port when free, else the next free one.
+    None = 0,
+    /// `hashrandom`: start from a keyed hash of the flow's endpoints.
+    HashRandom = 1,
+    /// `prng`: random ports, retried (the VPC CNI's default, `--random-fully`).
+    Prng = 2,
+}
+
+impl RandomizeMode {
+    #[must_use]
+    pub const fn from_raw(raw: u32) -> Self {
+        match raw {
+            0 => Self::None,
+            1 => Self::HashRandom,
+            _ => Self::Prng,
+        }
+    }
+
+    /// The value of `AWS_VPC_K8S_CNI_RANDOMIZESNAT` that selects this mode.
+    #[must_use]
+    pub const fn env_value(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::HashRandom => "hashrandom",
+            Self::Prng => "prng",
+        }
+    }
+
+    #[must_use]
+    pub fn from_env_value(value: &str) -> Option<Self> {
+        match value {
+            "none" => Some(Self::None),
+            "hashrandom" => Some(Self::HashRandom),
+            "prng" => Some(Self::Prng),
+            _ => None,
+        }
+    }
+}
+
+/// Default SNAT source port range (host order, inclusive): what netfilter's
+/// SNAT uses for ports above 1023.
+pub const DEFAULT_PORT_MIN: u16 = 1024;
+pub const DEFAULT_PORT_MAX: u16 = 65535;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The primary ENI's address, SNAT's source (network order). Zero means
+    /// not configured yet: the programs then pass every packet untouched.
+    pub node_addr: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// A [`RandomizeMode`] as `u32`.
+    pub randomize: u32,
+    /// SNAT source port range, host order, inclusive.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Key of the `hashrandom` port hash, chosen by the agent at start.
+    pub hash_seed: u32,
+    pub _pad: u32,
+}
+
+impl Config {
+    #[must_use]
+    pub const fn external_snat(&self) -> bool {
+        self.flags & FLAG_EXTERNAL_SNAT != 0
+    }
+
+    #[must_use]
+    pub const fn randomize_mode(&self) -> RandomizeMode {
+        RandomizeMode::from_raw(self.randomize)
+    }
+}
+
+crate::impl_pod!(Config);

@@ -1,0 +1,92 @@
+//! Per-CPU counters: one slot per verdict and per drop reason.
+
+macro_rules! counters {
+    ($($variant:ident => $name:literal, $help:literal;)*) => {
+        /// Index into the `COUNTERS` per-CPU array.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $($variant,)*
+        }
+
+        impl Counter {
+            /// Every counter, in index order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$variant,)*];
+
+            /// Stable name, used in metrics and by the CLI.
+            #[must_use]
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $name,)*
+                }
+            }
+
+            /// One line saying what the counter counts.
+            #[must_use]
+            pub const fn help(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $help,)*
+                }
+            }
+
+            /// Whether the counter is a drop reason.
+            #[must_use]
+            pub const fn is_drop(self) -> bool {
+                let name = self.name().as_bytes();
+                name.len() > 5
+                    && name[0] == b'd'
+                    && name[1] == b'r'
+                    && name[2] == b'o'
+                    && name[3] == b'p'
+                    && name[4] == b'_'
+            }
+        }
+    };
+}
+
+counters! {
+    // Verdicts of eni_egress (tc egress of an ENI).
+    EgressNotIpv4 => "egress_pass_not_ipv4", "egress: not IPv4, passed untouched";
+    EgressUnconfigured => "egress_pass_unconfigured", "egress: no node address configured yet, passed";
+    EgressNoSnatCidr => "egress_pass_no_snat_cidr", "egress: destination in a VPC or excluded CIDR, not SNATed";
+    EgressLocal => "egress_pass_local", "egress: destination is a node address, not SNATed";
+    EgressOtherProto => "egress_pass_other_proto", "egress: protocol other than TCP, UDP and ICMP, passed";
+    EgressIcmpOther => "egress_pass_icmp_other", "egress: ICMP neither echo nor a handled error, passed";
+    EgressSnatNew => "egress_snat_new", "egress: new flow SNATed to the node address";
+    EgressSnat => "egress_snat", "egress: packet of a SNATed flow translated";
+    EgressExternalSnatNew => "egress_external_snat_new", "egress: new flow left un-NATed (EXTERNALSNAT)";
+    EgressExternalSnat => "egress_external_snat", "egress: packet of an un-NATed flow passed";
+    EgressNotOpening => "egress_pass_not_opening", "egress: no flow and not a packet that opens one (SYN-ACK, RST, FIN, echo reply), passed un-NATed";
+    EgressHostUntracked => "egress_host_untracked", "egress: node flow not reserved because the NAT table is full, passed";
+    EgressHostNew => "egress_host_new", "egress: new node-originated flow, its port reserved";
+    EgressHost => "egress_host", "egress: packet of a node-originated flow";
+    EgressHostRemapped => "egress_host_remapped", "egress: node flow whose port a NAT flow held, moved to another port";
+    EgressIcmpErrorNat => "egress_icmp_error_nat", "egress: ICMP error about a NATed flow translated inside and out";
+    EgressIcmpErrorPass => "egress_pass_icmp_error", "egress: ICMP error about no NATed flow, passed";
+    EgressFragment => "egress_fragment", "egress: non-first fragment of a tracked datagram translated";
+    EgressReopen => "egress_reopen", "egress: closed flow reopened by a new SYN on the same tuple";
+    EgressTakeover => "egress_port_takeover", "egress: port of an expired or closed flow reused";
+    AllocRetry => "nat_alloc_retry", "NAT: port candidates tried beyond the first";
+
+    // Verdicts of eni_ingress (tc ingress of an ENI).
+    IngressNotIpv4 => "ingress_pass_not_ipv4", "ingress: not IPv4, passed untouched";
+    IngressNotNode => "ingress_pass_not_node", "ingress: destination not the node address, passed";
+    IngressNoEntry => "ingress_pass_no_entry", "ingress: to the node address but no NAT entry, passed to the stack";
+    IngressRevSnat => "ingress_rev_snat", "ingress: reply of a SNATed flow translated back to the pod";
+    IngressHost => "ingress_host", "ingress: reply of a node-originated flow";
+    IngressIcmpErrorRevNat => "ingress_icmp_error_rev_nat", "ingress: ICMP error about a NATed flow translated inside and out";
+    IngressInboundTracked => "ingress_inbound_tracked", "ingress: flow opened from outside the VPC to a pod, tracked so its replies are not SNATed";
+    IngressInboundUntracked => "ingress_inbound_untracked", "ingress: flow opened from outside the VPC to a pod, not tracked because the NAT table is full";
+    IngressFragment => "ingress_fragment", "ingress: non-first fragment of a tracked datagram translated";
+
+    // Drop reasons.
+    DropTruncated => "drop_truncated", "dropped: header shorter than its protocol requires";
+    DropMalformed => "drop_malformed", "dropped: header with impossible values (IHL below 5, bad lengths)";
+    DropNatTableFull => "drop_nat_table_full", "dropped: new flow, the NAT table is full";
+    DropNatNoPort => "drop_nat_no_port", "dropped: new flow, no free source port after every retry";
+    DropFragmentNoFlow => "drop_fragment_no_flow", "dropped: non-first fragment whose first fragment was not seen";
+    DropRewrite => "drop_rewrite_failed", "dropped: the kernel refused a packet rewrite";
+}
+
+/// Number of counter slots.
+pub const COUNTER_SLOTS: u32 = Counter::ALL.len() as u32;

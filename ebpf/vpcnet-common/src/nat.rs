@@ -1,0 +1,313 @@
+//! Connection tracking and NAT state.
+//!
+//! A flow is two entries, one per map, created together and removed
+//! together:
+//!
+//! - `NAT_FWD[original tuple]` as the flow leaves (pod or node address and
+//!   port, remote address and port) holds the translated address and port;
+//! - `NAT_REV[reply tuple]` as replies arrive (remote, node address, remote
+//!   port, translated port) holds the original address and port. Inserting
+//!   it with `BPF_NOEXIST` is what claims a port: exactly one flow wins.
+//!
+//! Why two plain hash maps and no LRU: an LRU map evicts entries on its own,
+//! one at a time, so it can drop one half of a pair and leave the other
+//! pointing at a port somebody else then takes. Plain hash maps never evict:
+//! a pair disappears only when the agent's garbage collector or the datapath
+//! itself (taking over an expired flow's port) removes both halves. When the
+//! maps are full, new flows are dropped with `drop_nat_table_full`, and every
+//! flow that has its entries keeps working.
+//!
+//! Each direction writes only its own entry (flags seen, last seen), so the
+//! two CPUs handling the two directions of a flow never write the same cache
+//! line. The state of the flow is derived from both entries by [`flow_state`],
+//! the one definition the datapath and the garbage collector share.
+
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+/// A flow's tuple as one direction's packets carry it. ICMP echo uses the
+/// identifier as the port of the side that sent the request (`sport` on the
+/// way out, `dport` on the way back) and 0 for the other.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+
+impl FlowKey {
+    #[must_use]
+    pub const fn new(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> Self {
+        Self {
+            saddr,
+            daddr,
+            sport,
+            dport,
+            proto,
+            _pad: [0; 3],
+        }
+    }
+
+    /// The tuple of the other direction.
+    #[must_use]
+    pub const fn reversed(&self) -> Self {
+        Self::new(self.daddr, self.saddr, self.dport, self.sport, self.proto)
+    }
+}
+
+/// What a flow is.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowKind {
+    /// A pod flow translated to the node address.
+    Snat = 1,
+    /// A flow of the node's own sockets: its port is reserved so no NAT flow
+    /// takes it, and moved only when a NAT flow already held it.
+    Host = 2,
+    /// A pod flow to a non-VPC destination started while EXTERNALSNAT was on:
+    /// tracked (forward entry only) so it stays un-NATed if the flag flips.
+    NoSnat = 3,
+}
+
+impl FlowKind {
+    #[must_use]
+    pub const fn from_raw(raw: u8) -> Option<Self> {
+        match raw {
+            1 => Some(Self::Snat),
+            2 => Some(Self::Host),
+            3 => Some(Self::NoSnat),
+            _ => None,
+        }
+    }
+}
+
+/// TCP flags an entry has seen in its direction (a subset of the header's).
+pub const SEEN_FIN: u8 = 0x01;
+pub const SEEN_SYN: u8 = 0x02;
+pub const SEEN_RST: u8 = 0x04;
+pub const SEEN_ACK: u8 = 0x10;
+/// Any packet seen in this direction (set for every protocol).
+pub const SEEN_ANY: u8 = 0x80;
+
+/// One half of a flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatEntry {
+    /// Forward entry: the translated address. Reverse entry: the original.
+    pub addr: u32,
+    /// Forward entry: the translated port. Reverse entry: the original.
+    pub port: u16,
+    /// A [`FlowKind`] as `u8`.
+    pub kind: u8,
+    /// `SEEN_*` bits of this direction.
+    pub seen: u8,
+    /// `bpf_ktime_get_ns` of the last packet in this direction; refreshed at
+    /// most every [`TOUCH_INTERVAL_NS`] unless the flags change.
+    pub last_seen_ns: u64,
+    /// When the flow was created (same clock).
+    pub created_ns: u64,
+}
+
+crate::impl_pod!(FlowKey, NatEntry);
+
+pub const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// `last_seen_ns` is rewritten at most this often (a write per packet would
+/// bounce the cache line between CPUs).
+pub const TOUCH_INTERVAL_NS: u64 = NS_PER_SEC;
+
+/// A closed TCP flow's port goes to a different pod for the same remote
+/// endpoint only after this long: the remote may hold the old connection in
+/// TIME_WAIT (Linux: 60 s), and a SYN from another host's clock and sequence
+/// space would be refused there (PAWS) or answered with a stale ACK.
+pub const TIME_WAIT_HOLD_NS: u64 = 60 * NS_PER_SEC;
+/// The same pod may get a closed flow's port back for the same remote
+/// endpoint after this long: its timestamps and sequence numbers have moved
+/// on, so the remote's TIME_WAIT accepts the new SYN.
+pub const SAME_POD_REUSE_NS: u64 = NS_PER_SEC;
+
+/// Timeouts, as netfilter's defaults where a flow kind has one.
+pub const TCP_SYN_SENT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
+pub const TCP_ESTABLISHED_TIMEOUT_NS: u64 = 432_000 * NS_PER_SEC;
+pub const TCP_FIN_WAIT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
+pub const UDP_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
+pub const UDP_STREAM_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
+pub const ICMP_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
+
+/// A flow's state, derived from its two entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowState {
+    /// Nothing came back yet.
+    New,
+    /// Both directions seen, no FIN or RST.
+    Established,
+    /// One side sent FIN.
+    Closing,
+    /// Both sides sent FIN, or one sent RST.
+    Closed,
+}
+
+impl FlowState {
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Established => "established",
+            Self::Closing => "closing",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+#[must_use]
+pub const fn flow_state(proto: u8, fwd_seen: u8, rev_seen: u8) -> FlowState {
+    let replied = rev_seen & SEEN_ANY != 0;
+    if proto != PROTO_TCP {
+        return if replied {
+            FlowState::Established
+        } else {
+            FlowState::New
+        };
+    }
+    let both = fwd_seen | rev_seen;
+    if both & SEEN_RST != 0 || (fwd_seen & SEEN_FIN != 0 && rev_seen & SEEN_FIN != 0) {
+        FlowState::Closed
+    } else if both & SEEN_FIN != 0 {
+        FlowState::Closing
+    } else if replied {
+        FlowState::Established
+    } else {
+        FlowState::New
+    }
+}
+
+/// How long a flow in `state` lives after its last packet.
+#[must_use]
+pub const fn flow_timeout_ns(proto: u8, state: FlowState) -> u64 {
+    match (proto, state) {
+        (PROTO_TCP, FlowState::New) => TCP_SYN_SENT_TIMEOUT_NS,
+        (PROTO_TCP, FlowState::Established) => TCP_ESTABLISHED_TIMEOUT_NS,
+        (PROTO_TCP, FlowState::Closing) => TCP_FIN_WAIT_TIMEOUT_NS,
+        (PROTO_TCP, FlowState::Closed) => TIME_WAIT_HOLD_NS,
+        (PROTO_UDP, FlowState::New) => UDP_TIMEOUT_NS,
+        (PROTO_UDP, _) => UDP_STREAM_TIMEOUT_NS,
+        _ => ICMP_TIMEOUT_NS,
+    }
+}
+
+/// The later of the two entries' last packets.
+#[must_use]
+pub const fn flow_last_seen_ns(fwd: &NatEntry, rev: &NatEntry) -> u64 {
+    if fwd.last_seen_ns > rev.last_seen_ns {
+        fwd.last_seen_ns
+    } else {
+        rev.last_seen_ns
+    }
+}
+
+/// Whether a flow is over: its entries may be removed and its port reused
+/// by anyone.
+#[must_use]
+pub const fn flow_expired(proto: u8, fwd: &NatEntry, rev: &NatEntry, now_ns: u64) -> bool {
+    let state = flow_state(proto, fwd.seen, rev.seen);
+    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, state)
+}
+
+/// Whether the pod at `pod_addr` may take this flow's port for the same
+/// remote endpoint now: the flow is expired, or it is a closed TCP flow of
+/// the same pod that closed at least [`SAME_POD_REUSE_NS`] ago.
+#[must_use]
+pub const fn port_reusable_by(
+    proto: u8,
+    fwd: &NatEntry,
+    rev: &NatEntry,
+    pod_addr: u32,
+    now_ns: u64,
+) -> bool {
+    if flow_expired(proto, fwd, rev, now_ns) {
+        return true;
+    }
+    proto == PROTO_TCP
+        && rev.addr == pod_addr
+        && matches!(flow_state(proto, fwd.seen, rev.seen), FlowState::Closed)
+        && now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) >= SAME_POD_REUSE_NS
+}
+
+/// Key of the fragment map: a datagram is its addresses, IP id and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub id: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// The ports the first fragment carried.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragPorts {
+    pub sport: u16,
+    pub dport: u16,
+}
+
+crate::impl_pod!(FragKey, FragPorts);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(addr: u32, seen: u8, last: u64) -> NatEntry {
+        NatEntry {
+            addr,
+            seen,
+            last_seen_ns: last,
+            ..NatEntry::default()
+        }
+    }
+
+    #[test]
+    fn closed_tcp_port_waits_for_time_wait_for_other_pods_only() {
+        let closed_at = 100 * NS_PER_SEC;
+        let fwd = entry(1, SEEN_ANY | SEEN_SYN | SEEN_FIN, closed_at);
+        let rev = entry(7, SEEN_ANY | SEEN_SYN | SEEN_ACK | SEEN_FIN, closed_at);
+        let other_pod = 8;
+        // Same pod: not within the first second, then yes.
+        assert!(!port_reusable_by(PROTO_TCP, &fwd, &rev, 7, closed_at + NS_PER_SEC / 2));
+        assert!(port_reusable_by(PROTO_TCP, &fwd, &rev, 7, closed_at + NS_PER_SEC));
+        // Another pod: only once TIME_WAIT is surely over.
+        assert!(!port_reusable_by(PROTO_TCP, &fwd, &rev, other_pod, closed_at + 59 * NS_PER_SEC));
+        assert!(port_reusable_by(PROTO_TCP, &fwd, &rev, other_pod, closed_at + 61 * NS_PER_SEC));
+    }
+
+    #[test]
+    fn established_flow_is_never_reusable_before_its_timeout() {
+        let fwd = entry(1, SEEN_ANY | SEEN_SYN | SEEN_ACK, 0);
+        let rev = entry(7, SEEN_ANY | SEEN_SYN | SEEN_ACK, 0);
+        assert_eq!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Established);
+        assert!(!port_reusable_by(PROTO_TCP, &fwd, &rev, 7, 3600 * NS_PER_SEC));
+    }
+
+    #[test]
+    fn udp_state_follows_replies() {
+        assert_eq!(flow_state(PROTO_UDP, SEEN_ANY, 0), FlowState::New);
+        assert_eq!(flow_state(PROTO_UDP, SEEN_ANY, SEEN_ANY), FlowState::Established);
+        let fwd = entry(1, SEEN_ANY, 0);
+        let rev = entry(7, 0, 0);
+        assert!(!flow_expired(PROTO_UDP, &fwd, &rev, UDP_TIMEOUT_NS));
+        assert!(flow_expired(PROTO_UDP, &fwd, &rev, UDP_TIMEOUT_NS + 1));
+    }
+
+    #[test]
+    fn rst_closes_from_either_side() {
+        assert_eq!(flow_state(PROTO_TCP, SEEN_ANY | SEEN_RST, SEEN_ANY), FlowState::Closed);
+        assert_eq!(flow_state(PROTO_TCP, SEEN_ANY, SEEN_ANY | SEEN_RST), FlowState::Closed);
+        assert_eq!(flow_state(PROTO_TCP, SEEN_ANY | SEEN_FIN, SEEN_ANY), FlowState::Closing);
+    }
+}

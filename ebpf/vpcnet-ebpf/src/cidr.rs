@@ -1,0 +1,14 @@
+//! The SNAT decision's prefix lookup.
+
+use aya_ebpf::maps::lpm_trie::Key;
+use vpcnet_common::cidr::CidrKind;
+
+use crate::maps::CIDRS;
+
+/// What `addr` (network order) is to the SNAT decision: a VPC, excluded or
+/// node-local prefix, or `None` for anything else (SNATed).
+#[inline(always)]
+pub fn lookup(addr: u32) -> Option<CidrKind> {
+    let key = Key::new(32, addr.to_ne_bytes());
+    CIDRS.get(&key).and_then(|v| CidrKind::from_raw(v.kind))
+}

@@ -1,0 +1,185 @@
+//! tc egress of an ENI: the SNAT decision and the NAT, for pod traffic that
+//! went through the node's stack and for the node's own flows.
+
+use aya_ebpf::programs::TcContext;
+use vpcnet_common::{
+    cidr::CidrKind,
+    config::Config,
+    counters::Counter,
+    nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_FIN, SEEN_RST},
+};
+
+use crate::{
+    cidr,
+    frag,
+    icmp,
+    maps::{NAT_FWD, config, count},
+    nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
+    packet::{
+        ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_SADDR_OFF, Ipv4, L4, is_ipv4,
+        l4_csum_rel, parse_ipv4, parse_l4, set_addr, set_port,
+    },
+};
+
+/// `Ok(verdict)`: pass, counted as `verdict`. `Err(reason)`: drop.
+pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
+    if !is_ipv4(ctx) {
+        return Ok(Counter::EgressNotIpv4);
+    }
+    let Some(cfg) = config() else {
+        return Ok(Counter::EgressUnconfigured);
+    };
+    if cfg.node_addr == 0 {
+        return Ok(Counter::EgressUnconfigured);
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        return later_fragment(ctx, &ip);
+    }
+    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
+        return Ok(Counter::EgressOtherProto);
+    };
+    if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
+        if icmp::is_translated_error(l4.icmp_type) {
+            return icmp::egress(ctx, &ip);
+        }
+        return Ok(Counter::EgressIcmpOther);
+    }
+
+    let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    let now = now_ns();
+    let seen = l4.seen_bits();
+    let verdict = match NAT_FWD.get_ptr_mut(&key) {
+        Some(entry) => known_flow(&key, entry, &l4, seen, now).map_or_else(
+            || new_flow(ctx, cfg, &ip, &l4, &key, seen, now),
+            |entry| translate(ctx, &ip, &key, entry, false),
+        ),
+        None => new_flow(ctx, cfg, &ip, &l4, &key, seen, now),
+    }?;
+    if ip.fragment == Fragment::First {
+        frag::remember(&ip, &l4);
+    }
+    Ok(verdict)
+}
+
+/// A packet of a flow the map knows. `None` when the entry is stale (a
+/// closed flow whose port went to another flow): the caller starts anew.
+#[inline(always)]
+fn known_flow(
+    key: &FlowKey,
+    entry: *mut NatEntry,
+    l4: &L4,
+    seen: u8,
+    now: u64,
+) -> Option<*mut NatEntry> {
+    // SAFETY: a live map value.
+    let (kind, old_seen) = unsafe { ((*entry).kind, (*entry).seen) };
+    let closed = old_seen & (SEEN_FIN | SEEN_RST) != 0;
+    if key.proto == PROTO_TCP && l4.is_syn() && closed && kind != FlowKind::NoSnat as u8 {
+        if reopen(key, entry, seen, now) {
+            count(Counter::EgressReopen);
+            return Some(entry);
+        }
+        forget_forward(key);
+        return None;
+    }
+    touch(entry, seen, now);
+    Some(entry)
+}
+
+/// Whether a packet with no flow may open one (netfilter would see it as
+/// NEW): SYN or a mid-stream ACK for TCP, any UDP, an echo request.
+#[inline(always)]
+fn may_open(proto: u8, l4: &L4) -> bool {
+    match proto {
+        PROTO_TCP => l4.may_open_tcp(),
+        PROTO_UDP => true,
+        _ => l4.icmp_type == ICMP_ECHO,
+    }
+}
+
+/// The SNAT decision, for a packet of a flow the map does not know.
+#[inline(always)]
+fn new_flow(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    l4: &L4,
+    key: &FlowKey,
+    seen: u8,
+    now: u64,
+) -> Result<Counter, Counter> {
+    match cidr::lookup(ip.daddr) {
+        Some(CidrKind::Local) => return Ok(Counter::EgressLocal),
+        Some(_) => return Ok(Counter::EgressNoSnatCidr),
+        None => {}
+    }
+    if !may_open(ip.proto, l4) {
+        return Ok(Counter::EgressNotOpening);
+    }
+    if ip.saddr == cfg.node_addr {
+        // A node socket: reserve its port so no NAT flow takes it.
+        return match create_flow(cfg, key, FlowKind::Host, seen, now) {
+            Ok(entry) => translate(ctx, ip, key, entry, true),
+            // Never cut the node off: unreserved, its port may collide
+            // with a NAT flow only for the same remote endpoint.
+            Err(_) => Ok(Counter::EgressHostUntracked),
+        };
+    }
+    if cfg.external_snat() {
+        track_untranslated(key, seen, now)?;
+        return Ok(Counter::EgressExternalSnatNew);
+    }
+    let entry = create_flow(cfg, key, FlowKind::Snat, seen, now)?;
+    translate(ctx, ip, key, entry, true)
+}
+
+/// Rewrites a packet of a known or just created flow.
+#[inline(always)]
+fn translate(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    key: &FlowKey,
+    entry: *mut NatEntry,
+    new: bool,
+) -> Result<Counter, Counter> {
+    // SAFETY: a live map value; copied out before the packet is touched.
+    let (kind, addr, port) = unsafe { ((*entry).kind, (*entry).addr, (*entry).port) };
+    if kind == FlowKind::NoSnat as u8 {
+        return Ok(Counter::EgressExternalSnat);
+    }
+    if addr != key.saddr {
+        set_addr(ctx, ip, IP_SADDR_OFF, key.saddr, addr, true)?;
+    }
+    let port_off = ip.l4_off + if ip.proto == PROTO_ICMP { 4 } else { 0 };
+    set_port(ctx, ip.proto, port_off, ip.l4_off + l4_csum_rel(ip.proto), key.sport, port)?;
+    Ok(match (kind == FlowKind::Host as u8, new) {
+        (true, true) if port != key.sport => Counter::EgressHostRemapped,
+        (true, true) => Counter::EgressHostNew,
+        (true, false) => Counter::EgressHost,
+        (false, true) => Counter::EgressSnatNew,
+        (false, false) => Counter::EgressSnat,
+    })
+}
+
+/// A non-first fragment: translated like its first fragment was.
+#[inline(always)]
+fn later_fragment(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
+    let flow = frag::recall(ip).and_then(|ports| {
+        let key = FlowKey::new(ip.saddr, ip.daddr, ports.sport, ports.dport, ip.proto);
+        // SAFETY: read-only copy of a map value.
+        unsafe { NAT_FWD.get(&key) }.copied()
+    });
+    let Some(entry) = flow else {
+        return match cidr::lookup(ip.daddr) {
+            Some(_) => Ok(Counter::EgressNoSnatCidr),
+            // Its first fragment was not seen (or made no flow): the
+            // translation is unknown, and a wrong one would be worse.
+            None => Err(Counter::DropFragmentNoFlow),
+        };
+    };
+    if entry.kind != FlowKind::NoSnat as u8 && entry.addr != ip.saddr {
+        set_addr(ctx, ip, IP_SADDR_OFF, ip.saddr, entry.addr, false)?;
+    }
+    Ok(Counter::EgressFragment)
+}

@@ -1,0 +1,137 @@
+//! tc ingress of an ENI: replies of NATed flows back to their pod (or node
+//! socket), ICMP errors about them, and tracking of flows opened from
+//! outside the VPC so their replies leave un-NATed.
+
+use aya_ebpf::programs::TcContext;
+use vpcnet_common::{
+    config::Config,
+    counters::Counter,
+    nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+};
+
+use crate::{
+    cidr, frag, icmp,
+    maps::{NAT_FWD, NAT_REV, config},
+    nat::{now_ns, touch, track_untranslated},
+    packet::{
+        ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4,
+        l4_csum_rel, parse_ipv4, parse_l4, set_addr, set_port,
+    },
+};
+
+/// `Ok(verdict)`: pass, counted as `verdict`. `Err(reason)`: drop.
+pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
+    if !is_ipv4(ctx) {
+        return Ok(Counter::IngressNotIpv4);
+    }
+    let Some(cfg) = config() else {
+        return Ok(Counter::IngressNotNode);
+    };
+    if cfg.node_addr == 0 {
+        return Ok(Counter::IngressNotNode);
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.daddr != cfg.node_addr {
+        return inbound(ctx, &ip);
+    }
+    if ip.fragment == Fragment::Later {
+        return later_fragment(ctx, &ip);
+    }
+    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
+        return Ok(Counter::IngressNoEntry);
+    };
+    if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
+        if icmp::is_translated_error(l4.icmp_type) {
+            return icmp::ingress(ctx, cfg, &ip);
+        }
+        return Ok(Counter::IngressNoEntry);
+    }
+    let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    let Some(entry) = NAT_REV.get_ptr_mut(&key) else {
+        return Ok(Counter::IngressNoEntry);
+    };
+    touch(entry, l4.seen_bits(), now_ns());
+    let verdict = reverse(ctx, cfg, &ip, &key, entry)?;
+    if ip.fragment == Fragment::First {
+        frag::remember(&ip, &l4);
+    }
+    Ok(verdict)
+}
+
+/// Rewrites a reply to the original address and port.
+#[inline(always)]
+fn reverse(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    key: &FlowKey,
+    entry: *mut NatEntry,
+) -> Result<Counter, Counter> {
+    // SAFETY: a live map value, copied before the packet is touched.
+    let (kind, addr, port) = unsafe { ((*entry).kind, (*entry).addr, (*entry).port) };
+    if addr != cfg.node_addr {
+        set_addr(ctx, ip, IP_DADDR_OFF, key.daddr, addr, true)?;
+    }
+    let port_off = ip.l4_off + if ip.proto == PROTO_ICMP { 4 } else { 2 };
+    set_port(ctx, ip.proto, port_off, ip.l4_off + l4_csum_rel(ip.proto), key.dport, port)?;
+    Ok(if kind == FlowKind::Host as u8 {
+        Counter::IngressHost
+    } else {
+        Counter::IngressRevSnat
+    })
+}
+
+/// A packet for an address other than the node's (a pod's). When it comes
+/// from outside the VPC and opens a flow, the flow is tracked so the pod's
+/// replies leave un-NATed, as netfilter's conntrack keeps them.
+#[inline(always)]
+fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
+    if ip.fragment == Fragment::Later || cidr::lookup(ip.saddr).is_some() {
+        return Ok(Counter::IngressNotNode);
+    }
+    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
+        return Ok(Counter::IngressNotNode);
+    };
+    let opens = match ip.proto {
+        PROTO_TCP => l4.may_open_tcp(),
+        PROTO_UDP => true,
+        _ => l4.icmp_type == ICMP_ECHO,
+    };
+    // The reply's tuple: what the pod will send.
+    let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
+    let now = now_ns();
+    if let Some(entry) = NAT_FWD.get_ptr_mut(&reply) {
+        touch(entry, seen_of(&l4), now);
+        return Ok(Counter::IngressNotNode);
+    }
+    if !opens {
+        return Ok(Counter::IngressNotNode);
+    }
+    Ok(match track_untranslated(&reply, seen_of(&l4), now) {
+        Ok(_) => Counter::IngressInboundTracked,
+        Err(_) => Counter::IngressInboundUntracked,
+    })
+}
+
+#[inline(always)]
+const fn seen_of(l4: &L4) -> u8 {
+    l4.seen_bits()
+}
+
+/// A non-first fragment for the node address.
+#[inline(always)]
+fn later_fragment(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
+    let Some(ports) = frag::recall(ip) else {
+        // Not a translated flow's: the stack reassembles it for a node socket.
+        return Ok(Counter::IngressNoEntry);
+    };
+    let key = FlowKey::new(ip.saddr, ip.daddr, ports.sport, ports.dport, ip.proto);
+    // SAFETY: read-only copy of a map value.
+    let Some(entry) = (unsafe { NAT_REV.get(&key) }).copied() else {
+        return Err(Counter::DropFragmentNoFlow);
+    };
+    if entry.addr != ip.daddr {
+        set_addr(ctx, ip, IP_DADDR_OFF, ip.daddr, entry.addr, false)?;
+    }
+    Ok(Counter::IngressFragment)
+}

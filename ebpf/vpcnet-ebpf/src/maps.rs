@@ -1,0 +1,50 @@
+//! The maps, named as `vpcnet_common::maps` says (the agent checks the names
+//! against the object) and pinned by name so a restarted agent reuses them.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+};
+use vpcnet_common::{
+    cidr::CidrValue,
+    config::Config,
+    counters::{COUNTER_SLOTS, Counter},
+    maps::{CIDRS_MAX_ENTRIES, FRAGS_MAX_ENTRIES, NAT_DEFAULT_ENTRIES},
+    nat::{FlowKey, FragKey, FragPorts, NatEntry},
+};
+
+#[map(name = "VPCNET_CONFIG")]
+pub static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+#[map(name = "VPCNET_CIDRS")]
+pub static CIDRS: LpmTrie<[u8; 4], CidrValue> = LpmTrie::pinned(CIDRS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_NAT_FWD")]
+pub static NAT_FWD: HashMap<FlowKey, NatEntry> = HashMap::pinned(NAT_DEFAULT_ENTRIES, 0);
+
+#[map(name = "VPCNET_NAT_REV")]
+pub static NAT_REV: HashMap<FlowKey, NatEntry> = HashMap::pinned(NAT_DEFAULT_ENTRIES, 0);
+
+#[map(name = "VPCNET_FRAGS")]
+pub static FRAGS: LruHashMap<FragKey, FragPorts> = LruHashMap::pinned(FRAGS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_COUNTERS")]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
+
+#[inline(always)]
+pub fn count(counter: Counter) {
+    count_n(counter, 1);
+}
+
+#[inline(always)]
+pub fn count_n(counter: Counter, n: u64) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a per-CPU slot; only this CPU writes it while the program runs.
+        unsafe { *slot += n };
+    }
+}
+
+#[inline(always)]
+pub fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
+}

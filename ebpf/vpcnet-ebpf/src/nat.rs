@@ -1,0 +1,378 @@
+//! NAT flows: lookup, port allocation and the pair's life (see
+//! `vpcnet_common::nat` for why a flow is two entries in two plain hash maps).
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
+};
+use vpcnet_common::{
+    config::{Config, RandomizeMode},
+    counters::Counter,
+    nat::{
+        FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, port_reusable_by,
+    },
+};
+
+use crate::maps::{NAT_FWD, NAT_REV, count, count_n};
+
+/// Candidates tried before a new flow is dropped for want of a port. With
+/// independent random candidates the failure rate at a fill of `f` is `f^64`:
+/// 1e-10 at 70 %, 0.1 % at 90 %.
+const ALLOC_TRIES: u32 = 64;
+
+const E2BIG: i32 = 7;
+const EEXIST: i32 = 17;
+
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The reply tuple of a flow whose forward tuple is `fwd` once translated to
+/// `addr:port`.
+#[inline(always)]
+pub const fn reply_key(fwd: &FlowKey, addr: u32, port: u16) -> FlowKey {
+    FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto)
+}
+
+/// The forward tuple of the flow a reverse entry belongs to.
+#[inline(always)]
+pub const fn forward_key(rev_key: &FlowKey, rev: &NatEntry) -> FlowKey {
+    FlowKey::new(rev.addr, rev_key.saddr, rev.port, rev_key.sport, rev_key.proto)
+}
+
+/// Records a packet in one direction's entry: new flags always, the time
+/// only once per [`TOUCH_INTERVAL_NS`] so established flows do not write
+/// the entry on every packet.
+#[inline(always)]
+pub fn touch(entry: *mut NatEntry, seen: u8, now: u64) {
+    // SAFETY: `entry` points into a map value the caller just looked up;
+    // concurrent writers of the same direction can at worst lose one flag
+    // bit or timestamp update, which the next packet repeats.
+    unsafe {
+        let old = (*entry).seen;
+        if old | seen != old {
+            (*entry).seen = old | seen;
+            (*entry).last_seen_ns = now;
+        } else if now.wrapping_sub((*entry).last_seen_ns) > TOUCH_INTERVAL_NS {
+            (*entry).last_seen_ns = now;
+        }
+    }
+}
+
+/// 32-bit mix (murmur3's finalizer).
+#[inline(always)]
+const fn mix(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// Keyed hash of who talks to whom: the pod (or node) address and the
+/// remote endpoint, not the pod's port, so one pod's flows to one remote
+/// walk the same ports and find the ones it may reuse first.
+#[inline(always)]
+const fn endpoint_hash(seed: u32, fwd: &FlowKey) -> u32 {
+    let mut h = mix(seed ^ fwd.saddr);
+    h = mix(h ^ fwd.daddr);
+    mix(h ^ ((fwd.dport as u32) << 8) ^ fwd.proto as u32)
+}
+
+/// How new flows of one kind pick their candidates.
+pub struct PortPicker {
+    min: u32,
+    span: u32,
+    mode: RandomizeMode,
+    start: u32,
+    /// A port to try first (the pod's own in `none` mode, the node socket's
+    /// own for node flows), host order.
+    first: Option<u16>,
+}
+
+impl PortPicker {
+    #[inline(always)]
+    pub fn new(cfg: &Config, fwd: &FlowKey, kind: FlowKind) -> Self {
+        let (min, max) = if cfg.port_min <= cfg.port_max && cfg.port_min != 0 {
+            (u32::from(cfg.port_min), u32::from(cfg.port_max))
+        } else {
+            (1024, 65535)
+        };
+        let own = u16::from_be(fwd.sport);
+        let mode = cfg.randomize_mode();
+        let first = match kind {
+            // A node socket keeps its port unless a NAT flow holds it.
+            FlowKind::Host => Some(own),
+            _ if mode == RandomizeMode::None
+                && u32::from(own) >= min
+                && u32::from(own) <= max =>
+            {
+                Some(own)
+            }
+            _ => None,
+        };
+        Self {
+            min,
+            span: max - min + 1,
+            mode,
+            start: endpoint_hash(cfg.hash_seed, fwd),
+            first,
+        }
+    }
+
+    /// The `i`th candidate, host order.
+    #[inline(always)]
+    fn candidate(&self, i: u32) -> u16 {
+        if i == 0 {
+            if let Some(first) = self.first {
+                return first;
+            }
+        }
+        let offset = match self.mode {
+            // SAFETY: a helper without arguments.
+            RandomizeMode::Prng => unsafe { bpf_get_prandom_u32() },
+            RandomizeMode::HashRandom | RandomizeMode::None => self.start.wrapping_add(i),
+        };
+        // `span` is at least 1; checked so no panic path reaches the object.
+        (self.min + offset.checked_rem(self.span).unwrap_or(0)) as u16
+    }
+}
+
+/// What a new flow got.
+pub struct Claimed {
+    pub port: u16,
+    pub took_over: bool,
+}
+
+/// State of the port search, shared with [`claim_step`] through `bpf_loop`.
+struct ClaimSearch {
+    picker: PortPicker,
+    fwd: FlowKey,
+    rev_value: NatEntry,
+    nat_addr: u32,
+    now: u64,
+    tries: u32,
+    port: u16,
+    outcome: u8,
+}
+
+const SEARCHING: u8 = 0;
+const CLAIMED: u8 = 1;
+const TOOK_OVER: u8 = 2;
+const TABLE_FULL: u8 = 3;
+
+/// One candidate of the port search. Runs under `bpf_loop`, so the verifier
+/// checks this body once instead of once per try. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn claim_step(index: u32, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `ClaimSearch` on `claim_port`'s stack.
+    let search = unsafe { &mut *ctx.cast::<ClaimSearch>() };
+    search.tries = index + 1;
+    let port = search.picker.candidate(index).to_be();
+    let rev_key = reply_key(&search.fwd, search.nat_addr, port);
+    match NAT_REV.insert(&rev_key, &search.rev_value, u64::from(BPF_NOEXIST)) {
+        Ok(()) => search.outcome = CLAIMED,
+        Err(e) if e == -E2BIG => search.outcome = TABLE_FULL,
+        Err(_) => {
+            let free = take_over(&rev_key, search.fwd.saddr, search.now);
+            if free
+                && NAT_REV
+                    .insert(&rev_key, &search.rev_value, u64::from(BPF_NOEXIST))
+                    .is_ok()
+            {
+                search.outcome = TOOK_OVER;
+            } else {
+                return 0;
+            }
+        }
+    }
+    search.port = port;
+    1
+}
+
+/// Claims a port for the flow `fwd` (kind `kind`) translated to `nat_addr`:
+/// inserts the reverse entry, the claim, taking over the port of a flow that
+/// is over (or a closed one of the same pod, see `port_reusable_by`).
+#[inline(always)]
+fn claim_port(
+    picker: PortPicker,
+    fwd: &FlowKey,
+    kind: FlowKind,
+    nat_addr: u32,
+    now: u64,
+) -> Result<Claimed, Counter> {
+    let mut search = ClaimSearch {
+        picker,
+        fwd: *fwd,
+        rev_value: NatEntry {
+            addr: fwd.saddr,
+            port: fwd.sport,
+            kind: kind as u8,
+            seen: 0,
+            last_seen_ns: now,
+            created_ns: now,
+        },
+        nat_addr,
+        now,
+        tries: 0,
+        port: 0,
+        outcome: SEARCHING,
+    };
+    // SAFETY: the callback and its context live for the whole call.
+    unsafe {
+        bpf_loop(
+            ALLOC_TRIES,
+            claim_step as *mut c_void,
+            (&raw mut search).cast::<c_void>(),
+            0,
+        );
+    }
+    count_n(Counter::AllocRetry, u64::from(search.tries.saturating_sub(1)));
+    match search.outcome {
+        CLAIMED => Ok(Claimed {
+            port: search.port,
+            took_over: false,
+        }),
+        TOOK_OVER => Ok(Claimed {
+            port: search.port,
+            took_over: true,
+        }),
+        TABLE_FULL => Err(Counter::DropNatTableFull),
+        _ => Err(Counter::DropNatNoPort),
+    }
+}
+
+/// Removes the flow holding `rev_key` when `addr` may reuse its port now.
+/// Returns whether the port is free.
+#[inline(always)]
+fn take_over(rev_key: &FlowKey, addr: u32, now: u64) -> bool {
+    // SAFETY: read-only copy of a map value.
+    let Some(rev) = (unsafe { NAT_REV.get(rev_key) }).copied() else {
+        // Removed since our insert failed: free.
+        return true;
+    };
+    let fwd_key = forward_key(rev_key, &rev);
+    // SAFETY: as above.
+    let fwd = unsafe { NAT_FWD.get(&fwd_key) }.copied();
+    // A reverse entry whose forward half is not there yet is a flow being
+    // created on another CPU: judge it by its own age only.
+    let fwd = fwd.unwrap_or(rev);
+    if !port_reusable_by(rev_key.proto, &fwd, &rev, addr, now) {
+        return false;
+    }
+    // Whoever removes the claim owns the port.
+    if NAT_REV.remove(rev_key).is_err() {
+        return false;
+    }
+    // The old flow's forward half goes with it, unless it was reopened
+    // meanwhile under another claim (then it no longer points here).
+    // SAFETY: read-only copy.
+    if let Some(old) = unsafe { NAT_FWD.get(&fwd_key) } {
+        if old.port == rev_key.dport && old.addr == rev_key.daddr {
+            let _ = NAT_FWD.remove(&fwd_key);
+        }
+    }
+    true
+}
+
+/// Creates a translated flow (kind `Snat` or `Host`) for `fwd`, returning
+/// its forward entry.
+#[inline(always)]
+pub fn create_flow(
+    cfg: &Config,
+    fwd: &FlowKey,
+    kind: FlowKind,
+    seen: u8,
+    now: u64,
+) -> Result<*mut NatEntry, Counter> {
+    let picker = PortPicker::new(cfg, fwd, kind);
+    let claimed = claim_port(picker, fwd, kind, cfg.node_addr, now)?;
+    if claimed.took_over {
+        count(Counter::EgressTakeover);
+    }
+    let entry = NatEntry {
+        addr: cfg.node_addr,
+        port: claimed.port,
+        kind: kind as u8,
+        seen,
+        last_seen_ns: now,
+        created_ns: now,
+    };
+    let ours = reply_key(fwd, cfg.node_addr, claimed.port);
+    match insert_forward(fwd, &entry) {
+        // Another CPU created the same flow meanwhile: keep theirs, free ours.
+        Ok(existing) if unsafe { (*existing).port } != claimed.port => {
+            let _ = NAT_REV.remove(&ours);
+            Ok(existing)
+        }
+        Ok(existing) => Ok(existing),
+        Err(reason) => {
+            // Never leave a claim without its flow.
+            let _ = NAT_REV.remove(&ours);
+            Err(reason)
+        }
+    }
+}
+
+/// Tracks an un-translated flow (EXTERNALSNAT, or one opened from outside
+/// the VPC) so it stays un-translated whatever the flags do later.
+#[inline(always)]
+pub fn track_untranslated(fwd: &FlowKey, seen: u8, now: u64) -> Result<*mut NatEntry, Counter> {
+    let entry = NatEntry {
+        addr: fwd.saddr,
+        port: fwd.sport,
+        kind: FlowKind::NoSnat as u8,
+        seen,
+        last_seen_ns: now,
+        created_ns: now,
+    };
+    insert_forward(fwd, &entry)
+}
+
+#[inline(always)]
+fn insert_forward(fwd: &FlowKey, entry: &NatEntry) -> Result<*mut NatEntry, Counter> {
+    match NAT_FWD.insert(fwd, entry, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {}
+        // Another CPU created the same flow first: use theirs.
+        Err(e) if e == -EEXIST => {}
+        Err(_) => return Err(Counter::DropNatTableFull),
+    }
+    NAT_FWD.get_ptr_mut(fwd).ok_or(Counter::DropNatTableFull)
+}
+
+/// A closed flow whose tuple opens again (the pod reuses its port for the
+/// same remote): keeps the mapping if the claim is still this flow's and
+/// starts the state afresh. Returns false when the claim went to someone
+/// else; the caller then drops the stale forward entry and allocates anew.
+#[inline(always)]
+pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
+    // SAFETY: `entry` is a live map value of NAT_FWD.
+    let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
+    let rev_key = reply_key(fwd, addr, port);
+    let Some(rev) = NAT_REV.get_ptr_mut(&rev_key) else {
+        return false;
+    };
+    // SAFETY: live map values.
+    unsafe {
+        if (*rev).addr != fwd.saddr || (*rev).port != fwd.sport {
+            return false;
+        }
+        (*rev).seen = 0;
+        (*rev).last_seen_ns = now;
+        (*entry).seen = seen;
+        (*entry).last_seen_ns = now;
+        (*entry).created_ns = now;
+    }
+    true
+}
+
+/// Removes a forward entry that no longer owns its claim.
+#[inline(always)]
+pub fn forget_forward(fwd: &FlowKey) {
+    let _ = NAT_FWD.remove(fwd);
+}
+

@@ -1,0 +1,267 @@
+//! Reading the headers the programs act on, and rewriting addresses and
+//! ports with their checksums. Offsets are from the start of the Ethernet
+//! frame (tc on ENIs and veths sees Ethernet).
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use vpcnet_common::{
+    counters::Counter,
+    nat::{PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+};
+
+pub const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const IP_OFF: usize = ETH_HLEN;
+const IP_CSUM_OFF: usize = IP_OFF + 10;
+pub const IP_SADDR_OFF: usize = IP_OFF + 12;
+pub const IP_DADDR_OFF: usize = IP_OFF + 16;
+const IP_MF: u16 = 0x2000;
+const IP_OFFSET_MASK: u16 = 0x1fff;
+
+pub const ICMP_ECHO_REPLY: u8 = 0;
+pub const ICMP_DEST_UNREACH: u8 = 3;
+pub const ICMP_ECHO: u8 = 8;
+pub const ICMP_TIME_EXCEEDED: u8 = 11;
+/// ICMP header length before an error's embedded datagram.
+pub const ICMP_HLEN: usize = 8;
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+/// Where a datagram sits in a fragmented series.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Fragment {
+    /// Not fragmented.
+    Whole,
+    /// First fragment: carries the L4 header.
+    First,
+    /// A later fragment: no L4 header.
+    Later,
+}
+
+/// The IPv4 header fields the programs use (addresses in network order).
+#[derive(Clone, Copy)]
+pub struct Ipv4 {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub proto: u8,
+    /// IP identification, network order.
+    pub id: u16,
+    pub fragment: Fragment,
+    /// Offset of the L4 header (after IP options).
+    pub l4_off: usize,
+}
+
+/// The L4 fields of a packet, in network order.
+#[derive(Clone, Copy)]
+pub struct L4 {
+    /// TCP/UDP source port; ICMP echo: the identifier for a request, 0 for a reply.
+    pub sport: u16,
+    /// TCP/UDP destination port; ICMP echo: 0 for a request, the identifier for a reply.
+    pub dport: u16,
+    /// TCP flags (0 for other protocols).
+    pub tcp_flags: u8,
+    /// ICMP type (0 for other protocols).
+    pub icmp_type: u8,
+}
+
+impl L4 {
+    /// TCP: a SYN without ACK (a connection attempt).
+    pub const fn is_syn(&self) -> bool {
+        self.tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN
+    }
+
+    /// TCP: a packet that may open tracking when nothing is known of the flow:
+    /// a SYN, or a bare ACK picked up mid-stream (netfilter's loose mode).
+    /// SYN-ACK, FIN and RST never open a flow.
+    pub const fn may_open_tcp(&self) -> bool {
+        let f = self.tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN);
+        f == TCP_SYN || f == TCP_ACK
+    }
+
+    /// The `SEEN_*` bits this packet contributes to its direction's entry.
+    pub const fn seen_bits(&self) -> u8 {
+        (self.tcp_flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK)) | vpcnet_common::nat::SEEN_ANY
+    }
+}
+
+#[inline(always)]
+pub fn load<T>(ctx: &TcContext, off: usize) -> Result<T, Counter> {
+    ctx.load::<T>(off).map_err(|_| Counter::DropTruncated)
+}
+
+/// Whether the frame carries IPv4.
+#[inline(always)]
+pub fn is_ipv4(ctx: &TcContext) -> bool {
+    matches!(ctx.load::<u16>(12), Ok(proto) if u16::from_be(proto) == ETH_P_IP)
+}
+
+/// Parses the IPv4 header at `off` (the outer one at [`ETH_HLEN`], or one
+/// embedded in an ICMP error).
+#[inline(always)]
+pub fn parse_ipv4(ctx: &TcContext, off: usize) -> Result<Ipv4, Counter> {
+    let ver_ihl: u8 = load(ctx, off)?;
+    if ver_ihl >> 4 != 4 {
+        return Err(Counter::DropMalformed);
+    }
+    let ihl = usize::from(ver_ihl & 0x0f) * 4;
+    if ihl < 20 {
+        return Err(Counter::DropMalformed);
+    }
+    let id: u16 = load(ctx, off + 4)?;
+    let frag = u16::from_be(load::<u16>(ctx, off + 6)?);
+    let proto: u8 = load(ctx, off + 9)?;
+    let saddr: u32 = load(ctx, off + 12)?;
+    let daddr: u32 = load(ctx, off + 16)?;
+    let fragment = if frag & IP_OFFSET_MASK != 0 {
+        Fragment::Later
+    } else if frag & IP_MF != 0 {
+        Fragment::First
+    } else {
+        Fragment::Whole
+    };
+    Ok(Ipv4 {
+        saddr,
+        daddr,
+        proto,
+        id,
+        fragment,
+        l4_off: off + ihl,
+    })
+}
+
+/// Parses the L4 header at `off`. `Ok(None)`: a protocol the NAT does not
+/// translate (or an ICMP type other than echo, left to the caller).
+#[inline(always)]
+pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Counter> {
+    match proto {
+        PROTO_TCP => {
+            let sport: u16 = load(ctx, off)?;
+            let dport: u16 = load(ctx, off + 2)?;
+            let flags: u8 = load(ctx, off + 13)?;
+            Ok(Some(L4 {
+                sport,
+                dport,
+                tcp_flags: flags,
+                icmp_type: 0,
+            }))
+        }
+        PROTO_UDP => {
+            let sport: u16 = load(ctx, off)?;
+            let dport: u16 = load(ctx, off + 2)?;
+            Ok(Some(L4 {
+                sport,
+                dport,
+                tcp_flags: 0,
+                icmp_type: 0,
+            }))
+        }
+        PROTO_ICMP => {
+            let icmp_type: u8 = load(ctx, off)?;
+            let (sport, dport) = match icmp_type {
+                ICMP_ECHO | ICMP_ECHO_REPLY => {
+                    let id: u16 = load(ctx, off + 4)?;
+                    if icmp_type == ICMP_ECHO { (id, 0) } else { (0, id) }
+                }
+                _ => (0, 0),
+            };
+            Ok(Some(L4 {
+                sport,
+                dport,
+                tcp_flags: 0,
+                icmp_type,
+            }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Offset of the L4 checksum, relative to the L4 header; `None` for a
+/// protocol without one that covers the addresses.
+#[inline(always)]
+pub const fn l4_csum_rel(proto: u8) -> usize {
+    match proto {
+        PROTO_TCP => 16,
+        PROTO_UDP => 6,
+        _ => 2, // ICMP
+    }
+}
+
+/// Flags for an L4 checksum update: UDP's 0 means "no checksum" and must
+/// stay 0.
+#[inline(always)]
+const fn l4_csum_flags(proto: u8) -> u64 {
+    if proto == PROTO_UDP {
+        BPF_F_MARK_MANGLED_0 as u64
+    } else {
+        0
+    }
+}
+
+/// Rewrites the outer source or destination address at `addr_off`
+/// (`IP_SADDR_OFF` or `IP_DADDR_OFF`), fixing the IP checksum and, for TCP and
+/// UDP whose checksums cover the addresses, the L4 checksum. `fix_l4` is
+/// false for non-first fragments, which carry no L4 header.
+#[inline(always)]
+pub fn set_addr(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    addr_off: usize,
+    old: u32,
+    new: u32,
+    fix_l4: bool,
+) -> Result<(), Counter> {
+    if fix_l4 && (ip.proto == PROTO_TCP || ip.proto == PROTO_UDP) {
+        ctx.l4_csum_replace(
+            ip.l4_off + l4_csum_rel(ip.proto),
+            u64::from(old),
+            u64::from(new),
+            BPF_F_PSEUDO_HDR as u64 | 4 | l4_csum_flags(ip.proto),
+        )
+        .map_err(|_| Counter::DropRewrite)?;
+    }
+    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 4)
+        .map_err(|_| Counter::DropRewrite)?;
+    ctx.store(addr_off, &new, 0).map_err(|_| Counter::DropRewrite)
+}
+
+/// Rewrites the 16-bit port (or ICMP echo identifier) at `port_off`, fixing
+/// the L4 checksum at `csum_off`.
+#[inline(always)]
+pub fn set_port(
+    ctx: &TcContext,
+    proto: u8,
+    port_off: usize,
+    csum_off: usize,
+    old: u16,
+    new: u16,
+) -> Result<(), Counter> {
+    if old == new {
+        return Ok(());
+    }
+    ctx.l4_csum_replace(csum_off, u64::from(old), u64::from(new), 2 | l4_csum_flags(proto))
+        .map_err(|_| Counter::DropRewrite)?;
+    ctx.store(port_off, &new, 0).map_err(|_| Counter::DropRewrite)
+}
+
+/// One's-complement checksum `check` updated for a 16-bit word changing from
+/// `old` to `new` (RFC 1624, eqn. 3). Works on words in any byte order as
+/// long as all three are in the same one.
+#[inline(always)]
+pub const fn csum_update16(check: u16, old: u16, new: u16) -> u16 {
+    let mut sum = (!check as u32) + (!old as u32) + new as u32;
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// [`csum_update16`] for a 32-bit field (two words).
+#[inline(always)]
+pub const fn csum_update32(check: u16, old: u32, new: u32) -> u16 {
+    let check = csum_update16(check, old as u16, new as u16);
+    csum_update16(check, (old >> 16) as u16, (new >> 16) as u16)
+}

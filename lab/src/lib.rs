@@ -1,0 +1,1 @@
+//! The lab: a node in a box made of network namespaces.
