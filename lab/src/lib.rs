@@ -1,1 +1,42 @@
 //! The lab: a node in a box made of network namespaces.
+//!
+//! `Lab::up` builds, inside namespaces named `vpcnet-*` and nowhere else:
+//!
+//! ```text
+//!   vpcnet-pod-N ── eni<sha1> ┐
+//!   (10.20.11.20+N)           │ vpcnet-node                    vpcnet-vpc (VPC router)
+//!                             └ eth0 10.20.11.162 ─── n0-eth0  ├ peer-eth0 ─── vpcnet-peer   10.20.12.50
+//!                               nodelocaldns 169.254.20.10     ├ igw0 ──────── vpcnet-inet   203.0.113.10
+//!                                                              └ dx0 ───────── vpcnet-onprem 192.0.2.10
+//! ```
+//!
+//! The VPC router does what AWS does: delivery to the ENI that owns an
+//! address, the source/destination check, an internet gateway that passes
+//! only node primary addresses (see [`router`]). The node runs either the
+//! VPC CNI's own iptables wiring ([`vpc_cni`]) or this project's agent.
+//!
+//! For tests: take [`serial()`], bring a [`Lab`] up (dropping it tears it
+//! down), run probes from [`probe`] in pods and far ends, read the router's
+//! counters. Addresses and names are in [`addrs`].
+
+pub mod addrs;
+pub mod agent;
+mod error;
+mod lab;
+pub mod netlink;
+pub mod netns;
+mod options;
+pub mod probe;
+pub mod router;
+mod state;
+mod topology;
+pub mod vpc_cni;
+
+pub use error::{LabError, Result};
+pub use lab::{Lab, down_all, exists, serial};
+pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
+pub use options::{Datapath, LabOptions, RandomizeSnat, parse_cidr_list};
+pub use probe::{
+    Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
+};
+pub use state::{AgentInfo, LabState, PodInfo, agent_log_file, state_dir, state_file};

@@ -1,8 +1,280 @@
-use anyhow::Result;
+//! `cargo xtask lab`: the node in a box. `up` leaves it running, `down`
+//! removes every trace, `status` shows it, and nothing at all runs the demo.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use vpcnet_lab::{
+    Datapath, Lab, LabOptions, LabState, RandomizeSnat, WhoamiServer, addrs, icmp_echo,
+    send_spoofed_udp, tcp_whoami, udp_whoami,
+};
 
 #[derive(clap::Args)]
-pub struct Args {}
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Option<Action>,
+    /// Options of the demo, when no subcommand is given.
+    #[command(flatten)]
+    demo: UpArgs,
+}
 
-pub fn run(_args: &Args) -> Result<()> {
-    anyhow::bail!("not written yet")
+#[derive(Subcommand)]
+enum Action {
+    /// Bring the lab up and leave it running; returns when every pod is ready.
+    Up(UpArgs),
+    /// Remove every trace of the lab: agent, pins, namespaces, state.
+    Down,
+    /// Show the running lab.
+    Status,
+    /// Up, show what each path does, down (the default).
+    Demo(UpArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct UpArgs {
+    /// How many pods.
+    #[arg(long, default_value_t = 2)]
+    pods: usize,
+    /// The node's datapath: ebpf (the agent) or iptables (the VPC CNI's).
+    #[arg(long, default_value = "ebpf")]
+    datapath: Datapath,
+    /// No SNAT on the node (`AWS_VPC_K8S_CNI_EXTERNALSNAT=true`).
+    #[arg(long)]
+    external_snat: bool,
+    /// Comma-separated CIDRs never source-NATed (`AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`).
+    #[arg(long, default_value = "")]
+    exclude_snat_cidrs: String,
+    /// SNAT port randomization: prng, hashrandom or none (`AWS_VPC_K8S_CNI_RANDOMIZESNAT`).
+    #[arg(long, default_value = "prng")]
+    randomize_snat: RandomizeSnat,
+    /// Use this agent binary instead of building vpcnet-agent.
+    #[arg(long)]
+    agent_bin: Option<PathBuf>,
+    /// Seconds the agent may take to print READY.
+    #[arg(long, default_value_t = 30)]
+    agent_ready_timeout: u64,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    match &args.action {
+        Some(Action::Up(up_args)) => up(up_args),
+        Some(Action::Down) => {
+            vpcnet_lab::down_all().context("taking the lab down")?;
+            println!("lab down: no vpcnet- namespace, agent or state is left");
+            Ok(())
+        }
+        Some(Action::Status) => status(),
+        Some(Action::Demo(demo_args)) => demo(demo_args),
+        None => demo(&args.demo),
+    }
+}
+
+fn options(args: &UpArgs) -> Result<LabOptions> {
+    let mut opts = LabOptions {
+        pods: args.pods,
+        datapath: args.datapath,
+        external_snat: args.external_snat,
+        exclude_snat_cidrs: vpcnet_lab::parse_cidr_list(&args.exclude_snat_cidrs)?,
+        randomize_snat: args.randomize_snat,
+        agent_bin: None,
+        agent_ready_timeout: Duration::from_secs(args.agent_ready_timeout),
+    };
+    // Refuse bad input, or a lab that exists already, before building the
+    // agent (that takes a while); `Lab::up` checks it all again.
+    opts.validate_settings()?;
+    if vpcnet_lab::exists()? {
+        bail!("a lab already exists; use it, or remove it first with `cargo xtask lab down`");
+    }
+    if opts.datapath == Datapath::Ebpf {
+        let agent_bin = if let Some(path) = &args.agent_bin {
+            path.clone()
+        } else {
+            println!("building vpcnet-agent...");
+            // Its build script builds the eBPF programs it embeds.
+            crate::build::agent_binary(false).context("building the agent")?
+        };
+        opts.agent_bin = Some(agent_bin);
+    }
+    opts.validate()?;
+    Ok(opts)
+}
+
+fn up(args: &UpArgs) -> Result<()> {
+    let opts = options(args)?;
+    let lab = Lab::up(&opts).context("bringing the lab up")?;
+    let state = lab.leave_running();
+    print_state(&state);
+    println!("\nthe lab is running; `cargo xtask lab down` removes it");
+    Ok(())
+}
+
+fn status() -> Result<()> {
+    let lab = Lab::open().context("looking for the lab")?;
+    print_state(lab.state());
+    Ok(())
+}
+
+fn print_state(state: &LabState) {
+    let opts = &state.options;
+    println!(
+        "lab: datapath {}, {} pod(s), external SNAT {}, randomize SNAT {}, SNAT exclusions [{}]",
+        opts.datapath,
+        opts.pods,
+        opts.external_snat,
+        opts.randomize_snat,
+        opts.exclude_snat_cidrs_env()
+    );
+    println!(
+        "  {:<16} {} on {}, gateway {}",
+        addrs::NS_NODE,
+        addrs::NODE_PRIMARY_ADDR,
+        addrs::NODE_ETH0,
+        addrs::NODE_SUBNET_GW
+    );
+    println!("  {:<16} {}", addrs::NS_PEER, addrs::PEER_ADDR);
+    println!(
+        "  {:<16} {} (behind the internet gateway)",
+        addrs::NS_INET,
+        addrs::INET_ADDR
+    );
+    println!(
+        "  {:<16} {} (Direct Connect)",
+        addrs::NS_ONPREM,
+        addrs::ONPREM_ADDR
+    );
+    for pod in &state.pods {
+        println!(
+            "  {:<16} {} (host veth {} in {})",
+            pod.netns,
+            pod.addr,
+            pod.host_veth,
+            addrs::NS_NODE
+        );
+    }
+    if let Some(agent) = &state.agent {
+        println!(
+            "  agent pid {} ({}), log {}",
+            agent.pid,
+            agent.bin.display(),
+            agent.log.display()
+        );
+    }
+}
+
+const PROBE_PORT: u16 = 8080;
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Up, then from pod-0 to every far end over TCP, UDP and ICMP, printing
+/// what each far end saw; then the router's two checks; then down.
+fn demo(args: &UpArgs) -> Result<()> {
+    let opts = options(args)?;
+    if opts.pods == 0 {
+        bail!("the demo needs at least one pod");
+    }
+    println!(
+        "bringing the lab up ({} datapath, {} pods)...",
+        opts.datapath, opts.pods
+    );
+    // Dropped at the end, on error or on panic: the lab goes with it.
+    let lab = Lab::up(&opts).context("bringing the lab up")?;
+    print_state(lab.state());
+
+    let far_ends = [
+        ("peer (same VPC)", addrs::NS_PEER, addrs::PEER_ADDR),
+        (
+            "onprem (Direct Connect)",
+            addrs::NS_ONPREM,
+            addrs::ONPREM_ADDR,
+        ),
+        ("inet (internet gateway)", addrs::NS_INET, addrs::INET_ADDR),
+    ];
+    let servers = far_ends
+        .iter()
+        .map(|(_, ns, addr)| WhoamiServer::start(ns, SocketAddrV4::new(*addr, PROBE_PORT)))
+        .collect::<Result<Vec<_>, _>>()
+        .context("starting the far ends' whoami servers")?;
+
+    let pod = lab.pod(0).clone();
+    println!(
+        "\nfrom {} ({}), what each far end sees as the source:",
+        pod.netns, pod.addr
+    );
+    for ((label, _, addr), server) in far_ends.iter().zip(&servers) {
+        let target = SocketAddrV4::new(*addr, PROBE_PORT);
+        let tcp = tcp_whoami(&pod.netns, target, PROBE_TIMEOUT);
+        let udp = udp_whoami(&pod.netns, target, PROBE_TIMEOUT);
+        server.clear();
+        let icmp = icmp_echo(&pod.netns, *addr, PROBE_TIMEOUT);
+        let icmp_seen = server
+            .wait_for(Duration::from_millis(200), |o| {
+                o.proto == vpcnet_lab::Proto::Icmp
+            })
+            .map(|o| *o.source.ip());
+        println!("  -> {label:<26} {addr}");
+        println!(
+            "       tcp:  {}",
+            describe(tcp.map(|seen| seen.map(|s| s.to_string())))
+        );
+        println!(
+            "       udp:  {}",
+            describe(udp.map(|seen| seen.map(|s| s.to_string())))
+        );
+        let icmp_text = match (icmp, icmp_seen) {
+            (Ok(Some(_)), Some(seen)) => format!("request seen from {seen}, reply delivered"),
+            (Ok(None), Some(seen)) => format!("request seen from {seen}, no reply came back"),
+            (Ok(_), None) => "dropped on the way".to_owned(),
+            (Err(err), _) => format!("error: {err}"),
+        };
+        println!("       icmp: {icmp_text}");
+    }
+    drop(servers);
+
+    println!("\nthe VPC router's checks:");
+    let before = lab.srcdst_check_drops()?;
+    let spoofed = Ipv4Addr::new(10, 20, 11, 99);
+    send_spoofed_udp(
+        addrs::NS_NODE,
+        SocketAddrV4::new(spoofed, 4000),
+        SocketAddrV4::new(addrs::PEER_ADDR, PROBE_PORT),
+        b"spoofed",
+    )?;
+    println!(
+        "  source/destination check: node sent from {spoofed} (not its ENI's) -> drops {before} -> {}",
+        lab.srcdst_check_drops()?
+    );
+    let before = lab.igw_drops()?;
+    let peer_to_inet = udp_whoami(
+        addrs::NS_PEER,
+        SocketAddrV4::new(addrs::INET_ADDR, PROBE_PORT),
+        Duration::from_millis(500),
+    )?;
+    println!(
+        "  internet gateway: peer ({}, no public IP) -> inet: {} -> drops {before} -> {}",
+        addrs::PEER_ADDR,
+        if peer_to_inet.is_some() {
+            "passed (unexpected)"
+        } else {
+            "dropped"
+        },
+        lab.igw_drops()?
+    );
+
+    println!("\ntaking the lab down...");
+    lab.down().context("taking the lab down")?;
+    println!("done");
+    Ok(())
+}
+
+fn describe(outcome: vpcnet_lab::Result<Option<String>>) -> String {
+    match outcome {
+        Ok(Some(seen)) => format!("seen as {seen}, reply delivered"),
+        Ok(None) => "no reply (dropped on the way)".to_owned(),
+        Err(err) => format!("error: {err}"),
+    }
 }

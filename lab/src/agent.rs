@@ -1,0 +1,319 @@
+//! The agent of an eBPF lab: started inside `vpcnet-node`, ready when it
+//! prints `READY`, stopped by `down` through its pid file.
+//!
+//! Contract with the agent: it is run as
+//! `<agent> run --primary-interface eth0 --node-addr 10.20.11.162
+//! --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready` with the VPC CNI's
+//! environment variables; once its programs are attached it prints exactly
+//! one line `READY` on standard output and closes it. It logs to standard
+//! error, which goes to `agent.log` in the state directory. SIGTERM stops it.
+
+use std::{
+    fs::{self, File},
+    io::{BufRead, BufReader, Read, Seek, SeekFrom},
+    os::{
+        fd::{AsFd, FromRawFd, OwnedFd},
+        unix::process::CommandExt,
+    },
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::signal::Signal,
+};
+use tracing::{info, warn};
+
+use crate::{
+    addrs::{NODE_ETH0, NODE_PRIMARY_ADDR, NS_NODE, VPC_CIDRS},
+    error::{Context, LabError, Result},
+    netns::{describe, netns_path, spawn_error},
+    options::LabOptions,
+    state::{AgentInfo, agent_log_file, agent_pid_file},
+};
+
+/// How long `down` waits for the agent after SIGTERM, then after SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(10);
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// How much of the agent's log an error shows.
+const LOG_TAIL_BYTES: u64 = 8 * 1024;
+
+/// The command line that starts the agent inside the node.
+pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
+    let vpc_cidrs = VPC_CIDRS
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut command = Command::new("nsenter");
+    command
+        .arg(format!("--net={}", netns_path(NS_NODE).display()))
+        .arg("--")
+        .arg(agent_bin)
+        .args(["run", "--primary-interface", NODE_ETH0])
+        .args(["--node-addr", &NODE_PRIMARY_ADDR.to_string()])
+        .args(["--vpc-cidrs", &vpc_cidrs])
+        .arg("--notify-ready")
+        .env(
+            "AWS_VPC_K8S_CNI_EXTERNALSNAT",
+            opts.external_snat.to_string(),
+        )
+        .env(
+            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+            opts.exclude_snat_cidrs_env(),
+        )
+        .env(
+            "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
+            opts.randomize_snat.env_value(),
+        );
+    // RUST_LOG and the rest of the environment pass through.
+    command
+}
+
+/// Starts the agent and waits for its `READY`. On any failure the agent is
+/// stopped and the error carries the end of its log.
+pub fn start(opts: &LabOptions) -> Result<(Child, AgentInfo)> {
+    let bin = opts.agent_bin.clone().ok_or_else(|| {
+        LabError::InvalidOption("the ebpf datapath needs the agent binary (agent_bin)".into())
+    })?;
+    let log_path = agent_log_file();
+    let log = File::create(&log_path).context(|| format!("creating {}", log_path.display()))?;
+    let mut command = agent_command(&bin, opts);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        // Its own process group: a Ctrl-C meant for `cargo xtask lab up`
+        // must not take down the agent the lab leaves running.
+        .process_group(0);
+    let described = describe(&command);
+    info!(command = described, "starting the agent");
+    let mut child = command
+        .spawn()
+        .map_err(|err| spawn_error(&described, &err))?;
+    // nsenter execs the agent (no fork for a network namespace): the child's
+    // pid is the agent's.
+    let pid = i32::try_from(child.id()).expect("pids fit in i32");
+    let start_time = process_start_time(pid).unwrap_or_default();
+    let info = AgentInfo {
+        pid,
+        start_time,
+        bin: bin.clone(),
+        log: log_path.clone(),
+    };
+    fs::write(agent_pid_file(), format!("{pid}\n"))
+        .context(|| format!("writing {}", agent_pid_file().display()))?;
+
+    let stdout = child.stdout.take().expect("stdout is piped");
+    match wait_ready(stdout, opts.agent_ready_timeout) {
+        Ok(()) => {
+            info!(pid, "the agent is ready");
+            Ok((child, info))
+        }
+        Err(reason) => {
+            // Stop it before reading its log, so the log is complete.
+            let _ = stop(&info, Some(&mut child));
+            Err(LabError::AgentNotReady {
+                path: bin,
+                reason,
+                log_tail: log_tail(&log_path),
+            })
+        }
+    }
+}
+
+/// Reads the agent's first line on a helper thread, so the wait has a
+/// deadline; the pipe reaching end of file means the agent closed it or
+/// exited.
+fn wait_ready(stdout: impl Read + Send + 'static, timeout: Duration) -> Result<(), String> {
+    let (line_tx, line_rx) = mpsc::sync_channel(1);
+    thread::Builder::new()
+        .name("agent-ready".into())
+        .spawn(move || {
+            let mut line = String::new();
+            let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+            let _ = line_tx.send(read);
+        })
+        .map_err(|err| format!("could not start a thread to read its output: {err}"))?;
+    match line_rx.recv_timeout(timeout) {
+        Ok(Ok(line)) if line.trim_end() == "READY" => Ok(()),
+        Ok(Ok(line)) if line.is_empty() => {
+            Err("it closed its standard output (or exited) without printing READY".into())
+        }
+        Ok(Ok(line)) => Err(format!(
+            "its first line was {:?}, not READY",
+            line.trim_end()
+        )),
+        Ok(Err(err)) => Err(format!("reading its standard output failed: {err}")),
+        Err(_) => Err(format!("it printed nothing within {timeout:?}")),
+    }
+}
+
+/// Stops the agent: SIGTERM, a bounded wait for it to exit, then SIGKILL.
+/// `child` is the agent's handle when this process started it (it gets
+/// reaped); otherwise the pid is checked against the recorded start time so a
+/// reused pid is never signalled.
+pub fn stop(info: &AgentInfo, child: Option<&mut Child>) -> Result<()> {
+    let pidfd = match pidfd_open(info.pid) {
+        Ok(fd) => fd,
+        Err(Errno::ESRCH) => return Ok(()),
+        Err(err) => return Err(err).context(|| format!("opening the agent process {}", info.pid)),
+    };
+    // The pidfd pins the process: if its start time matches now, the signals
+    // below reach the agent and nothing else.
+    if process_start_time(info.pid) != Some(info.start_time) {
+        warn!(
+            pid = info.pid,
+            "the agent's pid now names another process; not signalling it"
+        );
+        return Ok(());
+    }
+    let exited = signal_and_wait(&pidfd, Signal::SIGTERM, TERM_GRACE)?
+        || signal_and_wait(&pidfd, Signal::SIGKILL, KILL_GRACE)?;
+    if let Some(child) = child {
+        let _ = child.wait();
+    }
+    if exited {
+        info!(pid = info.pid, "the agent stopped");
+        Ok(())
+    } else {
+        Err(LabError::Timeout {
+            what: format!("the agent (pid {}) to exit after SIGKILL", info.pid),
+            waited: TERM_GRACE + KILL_GRACE,
+        })
+    }
+}
+
+/// Sends `signal` through the pidfd and waits for the process to exit.
+fn signal_and_wait(pidfd: &OwnedFd, signal: Signal, grace: Duration) -> Result<bool> {
+    if let Err(err) = pidfd_send_signal(pidfd, signal) {
+        if err == Errno::ESRCH {
+            return Ok(true);
+        }
+        return Err(err).context(|| format!("sending {signal} to the agent"));
+    }
+    // A pidfd becomes readable when its process exits.
+    let deadline = Instant::now() + grace;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Ok(false);
+        }
+        let millis = u16::try_from(remaining.as_millis().max(1)).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(0) | Err(Errno::EINTR) => {}
+            Ok(_) => return Ok(true),
+            Err(err) => return Err(err).context(|| "waiting for the agent to exit".into()),
+        }
+    }
+}
+
+fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // or -1; no memory is shared with the kernel.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    let fd = i32::try_from(fd).map_err(|_| Errno::EBADF)?;
+    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pidfd_send_signal(pidfd: &OwnedFd, signal: Signal) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a null siginfo is allowed (the kernel fills one as kill() would);
+    // the descriptor is valid for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// Field 22 of /proc/PID/stat: when the process started.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // fields after its closing parenthesis. Field 3 is the first there.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// The end of the agent's log.
+pub fn log_tail(path: &Path) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut text = String::new();
+    let start = len.saturating_sub(LOG_TAIL_BYTES);
+    if file.seek(SeekFrom::Start(start)).is_ok() {
+        let mut bytes = Vec::new();
+        let _ = file.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    if text.trim().is_empty() {
+        "(the agent logged nothing)".into()
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_of_this_process() {
+        let pid = i32::try_from(std::process::id()).unwrap();
+        assert!(process_start_time(pid).is_some());
+    }
+
+    #[test]
+    fn ready_line() {
+        assert!(wait_ready(&b"READY\n"[..], Duration::from_secs(1)).is_ok());
+        assert!(
+            wait_ready(&b""[..], Duration::from_secs(1))
+                .unwrap_err()
+                .contains("without")
+        );
+        assert!(
+            wait_ready(&b"panic\n"[..], Duration::from_secs(1))
+                .unwrap_err()
+                .contains("panic")
+        );
+    }
+
+    #[test]
+    fn command_line_follows_the_contract() {
+        let opts = LabOptions {
+            exclude_snat_cidrs: vec!["192.0.2.0/24".parse().unwrap()],
+            ..LabOptions::ebpf(1, "/bin/agent")
+        };
+        let command = agent_command(Path::new("/bin/agent"), &opts);
+        assert_eq!(
+            describe(&command),
+            "nsenter --net=/var/run/netns/vpcnet-node -- /bin/agent run --primary-interface eth0 \
+             --node-addr 10.20.11.162 --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready"
+        );
+        let envs: Vec<_> = command
+            .get_envs()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.unwrap().to_string_lossy()))
+            .collect();
+        assert!(envs.contains(&"AWS_VPC_K8S_CNI_EXTERNALSNAT=false".into()));
+        assert!(envs.contains(&"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS=192.0.2.0/24".into()));
+        assert!(envs.contains(&"AWS_VPC_K8S_CNI_RANDOMIZESNAT=prng".into()));
+    }
+}

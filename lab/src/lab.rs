@@ -1,0 +1,344 @@
+//! The lab as a whole: bring it up, use it, take it down.
+
+use std::{
+    fs,
+    io::ErrorKind,
+    os::unix::fs::MetadataExt,
+    path::Path,
+    process::{Child, Output},
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::Instant,
+};
+
+use tracing::{info, warn};
+
+use crate::{
+    addrs::{BPF_PIN_DIR, NS_NODE},
+    agent,
+    error::{Context, LabError, Result},
+    netns::{self, lab_namespaces},
+    options::{Datapath, LabOptions},
+    router,
+    state::{self, LabState, PodInfo, state_dir},
+    topology,
+};
+
+/// A lab that exists. Unless [`Lab::leave_running`] is called, dropping it
+/// tears it down (the guard tests rely on); [`Lab::open`] attaches to a lab
+/// some other process left running, and dropping that one leaves it alone.
+#[derive(Debug)]
+pub struct Lab {
+    state: LabState,
+    /// The agent, when this process started it.
+    agent: Option<Child>,
+    teardown_on_drop: bool,
+}
+
+impl Lab {
+    /// Builds the lab and returns once every pod is ready (and, for the
+    /// eBPF datapath, the agent has said `READY`). Refuses if a lab (or any
+    /// `vpcnet-` namespace) already exists, leaving it as it is; if building
+    /// fails midway, removes what it built.
+    pub fn up(opts: &LabOptions) -> Result<Self> {
+        opts.validate()?;
+        if !nix::unistd::geteuid().is_root() {
+            return Err(LabError::NotRoot);
+        }
+        claim()?;
+        // From here on everything named vpcnet- is this lab's: on failure
+        // remove all of it.
+        let started = Instant::now();
+        let mut lab = Self {
+            state: LabState {
+                options: opts.clone(),
+                pods: Vec::new(),
+                namespaces: Vec::new(),
+                agent: None,
+                ready: false,
+            },
+            agent: None,
+            teardown_on_drop: true,
+        };
+        match lab.build() {
+            Ok(()) => {
+                info!(
+                    pods = opts.pods,
+                    datapath = %opts.datapath,
+                    elapsed = ?started.elapsed(),
+                    "the lab is up"
+                );
+                Ok(lab)
+            }
+            Err(err) => {
+                warn!(%err, "building the lab failed; removing what was built");
+                lab.teardown_on_drop = false;
+                if let Err(teardown_err) = teardown(lab.agent.take()) {
+                    warn!(%teardown_err, "removing the half-built lab failed too");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn build(&mut self) -> Result<()> {
+        let opts = self.state.options.clone();
+        self.state.pods = (0..opts.pods).map(PodInfo::new).collect::<Result<_>>()?;
+        self.state.namespaces = topology::namespaces(&self.state.pods);
+        // Recorded first, so `down` knows what may exist even if this fails.
+        self.state.save()?;
+        netns::create_namespaces(&self.state.namespaces)?;
+        topology::build_network(&opts)?;
+        topology::wire_pods(&self.state.pods, opts.datapath)?;
+        topology::wait_ready(&self.state.pods)?;
+        if opts.datapath == Datapath::Ebpf {
+            let (child, info) = agent::start(&opts)?;
+            self.agent = Some(child);
+            self.state.agent = Some(info);
+            self.state.save()?;
+        }
+        self.state.ready = true;
+        self.state.save()
+    }
+
+    /// Attaches to the lab that is running (brought up by this or another
+    /// process). Dropping the result leaves the lab running.
+    pub fn open() -> Result<Self> {
+        let state = LabState::load()?;
+        Ok(Self {
+            state,
+            agent: None,
+            teardown_on_drop: false,
+        })
+    }
+
+    /// Lets the lab outlive this value (and this process): `cargo xtask lab
+    /// up` does this. Returns what was built.
+    pub fn leave_running(mut self) -> LabState {
+        self.teardown_on_drop = false;
+        // The agent keeps running; its handle is simply forgotten (it is in
+        // its own process group and is stopped through its pid file).
+        drop(self.agent.take());
+        self.state.clone()
+    }
+
+    /// Tears the lab down: the agent, its pins, every `vpcnet-` namespace,
+    /// the state directory.
+    pub fn down(mut self) -> Result<()> {
+        self.teardown_on_drop = false;
+        teardown(self.agent.take())
+    }
+
+    /// What was built.
+    pub fn state(&self) -> &LabState {
+        &self.state
+    }
+
+    /// The options the lab was built with.
+    pub fn options(&self) -> &LabOptions {
+        &self.state.options
+    }
+
+    /// The pods.
+    pub fn pods(&self) -> &[PodInfo] {
+        &self.state.pods
+    }
+
+    /// Pod `index`.
+    pub fn pod(&self, index: usize) -> &PodInfo {
+        &self.state.pods[index]
+    }
+
+    /// Runs `argv` in namespace `ns`; its output whatever its exit status.
+    pub fn exec(&self, ns: &str, argv: &[&str]) -> Result<Output> {
+        netns::exec(ns, argv)
+    }
+
+    /// Runs `argv` in namespace `ns`; its standard output, or an error with
+    /// its standard error if it failed.
+    pub fn exec_ok(&self, ns: &str, argv: &[&str]) -> Result<String> {
+        netns::exec_ok(ns, argv)
+    }
+
+    /// Packets the VPC router's source/destination check dropped.
+    pub fn srcdst_check_drops(&self) -> Result<u64> {
+        router::read_counter(router::SRCDST_CHECK_DROPS)
+    }
+
+    /// Packets the internet gateway refused to pass to `inet` (their source
+    /// was not a node's primary address).
+    pub fn igw_drops(&self) -> Result<u64> {
+        router::read_counter(router::IGW_EGRESS_DROPS)
+    }
+
+    /// Packets from `inet` the internet gateway dropped (destination without
+    /// a public IP).
+    pub fn igw_ingress_drops(&self) -> Result<u64> {
+        router::read_counter(router::IGW_INGRESS_DROPS)
+    }
+
+    /// The agent's log file (eBPF datapath).
+    pub fn agent_log(&self) -> Option<&Path> {
+        self.state.agent.as_ref().map(|agent| agent.log.as_path())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.teardown_on_drop
+            && let Err(err) = teardown(self.agent.take())
+        {
+            warn!(%err, "tearing the lab down on drop failed; run `cargo xtask lab down`");
+        }
+    }
+}
+
+/// Whether any trace of a lab exists (state directory or namespaces).
+pub fn exists() -> Result<bool> {
+    Ok(state_dir().exists() || !lab_namespaces()?.is_empty())
+}
+
+/// Takes the lab slot: fails if a lab exists. Creating the state directory
+/// is atomic, so two concurrent `up`s cannot both get here.
+fn claim() -> Result<()> {
+    let namespaces = lab_namespaces()?;
+    if !namespaces.is_empty() {
+        return Err(LabError::AlreadyExists {
+            what: format!("namespaces {}", namespaces.join(", ")),
+        });
+    }
+    if let Some(parent) = state_dir().parent() {
+        fs::create_dir_all(parent).context(|| format!("creating {}", parent.display()))?;
+    }
+    match fs::create_dir(state_dir()) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == ErrorKind::AlreadyExists => Err(LabError::AlreadyExists {
+            what: format!("state directory {}", state_dir().display()),
+        }),
+        Err(err) => Err(err).context(|| format!("creating {}", state_dir().display())),
+    }
+}
+
+/// Removes every trace of any lab, whoever built it: the agent (through its
+/// pid file), its BPF pins, every `vpcnet-` namespace and the state
+/// directory. Nothing there is not an error.
+pub fn down_all() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(LabError::NotRoot);
+    }
+    teardown(None)
+}
+
+fn teardown(mut agent_child: Option<Child>) -> Result<()> {
+    let mut problems = Vec::new();
+
+    // The agent first: it holds the node's namespace and its programs.
+    let recorded_agent = LabState::load().ok().and_then(|state| state.agent);
+    let agent_info = recorded_agent.or_else(agent_from_pid_file);
+    if let Some(info) = agent_info {
+        if let Err(err) = agent::stop(&info, agent_child.as_mut()) {
+            problems.push(err.to_string());
+        }
+    } else if let Some(child) = agent_child.as_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    match fs::remove_dir_all(BPF_PIN_DIR) {
+        Ok(()) => info!(dir = BPF_PIN_DIR, "removed the agent's pins"),
+        Err(err) if err.kind() == ErrorKind::NotFound => {}
+        Err(err) => problems.push(format!("removing {BPF_PIN_DIR}: {err}")),
+    }
+
+    let namespaces = lab_namespaces().unwrap_or_else(|err| {
+        problems.push(err.to_string());
+        Vec::new()
+    });
+    report_processes_left_in(&namespaces);
+    if let Err(err) = netns::delete_namespaces(&namespaces) {
+        problems.push(err.to_string());
+    } else if !namespaces.is_empty() {
+        info!(count = namespaces.len(), "removed the lab's namespaces");
+    }
+
+    match fs::remove_dir_all(state_dir()) {
+        Ok(()) => {}
+        Err(err) if err.kind() == ErrorKind::NotFound => {}
+        Err(err) => problems.push(format!("removing {}: {err}", state_dir().display())),
+    }
+
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(LabError::Teardown(problems.join("; ")))
+    }
+}
+
+/// The agent as its pid file names it, when the state file is gone.
+fn agent_from_pid_file() -> Option<state::AgentInfo> {
+    let pid: i32 = fs::read_to_string(state::agent_pid_file())
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let start_time = agent::process_start_time(pid)?;
+    // Without the recorded start time, make sure it runs in the lab's node.
+    let node_ns = fs::metadata(netns::netns_path(NS_NODE)).ok()?;
+    let its_ns = fs::metadata(format!("/proc/{pid}/ns/net")).ok()?;
+    (node_ns.ino() == its_ns.ino() && node_ns.dev() == its_ns.dev()).then(|| state::AgentInfo {
+        pid,
+        start_time,
+        bin: fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default(),
+        log: state::agent_log_file(),
+    })
+}
+
+/// Processes still inside lab namespaces keep them alive after their names
+/// are gone. The lab only ends processes it started (the agent), so it
+/// reports the others.
+fn report_processes_left_in(namespaces: &[String]) {
+    let inodes: Vec<(u64, &str)> = namespaces
+        .iter()
+        .filter_map(|ns| Some((fs::metadata(netns::netns_path(ns)).ok()?.ino(), ns.as_str())))
+        .collect();
+    if inodes.is_empty() {
+        return;
+    }
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return;
+    };
+    let me = std::process::id().to_string();
+    for entry in procs.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(meta) = fs::metadata(format!("/proc/{pid}/ns/net")) else {
+            continue;
+        };
+        if let Some((_, ns)) = inodes.iter().find(|(ino, _)| *ino == meta.ino()) {
+            let cmdline = fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ");
+            warn!(
+                pid,
+                ns,
+                cmdline = cmdline.trim(),
+                "a process is still running in a lab namespace"
+            );
+        }
+    }
+}
+
+/// Serialises lab users within one process: tests that bring labs up share
+/// kernel state (namespace names, the state directory), so each holds this
+/// for as long as its lab exists. A test that panicked does not poison it.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LAB_IN_USE: Mutex<()> = Mutex::new(());
+    LAB_IN_USE.lock().unwrap_or_else(PoisonError::into_inner)
+}

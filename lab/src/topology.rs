@@ -1,0 +1,314 @@
+//! Building the lab's namespaces, links and addresses.
+//!
+//! Every veth pair is created inside a lab namespace with its peer placed
+//! straight into another one; nothing is ever created in, or moved through,
+//! the caller's namespace.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use ipnet::Ipv4Net;
+use tracing::warn;
+
+use crate::{
+    addrs::{
+        INET_ADDR, INET_ETH0_MAC, INET_GW, INET_NET, NODE_ETH0, NODE_ETH0_MAC, NODE_LOCAL_DNS_ADDR,
+        NODE_LOCAL_DNS_IFACE, NODE_PRIMARY_ADDR, NODE_SUBNET, NODE_SUBNET_GW, NS_INET, NS_NODE,
+        NS_ONPREM, NS_PEER, NS_VPC, ONPREM_ADDR, ONPREM_ETH0_MAC, ONPREM_GW, ONPREM_NET, PEER_ADDR,
+        PEER_ETH0_MAC, PEER_SUBNET, PEER_SUBNET_GW, POD_GATEWAY, VPC_CIDRS, VPC_DX_LINK,
+        VPC_DX_LINK_MAC, VPC_IGW_LINK, VPC_IGW_LINK_MAC, VPC_MTU, VPC_NODE_ETH0_LINK,
+        VPC_NODE_ETH0_LINK_MAC, VPC_PEER_LINK, VPC_PEER_LINK_MAC, WAN_MTU,
+    },
+    error::Result,
+    netlink::wait_links_up,
+    netns::{ip_batch, set_sysctls},
+    options::{Datapath, LabOptions},
+    router::{self, Assignments},
+    state::PodInfo,
+    vpc_cni,
+};
+
+/// How long links may take to come up once created.
+const LINKS_UP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A host with one interface `eth0` on a link to the VPC router.
+struct Host {
+    ns: &'static str,
+    mac: &'static str,
+    addr: Ipv4Addr,
+    subnet: Ipv4Net,
+    gateway: Ipv4Addr,
+    mtu: u32,
+    /// The router's side of the link.
+    router_link: &'static str,
+    router_mac: &'static str,
+    /// Whether the router's side is an ENI (AWS checks its sources) rather
+    /// than a gateway to outside the VPC.
+    is_eni: bool,
+}
+
+const HOSTS: [Host; 4] = [
+    Host {
+        ns: NS_NODE,
+        mac: NODE_ETH0_MAC,
+        addr: NODE_PRIMARY_ADDR,
+        subnet: NODE_SUBNET,
+        gateway: NODE_SUBNET_GW,
+        mtu: VPC_MTU,
+        router_link: VPC_NODE_ETH0_LINK,
+        router_mac: VPC_NODE_ETH0_LINK_MAC,
+        is_eni: true,
+    },
+    Host {
+        ns: NS_PEER,
+        mac: PEER_ETH0_MAC,
+        addr: PEER_ADDR,
+        subnet: PEER_SUBNET,
+        gateway: PEER_SUBNET_GW,
+        mtu: VPC_MTU,
+        router_link: VPC_PEER_LINK,
+        router_mac: VPC_PEER_LINK_MAC,
+        is_eni: true,
+    },
+    Host {
+        ns: NS_INET,
+        mac: INET_ETH0_MAC,
+        addr: INET_ADDR,
+        subnet: INET_NET,
+        gateway: INET_GW,
+        mtu: WAN_MTU,
+        router_link: VPC_IGW_LINK,
+        router_mac: VPC_IGW_LINK_MAC,
+        is_eni: false,
+    },
+    Host {
+        ns: NS_ONPREM,
+        mac: ONPREM_ETH0_MAC,
+        addr: ONPREM_ADDR,
+        subnet: ONPREM_NET,
+        gateway: ONPREM_GW,
+        mtu: WAN_MTU,
+        router_link: VPC_DX_LINK,
+        router_mac: VPC_DX_LINK_MAC,
+        is_eni: false,
+    },
+];
+
+/// Every namespace of a lab with `pods` pods.
+pub fn namespaces(pods: &[PodInfo]) -> Vec<String> {
+    [NS_VPC, NS_NODE, NS_PEER, NS_INET, NS_ONPREM]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(pods.iter().map(|pod| pod.netns.clone()))
+        .collect()
+}
+
+/// Settings every lab namespace gets before its links exist (a device takes
+/// the `default` values when it is created).
+fn base_sysctls(ns: &str) -> Result<()> {
+    // IPv4 only: no router solicitations, DAD or MLD reports on the links,
+    // so counters and captures show only what tests send.
+    set_sysctls(
+        ns,
+        &[
+            ("net.ipv6.conf.all.disable_ipv6", "1"),
+            ("net.ipv6.conf.default.disable_ipv6", "1"),
+        ],
+    )
+}
+
+/// Builds everything but the pods: router, node, peer, internet, on-prem.
+pub fn build_network(opts: &LabOptions) -> Result<()> {
+    for ns in [NS_VPC, NS_NODE, NS_PEER, NS_INET, NS_ONPREM] {
+        base_sysctls(ns)?;
+    }
+    // The router forwards and never redirects: in AWS the VPC router is the
+    // next hop for everything, even within a subnet.
+    set_sysctls(
+        NS_VPC,
+        &[
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.conf.all.send_redirects", "0"),
+            ("net.ipv4.conf.default.send_redirects", "0"),
+        ],
+    )?;
+
+    for host in &HOSTS {
+        let lines = vec![
+            "link set lo up".to_owned(),
+            format!(
+                "link add eth0 address {} mtu {} type veth peer name {} address {} mtu {} netns {NS_VPC}",
+                host.mac, host.mtu, host.router_link, host.router_mac, host.mtu
+            ),
+            format!(
+                "addr add {}/{} dev eth0",
+                host.addr,
+                host.subnet.prefix_len()
+            ),
+            "link set eth0 up".to_owned(),
+            format!("route add default via {} dev eth0", host.gateway),
+        ];
+        ip_batch(Some(host.ns), &lines)?;
+    }
+    add_node_local_dns()?;
+
+    // The node as aws-node's init container leaves it: forwarding on, loose
+    // reverse-path filtering on the primary ENI (pods' replies come in on
+    // eth0 for addresses routed out of veths).
+    set_sysctls(
+        NS_NODE,
+        &[
+            ("net.ipv4.ip_forward", "1"),
+            (&format!("net.ipv4.conf.{NODE_ETH0}.rp_filter"), "2"),
+        ],
+    )?;
+
+    build_router()?;
+    if opts.datapath == Datapath::Iptables {
+        vpc_cni::wire_node(opts)?;
+    }
+    Ok(())
+}
+
+/// `NodeLocal DNSCache`'s address: node-local, outside the VPC, on a dummy
+/// interface as `NodeLocal DNSCache` makes it. Kernels built without dummy
+/// devices get an ifb device instead: also a link of its own that never
+/// carries traffic, so the address behaves the same (local delivery).
+fn add_node_local_dns() -> Result<()> {
+    let address = [
+        format!("addr add {NODE_LOCAL_DNS_ADDR}/32 dev {NODE_LOCAL_DNS_IFACE}"),
+        format!("link set {NODE_LOCAL_DNS_IFACE} up"),
+    ];
+    let dummy = ip_batch(
+        Some(NS_NODE),
+        &[format!("link add {NODE_LOCAL_DNS_IFACE} type dummy")],
+    );
+    if let Err(err) = dummy {
+        warn!(%err, "no dummy devices in this kernel; {NODE_LOCAL_DNS_IFACE} is an ifb device");
+        ip_batch(
+            Some(NS_NODE),
+            &[format!("link add {NODE_LOCAL_DNS_IFACE} type ifb")],
+        )?;
+    }
+    ip_batch(Some(NS_NODE), &address)
+}
+
+fn build_router() -> Result<()> {
+    let mut lines = vec!["link set lo up".to_owned()];
+    for host in &HOSTS {
+        let link = host.router_link;
+        if host.is_eni {
+            // The gateway address alone (/32): no connected route, so the
+            // router reaches instances only through their assigned addresses.
+            lines.push(format!("addr add {}/32 dev {link}", host.gateway));
+        } else {
+            lines.push(format!(
+                "addr add {}/{} dev {link}",
+                host.gateway,
+                host.subnet.prefix_len()
+            ));
+        }
+        lines.push(format!("link set {link} up"));
+    }
+    for cidr in VPC_CIDRS {
+        // Addresses nobody owns go nowhere, as in AWS.
+        lines.push(format!("route add blackhole {cidr}"));
+    }
+    // The VPC route table's 0.0.0.0/0 -> igw. `inet` stands for the whole
+    // internet and forwards nothing, so nothing leaves the lab.
+    lines.push(format!(
+        "route add default via {INET_ADDR} dev {VPC_IGW_LINK}"
+    ));
+    ip_batch(Some(NS_VPC), &lines)?;
+
+    // Proxy ARP on ENI links: an instance that ARPs for another address of
+    // its subnet gets the router's MAC (in AWS the VPC answers every ARP).
+    let proxy_arp: Vec<(String, &str)> = HOSTS
+        .iter()
+        .filter(|host| host.is_eni)
+        .map(|host| (format!("net.ipv4.conf.{}.proxy_arp", host.router_link), "1"))
+        .collect();
+    let proxy_arp: Vec<(&str, &str)> = proxy_arp.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    set_sysctls(NS_VPC, &proxy_arp)?;
+
+    router::nft_apply(&router::base_ruleset())?;
+    let eni_links: Vec<&str> = HOSTS
+        .iter()
+        .filter(|host| host.is_eni)
+        .map(|host| host.router_link)
+        .collect();
+    router::add_eni_links(&eni_links)?;
+    let mut assignments = Assignments::default();
+    for host in HOSTS.iter().filter(|host| host.is_eni) {
+        assignments.add(host.router_link, host.mac, &[host.addr]);
+    }
+    assignments.apply()?;
+    router::add_igw_addresses(&[NODE_PRIMARY_ADDR])
+}
+
+/// Wires `pods` the way the VPC CNI plugin wires pods on the primary ENI,
+/// and tells the router their addresses belong to the node's `eth0`.
+pub fn wire_pods(pods: &[PodInfo], datapath: Datapath) -> Result<()> {
+    let mut node_lines = Vec::new();
+    let mut router_assignments = Assignments::default();
+    for pod in pods {
+        base_sysctls(&pod.netns)?;
+        // The pod side, created in the pod with its peer put straight into
+        // the node (as the plugin does), then addressed like the plugin:
+        // a /32, a link route to the dummy gateway, a default route through
+        // it, and a permanent neighbour so the pod never ARPs for it.
+        ip_batch(
+            Some(&pod.netns),
+            &[
+                "link set lo up".to_owned(),
+                format!(
+                    "link add {ifname} address {mac} mtu {VPC_MTU} type veth peer name {host} address {host_mac} mtu {VPC_MTU} netns {NS_NODE}",
+                    ifname = pod.ifname,
+                    mac = pod.mac,
+                    host = pod.host_veth,
+                    host_mac = pod.host_veth_mac,
+                ),
+                format!("link set {} up", pod.ifname),
+                format!("route replace {POD_GATEWAY} dev {} scope link", pod.ifname),
+                format!("route add default via {POD_GATEWAY} dev {}", pod.ifname),
+                format!("addr add {}/32 dev {}", pod.addr, pod.ifname),
+                format!(
+                    "neigh add {POD_GATEWAY} lladdr {} dev {} nud permanent",
+                    pod.host_veth_mac, pod.ifname
+                ),
+            ],
+        )?;
+        node_lines.push(format!("link set {} up", pod.host_veth));
+        node_lines.push(format!(
+            "route replace {}/32 dev {} scope link",
+            pod.addr, pod.host_veth
+        ));
+        if datapath == Datapath::Iptables {
+            node_lines.push(vpc_cni::pod_rule_line(pod.addr));
+        }
+        router_assignments.add(VPC_NODE_ETH0_LINK, NODE_ETH0_MAC, &[pod.addr]);
+    }
+    ip_batch(Some(NS_NODE), &node_lines)?;
+    router_assignments.apply()
+}
+
+/// Waits until every veth of the lab is up (see [`crate::netlink`]).
+pub fn wait_ready(pods: &[PodInfo]) -> Result<()> {
+    let router_links: Vec<String> = HOSTS
+        .iter()
+        .map(|host| host.router_link.to_owned())
+        .collect();
+    wait_links_up(NS_VPC, &router_links, LINKS_UP_TIMEOUT)?;
+    for host in &HOSTS {
+        wait_links_up(host.ns, &["eth0".to_owned()], LINKS_UP_TIMEOUT)?;
+    }
+    let host_veths: Vec<String> = pods.iter().map(|pod| pod.host_veth.clone()).collect();
+    wait_links_up(NS_NODE, &host_veths, LINKS_UP_TIMEOUT)?;
+    for pod in pods {
+        wait_links_up(
+            &pod.netns,
+            std::slice::from_ref(&pod.ifname),
+            LINKS_UP_TIMEOUT,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! The VPC CNI's own node wiring (`--datapath iptables`): the reference the
+//! eBPF datapath is compared with.
+//!
+//! These are the rules `aws-node` (ipamd) installs on an IPv4 node with its
+//! defaults (node port support on, connmark 0x80, veth prefix `eni`), in the
+//! order and with the comments it uses, and the ip rules the CNI plugin adds
+//! per pod. The connmark rules are the iptables flavour (the chain
+//! `AWS-CONNMARK-CHAIN-0`); recent VPC CNI releases write the same marks with
+//! an nftables table on nft-backed hosts.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use crate::{
+    addrs::{CONNMARK, NODE_ETH0, NODE_PRIMARY_ADDR, NS_NODE, VPC_CIDRS},
+    error::Result,
+    netns::{exec_ok, ip_batch},
+    options::LabOptions,
+};
+
+const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
+const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
+const VETH_PREFIX: &str = "eni";
+/// `ip rule` priorities the VPC CNI uses.
+pub const TO_POD_RULE_PRIORITY: u32 = 512;
+pub const HOST_RULE_PRIORITY: u32 = 1024;
+
+/// An iptables argument list from `spec`, split at whitespace, where the
+/// token `@comment` stands for `comment` (which has spaces of its own).
+fn rule(spec: &str, comment: &str) -> Vec<String> {
+    spec.split_whitespace()
+        .map(|token| if token == "@comment" { comment } else { token }.to_owned())
+        .collect()
+}
+
+/// `-d <cidr> ` the way the VPC CNI writes it: for 0.0.0.0/0 it leaves the
+/// match out (the kernel would strip it anyway).
+fn dest_match(cidr: Ipv4Net) -> String {
+    if cidr.prefix_len() == 0 {
+        String::new()
+    } else {
+        format!("-d {cidr} ")
+    }
+}
+
+/// The `iptables` invocations (without the program name) that wire the node,
+/// in order.
+pub fn iptables_commands(opts: &LabOptions) -> Vec<Vec<String>> {
+    let mut commands = snat_commands(opts);
+    commands.extend(node_port_commands());
+    if !opts.external_snat {
+        commands.extend(connmark_commands(opts));
+    }
+    commands
+}
+
+/// The VPC CIDRs, then the exclusions (flagged): never translated or marked.
+fn exempt_cidrs(opts: &LabOptions) -> impl Iterator<Item = (Ipv4Net, bool)> + '_ {
+    VPC_CIDRS
+        .iter()
+        .map(|cidr| (*cidr, false))
+        .chain(opts.exclude_snat_cidrs.iter().map(|cidr| (*cidr, true)))
+}
+
+/// SNAT for traffic leaving the VPC. The chain exists even with external
+/// SNAT; only its rules go.
+fn snat_commands(opts: &LabOptions) -> Vec<Vec<String>> {
+    let mut commands = vec![rule(&format!("-t nat -N {SNAT_CHAIN}"), "")];
+    if opts.external_snat {
+        return commands;
+    }
+    commands.push(rule(
+        &format!("-t nat -A POSTROUTING -m comment --comment @comment -j {SNAT_CHAIN}"),
+        "AWS SNAT CHAIN",
+    ));
+    // Each exemption is inserted at the top, so they all end up before the
+    // SNAT rule (in reverse order, as on a real node).
+    for (cidr, excluded) in exempt_cidrs(opts) {
+        let comment = if excluded {
+            "AWS SNAT CHAIN EXCLUSION"
+        } else {
+            "AWS SNAT CHAIN"
+        };
+        commands.push(rule(
+            &format!(
+                "-t nat -I {SNAT_CHAIN} 1 {}-m comment --comment @comment -j RETURN",
+                dest_match(cidr)
+            ),
+            comment,
+        ));
+    }
+    let mut snat = rule(
+        &format!(
+            "-t nat -A {SNAT_CHAIN} ! -o vlan+ -m comment --comment @comment \
+             -m addrtype ! --dst-type LOCAL -j SNAT --to-source {NODE_PRIMARY_ADDR}"
+        ),
+        "AWS, SNAT",
+    );
+    snat.extend(opts.randomize_snat.iptables_flag().map(ToOwned::to_owned));
+    commands.push(snat);
+    commands
+}
+
+/// Node port support (on by default): connections that come in on the
+/// primary ENI to a local address are marked, and replies from pods get the
+/// mark back, so they leave by the primary ENI (ip rule 1024).
+fn node_port_commands() -> Vec<Vec<String>> {
+    let comment = "AWS, primary ENI";
+    vec![
+        rule(
+            &format!(
+                "-t mangle -A PREROUTING -m comment --comment @comment -i {NODE_ETH0} \
+                 -m addrtype --dst-type LOCAL --limit-iface-in \
+                 -j CONNMARK --set-mark {CONNMARK:#x}/{CONNMARK:#x}"
+            ),
+            comment,
+        ),
+        rule(
+            &format!(
+                "-t mangle -A PREROUTING -m comment --comment @comment -i {VETH_PREFIX}+ \
+                 -j CONNMARK --restore-mark --mask {CONNMARK:#x}"
+            ),
+            comment,
+        ),
+        rule(
+            &format!(
+                "-t mangle -A PREROUTING -m comment --comment @comment -i vlan+ \
+                 -j CONNMARK --restore-mark --mask {CONNMARK:#x}"
+            ),
+            comment,
+        ),
+    ]
+}
+
+/// Connmark for source-NATed pod connections (gone with external SNAT): pod
+/// traffic to outside the VPC and the exclusions gets the mark, so replies
+/// are routed by the main table (ip rule 1024).
+fn connmark_commands(opts: &LabOptions) -> Vec<Vec<String>> {
+    let mut commands = vec![
+        rule(&format!("-t nat -N {CONNMARK_CHAIN}"), ""),
+        rule(
+            &format!(
+                "-t nat -A PREROUTING -i {VETH_PREFIX}+ -m comment --comment @comment \
+                 -j {CONNMARK_CHAIN}"
+            ),
+            "AWS, outbound connections",
+        ),
+    ];
+    for (cidr, _) in exempt_cidrs(opts) {
+        commands.push(rule(
+            &format!(
+                "-t nat -I {CONNMARK_CHAIN} 1 {}-m comment --comment @comment -j RETURN",
+                dest_match(cidr)
+            ),
+            "AWS CONNMARK CHAIN",
+        ));
+    }
+    commands.push(rule(
+        &format!(
+            "-t nat -A PREROUTING -m comment --comment @comment \
+             -j CONNMARK --restore-mark --mask {CONNMARK:#x}"
+        ),
+        "AWS, CONNMARK",
+    ));
+    commands.push(rule(
+        &format!(
+            "-t nat -A {CONNMARK_CHAIN} -m comment --comment @comment \
+             -j CONNMARK --set-xmark {CONNMARK:#x}/{CONNMARK:#x}"
+        ),
+        "AWS, CONNMARK",
+    ));
+    commands
+}
+
+/// The node-wide `ip rule`: marked traffic is routed by the main table
+/// (present whenever node port support is on, which is the default).
+pub fn host_rule_lines() -> Vec<String> {
+    vec![format!(
+        "rule add fwmark {CONNMARK:#x}/{CONNMARK:#x} priority {HOST_RULE_PRIORITY} table main"
+    )]
+}
+
+/// The CNI plugin's per-pod rule for a pod on the primary ENI.
+pub fn pod_rule_line(pod_addr: Ipv4Addr) -> String {
+    format!("rule add to {pod_addr}/32 priority {TO_POD_RULE_PRIORITY} table main")
+}
+
+/// Wires the node with the VPC CNI's rules (pods' rules come with the pods).
+pub fn wire_node(opts: &LabOptions) -> Result<()> {
+    for command in iptables_commands(opts) {
+        let mut argv = vec!["iptables", "-w"];
+        argv.extend(command.iter().map(String::as_str));
+        exec_ok(NS_NODE, &argv)?;
+    }
+    ip_batch(Some(NS_NODE), &host_rule_lines())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::RandomizeSnat;
+
+    fn joined(opts: &LabOptions) -> Vec<String> {
+        iptables_commands(opts)
+            .into_iter()
+            .map(|c| c.join(" "))
+            .collect()
+    }
+
+    #[test]
+    fn default_wiring_matches_the_vpc_cni() {
+        let rules = joined(&LabOptions {
+            exclude_snat_cidrs: vec!["192.0.2.0/24".parse().unwrap()],
+            ..LabOptions::iptables(1)
+        });
+        let expected_in_order = [
+            "-t nat -N AWS-SNAT-CHAIN-0",
+            "-t nat -A POSTROUTING -m comment --comment AWS SNAT CHAIN -j AWS-SNAT-CHAIN-0",
+            "-t nat -I AWS-SNAT-CHAIN-0 1 -d 10.20.0.0/16 -m comment --comment AWS SNAT CHAIN -j RETURN",
+            "-t nat -I AWS-SNAT-CHAIN-0 1 -d 100.64.0.0/16 -m comment --comment AWS SNAT CHAIN -j RETURN",
+            "-t nat -I AWS-SNAT-CHAIN-0 1 -d 192.0.2.0/24 -m comment --comment AWS SNAT CHAIN EXCLUSION -j RETURN",
+            "-t nat -A AWS-SNAT-CHAIN-0 ! -o vlan+ -m comment --comment AWS, SNAT -m addrtype ! --dst-type LOCAL -j SNAT --to-source 10.20.11.162 --random-fully",
+            "-t nat -A PREROUTING -i eni+ -m comment --comment AWS, outbound connections -j AWS-CONNMARK-CHAIN-0",
+            "-t nat -A AWS-CONNMARK-CHAIN-0 -m comment --comment AWS, CONNMARK -j CONNMARK --set-xmark 0x80/0x80",
+        ];
+        let mut position = 0;
+        for rule in expected_in_order {
+            let found = rules[position..].iter().position(|r| r == rule);
+            assert!(
+                found.is_some(),
+                "missing or out of order: {rule}\nin {rules:#?}"
+            );
+            position += found.unwrap() + 1;
+        }
+    }
+
+    #[test]
+    fn external_snat_removes_snat_and_connmark_but_keeps_node_port_marks() {
+        let rules = joined(&LabOptions {
+            external_snat: true,
+            ..LabOptions::iptables(1)
+        });
+        assert!(rules.iter().all(|r| !r.contains("-j SNAT")));
+        assert!(rules.iter().all(|r| !r.contains("AWS-CONNMARK-CHAIN-0")));
+        assert!(rules.contains(&"-t nat -N AWS-SNAT-CHAIN-0".to_owned()));
+        assert!(rules.iter().any(|r| r.contains("--set-mark 0x80/0x80")));
+    }
+
+    #[test]
+    fn randomization_flags() {
+        for (mode, tail) in [
+            (
+                RandomizeSnat::Prng,
+                "--to-source 10.20.11.162 --random-fully",
+            ),
+            (
+                RandomizeSnat::HashRandom,
+                "--to-source 10.20.11.162 --random",
+            ),
+            (RandomizeSnat::Sequential, "--to-source 10.20.11.162"),
+        ] {
+            let rules = joined(&LabOptions {
+                randomize_snat: mode,
+                ..LabOptions::iptables(1)
+            });
+            let snat = rules.iter().find(|r| r.contains("-j SNAT")).unwrap();
+            assert!(snat.ends_with(tail), "{mode}: {snat}");
+        }
+    }
+
+    #[test]
+    fn a_default_route_exclusion_has_no_destination_match() {
+        let rules = joined(&LabOptions {
+            exclude_snat_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
+            ..LabOptions::iptables(1)
+        });
+        assert!(rules.contains(
+            &"-t nat -I AWS-SNAT-CHAIN-0 1 -m comment --comment AWS SNAT CHAIN EXCLUSION -j RETURN"
+                .to_owned()
+        ));
+    }
+
+    #[test]
+    fn pod_rule() {
+        assert_eq!(
+            pod_rule_line(Ipv4Addr::new(10, 20, 11, 20)),
+            "rule add to 10.20.11.20/32 priority 512 table main"
+        );
+    }
+}
