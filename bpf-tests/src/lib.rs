@@ -29,6 +29,8 @@ pub const POD2: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 21);
 pub const PEER: Ipv4Addr = Ipv4Addr::new(10, 20, 12, 50);
 pub const INET: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const ONPREM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+/// A node-local address outside the VPC (NodeLocal DNSCache's).
+pub const NODE_LOCAL_DNS: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
 pub const VPC_CIDRS: [&str; 2] = ["10.20.0.0/16", "100.64.0.0/16"];
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
@@ -56,18 +58,21 @@ impl Harness {
             std::process::id(),
             NEXT_ID.fetch_add(1, Ordering::Relaxed)
         ));
-        let datapath = Datapath::load(&LoadOptions {
+        let loaded = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             nat_entries,
-        })
-        .expect("loading the programs (run as root, after `cargo xtask setup`)");
+        });
+        let datapath = loaded.unwrap_or_else(|e| {
+            let _ = remove_pins(&pin_dir);
+            panic!("loading the programs (run as root, after `cargo xtask setup`): {e:?}")
+        });
         let mut harness = Self { datapath, pin_dir };
         harness.configure(settings);
         let cidrs: Vec<(Ipv4Net, CidrKind)> = VPC_CIDRS
             .iter()
             .map(|c| (c.parse().unwrap(), CidrKind::Vpc))
             .chain(settings.exclude_snat_cidrs.iter().map(|n| (*n, CidrKind::Excluded)))
-            .chain(std::iter::once((Ipv4Net::new(NODE, 32).unwrap(), CidrKind::Local)))
+            .chain([NODE, NODE_LOCAL_DNS].map(|a| (Ipv4Net::new(a, 32).unwrap(), CidrKind::Local)))
             .collect();
         harness.datapath.maps.set_cidrs(&cidrs).unwrap();
         harness
@@ -108,6 +113,38 @@ impl Harness {
 
     pub fn counter(&self, counter: Counter) -> u64 {
         self.datapath.maps.counter(counter).unwrap()
+    }
+
+    /// Entries in the forward and the reverse NAT map.
+    pub fn table_sizes(&self) -> (usize, usize) {
+        let maps = &self.datapath.maps;
+        (maps.nat_fwd.keys().count(), maps.nat_rev.keys().count())
+    }
+
+    /// Runs egress and asserts the packet passed untouched, counted as `verdict`.
+    pub fn assert_egress_untouched(&self, packet: &[u8], verdict: Counter) {
+        let before = self.counter(verdict);
+        let out = self.egress(packet);
+        assert_eq!(out.action, TC_ACT_UNSPEC, "{verdict:?}");
+        assert_eq!(out.packet, packet, "packet must pass untouched ({verdict:?})");
+        assert_eq!(self.counter(verdict), before + 1, "{verdict:?} must count it");
+    }
+
+    /// Runs ingress and asserts the packet passed untouched, counted as `verdict`.
+    pub fn assert_ingress_untouched(&self, packet: &[u8], verdict: Counter) {
+        let before = self.counter(verdict);
+        let out = self.ingress(packet);
+        assert_eq!(out.action, TC_ACT_UNSPEC, "{verdict:?}");
+        assert_eq!(out.packet, packet, "packet must pass untouched ({verdict:?})");
+        assert_eq!(self.counter(verdict), before + 1, "{verdict:?} must count it");
+    }
+
+    /// Runs `program` and asserts the packet was dropped for `reason`.
+    pub fn assert_dropped(&self, program: &'static str, packet: &[u8], reason: Counter) {
+        let before = self.counter(reason);
+        let out = self.run(program, packet);
+        assert_eq!(out.action, TC_ACT_SHOT, "expected a drop for {reason:?}");
+        assert_eq!(self.counter(reason), before + 1, "{reason:?} must count it");
     }
 }
 

@@ -55,7 +55,7 @@ counters! {
     EgressSnatNew => "egress_snat_new", "egress: new flow SNATed to the node address";
     EgressSnat => "egress_snat", "egress: packet of a SNATed flow translated";
     EgressExternalSnatNew => "egress_external_snat_new", "egress: new flow left un-NATed (EXTERNALSNAT)";
-    EgressExternalSnat => "egress_external_snat", "egress: packet of an un-NATed flow passed";
+    EgressUntranslated => "egress_pass_untranslated_flow", "egress: packet of a flow tracked as un-NATed (started under EXTERNALSNAT, or opened from outside the VPC), passed";
     EgressNotOpening => "egress_pass_not_opening", "egress: no flow and not a packet that opens one (SYN-ACK, RST, FIN, echo reply), passed un-NATed";
     EgressHostUntracked => "egress_host_untracked", "egress: node flow not reserved because the NAT table is full, passed";
     EgressHostNew => "egress_host_new", "egress: new node-originated flow, its port reserved";

@@ -146,7 +146,7 @@ fn translate(
     // SAFETY: a live map value; copied out before the packet is touched.
     let (kind, addr, port) = unsafe { ((*entry).kind, (*entry).addr, (*entry).port) };
     if kind == FlowKind::NoSnat as u8 {
-        return Ok(Counter::EgressExternalSnat);
+        return Ok(Counter::EgressUntranslated);
     }
     if addr != key.saddr {
         set_addr(ctx, ip, IP_SADDR_OFF, key.saddr, addr, true)?;

@@ -17,7 +17,7 @@ use crate::{
     maps::{NAT_FWD, NAT_REV},
     packet::{
         Fragment, ICMP_HLEN, IP_DADDR_OFF, IP_SADDR_OFF, Ipv4, csum_update16, csum_update32,
-        l4_csum_rel, load, parse_ipv4, parse_l4, set_addr,
+        l4_csum_rel, load, parse_ipv4, parse_quoted_l4, set_addr,
     },
 };
 
@@ -53,7 +53,7 @@ fn parse_embedded(ctx: &TcContext, outer: &Ipv4) -> Option<(usize, Ipv4, FlowKey
     if inner.fragment == Fragment::Later {
         return None;
     }
-    let l4 = parse_l4(ctx, inner.proto, inner.l4_off).ok()??;
+    let l4 = parse_quoted_l4(ctx, inner.proto, inner.l4_off).ok()??;
     let key = FlowKey::new(inner.saddr, inner.daddr, l4.sport, l4.dport, inner.proto);
     Some((inner_off, inner, key))
 }

@@ -180,6 +180,32 @@ pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Co
     }
 }
 
+/// The ports (or echo identifier) of a datagram quoted in an ICMP error:
+/// only its first 8 L4 bytes are sure to be there (RFC 792), which is
+/// enough for ports and the echo identifier but not for TCP's flags.
+#[inline(always)]
+pub fn parse_quoted_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Counter> {
+    let (sport, dport, icmp_type) = match proto {
+        PROTO_TCP | PROTO_UDP => (load(ctx, off)?, load(ctx, off + 2)?, 0),
+        PROTO_ICMP => {
+            let icmp_type: u8 = load(ctx, off)?;
+            let id: u16 = load(ctx, off + 4)?;
+            match icmp_type {
+                ICMP_ECHO => (id, 0, icmp_type),
+                ICMP_ECHO_REPLY => (0, id, icmp_type),
+                _ => return Ok(None),
+            }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(L4 {
+        sport,
+        dport,
+        tcp_flags: 0,
+        icmp_type,
+    }))
+}
+
 /// Offset of the L4 checksum, relative to the L4 header; `None` for a
 /// protocol without one that covers the addresses.
 #[inline(always)]
