@@ -153,3 +153,50 @@ impl Drop for Harness {
         let _ = remove_pins(&self.pin_dir);
     }
 }
+
+/// The agent binary cargo built next to this test (`cargo test --workspace`
+/// builds every workspace binary; `cargo xtask test` does that).
+pub fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/vpcnet-agent
+    let bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|dir| dir.join("vpcnet-agent"))
+        .expect("test executable under target/<profile>/deps");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first (`cargo build -p vpcnet-agent`, or run `cargo xtask test`)",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs the agent's CLI in the lab's node namespace (where its pins and
+/// interfaces are) and returns its stdout.
+pub fn agent_cli(args: &[&str]) -> String {
+    let bin = agent_binary();
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", vpcnet_lab::addrs::NS_NODE))
+        .arg(&bin)
+        .args(args)
+        .output()
+        .expect("running nsenter");
+    assert!(
+        out.status.success(),
+        "vpcnet-agent {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A datapath counter of the lab's running agent.
+pub fn lab_counter(counter: Counter) -> u64 {
+    agent_cli(&["counters", "--all"])
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            (fields.next() == Some(counter.name())).then(|| fields.next().and_then(|v| v.parse().ok()))?
+        })
+        .unwrap_or_else(|| panic!("counter {} not printed by the agent", counter.name()))
+}

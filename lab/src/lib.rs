@@ -33,7 +33,7 @@ mod topology;
 pub mod vpc_cni;
 
 pub use error::{LabError, Result};
-pub use lab::{Lab, down_all, exists, serial};
+pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
 pub use options::{Datapath, LabOptions, RandomizeSnat, parse_cidr_list};
 pub use probe::{
