@@ -121,15 +121,18 @@ pub const NS_PER_SEC: u64 = 1_000_000_000;
 /// bounce the cache line between CPUs).
 pub const TOUCH_INTERVAL_NS: u64 = NS_PER_SEC;
 
-/// A closed TCP flow's port goes to a different pod for the same remote
+/// A closed TCP flow's port goes to another flow for the same remote
 /// endpoint only after this long: the remote may hold the old connection in
-/// TIME_WAIT (Linux: 60 s), and a SYN from another host's clock and sequence
-/// space would be refused there (PAWS) or answered with a stale ACK.
+/// TIME_WAIT (Linux: 60 s), and a SYN from another connection would be
+/// refused there (PAWS) or answered with a stale ACK, costing the client a
+/// SYN retransmit. "Another flow" includes the same pod from another source
+/// port: Linux derives both the ISN and the timestamp offset from a keyed
+/// hash of the whole 4-tuple, so a new source port means an unrelated
+/// timestamp clock (measured in the lab: same-pod reuse after 1 s made the
+/// server refuse about half of such SYNs). Only the very same tuple opening
+/// again keeps its port (see the datapath's reopen), and that one is safe:
+/// same 4-tuple, same clock, later timestamps.
 pub const TIME_WAIT_HOLD_NS: u64 = 60 * NS_PER_SEC;
-/// The same pod may get a closed flow's port back for the same remote
-/// endpoint after this long: its timestamps and sequence numbers have moved
-/// on, so the remote's TIME_WAIT accepts the new SYN.
-pub const SAME_POD_REUSE_NS: u64 = NS_PER_SEC;
 
 /// Timeouts, as netfilter's defaults where a flow kind has one.
 pub const TCP_SYN_SENT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
@@ -218,24 +221,12 @@ pub const fn flow_expired(proto: u8, fwd: &NatEntry, rev: &NatEntry, now_ns: u64
     now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, state)
 }
 
-/// Whether the pod at `pod_addr` may take this flow's port for the same
-/// remote endpoint now: the flow is expired, or it is a closed TCP flow of
-/// the same pod that closed at least [`SAME_POD_REUSE_NS`] ago.
+/// Whether a new flow may take this flow's port for the same remote
+/// endpoint now: only once the flow is over, which for a closed TCP flow
+/// means the remote's TIME_WAIT is surely over too ([`TIME_WAIT_HOLD_NS`]).
 #[must_use]
-pub const fn port_reusable_by(
-    proto: u8,
-    fwd: &NatEntry,
-    rev: &NatEntry,
-    pod_addr: u32,
-    now_ns: u64,
-) -> bool {
-    if flow_expired(proto, fwd, rev, now_ns) {
-        return true;
-    }
-    proto == PROTO_TCP
-        && rev.addr == pod_addr
-        && matches!(flow_state(proto, fwd.seen, rev.seen), FlowState::Closed)
-        && now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) >= SAME_POD_REUSE_NS
+pub const fn port_reusable(proto: u8, fwd: &NatEntry, rev: &NatEntry, now_ns: u64) -> bool {
+    flow_expired(proto, fwd, rev, now_ns)
 }
 
 /// Key of the fragment map: a datagram is its addresses, IP id and protocol.
@@ -273,31 +264,49 @@ mod tests {
     }
 
     #[test]
-    fn closed_tcp_port_waits_for_time_wait_for_other_pods_only() {
+    fn closed_tcp_port_is_held_for_time_wait_whoever_asks() {
         let closed_at = 100 * NS_PER_SEC;
         let fwd = entry(1, SEEN_ANY | SEEN_SYN | SEEN_FIN, closed_at);
         let rev = entry(7, SEEN_ANY | SEEN_SYN | SEEN_ACK | SEEN_FIN, closed_at);
-        let other_pod = 8;
-        // Same pod: not within the first second, then yes.
-        assert!(!port_reusable_by(PROTO_TCP, &fwd, &rev, 7, closed_at + NS_PER_SEC / 2));
-        assert!(port_reusable_by(PROTO_TCP, &fwd, &rev, 7, closed_at + NS_PER_SEC));
-        // Another pod: only once TIME_WAIT is surely over.
-        assert!(!port_reusable_by(PROTO_TCP, &fwd, &rev, other_pod, closed_at + 59 * NS_PER_SEC));
-        assert!(port_reusable_by(PROTO_TCP, &fwd, &rev, other_pod, closed_at + 61 * NS_PER_SEC));
+        assert_eq!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Closed);
+        assert!(!port_reusable(
+            PROTO_TCP,
+            &fwd,
+            &rev,
+            closed_at + NS_PER_SEC
+        ));
+        assert!(!port_reusable(
+            PROTO_TCP,
+            &fwd,
+            &rev,
+            closed_at + 59 * NS_PER_SEC
+        ));
+        assert!(port_reusable(
+            PROTO_TCP,
+            &fwd,
+            &rev,
+            closed_at + 61 * NS_PER_SEC
+        ));
     }
 
     #[test]
     fn established_flow_is_never_reusable_before_its_timeout() {
         let fwd = entry(1, SEEN_ANY | SEEN_SYN | SEEN_ACK, 0);
         let rev = entry(7, SEEN_ANY | SEEN_SYN | SEEN_ACK, 0);
-        assert_eq!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Established);
-        assert!(!port_reusable_by(PROTO_TCP, &fwd, &rev, 7, 3600 * NS_PER_SEC));
+        assert_eq!(
+            flow_state(PROTO_TCP, fwd.seen, rev.seen),
+            FlowState::Established
+        );
+        assert!(!port_reusable(PROTO_TCP, &fwd, &rev, 3600 * NS_PER_SEC));
     }
 
     #[test]
     fn udp_state_follows_replies() {
         assert_eq!(flow_state(PROTO_UDP, SEEN_ANY, 0), FlowState::New);
-        assert_eq!(flow_state(PROTO_UDP, SEEN_ANY, SEEN_ANY), FlowState::Established);
+        assert_eq!(
+            flow_state(PROTO_UDP, SEEN_ANY, SEEN_ANY),
+            FlowState::Established
+        );
         let fwd = entry(1, SEEN_ANY, 0);
         let rev = entry(7, 0, 0);
         assert!(!flow_expired(PROTO_UDP, &fwd, &rev, UDP_TIMEOUT_NS));
@@ -306,8 +315,17 @@ mod tests {
 
     #[test]
     fn rst_closes_from_either_side() {
-        assert_eq!(flow_state(PROTO_TCP, SEEN_ANY | SEEN_RST, SEEN_ANY), FlowState::Closed);
-        assert_eq!(flow_state(PROTO_TCP, SEEN_ANY, SEEN_ANY | SEEN_RST), FlowState::Closed);
-        assert_eq!(flow_state(PROTO_TCP, SEEN_ANY | SEEN_FIN, SEEN_ANY), FlowState::Closing);
+        assert_eq!(
+            flow_state(PROTO_TCP, SEEN_ANY | SEEN_RST, SEEN_ANY),
+            FlowState::Closed
+        );
+        assert_eq!(
+            flow_state(PROTO_TCP, SEEN_ANY, SEEN_ANY | SEEN_RST),
+            FlowState::Closed
+        );
+        assert_eq!(
+            flow_state(PROTO_TCP, SEEN_ANY | SEEN_FIN, SEEN_ANY),
+            FlowState::Closing
+        );
     }
 }

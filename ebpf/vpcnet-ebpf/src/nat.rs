@@ -11,7 +11,7 @@ use vpcnet_common::{
     config::{Config, RandomizeMode},
     counters::Counter,
     nat::{
-        FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, port_reusable_by,
+        FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, port_reusable,
     },
 };
 
@@ -74,8 +74,8 @@ const fn mix(mut h: u32) -> u32 {
 }
 
 /// Keyed hash of who talks to whom: the pod (or node) address and the
-/// remote endpoint, not the pod's port, so one pod's flows to one remote
-/// walk the same ports and find the ones it may reuse first.
+/// remote endpoint. Pods start their searches in different places, so
+/// their flows to one remote do not queue up behind each other.
 #[inline(always)]
 const fn endpoint_hash(seed: u32, fwd: &FlowKey) -> u32 {
     let mut h = mix(seed ^ fwd.saddr);
@@ -178,7 +178,7 @@ extern "C" fn claim_step(index: u32, ctx: *mut c_void) -> i64 {
         Ok(()) => search.outcome = CLAIMED,
         Err(e) if e == -E2BIG => search.outcome = TABLE_FULL,
         Err(_) => {
-            let free = take_over(&rev_key, search.fwd.saddr, search.now);
+            let free = take_over(&rev_key, search.now);
             if free
                 && NAT_REV
                     .insert(&rev_key, &search.rev_value, u64::from(BPF_NOEXIST))
@@ -196,7 +196,7 @@ extern "C" fn claim_step(index: u32, ctx: *mut c_void) -> i64 {
 
 /// Claims a port for the flow `fwd` (kind `kind`) translated to `nat_addr`:
 /// inserts the reverse entry, the claim, taking over the port of a flow that
-/// is over (or a closed one of the same pod, see `port_reusable_by`).
+/// is over (see `port_reusable`).
 #[inline(always)]
 fn claim_port(
     picker: PortPicker,
@@ -246,10 +246,10 @@ fn claim_port(
     }
 }
 
-/// Removes the flow holding `rev_key` when `addr` may reuse its port now.
-/// Returns whether the port is free.
+/// Removes the flow holding `rev_key` when it is over. Returns whether the
+/// port is free.
 #[inline(always)]
-fn take_over(rev_key: &FlowKey, addr: u32, now: u64) -> bool {
+fn take_over(rev_key: &FlowKey, now: u64) -> bool {
     // SAFETY: read-only copy of a map value.
     let Some(rev) = (unsafe { NAT_REV.get(rev_key) }).copied() else {
         // Removed since our insert failed: free.
@@ -261,7 +261,7 @@ fn take_over(rev_key: &FlowKey, addr: u32, now: u64) -> bool {
     // A reverse entry whose forward half is not there yet is a flow being
     // created on another CPU: judge it by its own age only.
     let fwd = fwd.unwrap_or(rev);
-    if !port_reusable_by(rev_key.proto, &fwd, &rev, addr, now) {
+    if !port_reusable(rev_key.proto, &fwd, &rev, now) {
         return false;
     }
     // Whoever removes the claim owns the port.
