@@ -1,10 +1,10 @@
-//! Builds the eBPF programs (ebpf/vpcnet-ebpf) for bpfel-unknown-none with
-//! the nightly toolchain and bpf-linker, and puts the object in OUT_DIR for
+//! Builds the eBPF programs (`ebpf/vpcnet-ebpf`) for `bpfel-unknown-none` with
+//! the nightly toolchain and `bpf-linker`, and puts the object in `OUT_DIR` for
 //! the agent to embed.
 //!
-//! `VPCNET_EBPF=stub` (or no bpf-linker on PATH) writes an empty object
+//! `VPCNET_EBPF=stub` (or no `bpf-linker` on PATH) writes an empty object
 //! instead, so `cargo check` and clippy of the user-space crates need no
-//! bpf-linker; an agent built that way refuses to load and says why.
+//! `bpf-linker`; an agent built that way refuses to load and says why.
 
 use std::{
     env,
@@ -16,7 +16,8 @@ const OBJECT: &str = "vpcnet.bpf.o";
 
 fn main() {
     println!("cargo:rerun-if-env-changed=VPCNET_EBPF");
-    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let ebpf_dir = manifest_dir.join("../ebpf/vpcnet-ebpf");
     let common_dir = manifest_dir.join("../ebpf/vpcnet-common");
     for dir in [ebpf_dir.join("src"), common_dir.join("src")] {
@@ -58,7 +59,12 @@ fn main() {
     // The outer cargo's settings are for the host build; none of them apply.
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy();
-        if key.starts_with("CARGO_") || key.starts_with("RUSTC") || key == "RUSTUP_TOOLCHAIN" || key.starts_with("RUSTFLAGS") || key == "RUSTDOCFLAGS" {
+        if key.starts_with("CARGO_")
+            || key.starts_with("RUSTC")
+            || key == "RUSTUP_TOOLCHAIN"
+            || key.starts_with("RUSTFLAGS")
+            || key == "RUSTDOCFLAGS"
+        {
             cmd.env_remove(key.as_ref());
         }
     }

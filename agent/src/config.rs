@@ -83,7 +83,11 @@ impl SnatSettings {
     pub fn datapath_config(&self, node_addr: Ipv4Addr, hash_seed: u32) -> Config {
         Config {
             node_addr: addr_to_raw(node_addr.octets()),
-            flags: if self.external_snat { FLAG_EXTERNAL_SNAT } else { 0 },
+            flags: if self.external_snat {
+                FLAG_EXTERNAL_SNAT
+            } else {
+                0
+            },
             randomize: self.randomize as u32,
             port_min: self.port_min,
             port_max: self.port_max,
@@ -174,7 +178,10 @@ mod tests {
         assert!(s.external_snat);
         assert_eq!(
             s.exclude_snat_cidrs,
-            vec!["192.0.2.0/24".parse().unwrap(), "198.51.0.0/16".parse().unwrap()]
+            vec![
+                "192.0.2.0/24".parse().unwrap(),
+                "198.51.0.0/16".parse().unwrap()
+            ]
         );
         assert_eq!(s.randomize, RandomizeMode::HashRandom);
         assert_eq!((s.port_min, s.port_max), (20000, 29999));

@@ -1,13 +1,7 @@
 //! `vpcnet-agent`: the node daemon (`run`) and the operator's commands on
 //! the node (`counters`, `nat`, `config`, `set`).
 
-use std::{
-    io::Write,
-    net::Ipv4Addr,
-    os::fd::AsRawFd,
-    path::PathBuf,
-    time::Duration,
-};
+use std::{io::Write, net::Ipv4Addr, os::fd::AsRawFd, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -58,9 +52,9 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SetFlag {
-    /// AWS_VPC_K8S_CNI_EXTERNALSNAT.
+    /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`: new flows to non-VPC destinations leave un-NATed.
     ExternalSnat { value: OnOff },
-    /// AWS_VPC_K8S_CNI_RANDOMIZESNAT.
+    /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: none, hashrandom or prng.
     RandomizeSnat { mode: String },
 }
 
@@ -111,8 +105,12 @@ fn main() -> Result<()> {
 }
 
 fn open(pin_dir: &std::path::Path) -> Result<DatapathMaps> {
-    DatapathMaps::open_pinned(pin_dir)
-        .with_context(|| format!("is the agent running? no datapath pinned in {}", pin_dir.display()))
+    DatapathMaps::open_pinned(pin_dir).with_context(|| {
+        format!(
+            "is the agent running? no datapath pinned in {}",
+            pin_dir.display()
+        )
+    })
 }
 
 fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
@@ -131,7 +129,9 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
     datapath
         .maps
         .set_config(&settings.datapath_config(args.node_addr, seed))?;
-    datapath.maps.set_cidrs(&cidr_entries(&vpc_cidrs, &settings.exclude_snat_cidrs)?)?;
+    datapath
+        .maps
+        .set_cidrs(&cidr_entries(&vpc_cidrs, &settings.exclude_snat_cidrs)?)?;
     datapath
         .attach_eni(&args.primary_interface)
         .with_context(|| format!("attaching to {}", args.primary_interface))?;
@@ -149,7 +149,10 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(serve(&mut datapath, Duration::from_secs(args.gc_interval.max(1))))
+    runtime.block_on(serve(
+        &mut datapath,
+        Duration::from_secs(args.gc_interval.max(1)),
+    ))
 }
 
 /// Collects NAT garbage until SIGTERM or SIGINT.
@@ -248,12 +251,19 @@ fn print_nat(maps: &DatapathMaps) -> Result<()> {
 }
 
 fn endpoint(addr: u32, port: u16) -> String {
-    format!("{}:{}", Ipv4Addr::from(raw_to_addr(addr)), raw_to_port(port))
+    format!(
+        "{}:{}",
+        Ipv4Addr::from(raw_to_addr(addr)),
+        raw_to_port(port)
+    )
 }
 
 fn print_config(maps: &DatapathMaps) -> Result<()> {
     let cfg = maps.config()?;
-    println!("node_addr      {}", Ipv4Addr::from(raw_to_addr(cfg.node_addr)));
+    println!(
+        "node_addr      {}",
+        Ipv4Addr::from(raw_to_addr(cfg.node_addr))
+    );
     println!("external_snat  {}", cfg.external_snat());
     println!("randomize_snat {}", cfg.randomize_mode().env_value());
     println!("port_range     {}-{}", cfg.port_min, cfg.port_max);

@@ -29,7 +29,7 @@ pub const POD2: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 21);
 pub const PEER: Ipv4Addr = Ipv4Addr::new(10, 20, 12, 50);
 pub const INET: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const ONPREM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-/// A node-local address outside the VPC (NodeLocal DNSCache's).
+/// A node-local address outside the VPC (the one `NodeLocal DNSCache` uses).
 pub const NODE_LOCAL_DNS: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
 pub const VPC_CIDRS: [&str; 2] = ["10.20.0.0/16", "100.64.0.0/16"];
 
@@ -71,7 +71,12 @@ impl Harness {
         let cidrs: Vec<(Ipv4Net, CidrKind)> = VPC_CIDRS
             .iter()
             .map(|c| (c.parse().unwrap(), CidrKind::Vpc))
-            .chain(settings.exclude_snat_cidrs.iter().map(|n| (*n, CidrKind::Excluded)))
+            .chain(
+                settings
+                    .exclude_snat_cidrs
+                    .iter()
+                    .map(|n| (*n, CidrKind::Excluded)),
+            )
             .chain([NODE, NODE_LOCAL_DNS].map(|a| (Ipv4Net::new(a, 32).unwrap(), CidrKind::Local)))
             .collect();
         harness.datapath.maps.set_cidrs(&cidrs).unwrap();
@@ -92,13 +97,16 @@ impl Harness {
     pub fn run(&self, program: &'static str, packet: &[u8]) -> Outcome {
         let prog = self.datapath.program(program).unwrap();
         let mut out = vec![0u8; packet.len() + 256];
-        let mut opts = TestRunOptions::default();
-        opts.data_in = Some(packet);
-        opts.data_out = Some(&mut out);
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        };
         let result = prog.test_run(opts).expect("BPF_PROG_TEST_RUN");
         out.truncate(result.data_size_out as usize);
         Outcome {
-            action: result.return_value as i32,
+            // tc actions are ints; the kernel hands them back as u32.
+            action: i32::from_ne_bytes(result.return_value.to_ne_bytes()),
             packet: out,
         }
     }
@@ -126,8 +134,15 @@ impl Harness {
         let before = self.counter(verdict);
         let out = self.egress(packet);
         assert_eq!(out.action, TC_ACT_UNSPEC, "{verdict:?}");
-        assert_eq!(out.packet, packet, "packet must pass untouched ({verdict:?})");
-        assert_eq!(self.counter(verdict), before + 1, "{verdict:?} must count it");
+        assert_eq!(
+            out.packet, packet,
+            "packet must pass untouched ({verdict:?})"
+        );
+        assert_eq!(
+            self.counter(verdict),
+            before + 1,
+            "{verdict:?} must count it"
+        );
     }
 
     /// Runs ingress and asserts the packet passed untouched, counted as `verdict`.
@@ -135,8 +150,15 @@ impl Harness {
         let before = self.counter(verdict);
         let out = self.ingress(packet);
         assert_eq!(out.action, TC_ACT_UNSPEC, "{verdict:?}");
-        assert_eq!(out.packet, packet, "packet must pass untouched ({verdict:?})");
-        assert_eq!(self.counter(verdict), before + 1, "{verdict:?} must count it");
+        assert_eq!(
+            out.packet, packet,
+            "packet must pass untouched ({verdict:?})"
+        );
+        assert_eq!(
+            self.counter(verdict),
+            before + 1,
+            "{verdict:?} must count it"
+        );
     }
 
     /// Runs `program` and asserts the packet was dropped for `reason`.
@@ -177,7 +199,10 @@ pub fn agent_binary() -> PathBuf {
 pub fn agent_cli(args: &[&str]) -> String {
     let bin = agent_binary();
     let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{}", vpcnet_lab::addrs::NS_NODE))
+        .arg(format!(
+            "--net=/var/run/netns/{}",
+            vpcnet_lab::addrs::NS_NODE
+        ))
         .arg(&bin)
         .args(args)
         .output()
@@ -196,7 +221,8 @@ pub fn lab_counter(counter: Counter) -> u64 {
         .lines()
         .find_map(|line| {
             let mut fields = line.split_whitespace();
-            (fields.next() == Some(counter.name())).then(|| fields.next().and_then(|v| v.parse().ok()))?
+            (fields.next() == Some(counter.name()))
+                .then(|| fields.next().and_then(|v| v.parse().ok()))?
         })
         .unwrap_or_else(|| panic!("counter {} not printed by the agent", counter.name()))
 }

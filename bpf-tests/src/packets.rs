@@ -15,7 +15,14 @@ const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 const TTL: u8 = 64;
 
 /// A TCP segment with `flags` and `payload`.
-pub fn tcp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+pub fn tcp(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut builder = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
         .ipv4(src.octets(), dst.octets(), TTL)
         .tcp(sport, dport, 1000, 64240);
@@ -63,7 +70,14 @@ pub fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr, request: bool, id: u16, seq: u16)
 
 /// An ICMP error (`icmp_type`, `code`) from `src` to `dst` quoting the first
 /// `quote_len` bytes of `quoted`'s IP datagram (an Ethernet frame).
-pub fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, icmp_type: u8, code: u8, quoted: &[u8], quote_len: usize) -> Vec<u8> {
+pub fn icmp_error(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    icmp_type: u8,
+    code: u8,
+    quoted: &[u8],
+    quote_len: usize,
+) -> Vec<u8> {
     let datagram = &quoted[14..];
     let quote = &datagram[..quote_len.min(datagram.len())];
     let mut icmp = vec![icmp_type, code, 0, 0, 0, 0, 0, 0];
@@ -79,8 +93,14 @@ pub fn icmp_error(src: Ipv4Addr, dst: Ipv4Addr, icmp_type: u8, code: u8, quoted:
 
 /// An Ethernet frame around an IPv4 header (with `options`) and `payload`
 /// given as bytes, checksum computed here.
-pub fn ipv4_frame(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, payload: &[u8], options: &[u8]) -> Vec<u8> {
-    assert!(options.len() % 4 == 0 && options.len() <= 40);
+pub fn ipv4_frame(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    payload: &[u8],
+    options: &[u8],
+) -> Vec<u8> {
+    assert!(options.len().is_multiple_of(4) && options.len() <= 40);
     let ihl = 20 + options.len();
     let total = ihl + payload.len();
     let mut ip = vec![0u8; ihl];
@@ -153,7 +173,11 @@ pub fn parse(frame: &[u8]) -> Parsed {
             let pseudo = [&ip[12..20], &[0, proto], &len[..]].concat();
             let udp_no_csum = proto == 17 && l4[6] == 0 && l4[7] == 0;
             let ok = udp_no_csum || internet_checksum(&[&pseudo, l4]) == 0;
-            (u16::from_be_bytes([l4[0], l4[1]]), u16::from_be_bytes([l4[2], l4[3]]), ok)
+            (
+                u16::from_be_bytes([l4[0], l4[1]]),
+                u16::from_be_bytes([l4[2], l4[3]]),
+                ok,
+            )
         }
         1 => {
             let id = u16::from_be_bytes([l4[4], l4[5]]);

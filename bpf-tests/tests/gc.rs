@@ -28,26 +28,56 @@ fn expired_flows_go_whole_and_live_ones_stay() {
     h.egress(&packets::tcp(POD, 40000, INET, 443, TCP_ACK, b""));
     // A TCP flow closed by both sides: held 60 s for the remote's TIME_WAIT.
     let closed = nat_port(&h, &packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""));
-    h.ingress(&packets::tcp(INET, 443, NODE, closed, TCP_SYN | TCP_ACK, b""));
-    h.ingress(&packets::tcp(INET, 443, NODE, closed, TCP_FIN | TCP_ACK, b""));
+    h.ingress(&packets::tcp(
+        INET,
+        443,
+        NODE,
+        closed,
+        TCP_SYN | TCP_ACK,
+        b"",
+    ));
+    h.ingress(&packets::tcp(
+        INET,
+        443,
+        NODE,
+        closed,
+        TCP_FIN | TCP_ACK,
+        b"",
+    ));
     h.egress(&packets::tcp(POD, 40001, INET, 443, TCP_FIN | TCP_ACK, b""));
     assert_eq!(h.table_sizes(), (3, 3));
 
     let now = monotonic_now_ns();
     let stats = h.datapath.maps.collect_garbage(now).unwrap();
-    assert_eq!((stats.flows, stats.expired, stats.orphans), (3, 0, 0), "nothing is over yet");
+    assert_eq!(
+        (stats.flows, stats.expired, stats.orphans),
+        (3, 0, 0),
+        "nothing is over yet"
+    );
 
-    let stats = h.datapath.maps.collect_garbage(now + UDP_TIMEOUT_NS + SEC).unwrap();
+    let stats = h
+        .datapath
+        .maps
+        .collect_garbage(now + UDP_TIMEOUT_NS + SEC)
+        .unwrap();
     assert_eq!(stats.expired, 1, "the UDP flow timed out");
     assert_eq!(h.table_sizes(), (2, 2), "its pair went whole");
 
-    let stats = h.datapath.maps.collect_garbage(now + TIME_WAIT_HOLD_NS + SEC).unwrap();
+    let stats = h
+        .datapath
+        .maps
+        .collect_garbage(now + TIME_WAIT_HOLD_NS + SEC)
+        .unwrap();
     assert_eq!(stats.expired, 1, "the closed flow's TIME_WAIT hold is over");
     assert_eq!(h.table_sizes(), (1, 1));
 
     let stats = h.datapath.maps.collect_garbage(now + 3600 * SEC).unwrap();
     assert_eq!(stats.expired, 0, "an established flow lives on");
-    let stats = h.datapath.maps.collect_garbage(now + TCP_ESTABLISHED_TIMEOUT_NS + SEC).unwrap();
+    let stats = h
+        .datapath
+        .maps
+        .collect_garbage(now + TCP_ESTABLISHED_TIMEOUT_NS + SEC)
+        .unwrap();
     assert_eq!(stats.expired, 1);
     assert_eq!(h.table_sizes(), (0, 0));
 }
@@ -75,6 +105,13 @@ fn halves_left_alone_are_removed() {
     let now = monotonic_now_ns();
     assert_eq!(h.datapath.maps.collect_garbage(now).unwrap().orphans, 0);
     assert_eq!(h.table_sizes(), (0, 1));
-    assert_eq!(h.datapath.maps.collect_garbage(now + 11 * SEC).unwrap().orphans, 1);
+    assert_eq!(
+        h.datapath
+            .maps
+            .collect_garbage(now + 11 * SEC)
+            .unwrap()
+            .orphans,
+        1
+    );
     assert_eq!(h.table_sizes(), (0, 0));
 }

@@ -55,7 +55,11 @@ fn new_pod(i: u32) -> Ipv4Addr {
 fn fill(h: &mut Harness, fraction: f64, rng: &mut XorShift) -> usize {
     let cfg = h.datapath.maps.config().unwrap();
     let ports: Vec<u16> = (cfg.port_min..=cfg.port_max).collect();
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let wanted = (ports.len() as f64 * fraction).round() as usize;
     // A random subset: a partial Fisher-Yates shuffle.
     let mut ports = ports;
@@ -71,7 +75,13 @@ fn fill(h: &mut Harness, fraction: f64, rng: &mut XorShift) -> usize {
         let pod = addr_to_raw(filler_pod(u32::try_from(i).unwrap() + 1).octets());
         let pod_port = port_to_raw(40000);
         let fwd_key = FlowKey::new(pod, remote, pod_port, port_to_raw(REMOTE_PORT), PROTO_TCP);
-        let rev_key = FlowKey::new(remote, node, port_to_raw(REMOTE_PORT), port_to_raw(*port), PROTO_TCP);
+        let rev_key = FlowKey::new(
+            remote,
+            node,
+            port_to_raw(REMOTE_PORT),
+            port_to_raw(*port),
+            PROTO_TCP,
+        );
         let entry = |addr, port| NatEntry {
             addr,
             port,
@@ -81,8 +91,12 @@ fn fill(h: &mut Harness, fraction: f64, rng: &mut XorShift) -> usize {
             created_ns: now,
         };
         let maps = &mut h.datapath.maps;
-        maps.nat_rev.insert(rev_key, entry(pod, pod_port), 0).unwrap();
-        maps.nat_fwd.insert(fwd_key, entry(node, port_to_raw(*port)), 0).unwrap();
+        maps.nat_rev
+            .insert(rev_key, entry(pod, pod_port), 0)
+            .unwrap();
+        maps.nat_fwd
+            .insert(fwd_key, entry(node, port_to_raw(*port)), 0)
+            .unwrap();
     }
     wanted
 }
@@ -102,14 +116,24 @@ fn measure(h: &mut Harness, rng: &mut XorShift) -> Quality {
     for attempt in 0..ATTEMPTS {
         let pod = new_pod(attempt % 5000);
         let pod_port = 32768 + u16::try_from(rng.next() % 28000).unwrap();
-        let out = h.egress(&packets::tcp(pod, pod_port, INET, REMOTE_PORT, TCP_SYN, b""));
+        let out = h.egress(&packets::tcp(
+            pod,
+            pod_port,
+            INET,
+            REMOTE_PORT,
+            TCP_SYN,
+            b"",
+        ));
         if out.action == TC_ACT_SHOT {
             failures += 1;
             continue;
         }
         assert_eq!(out.action, TC_ACT_UNSPEC);
         let sent = packets::parse(&out.packet);
-        assert_eq!(sent.src, NODE, "a flow that got no port must be dropped, never sent un-NATed");
+        assert_eq!(
+            sent.src, NODE,
+            "a flow that got no port must be dropped, never sent un-NATed"
+        );
         let fwd_key = FlowKey::new(
             addr_to_raw(pod.octets()),
             remote,
@@ -117,7 +141,13 @@ fn measure(h: &mut Harness, rng: &mut XorShift) -> Quality {
             port_to_raw(REMOTE_PORT),
             PROTO_TCP,
         );
-        let rev_key = FlowKey::new(remote, node, port_to_raw(REMOTE_PORT), port_to_raw(sent.sport), PROTO_TCP);
+        let rev_key = FlowKey::new(
+            remote,
+            node,
+            port_to_raw(REMOTE_PORT),
+            port_to_raw(sent.sport),
+            PROTO_TCP,
+        );
         let maps = &mut h.datapath.maps;
         maps.nat_fwd.remove(&fwd_key).unwrap();
         maps.nat_rev.remove(&rev_key).unwrap();
@@ -160,14 +190,22 @@ fn run(mode: RandomizeMode, fraction: f64, max_failure_rate: f64) {
 
 #[test]
 fn under_one_percent_failures_at_seventy_percent_fill() {
-    for mode in [RandomizeMode::Prng, RandomizeMode::HashRandom, RandomizeMode::None] {
+    for mode in [
+        RandomizeMode::Prng,
+        RandomizeMode::HashRandom,
+        RandomizeMode::None,
+    ] {
         run(mode, 0.70, 0.01);
     }
 }
 
 #[test]
 fn under_five_percent_failures_at_ninety_percent_fill() {
-    for mode in [RandomizeMode::Prng, RandomizeMode::HashRandom, RandomizeMode::None] {
+    for mode in [
+        RandomizeMode::Prng,
+        RandomizeMode::HashRandom,
+        RandomizeMode::None,
+    ] {
         run(mode, 0.90, 0.05);
     }
 }
@@ -187,7 +225,14 @@ fn a_full_port_space_drops_new_flows_and_keeps_the_others() {
     }
     assert_eq!(h.counter(Counter::DropNatNoPort), before + 20);
     // An established flow of the full space still goes out translated.
-    let out = h.egress(&packets::tcp(filler_pod(1), 40000, INET, REMOTE_PORT, TCP_ACK, b"x"));
+    let out = h.egress(&packets::tcp(
+        filler_pod(1),
+        40000,
+        INET,
+        REMOTE_PORT,
+        TCP_ACK,
+        b"x",
+    ));
     assert_eq!(out.action, TC_ACT_UNSPEC);
     assert_eq!(packets::parse(&out.packet).src, NODE);
 }

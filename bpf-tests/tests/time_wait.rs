@@ -31,7 +31,7 @@ fn server_addr() -> SocketAddr {
     SocketAddr::from((addrs::INET_ADDR, SERVER_PORT))
 }
 
-/// The TcpExt counters of a namespace (`/proc/net/netstat` read there).
+/// The `TcpExt` counters of a namespace (`/proc/net/netstat` read there).
 fn tcp_ext(ns: &str) -> HashMap<String, u64> {
     let text = vpcnet_lab::exec_ok(ns, &["cat", "/proc/net/netstat"]).unwrap();
     let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
@@ -196,7 +196,7 @@ fn snat_never_makes_the_server_refuse_a_syn() {
 
     // 20k connections from one pod, as fast as it goes.
     let started = Instant::now();
-    let burst = client(&pods[0], 20_000, None, Duration::from_secs(120))
+    let burst = client(&pods[0], 20_000, None, Duration::from_mins(2))
         .join()
         .unwrap();
     let burst_secs = started.elapsed().as_secs_f64();
@@ -222,7 +222,7 @@ fn snat_never_makes_the_server_refuse_a_syn() {
                 ns,
                 2_500,
                 Some(Duration::from_millis(8)),
-                Duration::from_secs(60),
+                Duration::from_mins(1),
             )
         })
         .collect();
@@ -237,10 +237,10 @@ fn snat_never_makes_the_server_refuse_a_syn() {
             a.1 - b.1
         );
     }
-    let served = server.served.load(Ordering::Relaxed);
+    let connections_served = server.served.load(Ordering::Relaxed);
     drop(server);
     println!(
-        "served {served}; datapath: snat_new {}, reopened {}, port takeovers {}, alloc retries {}, no-port drops {}, table-full drops {}",
+        "served {connections_served}; datapath: snat_new {}, reopened {}, port takeovers {}, alloc retries {}, no-port drops {}, table-full drops {}",
         lab_counter(Counter::EgressSnatNew),
         lab_counter(Counter::EgressReopen),
         lab_counter(Counter::EgressTakeover),

@@ -43,16 +43,29 @@ fn tcp_to_internet_is_snated_and_replies_come_back() {
     let h = Harness::lab_default();
     let syn = egress_pass(&h, &packets::tcp(POD, 40000, INET, 80, TCP_SYN, b""));
     assert_eq!((syn.src, syn.dst, syn.dport), (NODE, INET, 80));
-    assert!(syn.sport >= 1024, "port from the default range: {}", syn.sport);
+    assert!(
+        syn.sport >= 1024,
+        "port from the default range: {}",
+        syn.sport
+    );
     assert_eq!(h.counter(Counter::EgressSnatNew), 1);
 
     // The reply goes back to the pod's own address and port.
-    let synack = ingress_pass(&h, &packets::tcp(INET, 80, NODE, syn.sport, TCP_SYN | TCP_ACK, b""));
-    assert_eq!((synack.src, synack.sport, synack.dst, synack.dport), (INET, 80, POD, 40000));
+    let synack = ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, syn.sport, TCP_SYN | TCP_ACK, b""),
+    );
+    assert_eq!(
+        (synack.src, synack.sport, synack.dst, synack.dport),
+        (INET, 80, POD, 40000)
+    );
     assert_eq!(h.counter(Counter::IngressRevSnat), 1);
 
     // Later packets of the flow keep the same translation, payload and all.
-    let data = egress_pass(&h, &packets::tcp(POD, 40000, INET, 80, TCP_ACK, b"GET / HTTP/1.0\r\n\r\n"));
+    let data = egress_pass(
+        &h,
+        &packets::tcp(POD, 40000, INET, 80, TCP_ACK, b"GET / HTTP/1.0\r\n\r\n"),
+    );
     assert_eq!((data.src, data.sport), (NODE, syn.sport));
     assert_eq!(h.counter(Counter::EgressSnat), 1);
     assert_eq!(h.table_sizes(), (1, 1), "one flow, one pair");
@@ -70,7 +83,11 @@ fn udp_is_snated_and_a_zero_checksum_stays_zero() {
     no_csum[14 + 20 + 6] = 0;
     no_csum[14 + 20 + 7] = 0;
     let out = h.egress(&no_csum);
-    assert_eq!(out.packet[14 + 20 + 6..14 + 20 + 8], [0, 0], "UDP without checksum keeps none");
+    assert_eq!(
+        out.packet[14 + 20 + 6..14 + 20 + 8],
+        [0, 0],
+        "UDP without checksum keeps none"
+    );
     assert_eq!(parse(&out.packet).src, NODE);
     assert!(parse(&out.packet).ip_csum_ok);
 }
@@ -83,33 +100,70 @@ fn icmp_echo_identifier_is_the_port() {
     let reply = ingress_pass(&h, &packets::icmp_echo(INET, NODE, false, req.sport, 1));
     assert_eq!((reply.dst, reply.dport), (POD, 77));
     // An echo reply that answers nothing of ours is left alone.
-    h.assert_ingress_untouched(&packets::icmp_echo(INET, NODE, false, 9, 1), Counter::IngressNoEntry);
+    h.assert_ingress_untouched(
+        &packets::icmp_echo(INET, NODE, false, 9, 1),
+        Counter::IngressNoEntry,
+    );
 }
 
 #[test]
 fn vpc_excluded_and_local_destinations_are_never_snated() {
-    let onprem_excluded = settings(|s| s.exclude_snat_cidrs = vec!["192.0.2.0/24".parse().unwrap()]);
+    let onprem_excluded =
+        settings(|s| s.exclude_snat_cidrs = vec!["192.0.2.0/24".parse().unwrap()]);
     let h = Harness::new(&onprem_excluded, maps::NAT_DEFAULT_ENTRIES);
-    h.assert_egress_untouched(&packets::tcp(POD, 40000, PEER, 80, TCP_SYN, b""), Counter::EgressNoSnatCidr);
-    h.assert_egress_untouched(&packets::tcp(POD, 40000, Ipv4Addr::new(100, 64, 3, 4), 80, TCP_SYN, b""), Counter::EgressNoSnatCidr);
-    h.assert_egress_untouched(&packets::udp(POD, 40000, ONPREM, 53, b"q"), Counter::EgressNoSnatCidr);
-    h.assert_egress_untouched(&packets::udp(POD, 40000, NODE_LOCAL_DNS, 53, b"q"), Counter::EgressLocal);
-    assert_eq!(h.table_sizes(), (0, 0), "no state for flows that are never translated");
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 40000, PEER, 80, TCP_SYN, b""),
+        Counter::EgressNoSnatCidr,
+    );
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 40000, Ipv4Addr::new(100, 64, 3, 4), 80, TCP_SYN, b""),
+        Counter::EgressNoSnatCidr,
+    );
+    h.assert_egress_untouched(
+        &packets::udp(POD, 40000, ONPREM, 53, b"q"),
+        Counter::EgressNoSnatCidr,
+    );
+    h.assert_egress_untouched(
+        &packets::udp(POD, 40000, NODE_LOCAL_DNS, 53, b"q"),
+        Counter::EgressLocal,
+    );
+    assert_eq!(
+        h.table_sizes(),
+        (0, 0),
+        "no state for flows that are never translated"
+    );
 
     // Without the exclusion, on-prem is SNATed like the internet.
     let h = Harness::lab_default();
-    assert_eq!(egress_pass(&h, &packets::udp(POD, 40000, ONPREM, 53, b"q")).src, NODE);
+    assert_eq!(
+        egress_pass(&h, &packets::udp(POD, 40000, ONPREM, 53, b"q")).src,
+        NODE
+    );
 }
 
 #[test]
 fn packets_that_open_no_flow_are_not_translated() {
     let h = Harness::lab_default();
-    for flags in [TCP_SYN | TCP_ACK, TCP_RST, TCP_FIN | TCP_ACK, TCP_RST | TCP_ACK] {
-        h.assert_egress_untouched(&packets::tcp(POD, 40000, INET, 80, flags, b""), Counter::EgressNotOpening);
+    for flags in [
+        TCP_SYN | TCP_ACK,
+        TCP_RST,
+        TCP_FIN | TCP_ACK,
+        TCP_RST | TCP_ACK,
+    ] {
+        h.assert_egress_untouched(
+            &packets::tcp(POD, 40000, INET, 80, flags, b""),
+            Counter::EgressNotOpening,
+        );
     }
-    h.assert_egress_untouched(&packets::icmp_echo(POD, INET, false, 5, 1), Counter::EgressNotOpening);
+    h.assert_egress_untouched(
+        &packets::icmp_echo(POD, INET, false, 5, 1),
+        Counter::EgressNotOpening,
+    );
     // A bare ACK opens a flow (picked up mid-stream, like netfilter's loose mode).
-    assert_eq!(egress_pass(&h, &packets::tcp(POD, 40001, INET, 80, TCP_ACK, b"x")).src, NODE);
+    assert_eq!(
+        egress_pass(&h, &packets::tcp(POD, 40001, INET, 80, TCP_ACK, b"x")).src,
+        NODE
+    );
 }
 
 #[test]
@@ -121,23 +175,38 @@ fn other_protocols_and_icmp_types_pass_untouched() {
     timestamp.extend_from_slice(&[0u8; 12]);
     let csum = packets::internet_checksum(&[&timestamp]);
     timestamp[2..4].copy_from_slice(&csum.to_be_bytes());
-    h.assert_egress_untouched(&packets::ipv4_frame(POD, INET, 1, &timestamp, &[]), Counter::EgressIcmpOther);
+    h.assert_egress_untouched(
+        &packets::ipv4_frame(POD, INET, 1, &timestamp, &[]),
+        Counter::EgressIcmpOther,
+    );
     let mut arp = vec![0xffu8; 12];
     arp.extend_from_slice(&0x0806u16.to_be_bytes());
     arp.extend_from_slice(&[0u8; 28]);
     h.assert_egress_untouched(&arp, Counter::EgressNotIpv4);
     h.assert_ingress_untouched(&arp, Counter::IngressNotIpv4);
     // Ingress: traffic for a pod from inside the VPC is not ours to touch.
-    h.assert_ingress_untouched(&packets::tcp(PEER, 80, POD, 40000, TCP_SYN, b""), Counter::IngressNotNode);
+    h.assert_ingress_untouched(
+        &packets::tcp(PEER, 80, POD, 40000, TCP_SYN, b""),
+        Counter::IngressNotNode,
+    );
     // Ingress: to the node but no flow of ours (e.g. kubelet's port).
-    h.assert_ingress_untouched(&packets::tcp(INET, 5000, NODE, 10250, TCP_SYN, b""), Counter::IngressNoEntry);
+    h.assert_ingress_untouched(
+        &packets::tcp(INET, 5000, NODE, 10250, TCP_SYN, b""),
+        Counter::IngressNoEntry,
+    );
 }
 
 #[test]
 fn unconfigured_datapath_passes_everything() {
     let mut h = Harness::lab_default();
-    h.datapath.maps.set_config(&vpcnet_common::config::Config::default()).unwrap();
-    h.assert_egress_untouched(&packets::tcp(POD, 40000, INET, 80, TCP_SYN, b""), Counter::EgressUnconfigured);
+    h.datapath
+        .maps
+        .set_config(&vpcnet_common::config::Config::default())
+        .unwrap();
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 40000, INET, 80, TCP_SYN, b""),
+        Counter::EgressUnconfigured,
+    );
 }
 
 #[test]
@@ -151,9 +220,17 @@ fn truncated_and_malformed_headers_are_dropped_and_counted() {
     cut_options[14] = 0x4f;
     h.assert_dropped(maps::PROG_ENI_EGRESS, &cut_options, Counter::DropTruncated);
     // TCP header cut before the flags.
-    h.assert_dropped(maps::PROG_ENI_EGRESS, &syn[..14 + 20 + 10], Counter::DropTruncated);
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &syn[..14 + 20 + 10],
+        Counter::DropTruncated,
+    );
     let reply = packets::tcp(INET, 80, NODE, 40000, TCP_ACK, b"");
-    h.assert_dropped(maps::PROG_ENI_INGRESS, &reply[..14 + 20 + 3], Counter::DropTruncated);
+    h.assert_dropped(
+        maps::PROG_ENI_INGRESS,
+        &reply[..14 + 20 + 3],
+        Counter::DropTruncated,
+    );
     // IHL below 5.
     let mut bad_ihl = syn.clone();
     bad_ihl[14] = 0x43;
@@ -173,7 +250,13 @@ fn ip_options_shift_the_l4_header_and_are_handled() {
     udp[0..2].copy_from_slice(&4444u16.to_be_bytes());
     udp[2..4].copy_from_slice(&53u16.to_be_bytes());
     udp[4..6].copy_from_slice(&8u16.to_be_bytes());
-    let pseudo = [&POD.octets()[..], &INET.octets(), &[0, 17], &8u16.to_be_bytes()].concat();
+    let pseudo = [
+        &POD.octets()[..],
+        &INET.octets(),
+        &[0, 17],
+        &8u16.to_be_bytes(),
+    ]
+    .concat();
     let csum = packets::internet_checksum(&[&pseudo, &udp]);
     udp[6..8].copy_from_slice(&csum.to_be_bytes());
     let frame = packets::ipv4_frame(POD, INET, 17, &udp, &[1, 1, 1, 1, 1, 1, 1, 0]);
@@ -192,36 +275,63 @@ fn external_snat_flag_applies_to_new_flows_and_never_breaks_running_ones() {
 
     h.configure(&settings(|s| s.external_snat = true));
     // The NATed flow finishes as it started.
-    assert_eq!(egress_pass(&h, &packets::tcp(POD, 41000, INET, 443, TCP_ACK, b"x")).sport, natted.sport);
+    assert_eq!(
+        egress_pass(&h, &packets::tcp(POD, 41000, INET, 443, TCP_ACK, b"x")).sport,
+        natted.sport
+    );
     // A new flow leaves un-NATed, and is remembered as such.
-    h.assert_egress_untouched(&packets::tcp(POD, 42000, INET, 443, TCP_SYN, b""), Counter::EgressExternalSnatNew);
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 42000, INET, 443, TCP_SYN, b""),
+        Counter::EgressExternalSnatNew,
+    );
 
     h.configure(&SnatSettings::default());
-    h.assert_egress_untouched(&packets::tcp(POD, 42000, INET, 443, TCP_ACK, b"y"), Counter::EgressUntranslated);
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 42000, INET, 443, TCP_ACK, b"y"),
+        Counter::EgressUntranslated,
+    );
     // New flows are NATed again.
-    assert_eq!(egress_pass(&h, &packets::tcp(POD, 43000, INET, 443, TCP_SYN, b"")).src, NODE);
+    assert_eq!(
+        egress_pass(&h, &packets::tcp(POD, 43000, INET, 443, TCP_SYN, b"")).src,
+        NODE
+    );
 }
 
 #[test]
 fn flows_opened_from_outside_the_vpc_are_answered_un_natted() {
     let h = Harness::lab_default();
     let before = h.counter(Counter::IngressInboundTracked);
-    h.assert_ingress_untouched(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""), Counter::IngressInboundTracked);
+    h.assert_ingress_untouched(
+        &packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""),
+        Counter::IngressInboundTracked,
+    );
     assert_eq!(h.counter(Counter::IngressInboundTracked), before + 1);
-    h.assert_egress_untouched(&packets::tcp(POD, 8080, ONPREM, 50000, TCP_SYN | TCP_ACK, b""), Counter::EgressUntranslated);
-    h.assert_egress_untouched(&packets::icmp_echo(POD, ONPREM, false, 3, 1), Counter::EgressNotOpening);
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 8080, ONPREM, 50000, TCP_SYN | TCP_ACK, b""),
+        Counter::EgressUntranslated,
+    );
+    h.assert_egress_untouched(
+        &packets::icmp_echo(POD, ONPREM, false, 3, 1),
+        Counter::EgressNotOpening,
+    );
 }
 
 #[test]
 fn randomize_none_keeps_the_pod_port_when_free() {
-    let h = Harness::new(&settings(|s| s.randomize = RandomizeMode::None), maps::NAT_DEFAULT_ENTRIES);
+    let h = Harness::new(
+        &settings(|s| s.randomize = RandomizeMode::None),
+        maps::NAT_DEFAULT_ENTRIES,
+    );
     let first = egress_pass(&h, &packets::tcp(POD, 40000, INET, 80, TCP_SYN, b""));
     assert_eq!(first.sport, 40000);
     // Another pod with the same port to the same remote gets another port.
     let second = egress_pass(&h, &packets::tcp(POD2, 40000, INET, 80, TCP_SYN, b""));
     assert_ne!(second.sport, 40000);
     // ... but to another remote port, 40000 is free again.
-    assert_eq!(egress_pass(&h, &packets::tcp(POD2, 40000, INET, 443, TCP_SYN, b"")).sport, 40000);
+    assert_eq!(
+        egress_pass(&h, &packets::tcp(POD2, 40000, INET, 443, TCP_SYN, b"")).sport,
+        40000
+    );
 }
 
 #[test]
@@ -238,14 +348,25 @@ fn hashrandom_and_prng_stay_in_the_port_range() {
         let mut ports = std::collections::BTreeSet::new();
         for i in 0..10 {
             let out = egress_pass(&h, &packets::tcp(POD, 30000 + i, INET, 80, TCP_SYN, b""));
-            assert!((20000..=20009).contains(&out.sport), "{mode:?}: {}", out.sport);
+            assert!(
+                (20000..=20009).contains(&out.sport),
+                "{mode:?}: {}",
+                out.sport
+            );
             ports.insert(out.sport);
         }
         assert_eq!(ports.len(), 10, "{mode:?}: every flow its own port");
         // The range is used up: the next new flow is dropped and counted.
-        h.assert_dropped(maps::PROG_ENI_EGRESS, &packets::tcp(POD, 31000, INET, 80, TCP_SYN, b""), Counter::DropNatNoPort);
+        h.assert_dropped(
+            maps::PROG_ENI_EGRESS,
+            &packets::tcp(POD, 31000, INET, 80, TCP_SYN, b""),
+            Counter::DropNatNoPort,
+        );
         // ... while the flows that have their ports keep working.
-        assert_eq!(egress_pass(&h, &packets::tcp(POD, 30000, INET, 80, TCP_ACK, b"x")).src, NODE);
+        assert_eq!(
+            egress_pass(&h, &packets::tcp(POD, 30000, INET, 80, TCP_ACK, b"x")).src,
+            NODE
+        );
     }
 }
 
@@ -255,33 +376,59 @@ fn full_table_drops_new_flows_and_keeps_established_ones() {
     for i in 0..4 {
         egress_pass(&h, &packets::tcp(POD, 30000 + i, INET, 80, TCP_SYN, b""));
     }
-    h.assert_dropped(maps::PROG_ENI_EGRESS, &packets::tcp(POD, 31000, INET, 80, TCP_SYN, b""), Counter::DropNatTableFull);
-    assert_eq!(h.table_sizes(), (4, 4), "no half pair left by the failed flow");
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &packets::tcp(POD, 31000, INET, 80, TCP_SYN, b""),
+        Counter::DropNatTableFull,
+    );
+    assert_eq!(
+        h.table_sizes(),
+        (4, 4),
+        "no half pair left by the failed flow"
+    );
     let established = egress_pass(&h, &packets::tcp(POD, 30002, INET, 80, TCP_ACK, b"x"));
     assert_eq!(established.src, NODE);
-    let reply = ingress_pass(&h, &packets::tcp(INET, 80, NODE, established.sport, TCP_ACK, b"y"));
+    let reply = ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, established.sport, TCP_ACK, b"y"),
+    );
     assert_eq!((reply.dst, reply.dport), (POD, 30002));
 }
 
 #[test]
 fn node_sockets_keep_their_ports_and_nat_never_takes_them() {
-    let h = Harness::new(&settings(|s| s.randomize = RandomizeMode::None), maps::NAT_DEFAULT_ENTRIES);
+    let h = Harness::new(
+        &settings(|s| s.randomize = RandomizeMode::None),
+        maps::NAT_DEFAULT_ENTRIES,
+    );
     // A node socket's flow: untouched, its port reserved.
-    h.assert_egress_untouched(&packets::tcp(NODE, 45000, INET, 80, TCP_SYN, b""), Counter::EgressHostNew);
+    h.assert_egress_untouched(
+        &packets::tcp(NODE, 45000, INET, 80, TCP_SYN, b""),
+        Counter::EgressHostNew,
+    );
     // A pod asking for the same port to the same remote does not get it.
     let pod = egress_pass(&h, &packets::tcp(POD, 45000, INET, 80, TCP_SYN, b""));
     assert_ne!(pod.sport, 45000);
     // Replies to the node socket are left alone.
-    h.assert_ingress_untouched(&packets::tcp(INET, 80, NODE, 45000, TCP_SYN | TCP_ACK, b""), Counter::IngressHost);
+    h.assert_ingress_untouched(
+        &packets::tcp(INET, 80, NODE, 45000, TCP_SYN | TCP_ACK, b""),
+        Counter::IngressHost,
+    );
 
     // The other order: a pod holds 46000, then a node socket picks 46000 to
     // the same remote: the node flow is moved, like netfilter does.
-    assert_eq!(egress_pass(&h, &packets::tcp(POD, 46000, INET, 80, TCP_SYN, b"")).sport, 46000);
+    assert_eq!(
+        egress_pass(&h, &packets::tcp(POD, 46000, INET, 80, TCP_SYN, b"")).sport,
+        46000
+    );
     let moved = egress_pass(&h, &packets::tcp(NODE, 46000, INET, 80, TCP_SYN, b""));
     assert_eq!(moved.src, NODE);
     assert_ne!(moved.sport, 46000);
     assert_eq!(h.counter(Counter::EgressHostRemapped), 1);
-    let back = ingress_pass(&h, &packets::tcp(INET, 80, NODE, moved.sport, TCP_SYN | TCP_ACK, b""));
+    let back = ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, moved.sport, TCP_SYN | TCP_ACK, b""),
+    );
     assert_eq!((back.dst, back.dport), (NODE, 46000));
 }
 
@@ -298,13 +445,17 @@ fn icmp_errors_about_natted_flows_are_translated_inside_and_out() {
     assert_eq!(outer.dst, POD);
     assert_checksums(&outer);
     let quoted = parse_quoted(&out.packet);
-    assert_eq!((quoted.src, quoted.sport, quoted.dst, quoted.dport), (POD, 5000, INET, 9999));
+    assert_eq!(
+        (quoted.src, quoted.sport, quoted.dst, quoted.dport),
+        (POD, 5000, INET, 9999)
+    );
     assert_checksums(&quoted);
     assert_eq!(h.counter(Counter::IngressIcmpErrorRevNat), 1);
 
     // TCP flow; a router says fragmentation needed, quoting only 8 bytes of TCP.
     let sent = h.egress(&packets::tcp(POD, 6000, INET, 443, TCP_SYN, b""));
-    let frag_needed = packets::icmp_error(Ipv4Addr::new(203, 0, 113, 1), NODE, 3, 4, &sent.packet, 28);
+    let frag_needed =
+        packets::icmp_error(Ipv4Addr::new(203, 0, 113, 1), NODE, 3, 4, &sent.packet, 28);
     let out = h.ingress(&frag_needed);
     let outer = parse(&out.packet);
     assert_eq!(outer.dst, POD);
@@ -312,11 +463,22 @@ fn icmp_errors_about_natted_flows_are_translated_inside_and_out() {
     let quoted = parse_quoted(&out.packet);
     assert_eq!((quoted.src, quoted.sport), (POD, 6000));
     assert!(quoted.ip_csum_ok);
-    assert_eq!(out.packet[14 + 20 + 6..14 + 20 + 8], 1400u16.to_be_bytes(), "next-hop MTU kept");
+    assert_eq!(
+        out.packet[14 + 20 + 6..14 + 20 + 8],
+        1400u16.to_be_bytes(),
+        "next-hop MTU kept"
+    );
 
     // ICMP echo; time exceeded on the way.
     let sent = h.egress(&packets::icmp_echo(POD, INET, true, 99, 1));
-    let exceeded = packets::icmp_error(Ipv4Addr::new(203, 0, 113, 1), NODE, 11, 0, &sent.packet, 1000);
+    let exceeded = packets::icmp_error(
+        Ipv4Addr::new(203, 0, 113, 1),
+        NODE,
+        11,
+        0,
+        &sent.packet,
+        1000,
+    );
     let out = h.ingress(&exceeded);
     assert_checksums(&parse(&out.packet));
     let quoted = parse_quoted(&out.packet);
@@ -324,7 +486,14 @@ fn icmp_errors_about_natted_flows_are_translated_inside_and_out() {
     assert_checksums(&quoted);
 
     // An error about something that is not ours passes untouched.
-    let stranger = packets::icmp_error(INET, NODE, 3, 3, &packets::udp(NODE, 7000, INET, 53, b"x"), 1000);
+    let stranger = packets::icmp_error(
+        INET,
+        NODE,
+        3,
+        3,
+        &packets::udp(NODE, 7000, INET, 53, b"x"),
+        1000,
+    );
     h.assert_ingress_untouched(&stranger, Counter::IngressNoEntry);
     assert_eq!(nat.src, NODE);
 }
@@ -332,9 +501,14 @@ fn icmp_errors_about_natted_flows_are_translated_inside_and_out() {
 #[test]
 fn icmp_errors_a_pod_sends_about_natted_flows_leave_translated() {
     let h = Harness::lab_default();
-    let sent = parse(&h.egress(&packets::udp(POD, 5000, INET, 9999, b"hello")).packet);
+    let sent = parse(
+        &h.egress(&packets::udp(POD, 5000, INET, 9999, b"hello"))
+            .packet,
+    );
     // The remote's answer reaches the pod, which has no socket any more.
-    let reply = h.ingress(&packets::udp(INET, 9999, NODE, sent.sport, b"late")).packet;
+    let reply = h
+        .ingress(&packets::udp(INET, 9999, NODE, sent.sport, b"late"))
+        .packet;
     let unreach = packets::icmp_error(POD, INET, 3, 3, &reply, 1000);
     let out = h.egress(&unreach);
     assert_eq!(out.action, TC_ACT_UNSPEC);
@@ -342,14 +516,24 @@ fn icmp_errors_a_pod_sends_about_natted_flows_leave_translated() {
     assert_eq!(outer.src, NODE);
     assert_checksums(&outer);
     let quoted = parse_quoted(&out.packet);
-    assert_eq!((quoted.src, quoted.sport, quoted.dst, quoted.dport), (INET, 9999, NODE, sent.sport));
+    assert_eq!(
+        (quoted.src, quoted.sport, quoted.dst, quoted.dport),
+        (INET, 9999, NODE, sent.sport)
+    );
     assert_checksums(&quoted);
     assert_eq!(h.counter(Counter::EgressIcmpErrorNat), 1);
 }
 
 /// A fragment of `payload` at `offset` (bytes, multiple of 8), `more` set
 /// when more follow; IP id 0x4242.
-fn fragment(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, payload: &[u8], offset: usize, more: bool) -> Vec<u8> {
+fn fragment(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    payload: &[u8],
+    offset: usize,
+    more: bool,
+) -> Vec<u8> {
     let mut frame = packets::ipv4_frame(src, dst, proto, payload, &[]);
     let field = u16::try_from(offset / 8).unwrap() | if more { 0x2000 } else { 0 };
     frame[14 + 4..14 + 6].copy_from_slice(&0x4242u16.to_be_bytes());
@@ -380,12 +564,21 @@ fn fragments_follow_their_first_fragment() {
     assert_eq!(h.counter(Counter::EgressFragment), 1);
     // Reassembled, the datagram's UDP checksum holds for the new source.
     let reassembled = [&first_out[14 + 20..], &out.packet[14 + 20..]].concat();
-    let pseudo = [&NODE.octets()[..], &INET.octets(), &[0, 17], &40u16.to_be_bytes()].concat();
+    let pseudo = [
+        &NODE.octets()[..],
+        &INET.octets(),
+        &[0, 17],
+        &40u16.to_be_bytes(),
+    ]
+    .concat();
     assert_eq!(packets::internet_checksum(&[&pseudo, &reassembled]), 0);
 
     // A later fragment whose first was never seen: no guessing.
     let stray = fragment(POD2, INET, 17, &[0u8; 16], 24, false);
     h.assert_dropped(maps::PROG_ENI_EGRESS, &stray, Counter::DropFragmentNoFlow);
     // ... unless it goes where nothing is translated.
-    h.assert_egress_untouched(&fragment(POD2, PEER, 17, &[0u8; 16], 24, false), Counter::EgressNoSnatCidr);
+    h.assert_egress_untouched(
+        &fragment(POD2, PEER, 17, &[0u8; 16], 24, false),
+        Counter::EgressNoSnatCidr,
+    );
 }

@@ -34,10 +34,7 @@ fn main() {
             ),
             false,
         ),
-        other => (
-            error(ERR_INVALID_ENV, "unknown CNI_COMMAND", other),
-            false,
-        ),
+        other => (error(ERR_INVALID_ENV, "unknown CNI_COMMAND", other), false),
     };
     let mut stdout = std::io::stdout().lock();
     // Nothing useful can be done if stdout is gone: the runtime reads the exit code.

@@ -27,7 +27,8 @@ pub struct DatapathMaps {
 impl DatapathMaps {
     /// Takes the maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
-        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name));
+        let mut take =
+            |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name));
         Self::from_maps(
             take(maps::CONFIG)?,
             take(maps::CIDRS)?,
@@ -66,7 +67,8 @@ impl DatapathMaps {
             cidrs: LpmTrie::try_from(cidrs).map_err(DatapathError::map(maps::CIDRS))?,
             nat_fwd: HashMap::try_from(nat_fwd).map_err(DatapathError::map(maps::NAT_FWD))?,
             nat_rev: HashMap::try_from(nat_rev).map_err(DatapathError::map(maps::NAT_REV))?,
-            counters: PerCpuArray::try_from(counters).map_err(DatapathError::map(maps::COUNTERS))?,
+            counters: PerCpuArray::try_from(counters)
+                .map_err(DatapathError::map(maps::COUNTERS))?,
         })
     }
 
@@ -120,8 +122,9 @@ impl DatapathMaps {
             .iter()
             .map(|item| {
                 item.map(|(key, value)| {
-                    let net = Ipv4Net::new(Ipv4Addr::from(key.data()), prefix_len_u8(key.prefix_len()))
-                        .expect("the trie holds valid prefix lengths");
+                    let net =
+                        Ipv4Net::new(Ipv4Addr::from(key.data()), prefix_len_u8(key.prefix_len()))
+                            .expect("the trie holds valid prefix lengths");
                     (net, CidrKind::from_raw(value.kind))
                 })
             })
@@ -156,5 +159,8 @@ fn prefix_len_u8(len: u32) -> u8 {
 }
 
 fn cidr_key(net: Ipv4Net) -> Key<[u8; 4]> {
-    Key::new(u32::from(net.prefix_len()), addr_to_raw(net.network().octets()).to_ne_bytes())
+    Key::new(
+        u32::from(net.prefix_len()),
+        addr_to_raw(net.network().octets()).to_ne_bytes(),
+    )
 }

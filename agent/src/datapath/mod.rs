@@ -105,11 +105,22 @@ impl Datapath {
         if nix::net::if_::if_nametoindex(iface).is_err() {
             return Err(DatapathError::NoInterface(iface.to_owned()));
         }
-        let egress = attach(&mut self.ebpf, names::PROG_ENI_EGRESS, iface, TcAttachType::Egress)?;
-        let ingress = match attach(&mut self.ebpf, names::PROG_ENI_INGRESS, iface, TcAttachType::Ingress) {
+        let egress = attach(
+            &mut self.ebpf,
+            names::PROG_ENI_EGRESS,
+            iface,
+            TcAttachType::Egress,
+        )?;
+        let ingress = match attach(
+            &mut self.ebpf,
+            names::PROG_ENI_INGRESS,
+            iface,
+            TcAttachType::Ingress,
+        ) {
             Ok(link) => link,
             Err(e) => {
-                let _ = classifier_mut(&mut self.ebpf, names::PROG_ENI_EGRESS).map(|p| p.detach(egress));
+                let _ = classifier_mut(&mut self.ebpf, names::PROG_ENI_EGRESS)
+                    .map(|p| p.detach(egress));
                 return Err(e);
             }
         };
@@ -144,7 +155,10 @@ pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
     }
 }
 
-fn classifier_mut<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut SchedClassifier, DatapathError> {
+fn classifier_mut<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut SchedClassifier, DatapathError> {
     ebpf.program_mut(name)
         .ok_or(DatapathError::MissingProgram(name))?
         .try_into()

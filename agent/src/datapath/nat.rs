@@ -1,11 +1,7 @@
 //! The NAT table seen from user space: listing flows and garbage-collecting
 //! the ones that are over, a whole pair at a time.
 
-use vpcnet_common::{
-    nat::{
-        FlowKey, FlowKind, FlowState, NatEntry, flow_expired, flow_state,
-    },
-};
+use vpcnet_common::nat::{FlowKey, FlowKind, FlowState, NatEntry, flow_expired, flow_state};
 
 use super::{DatapathError, DatapathMaps};
 
@@ -31,7 +27,13 @@ impl Flow {
 
     /// The reply tuple a translated flow's claim is keyed by.
     pub fn reply_key(&self) -> FlowKey {
-        FlowKey::new(self.key.daddr, self.fwd.addr, self.key.dport, self.fwd.port, self.key.proto)
+        FlowKey::new(
+            self.key.daddr,
+            self.fwd.addr,
+            self.key.dport,
+            self.fwd.port,
+            self.key.proto,
+        )
     }
 
     fn expired(&self, now_ns: u64) -> bool {
@@ -60,9 +62,13 @@ impl DatapathMaps {
     /// Every flow in the table.
     pub fn flows(&self) -> Result<Vec<Flow>, DatapathError> {
         let mut flows = Vec::new();
-        for item in self.nat_fwd.iter() {
+        for item in &self.nat_fwd {
             let (key, fwd) = item.map_err(DatapathError::map(vpcnet_common::maps::NAT_FWD))?;
-            let mut flow = Flow { key, fwd, rev: None };
+            let mut flow = Flow {
+                key,
+                fwd,
+                rev: None,
+            };
             if flow.kind() != Some(FlowKind::NoSnat) {
                 let reply = flow.reply_key();
                 flow.rev = self.nat_rev.get(&reply, 0).ok().map(|rev| (reply, rev));
@@ -89,13 +95,13 @@ impl DatapathMaps {
             // The forward half first: a packet racing the collection then
             // starts a new flow, whose port choice still sees the old claim.
             let _ = self.nat_fwd.remove(&flow.key);
-            if let Some((reply, rev)) = flow.rev {
-                // Only the claim of this flow, not one a new flow took since.
-                if let Ok(current) = self.nat_rev.get(&reply, 0) {
-                    if current == rev || (current.addr == flow.key.saddr && current.port == flow.key.sport) {
-                        let _ = self.nat_rev.remove(&reply);
-                    }
-                }
+            // Only the claim of this flow, not one a new flow took since.
+            if let Some((reply, rev)) = flow.rev
+                && let Ok(current) = self.nat_rev.get(&reply, 0)
+                && (current == rev
+                    || (current.addr == flow.key.saddr && current.port == flow.key.sport))
+            {
+                let _ = self.nat_rev.remove(&reply);
             }
             if orphan {
                 stats.orphans += 1;
@@ -104,11 +110,7 @@ impl DatapathMaps {
             }
         }
         // Claims whose forward half never came or is gone.
-        let claims: Vec<(FlowKey, NatEntry)> = self
-            .nat_rev
-            .iter()
-            .filter_map(Result::ok)
-            .collect();
+        let claims: Vec<(FlowKey, NatEntry)> = self.nat_rev.iter().filter_map(Result::ok).collect();
         for (reply, rev) in claims {
             let fwd_key = FlowKey::new(rev.addr, reply.saddr, rev.port, reply.sport, reply.proto);
             let has_forward = self
@@ -128,5 +130,6 @@ impl DatapathMaps {
 pub fn monotonic_now_ns() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC is always available");
-    u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+    u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(ts.tv_nsec()).unwrap_or(0)
 }

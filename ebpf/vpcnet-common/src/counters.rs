@@ -89,4 +89,5 @@ counters! {
 }
 
 /// Number of counter slots.
+#[allow(clippy::cast_possible_truncation)] // a few dozen counters
 pub const COUNTER_SLOTS: u32 = Counter::ALL.len() as u32;

@@ -7,6 +7,9 @@
 //! datapath does arithmetic on (the port range) are in host order and say so.
 
 #![no_std]
+// `#[repr(C)]` types spell out their padding as `_pad` fields, public so
+// both sides can build them with struct literals.
+#![allow(clippy::pub_underscore_fields)]
 
 pub mod cidr;
 pub mod config;

@@ -10,9 +10,7 @@ use vpcnet_common::{
 };
 
 use crate::{
-    cidr,
-    frag,
-    icmp,
+    cidr, frag, icmp,
     maps::{NAT_FWD, config, count},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
@@ -49,7 +47,7 @@ pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
     let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
     let now = now_ns();
     let seen = l4.seen_bits();
-    let verdict = match NAT_FWD.get_ptr_mut(&key) {
+    let verdict = match NAT_FWD.get_ptr_mut(key) {
         Some(entry) => known_flow(&key, entry, &l4, seen, now).map_or_else(
             || new_flow(ctx, cfg, &ip, &l4, &key, seen, now),
             |entry| translate(ctx, &ip, &key, entry, false),
@@ -152,7 +150,14 @@ fn translate(
         set_addr(ctx, ip, IP_SADDR_OFF, key.saddr, addr, true)?;
     }
     let port_off = ip.l4_off + if ip.proto == PROTO_ICMP { 4 } else { 0 };
-    set_port(ctx, ip.proto, port_off, ip.l4_off + l4_csum_rel(ip.proto), key.sport, port)?;
+    set_port(
+        ctx,
+        ip.proto,
+        port_off,
+        ip.l4_off + l4_csum_rel(ip.proto),
+        key.sport,
+        port,
+    )?;
     Ok(match (kind == FlowKind::Host as u8, new) {
         (true, true) if port != key.sport => Counter::EgressHostRemapped,
         (true, true) => Counter::EgressHostNew,
@@ -168,7 +173,7 @@ fn later_fragment(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     let flow = frag::recall(ip).and_then(|ports| {
         let key = FlowKey::new(ip.saddr, ip.daddr, ports.sport, ports.dport, ip.proto);
         // SAFETY: read-only copy of a map value.
-        unsafe { NAT_FWD.get(&key) }.copied()
+        unsafe { NAT_FWD.get(key) }.copied()
     });
     let Some(entry) = flow else {
         return match cidr::lookup(ip.daddr) {

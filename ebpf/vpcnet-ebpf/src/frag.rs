@@ -28,11 +28,11 @@ pub fn remember(ip: &Ipv4, l4: &L4) {
         dport: l4.dport,
     };
     // An LRU map: a datagram whose later fragments never come ages out.
-    let _ = FRAGS.insert(&key(ip), &ports, 0);
+    let _ = FRAGS.insert(key(ip), ports, 0);
 }
 
 #[inline(always)]
 pub fn recall(ip: &Ipv4) -> Option<FragPorts> {
     // SAFETY: read-only copy of a map value.
-    unsafe { FRAGS.get(&key(ip)) }.copied()
+    unsafe { FRAGS.get(key(ip)) }.copied()
 }

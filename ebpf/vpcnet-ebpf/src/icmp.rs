@@ -88,7 +88,7 @@ pub fn ingress(ctx: &TcContext, cfg: &Config, outer: &Ipv4) -> Result<Counter, C
     // The embedded datagram went out; its reply tuple keys the claim.
     let rev_key = embedded.reversed();
     // SAFETY: read-only copy of a map value.
-    let Some(rev) = (unsafe { NAT_REV.get(&rev_key) }).copied() else {
+    let Some(rev) = (unsafe { NAT_REV.get(rev_key) }).copied() else {
         return Ok(Counter::IngressNoEntry);
     };
     // The node's side of the embedded datagram is its source: the
@@ -122,7 +122,7 @@ pub fn egress(ctx: &TcContext, outer: &Ipv4) -> Result<Counter, Counter> {
     // The embedded datagram came in; its reverse is the flow's forward tuple.
     let fwd_key = embedded.reversed();
     // SAFETY: read-only copy of a map value.
-    let Some(fwd) = (unsafe { NAT_FWD.get(&fwd_key) }).copied() else {
+    let Some(fwd) = (unsafe { NAT_FWD.get(fwd_key) }).copied() else {
         return Ok(Counter::EgressIcmpErrorPass);
     };
     if fwd.kind == FlowKind::NoSnat as u8

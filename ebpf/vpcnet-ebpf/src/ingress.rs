@@ -47,7 +47,7 @@ pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
         return Ok(Counter::IngressNoEntry);
     }
     let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
-    let Some(entry) = NAT_REV.get_ptr_mut(&key) else {
+    let Some(entry) = NAT_REV.get_ptr_mut(key) else {
         return Ok(Counter::IngressNoEntry);
     };
     touch(entry, l4.seen_bits(), now_ns());
@@ -73,7 +73,14 @@ fn reverse(
         set_addr(ctx, ip, IP_DADDR_OFF, key.daddr, addr, true)?;
     }
     let port_off = ip.l4_off + if ip.proto == PROTO_ICMP { 4 } else { 2 };
-    set_port(ctx, ip.proto, port_off, ip.l4_off + l4_csum_rel(ip.proto), key.dport, port)?;
+    set_port(
+        ctx,
+        ip.proto,
+        port_off,
+        ip.l4_off + l4_csum_rel(ip.proto),
+        key.dport,
+        port,
+    )?;
     Ok(if kind == FlowKind::Host as u8 {
         Counter::IngressHost
     } else {
@@ -100,7 +107,7 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     // The reply's tuple: what the pod will send.
     let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
     let now = now_ns();
-    if let Some(entry) = NAT_FWD.get_ptr_mut(&reply) {
+    if let Some(entry) = NAT_FWD.get_ptr_mut(reply) {
         touch(entry, seen_of(&l4), now);
         return Ok(Counter::IngressNotNode);
     }
@@ -127,7 +134,7 @@ fn later_fragment(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     };
     let key = FlowKey::new(ip.saddr, ip.daddr, ports.sport, ports.dport, ip.proto);
     // SAFETY: read-only copy of a map value.
-    let Some(entry) = (unsafe { NAT_REV.get(&key) }).copied() else {
+    let Some(entry) = (unsafe { NAT_REV.get(key) }).copied() else {
         return Err(Counter::DropFragmentNoFlow);
     };
     if entry.addr != ip.daddr {

@@ -33,7 +33,7 @@ fn finish(result: Result<Counter, Counter>) -> i32 {
         }
         Err(reason) => {
             maps::count(reason);
-            TC_ACT_SHOT as i32
+            TC_ACT_SHOT
         }
     }
 }

@@ -10,9 +10,7 @@ use aya_ebpf::{
 use vpcnet_common::{
     config::{Config, RandomizeMode},
     counters::Counter,
-    nat::{
-        FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, port_reusable,
-    },
+    nat::{FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, port_reusable},
 };
 
 use crate::maps::{NAT_FWD, NAT_REV, count, count_n};
@@ -41,7 +39,13 @@ pub const fn reply_key(fwd: &FlowKey, addr: u32, port: u16) -> FlowKey {
 /// The forward tuple of the flow a reverse entry belongs to.
 #[inline(always)]
 pub const fn forward_key(rev_key: &FlowKey, rev: &NatEntry) -> FlowKey {
-    FlowKey::new(rev.addr, rev_key.saddr, rev.port, rev_key.sport, rev_key.proto)
+    FlowKey::new(
+        rev.addr,
+        rev_key.saddr,
+        rev.port,
+        rev_key.sport,
+        rev_key.proto,
+    )
 }
 
 /// Records a packet in one direction's entry: new flags always, the time
@@ -107,10 +111,7 @@ impl PortPicker {
         let first = match kind {
             // A node socket keeps its port unless a NAT flow holds it.
             FlowKind::Host => Some(own),
-            _ if mode == RandomizeMode::None
-                && u32::from(own) >= min
-                && u32::from(own) <= max =>
-            {
+            _ if mode == RandomizeMode::None && u32::from(own) >= min && u32::from(own) <= max => {
                 Some(own)
             }
             _ => None,
@@ -127,10 +128,10 @@ impl PortPicker {
     /// The `i`th candidate, host order.
     #[inline(always)]
     fn candidate(&self, i: u32) -> u16 {
-        if i == 0 {
-            if let Some(first) = self.first {
-                return first;
-            }
+        if i == 0
+            && let Some(first) = self.first
+        {
+            return first;
         }
         let offset = match self.mode {
             // SAFETY: a helper without arguments.
@@ -174,14 +175,14 @@ extern "C" fn claim_step(index: u32, ctx: *mut c_void) -> i64 {
     search.tries = index + 1;
     let port = search.picker.candidate(index).to_be();
     let rev_key = reply_key(&search.fwd, search.nat_addr, port);
-    match NAT_REV.insert(&rev_key, &search.rev_value, u64::from(BPF_NOEXIST)) {
+    match NAT_REV.insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST)) {
         Ok(()) => search.outcome = CLAIMED,
         Err(e) if e == -E2BIG => search.outcome = TABLE_FULL,
         Err(_) => {
             let free = take_over(&rev_key, search.now);
             if free
                 && NAT_REV
-                    .insert(&rev_key, &search.rev_value, u64::from(BPF_NOEXIST))
+                    .insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST))
                     .is_ok()
             {
                 search.outcome = TOOK_OVER;
@@ -231,7 +232,10 @@ fn claim_port(
             0,
         );
     }
-    count_n(Counter::AllocRetry, u64::from(search.tries.saturating_sub(1)));
+    count_n(
+        Counter::AllocRetry,
+        u64::from(search.tries.saturating_sub(1)),
+    );
     match search.outcome {
         CLAIMED => Ok(Claimed {
             port: search.port,
@@ -257,7 +261,7 @@ fn take_over(rev_key: &FlowKey, now: u64) -> bool {
     };
     let fwd_key = forward_key(rev_key, &rev);
     // SAFETY: as above.
-    let fwd = unsafe { NAT_FWD.get(&fwd_key) }.copied();
+    let fwd = unsafe { NAT_FWD.get(fwd_key) }.copied();
     // A reverse entry whose forward half is not there yet is a flow being
     // created on another CPU: judge it by its own age only.
     let fwd = fwd.unwrap_or(rev);
@@ -271,10 +275,11 @@ fn take_over(rev_key: &FlowKey, now: u64) -> bool {
     // The old flow's forward half goes with it, unless it was reopened
     // meanwhile under another claim (then it no longer points here).
     // SAFETY: read-only copy.
-    if let Some(old) = unsafe { NAT_FWD.get(&fwd_key) } {
-        if old.port == rev_key.dport && old.addr == rev_key.daddr {
-            let _ = NAT_FWD.remove(&fwd_key);
-        }
+    if let Some(old) = unsafe { NAT_FWD.get(fwd_key) }
+        && old.port == rev_key.dport
+        && old.addr == rev_key.daddr
+    {
+        let _ = NAT_FWD.remove(fwd_key);
     }
     true
 }
@@ -306,13 +311,13 @@ pub fn create_flow(
     match insert_forward(fwd, &entry) {
         // Another CPU created the same flow meanwhile: keep theirs, free ours.
         Ok(existing) if unsafe { (*existing).port } != claimed.port => {
-            let _ = NAT_REV.remove(&ours);
+            let _ = NAT_REV.remove(ours);
             Ok(existing)
         }
         Ok(existing) => Ok(existing),
         Err(reason) => {
             // Never leave a claim without its flow.
-            let _ = NAT_REV.remove(&ours);
+            let _ = NAT_REV.remove(ours);
             Err(reason)
         }
     }
@@ -353,7 +358,7 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
     // SAFETY: `entry` is a live map value of NAT_FWD.
     let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
     let rev_key = reply_key(fwd, addr, port);
-    let Some(rev) = NAT_REV.get_ptr_mut(&rev_key) else {
+    let Some(rev) = NAT_REV.get_ptr_mut(rev_key) else {
         return false;
     };
     // SAFETY: live map values.
@@ -375,4 +380,3 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
 pub fn forget_forward(fwd: &FlowKey) {
     let _ = NAT_FWD.remove(fwd);
 }
-

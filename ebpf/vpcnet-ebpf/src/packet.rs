@@ -165,7 +165,11 @@ pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Co
             let (sport, dport) = match icmp_type {
                 ICMP_ECHO | ICMP_ECHO_REPLY => {
                     let id: u16 = load(ctx, off + 4)?;
-                    if icmp_type == ICMP_ECHO { (id, 0) } else { (0, id) }
+                    if icmp_type == ICMP_ECHO {
+                        (id, 0)
+                    } else {
+                        (0, id)
+                    }
                 }
                 _ => (0, 0),
             };
@@ -252,7 +256,8 @@ pub fn set_addr(
     }
     ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 4)
         .map_err(|_| Counter::DropRewrite)?;
-    ctx.store(addr_off, &new, 0).map_err(|_| Counter::DropRewrite)
+    ctx.store(addr_off, &new, 0)
+        .map_err(|_| Counter::DropRewrite)
 }
 
 /// Rewrites the 16-bit port (or ICMP echo identifier) at `port_off`, fixing
@@ -269,9 +274,15 @@ pub fn set_port(
     if old == new {
         return Ok(());
     }
-    ctx.l4_csum_replace(csum_off, u64::from(old), u64::from(new), 2 | l4_csum_flags(proto))
-        .map_err(|_| Counter::DropRewrite)?;
-    ctx.store(port_off, &new, 0).map_err(|_| Counter::DropRewrite)
+    ctx.l4_csum_replace(
+        csum_off,
+        u64::from(old),
+        u64::from(new),
+        2 | l4_csum_flags(proto),
+    )
+    .map_err(|_| Counter::DropRewrite)?;
+    ctx.store(port_off, &new, 0)
+        .map_err(|_| Counter::DropRewrite)
 }
 
 /// One's-complement checksum `check` updated for a 16-bit word changing from
