@@ -338,6 +338,9 @@ fn serve_connection(mut stream: TcpStream, peer: SocketAddrV4) {
             break;
         }
     }
+    // Close our side now: the clone kept for `stop` would otherwise hold the
+    // connection open, and a client that half-closed would wait for a FIN.
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 fn serve_udp(socket: &UdpSocket, stop: &PipeReader, seen: &Seen) {
@@ -564,6 +567,197 @@ pub fn icmp_echo(ns: &str, target: Ipv4Addr, timeout: Duration) -> Result<Option
     })?
 }
 
+/// What a connected UDP socket was told by the ICMP error that came back
+/// for a datagram nobody received (from `IP_RECVERR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcmpErrorReport {
+    /// The error's sender (the "offender" address): the host that refused.
+    pub from: Ipv4Addr,
+    pub icmp_type: u8,
+    pub icmp_code: u8,
+}
+
+impl IcmpErrorReport {
+    /// Destination unreachable, port unreachable.
+    pub fn is_port_unreachable(&self) -> bool {
+        self.icmp_type == ICMP_DEST_UNREACH && self.icmp_code == ICMP_PORT_UNREACH
+    }
+}
+
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_PORT_UNREACH: u8 = 3;
+/// `SO_EE_ORIGIN_ICMP`: the queued error came from an ICMP message.
+const SO_EE_ORIGIN_ICMP: u8 = 2;
+
+/// Sends one UDP datagram from namespace `ns`, on a connected socket, to
+/// `target` where nothing listens, and waits for the ICMP error a closed
+/// port provokes: `Some` once the socket fails with `ECONNREFUSED` (which
+/// only happens if the error reached this very socket, so its quoted
+/// datagram was translated back right), with who sent it and its type and
+/// code; `None` if nothing came back within `timeout`. A datagram in reply
+/// is an error (something listens there).
+pub fn udp_to_closed_port(
+    ns: &str,
+    target: SocketAddrV4,
+    timeout: Duration,
+) -> Result<Option<IcmpErrorReport>> {
+    run_in(ns, || {
+        let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
+            .context(|| format!("UDP bind in {ns}"))?;
+        socket
+            .connect(target)
+            .context(|| format!("UDP connect to {target} in {ns}"))?;
+        // Queue the error's details (sender, type, code) besides failing
+        // the next receive with it.
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
+            .context(|| "setting IP_RECVERR".into())?;
+        socket
+            .set_read_timeout(Some(timeout))
+            .context(|| "setting a read timeout".into())?;
+        socket
+            .send(UDP_QUERY)
+            .context(|| format!("UDP send from {ns} to {target}"))?;
+        let mut buf = [0u8; 512];
+        match socket.recv(&mut buf) {
+            Ok(len) => Err(LabError::BadOutput {
+                command: format!("UDP to the closed port {target} from {ns}"),
+                reason: format!("a {len}-byte reply came back: the port is not closed"),
+            }),
+            Err(err) if timed_out(&err) => Ok(None),
+            Err(err) if err.kind() == ErrorKind::ConnectionRefused => {
+                queued_icmp_error(&socket, target).map(Some)
+            }
+            Err(err) => Err(err).context(|| format!("UDP receive from {target} in {ns}")),
+        }
+    })?
+}
+
+/// Reads the ICMP error `IP_RECVERR` queued on `socket`.
+fn queued_icmp_error(socket: &UdpSocket, target: SocketAddrV4) -> Result<IcmpErrorReport> {
+    use std::os::fd::AsRawFd;
+
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn, recvmsg};
+
+    let bad = |reason: String| LabError::BadOutput {
+        command: format!("reading the error queue of a UDP socket connected to {target}"),
+        reason,
+    };
+    // The quoted datagram's payload comes along; it is not needed.
+    let mut payload = [0u8; 512];
+    let mut iov = [io::IoSliceMut::new(&mut payload)];
+    let mut control = nix::cmsg_space!(libc::sock_extended_err, libc::sockaddr_in);
+    // The error was queued before the receive failed: no waiting.
+    let message = recvmsg::<SockaddrIn>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut control),
+        MsgFlags::MSG_ERRQUEUE | MsgFlags::MSG_DONTWAIT,
+    )
+    .context(|| format!("reading the error queue of a UDP socket connected to {target}"))?;
+    let cmsgs = message
+        .cmsgs()
+        .map_err(|err| bad(format!("control messages: {err}")))?;
+    for cmsg in cmsgs {
+        if let ControlMessageOwned::Ipv4RecvErr(err, offender) = cmsg {
+            if err.ee_origin != SO_EE_ORIGIN_ICMP {
+                return Err(bad(format!(
+                    "an error of origin {}, not ICMP",
+                    err.ee_origin
+                )));
+            }
+            let from = offender
+                .map(|addr| Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)))
+                .ok_or_else(|| bad("an ICMP error without its sender".into()))?;
+            return Ok(IcmpErrorReport {
+                from,
+                icmp_type: err.ee_type,
+                icmp_code: err.ee_code,
+            });
+        }
+    }
+    Err(bad("no IP_RECVERR control message".into()))
+}
+
+/// A raw UDP socket in a namespace: it sees every UDP datagram delivered
+/// there, for whatever port, including ports nobody listens on (the kernel
+/// still answers those with port unreachable). It tells what a far end saw
+/// of a datagram that provoked an ICMP error.
+pub struct UdpTap {
+    ns: String,
+    socket: Socket,
+}
+
+impl std::fmt::Debug for UdpTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpTap")
+            .field("ns", &self.ns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UdpTap {
+    /// Starts seeing UDP datagrams delivered in namespace `ns`.
+    pub fn open(ns: &str) -> Result<Self> {
+        let socket = run_in(ns, || {
+            Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
+                .context(|| format!("raw UDP socket in {ns}"))
+        })??;
+        Ok(Self {
+            ns: ns.to_owned(),
+            socket,
+        })
+    }
+
+    /// The source of the first datagram for `destination` delivered since
+    /// the tap was opened (or since the last one this returned), waiting up
+    /// to `timeout` for it; `None` if none came.
+    pub fn wait_for(
+        &self,
+        destination: SocketAddrV4,
+        timeout: Duration,
+    ) -> Result<Option<SocketAddrV4>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
+        // Bounded by the deadline; each round waits for a datagram.
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Ok(None);
+            }
+            self.socket
+                .set_read_timeout(Some(remaining))
+                .context(|| "setting a read timeout".into())?;
+            let len = match self.socket.recv(&mut buf) {
+                Ok(len) => len,
+                Err(err) if timed_out(&err) => return Ok(None),
+                Err(err) => return Err(err).context(|| format!("raw UDP receive in {}", self.ns)),
+            };
+            // SAFETY: recv initialised the first `len` bytes.
+            let packet = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len) };
+            if let Some((source, to)) = parse_udp_endpoints(packet)
+                && to == destination
+            {
+                return Ok(Some(source));
+            }
+        }
+    }
+}
+
+/// Source and destination of a UDP datagram, from its IPv4 packet.
+fn parse_udp_endpoints(packet: &[u8]) -> Option<(SocketAddrV4, SocketAddrV4)> {
+    let header_len = usize::from(packet.first()? & 0x0f) * 4;
+    if packet.first()? >> 4 != 4 || header_len < 20 || packet.get(9) != Some(&17) {
+        return None;
+    }
+    let udp = packet.get(header_len..header_len + 8)?;
+    let octets =
+        |at: usize| Ipv4Addr::new(packet[at], packet[at + 1], packet[at + 2], packet[at + 3]);
+    Some((
+        SocketAddrV4::new(octets(12), u16::from_be_bytes([udp[0], udp[1]])),
+        SocketAddrV4::new(octets(16), u16::from_be_bytes([udp[2], udp[3]])),
+    ))
+}
+
 /// Sends one UDP datagram from namespace `ns` with a source address of the
 /// caller's choosing (a raw socket writes the IP header), e.g. to check that
 /// the VPC router drops a spoofed source.
@@ -639,6 +833,24 @@ mod tests {
         );
         packet[9] = 17;
         assert_eq!(parse_icmp_echo(&packet), None);
+    }
+
+    #[test]
+    fn parses_udp_endpoints() {
+        let packet = udp_packet(
+            "10.20.11.162:40000".parse().unwrap(),
+            "203.0.113.10:8081".parse().unwrap(),
+            b"x",
+        )
+        .unwrap();
+        assert_eq!(
+            parse_udp_endpoints(&packet),
+            Some((
+                "10.20.11.162:40000".parse().unwrap(),
+                "203.0.113.10:8081".parse().unwrap()
+            ))
+        );
+        assert_eq!(parse_udp_endpoints(&packet[..24]), None, "truncated");
     }
 
     #[test]
