@@ -181,6 +181,8 @@ fn demo(args: &UpArgs) -> Result<()> {
         "bringing the lab up ({} datapath, {} pods)...",
         opts.datapath, opts.pods
     );
+    // One lab user at a time on this machine (tests take the same lock).
+    let _lab_lock = vpcnet_lab::serial();
     // Dropped at the end, on error or on panic: the lab goes with it.
     let lab = Lab::up(&opts).context("bringing the lab up")?;
     print_state(lab.state());
@@ -265,9 +267,38 @@ fn demo(args: &UpArgs) -> Result<()> {
         lab.igw_drops()?
     );
 
+    if let Some(agent) = &opts.agent_bin {
+        print_datapath(&lab, agent)?;
+    }
+
     println!("\ntaking the lab down...");
     lab.down().context("taking the lab down")?;
     println!("done");
+    Ok(())
+}
+
+/// What the eBPF datapath did: its NAT table and counters, read from the
+/// pinned maps by the agent's own CLI, as an operator on the node would.
+fn print_datapath(lab: &Lab, agent: &std::path::Path) -> Result<()> {
+    let agent = agent.to_string_lossy();
+    for (title, args) in [
+        ("NAT table (vpcnet-agent nat)", ["nat"].as_slice()),
+        (
+            "datapath counters (vpcnet-agent counters)",
+            ["counters"].as_slice(),
+        ),
+    ] {
+        let argv: Vec<&str> = std::iter::once(agent.as_ref())
+            .chain(args.iter().copied())
+            .collect();
+        let out = lab
+            .exec_ok(addrs::NS_NODE, &argv)
+            .with_context(|| format!("running {}", argv.join(" ")))?;
+        println!("\n{title}:");
+        for line in out.lines() {
+            println!("  {line}");
+        }
+    }
     Ok(())
 }
 
