@@ -129,10 +129,10 @@ impl Harness {
         (maps.nat_fwd.keys().count(), maps.nat_rev.keys().count())
     }
 
-    /// Runs egress and asserts the packet passed untouched, counted as `verdict`.
-    pub fn assert_egress_untouched(&self, packet: &[u8], verdict: Counter) {
+    /// Runs `program` and asserts the packet passed untouched, counted as `verdict`.
+    pub fn assert_untouched(&self, program: &'static str, packet: &[u8], verdict: Counter) {
         let before = self.counter(verdict);
-        let out = self.egress(packet);
+        let out = self.run(program, packet);
         assert_eq!(out.action, TC_ACT_UNSPEC, "{verdict:?}");
         assert_eq!(
             out.packet, packet,
@@ -145,20 +145,12 @@ impl Harness {
         );
     }
 
-    /// Runs ingress and asserts the packet passed untouched, counted as `verdict`.
+    pub fn assert_egress_untouched(&self, packet: &[u8], verdict: Counter) {
+        self.assert_untouched(maps::PROG_ENI_EGRESS, packet, verdict);
+    }
+
     pub fn assert_ingress_untouched(&self, packet: &[u8], verdict: Counter) {
-        let before = self.counter(verdict);
-        let out = self.ingress(packet);
-        assert_eq!(out.action, TC_ACT_UNSPEC, "{verdict:?}");
-        assert_eq!(
-            out.packet, packet,
-            "packet must pass untouched ({verdict:?})"
-        );
-        assert_eq!(
-            self.counter(verdict),
-            before + 1,
-            "{verdict:?} must count it"
-        );
+        self.assert_untouched(maps::PROG_ENI_INGRESS, packet, verdict);
     }
 
     /// Runs `program` and asserts the packet was dropped for `reason`.

@@ -498,17 +498,7 @@ pub fn udp_whoami(
     timeout: Duration,
 ) -> Result<Option<SocketAddrV4>> {
     run_in(ns, || {
-        let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
-            .context(|| format!("UDP bind in {ns}"))?;
-        socket
-            .connect(server)
-            .context(|| format!("UDP connect to {server} in {ns}"))?;
-        socket
-            .set_read_timeout(Some(timeout))
-            .context(|| "setting a read timeout".into())?;
-        socket
-            .send(UDP_QUERY)
-            .context(|| format!("UDP send from {ns} to {server}"))?;
+        let socket = connected_udp(ns, server, timeout, false)?;
         let mut buf = [0u8; 512];
         match socket.recv(&mut buf) {
             Ok(len) => parse_whoami_line(&String::from_utf8_lossy(&buf[..len])).map(Some),
@@ -602,21 +592,7 @@ pub fn udp_to_closed_port(
     timeout: Duration,
 ) -> Result<Option<IcmpErrorReport>> {
     run_in(ns, || {
-        let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
-            .context(|| format!("UDP bind in {ns}"))?;
-        socket
-            .connect(target)
-            .context(|| format!("UDP connect to {target} in {ns}"))?;
-        // Queue the error's details (sender, type, code) besides failing
-        // the next receive with it.
-        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
-            .context(|| "setting IP_RECVERR".into())?;
-        socket
-            .set_read_timeout(Some(timeout))
-            .context(|| "setting a read timeout".into())?;
-        socket
-            .send(UDP_QUERY)
-            .context(|| format!("UDP send from {ns} to {target}"))?;
+        let socket = connected_udp(ns, target, timeout, true)?;
         let mut buf = [0u8; 512];
         match socket.recv(&mut buf) {
             Ok(len) => Err(LabError::BadOutput {
@@ -630,6 +606,34 @@ pub fn udp_to_closed_port(
             Err(err) => Err(err).context(|| format!("UDP receive from {target} in {ns}")),
         }
     })?
+}
+
+/// A UDP socket in the calling thread's namespace `ns`, connected to
+/// `target`, with a receive timeout, that has sent one query. With
+/// `queue_errors`, ICMP errors are queued with their details (sender, type,
+/// code) besides failing the next receive.
+fn connected_udp(
+    ns: &str,
+    target: SocketAddrV4,
+    timeout: Duration,
+    queue_errors: bool,
+) -> Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
+        .context(|| format!("UDP bind in {ns}"))?;
+    socket
+        .connect(target)
+        .context(|| format!("UDP connect to {target} in {ns}"))?;
+    if queue_errors {
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
+            .context(|| "setting IP_RECVERR".into())?;
+    }
+    socket
+        .set_read_timeout(Some(timeout))
+        .context(|| "setting a read timeout".into())?;
+    socket
+        .send(UDP_QUERY)
+        .context(|| format!("UDP send from {ns} to {target}"))?;
+    Ok(socket)
 }
 
 /// Reads the ICMP error `IP_RECVERR` queued on `socket`.
