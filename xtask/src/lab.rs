@@ -76,6 +76,8 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn options(args: &UpArgs) -> Result<LabOptions> {
+    // The lab needs iproute2, nftables and iptables whatever the datapath.
+    crate::setup::ensure()?;
     let mut opts = LabOptions {
         pods: args.pods,
         datapath: args.datapath,
