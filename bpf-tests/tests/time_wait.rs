@@ -20,7 +20,7 @@ use std::{
 
 use vpcnet_bpf_tests::{agent_binary, lab_counter};
 use vpcnet_common::counters::Counter;
-use vpcnet_lab::{Lab, LabOptions, addrs, run_in, spawn_in};
+use vpcnet_lab::{Lab, LabOptions, RandomizeSnat, addrs, run_in, spawn_in};
 
 const SERVER_PORT: u16 = 8080;
 const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
@@ -184,9 +184,31 @@ fn client(
 }
 
 #[test]
-fn snat_never_makes_the_server_refuse_a_syn() {
+fn prng_ports_never_make_the_server_refuse_a_syn() {
+    server_never_refuses_a_syn(RandomizeSnat::Prng);
+}
+
+#[test]
+fn hashrandom_ports_never_make_the_server_refuse_a_syn() {
+    server_never_refuses_a_syn(RandomizeSnat::HashRandom);
+}
+
+#[test]
+fn sequential_ports_never_make_the_server_refuse_a_syn() {
+    server_never_refuses_a_syn(RandomizeSnat::Sequential);
+}
+
+fn server_never_refuses_a_syn(randomize_snat: RandomizeSnat) {
     let _serial = vpcnet_lab::serial();
-    let lab = Lab::up(&LabOptions::ebpf(4, agent_binary())).unwrap();
+    let lab = Lab::up(&LabOptions {
+        randomize_snat,
+        ..LabOptions::ebpf(4, agent_binary())
+    })
+    .unwrap();
+    println!(
+        "AWS_VPC_K8S_CNI_RANDOMIZESNAT={}",
+        randomize_snat.env_value()
+    );
     let pods: Vec<String> = lab.pods().iter().map(|p| p.netns.clone()).collect();
     let server = Server::start();
     let watched_ns: Vec<&str> = std::iter::once(addrs::NS_INET)

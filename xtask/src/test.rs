@@ -47,6 +47,15 @@ pub fn run(args: &Args) -> Result<()> {
             run_step(step, &mut passed)?;
         }
     }
+    // The lab tests start the agent binary; `cargo test` builds a package's
+    // binaries only for that package's own integration tests.
+    run_step(
+        Step {
+            name: "build binaries",
+            command: cargo(&workspace_root(), &["build", "--workspace", "--bins"]),
+        },
+        &mut passed,
+    )?;
     let tally = run_tests(test_command(args))?;
     passed.push("tests");
     println!(
