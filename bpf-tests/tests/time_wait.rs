@@ -287,6 +287,11 @@ fn server_never_refuses_a_syn(randomize_snat: RandomizeSnat) {
         assert_eq!(a.1 - b.1, 0, "{ns}: SYN retransmits");
     }
     assert_eq!(lab_counter(Counter::DropNatNoPort), 0);
+    assert_eq!(
+        lab_counter(Counter::AllocOldestClosed),
+        0,
+        "no port had to be reused within its TIME_WAIT hold"
+    );
     assert_eq!(lab_counter(Counter::DropNatTableFull), 0);
     drop(lab);
 }

@@ -582,3 +582,50 @@ fn fragments_follow_their_first_fragment() {
         Counter::EgressNoSnatCidr,
     );
 }
+
+#[test]
+fn when_every_port_is_held_the_longest_closed_one_is_reused() {
+    let h = Harness::new(
+        &settings(|s| {
+            s.port_min = 20000;
+            s.port_max = 20003;
+        }),
+        maps::NAT_DEFAULT_ENTRIES,
+    );
+    // Four flows take the four ports, then close in order, oldest first.
+    let mut ports = Vec::new();
+    for i in 0..4 {
+        let sport = 30000 + i;
+        let port = egress_pass(&h, &packets::tcp(POD, sport, INET, 80, TCP_SYN, b"")).sport;
+        ingress_pass(
+            &h,
+            &packets::tcp(INET, 80, NODE, port, TCP_SYN | TCP_ACK, b""),
+        );
+        ingress_pass(
+            &h,
+            &packets::tcp(INET, 80, NODE, port, TCP_FIN | TCP_ACK, b""),
+        );
+        egress_pass(
+            &h,
+            &packets::tcp(POD, sport, INET, 80, TCP_FIN | TCP_ACK, b""),
+        );
+        ports.push(port);
+    }
+    // Every port is within its TIME_WAIT hold: the new flow gets the one
+    // whose flow closed first, instead of being dropped.
+    let out = egress_pass(&h, &packets::tcp(POD2, 40000, INET, 80, TCP_SYN, b""));
+    assert_eq!(out.sport, ports[0]);
+    assert_eq!(h.counter(Counter::AllocOldestClosed), 1);
+    assert_eq!(h.counter(Counter::DropNatNoPort), 0);
+    assert_eq!(
+        h.table_sizes(),
+        (4, 4),
+        "the old pair went whole, the new one came whole"
+    );
+    // Its replies reach the new pod.
+    let back = ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, out.sport, TCP_SYN | TCP_ACK, b""),
+    );
+    assert_eq!((back.dst, back.dport), (POD2, 40000));
+}

@@ -67,6 +67,7 @@ counters! {
     EgressReopen => "egress_reopen", "egress: closed flow reopened by a new SYN on the same tuple";
     EgressTakeover => "egress_port_takeover", "egress: port of an expired or closed flow reused";
     AllocRetry => "nat_alloc_retry", "NAT: port candidates tried beyond the first";
+    AllocOldestClosed => "nat_alloc_oldest_closed", "NAT: every candidate held, the port of the flow closed longest ago reused within its TIME_WAIT hold";
 
     // Verdicts of eni_ingress (tc ingress of an ENI).
     IngressNotIpv4 => "ingress_pass_not_ipv4", "ingress: not IPv4, passed untouched";

@@ -123,7 +123,9 @@ pub const TOUCH_INTERVAL_NS: u64 = NS_PER_SEC;
 
 /// A closed TCP flow's port goes to another flow for the same remote
 /// endpoint only after this long: the remote may hold the old connection in
-/// TIME_WAIT (Linux: 60 s), and a SYN from another connection would be
+/// TIME_WAIT (Linux: 60 s, on a timer wheel that may fire it seconds late;
+/// the lab saw refusals when ports came back at exactly 60 s; 120 s is also
+/// netfilter's own TIME_WAIT timeout), and a SYN from another connection would be
 /// refused there (PAWS) or answered with a stale ACK, costing the client a
 /// SYN retransmit. "Another flow" includes the same pod from another source
 /// port: Linux derives both the ISN and the timestamp offset from a keyed
@@ -132,7 +134,7 @@ pub const TOUCH_INTERVAL_NS: u64 = NS_PER_SEC;
 /// server refuse about half of such SYNs). Only the very same tuple opening
 /// again keeps its port (see the datapath's reopen), and that one is safe:
 /// same 4-tuple, same clock, later timestamps.
-pub const TIME_WAIT_HOLD_NS: u64 = 60 * NS_PER_SEC;
+pub const TIME_WAIT_HOLD_NS: u64 = 120 * NS_PER_SEC;
 
 /// Timeouts, as netfilter's defaults where a flow kind has one.
 pub const TCP_SYN_SENT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
@@ -279,13 +281,13 @@ mod tests {
             PROTO_TCP,
             &fwd,
             &rev,
-            closed_at + 59 * NS_PER_SEC
+            closed_at + 119 * NS_PER_SEC
         ));
         assert!(port_reusable(
             PROTO_TCP,
             &fwd,
             &rev,
-            closed_at + 61 * NS_PER_SEC
+            closed_at + 121 * NS_PER_SEC
         ));
     }
 

@@ -10,7 +10,10 @@ use aya_ebpf::{
 use vpcnet_common::{
     config::{Config, RandomizeMode},
     counters::Counter,
-    nat::{FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, port_reusable},
+    nat::{
+        FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
+        flow_state, port_reusable,
+    },
 };
 
 use crate::maps::{NAT_FWD, NAT_REV, count, count_n};
@@ -77,14 +80,14 @@ const fn mix(mut h: u32) -> u32 {
     h ^ (h >> 16)
 }
 
-/// Keyed hash of who talks to whom: the pod (or node) address and the
-/// remote endpoint. Pods start their searches in different places, so
-/// their flows to one remote do not queue up behind each other.
+/// Keyed hash of the flow's tuple (`hashrandom`, like netfilter's
+/// `--random`): flows start their searches in different places, and the
+/// same tuple always starts in the same one.
 #[inline(always)]
-const fn endpoint_hash(seed: u32, fwd: &FlowKey) -> u32 {
+const fn tuple_hash(seed: u32, fwd: &FlowKey) -> u32 {
     let mut h = mix(seed ^ fwd.saddr);
     h = mix(h ^ fwd.daddr);
-    mix(h ^ ((fwd.dport as u32) << 8) ^ fwd.proto as u32)
+    mix(h ^ (((fwd.sport as u32) << 16) | fwd.dport as u32) ^ ((fwd.proto as u32) << 8))
 }
 
 /// How new flows of one kind pick their candidates.
@@ -120,7 +123,7 @@ impl PortPicker {
             min,
             span: max - min + 1,
             mode,
-            start: endpoint_hash(cfg.hash_seed, fwd),
+            start: tuple_hash(cfg.hash_seed, fwd),
             first,
         }
     }
@@ -159,6 +162,10 @@ struct ClaimSearch {
     tries: u32,
     port: u16,
     outcome: u8,
+    /// The candidate held by the closed TCP flow that ended longest ago
+    /// (0: none seen), and when that flow saw its last packet.
+    oldest_closed_port: u16,
+    oldest_closed_ns: u64,
 }
 
 const SEARCHING: u8 = 0;
@@ -178,18 +185,23 @@ extern "C" fn claim_step(index: u32, ctx: *mut c_void) -> i64 {
     match NAT_REV.insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST)) {
         Ok(()) => search.outcome = CLAIMED,
         Err(e) if e == -E2BIG => search.outcome = TABLE_FULL,
-        Err(_) => {
-            let free = take_over(&rev_key, search.now);
-            if free
-                && NAT_REV
+        Err(_) => match take_over(&rev_key, search.now, false) {
+            Holder::Gone
+                if NAT_REV
                     .insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST))
-                    .is_ok()
+                    .is_ok() =>
             {
                 search.outcome = TOOK_OVER;
-            } else {
+            }
+            Holder::Closed(last_seen)
+                if search.oldest_closed_port == 0 || last_seen < search.oldest_closed_ns =>
+            {
+                search.oldest_closed_port = port;
+                search.oldest_closed_ns = last_seen;
                 return 0;
             }
-        }
+            _ => return 0,
+        },
     }
     search.port = port;
     1
@@ -222,6 +234,8 @@ fn claim_port(
         tries: 0,
         port: 0,
         outcome: SEARCHING,
+        oldest_closed_port: 0,
+        oldest_closed_ns: 0,
     };
     // SAFETY: the callback and its context live for the whole call.
     unsafe {
@@ -236,6 +250,22 @@ fn claim_port(
         Counter::AllocRetry,
         u64::from(search.tries.saturating_sub(1)),
     );
+    if search.outcome == SEARCHING && search.oldest_closed_port != 0 {
+        // Every candidate is held. Rather than drop the flow, take the port
+        // whose flow closed longest ago: the remote has most likely let its
+        // TIME_WAIT go, and at worst refuses this SYN, which the client
+        // retries as it would after a drop.
+        let rev_key = reply_key(fwd, nat_addr, search.oldest_closed_port);
+        if matches!(take_over(&rev_key, now, true), Holder::Gone)
+            && NAT_REV
+                .insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST))
+                .is_ok()
+        {
+            count(Counter::AllocOldestClosed);
+            search.outcome = TOOK_OVER;
+            search.port = search.oldest_closed_port;
+        }
+    }
     match search.outcome {
         CLAIMED => Ok(Claimed {
             port: search.port,
@@ -250,14 +280,25 @@ fn claim_port(
     }
 }
 
-/// Removes the flow holding `rev_key` when it is over. Returns whether the
-/// port is free.
+/// Who holds a port, as [`take_over`] found it.
+enum Holder {
+    /// Nobody (any more): the caller may claim it.
+    Gone,
+    /// A closed TCP flow whose last packet was at this time, still within
+    /// its TIME_WAIT hold.
+    Closed(u64),
+    /// A flow in progress.
+    Active,
+}
+
+/// Removes the flow holding `rev_key` when it is over, or, with `force`,
+/// when it is a closed TCP flow even within its TIME_WAIT hold.
 #[inline(always)]
-fn take_over(rev_key: &FlowKey, now: u64) -> bool {
+fn take_over(rev_key: &FlowKey, now: u64, force: bool) -> Holder {
     // SAFETY: read-only copy of a map value.
     let Some(rev) = (unsafe { NAT_REV.get(rev_key) }).copied() else {
         // Removed since our insert failed: free.
-        return true;
+        return Holder::Gone;
     };
     let fwd_key = forward_key(rev_key, &rev);
     // SAFETY: as above.
@@ -266,11 +307,19 @@ fn take_over(rev_key: &FlowKey, now: u64) -> bool {
     // created on another CPU: judge it by its own age only.
     let fwd = fwd.unwrap_or(rev);
     if !port_reusable(rev_key.proto, &fwd, &rev, now) {
-        return false;
+        let closed = rev_key.proto == PROTO_TCP
+            && matches!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Closed);
+        if !(closed && force) {
+            return if closed {
+                Holder::Closed(flow_last_seen_ns(&fwd, &rev))
+            } else {
+                Holder::Active
+            };
+        }
     }
     // Whoever removes the claim owns the port.
     if NAT_REV.remove(rev_key).is_err() {
-        return false;
+        return Holder::Active;
     }
     // The old flow's forward half goes with it, unless it was reopened
     // meanwhile under another claim (then it no longer points here).
@@ -281,7 +330,7 @@ fn take_over(rev_key: &FlowKey, now: u64) -> bool {
     {
         let _ = NAT_FWD.remove(fwd_key);
     }
-    true
+    Holder::Gone
 }
 
 /// Creates a translated flow (kind `Snat` or `Host`) for `fwd`, returning
