@@ -629,3 +629,49 @@ fn when_every_port_is_held_the_longest_closed_one_is_reused() {
     );
     assert_eq!((back.dst, back.dport), (POD2, 40000));
 }
+
+#[test]
+fn a_tuple_connecting_again_keeps_its_port_and_starts_afresh() {
+    let h = Harness::lab_default();
+    let syn = packets::tcp(POD, 40000, INET, 80, TCP_SYN, b"");
+    let port = egress_pass(&h, &syn).sport;
+    // A retransmitted SYN is the same attempt, not a new one.
+    assert_eq!(egress_pass(&h, &syn).sport, port);
+    assert_eq!(h.counter(Counter::EgressReopen), 0);
+    ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, port, TCP_SYN | TCP_ACK, b""),
+    );
+    egress_pass(&h, &packets::tcp(POD, 40000, INET, 80, TCP_ACK, b""));
+    // The remote resets the connection; the pod connects again from the
+    // same port, and then after a clean close, once more.
+    ingress_pass(&h, &packets::tcp(INET, 80, NODE, port, TCP_RST, b""));
+    let state = |h: &Harness| h.datapath.maps.flows().unwrap()[0].state();
+    assert_eq!(state(&h), vpcnet_common::nat::FlowState::Closed);
+    assert_eq!(
+        egress_pass(&h, &syn).sport,
+        port,
+        "the same tuple keeps its port"
+    );
+    assert_eq!(h.counter(Counter::EgressReopen), 1);
+    assert_eq!(
+        state(&h),
+        vpcnet_common::nat::FlowState::New,
+        "and starts afresh"
+    );
+    ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, port, TCP_SYN | TCP_ACK, b""),
+    );
+    ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, port, TCP_FIN | TCP_ACK, b""),
+    );
+    egress_pass(
+        &h,
+        &packets::tcp(POD, 40000, INET, 80, TCP_FIN | TCP_ACK, b""),
+    );
+    assert_eq!(egress_pass(&h, &syn).sport, port);
+    assert_eq!(h.counter(Counter::EgressReopen), 2);
+    assert_eq!(h.table_sizes(), (1, 1));
+}

@@ -6,7 +6,7 @@ use vpcnet_common::{
     cidr::CidrKind,
     config::Config,
     counters::Counter,
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_FIN, SEEN_RST},
+    nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
 };
 
 use crate::{
@@ -60,8 +60,11 @@ pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
     Ok(verdict)
 }
 
-/// A packet of a flow the map knows. `None` when the entry is stale (a
-/// closed flow whose port went to another flow): the caller starts anew.
+/// A packet of a flow the map knows. A SYN on a flow that got past its own
+/// SYN is the same tuple connecting again (after a close, or a reset from
+/// the remote): the mapping is kept and the state starts afresh. `None`
+/// when the entry is stale (its port went to another flow): the caller
+/// starts anew.
 #[inline(always)]
 fn known_flow(
     key: &FlowKey,
@@ -72,8 +75,8 @@ fn known_flow(
 ) -> Option<*mut NatEntry> {
     // SAFETY: a live map value.
     let (kind, old_seen) = unsafe { ((*entry).kind, (*entry).seen) };
-    let closed = old_seen & (SEEN_FIN | SEEN_RST) != 0;
-    if key.proto == PROTO_TCP && l4.is_syn() && closed && kind != FlowKind::NoSnat as u8 {
+    let progressed = old_seen & !(SEEN_SYN | SEEN_ANY) != 0;
+    if key.proto == PROTO_TCP && l4.is_syn() && progressed && kind != FlowKind::NoSnat as u8 {
         if reopen(key, entry, seen, now) {
             count(Counter::EgressReopen);
             return Some(entry);
