@@ -151,6 +151,13 @@ pub fn pod_name(index: usize) -> String {
 /// The host-side veth name the VPC CNI gives a pod: `eni` followed by the
 /// first 11 hex digits of sha1("<namespace>.<pod name>").
 pub fn host_veth_name(k8s_namespace: &str, pod_name: &str) -> String {
+    host_veth_name_with_prefix(VETH_PREFIX, k8s_namespace, pod_name)
+}
+
+/// The host-side veth name with another prefix: `GeneratePodHostVethName`
+/// in the VPC CNI's `pkg/networkutils/names.go` (prefix, then the first 11
+/// hex digits of sha1("<namespace>.<pod name>")).
+pub fn host_veth_name_with_prefix(prefix: &str, k8s_namespace: &str, pod_name: &str) -> String {
     use std::fmt::Write;
 
     use sha1::{Digest, Sha1};
@@ -159,8 +166,137 @@ pub fn host_veth_name(k8s_namespace: &str, pod_name: &str) -> String {
         let _ = write!(hex, "{byte:02x}");
         hex
     });
-    format!("eni{}", &hex[..11])
+    format!("{prefix}{}", &hex[..11])
 }
+
+/// The VPC CNI's default host veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
+pub const VETH_PREFIX: &str = "eni";
+/// The host veth prefix of branch-ENI pods in strict mode: the VPC CNI's
+/// `sgpp.BuildHostVethNamePrefix` (`pkg/sgpp/utils.go`) gives them `vlan`
+/// so that neither its SNAT/connmark rules (`-i eni+`) nor Calico touch
+/// them; in standard mode they keep the usual prefix.
+pub const STRICT_BRANCH_VETH_PREFIX: &str = "vlan";
+
+// ENIs. The node has eth0 (device 0, the primary ENI) and up to two
+// secondary ENIs eth1 and eth2 in the same subnet. Each secondary ENI has a
+// primary address of its own, below the pods' range (pods start at .20) and
+// away from the node's .162: eth1 is 10.20.11.11, eth2 10.20.11.12.
+
+/// How many ENIs the lab's node can have (eth0, eth1, eth2).
+pub const MAX_ENIS: usize = 3;
+/// The host part of secondary ENI N's primary address is this plus N.
+const SECONDARY_ENI_HOST_BASE: u8 = 10;
+
+/// The node's interface for ENI `device` (its device number): `eth<N>`.
+pub fn eni_ifname(device: usize) -> String {
+    format!("eth{device}")
+}
+
+/// The primary address of ENI `device`: 10.20.11.162 for eth0, 10.20.11.11
+/// for eth1, 10.20.11.12 for eth2.
+pub fn eni_primary_addr(device: usize) -> Ipv4Addr {
+    if device == 0 {
+        return NODE_PRIMARY_ADDR;
+    }
+    let host = u8::try_from(device)
+        .ok()
+        .and_then(|d| SECONDARY_ENI_HOST_BASE.checked_add(d))
+        .filter(|h| *h < FIRST_POD_HOST)
+        .expect("at most MAX_ENIS ENIs");
+    let [a, b, c, _] = NODE_SUBNET.network().octets();
+    Ipv4Addr::new(a, b, c, host)
+}
+
+/// The MAC of ENI `device` (fixed, locally administered; its last byte is
+/// its address's host part, as for eth0).
+pub fn eni_mac(device: usize) -> String {
+    if device == 0 {
+        return NODE_ETH0_MAC.to_owned();
+    }
+    format!(
+        "02:ee:0a:14:0b:{:02x}",
+        eni_primary_addr(device).octets()[3]
+    )
+}
+
+/// The VPC router's side of ENI `device`: `n0-eth<N>`.
+pub fn vpc_eni_link(device: usize) -> String {
+    if device == 0 {
+        return VPC_NODE_ETH0_LINK.to_owned();
+    }
+    format!("n0-eth{device}")
+}
+
+/// The VPC router's MAC on [`vpc_eni_link`].
+pub fn vpc_eni_link_mac(device: usize) -> String {
+    if device == 0 {
+        return VPC_NODE_ETH0_LINK_MAC.to_owned();
+    }
+    format!("02:1f:0a:14:0b:{:02x}", 0x10 + device)
+}
+
+/// The route table of ENI `device` in the VPC CNI's policy routing:
+/// `CalculateRouteTableId` (`pkg/networkutils/helper.go`) is device number
+/// + 1 on network card 0, and the main table for the primary ENI.
+pub fn eni_route_table(device: usize) -> u32 {
+    if device == 0 {
+        return RT_TABLE_MAIN;
+    }
+    u32::try_from(device + 1).expect("small")
+}
+
+/// The kernel's main route table.
+pub const RT_TABLE_MAIN: u32 = 254;
+
+// Branch ENIs (security groups for pods). On EKS a branch ENI is a VLAN on
+// the trunk ENI, `vlan.eth.<vlan id>` with the branch ENI's MAC. This
+// kernel has no 802.1Q module, so the lab makes each one a veth whose peer
+// is the VPC router's side of the branch ENI, `n0-vlan<vlan id>`. The k-th
+// branch pod (in pod order) gets VLAN id k+1. A branch ENI has one address:
+// its pod's (the pod keeps the address its index gives it).
+
+/// How many branch-ENI pods a lab can have.
+pub const MAX_BRANCH_PODS: usize = 16;
+
+/// The VLAN id of the `k`-th branch pod (0-based, in pod order).
+pub fn branch_vlan_id(k: usize) -> u16 {
+    u16::try_from(k + 1).expect("at most MAX_BRANCH_PODS")
+}
+
+/// The node's link for a branch ENI: the VPC CNI's `buildVlanLinkName`
+/// (`cmd/routed-eni-cni-plugin/driver/driver.go`).
+pub fn branch_link(vlan_id: u16) -> String {
+    format!("vlan.eth.{vlan_id}")
+}
+
+/// The VPC router's side of a branch ENI.
+pub fn vpc_branch_link(vlan_id: u16) -> String {
+    format!("n0-vlan{vlan_id}")
+}
+
+/// The branch ENI's MAC (the VLAN link gets it, as the VPC CNI sets it).
+pub fn branch_eni_mac(vlan_id: u16) -> String {
+    let [hi, lo] = vlan_id.to_be_bytes();
+    format!("02:ee:0b:00:{hi:02x}:{lo:02x}")
+}
+
+/// The VPC router's MAC on [`vpc_branch_link`].
+pub fn vpc_branch_link_mac(vlan_id: u16) -> String {
+    let [hi, lo] = vlan_id.to_be_bytes();
+    format!("02:1f:0b:00:{hi:02x}:{lo:02x}")
+}
+
+/// The VLAN route table of a branch ENI: VLAN id + 100, as the VPC CNI's
+/// `SetupBranchENIPodNetwork` computes it.
+pub fn branch_route_table(vlan_id: u16) -> u32 {
+    u32::from(vlan_id) + 100
+}
+
+// NodePort-style inbound: kube-proxy's DNAT from the node's primary address
+// to one pod (externalTrafficPolicy=Local: the client address is kept).
+
+/// The node port clients connect to on 10.20.11.162 (TCP and UDP).
+pub const NODE_PORT: u16 = 30080;
 
 #[cfg(test)]
 mod tests {
@@ -186,8 +322,47 @@ mod tests {
     }
 
     #[test]
+    fn eni_addresses_collide_with_nothing() {
+        let pods: std::collections::HashSet<_> = (0..MAX_PODS).filter_map(pod_addr).collect();
+        let enis: Vec<_> = (0..MAX_ENIS).map(eni_primary_addr).collect();
+        assert_eq!(enis[0], NODE_PRIMARY_ADDR);
+        assert_eq!(enis[1], Ipv4Addr::new(10, 20, 11, 11));
+        assert_eq!(enis[2], Ipv4Addr::new(10, 20, 11, 12));
+        for addr in &enis {
+            assert!(NODE_SUBNET.contains(addr) && *addr != NODE_SUBNET_GW);
+            assert!(!pods.contains(addr), "{addr}");
+        }
+        assert_eq!(eni_route_table(0), RT_TABLE_MAIN);
+        assert_eq!(eni_route_table(2), 3);
+        assert_eq!(vpc_eni_link(1), "n0-eth1");
+        let links: std::collections::HashSet<_> = (0..MAX_ENIS)
+            .flat_map(|d| [eni_mac(d), vpc_eni_link_mac(d)])
+            .collect();
+        assert_eq!(links.len(), 2 * MAX_ENIS, "every ENI MAC is distinct");
+    }
+
+    #[test]
+    fn branch_names_follow_the_vpc_cni() {
+        assert_eq!(branch_link(branch_vlan_id(0)), "vlan.eth.1");
+        assert_eq!(branch_route_table(1), 101);
+        // Strict-mode branch pods' host veths: prefix "vlan", 15 characters.
+        let veth = host_veth_name_with_prefix(STRICT_BRANCH_VETH_PREFIX, "default", "pod-0");
+        assert_eq!(veth, "vlanc220f2ba281");
+        assert!(veth.len() <= 15);
+        assert!(vpc_branch_link(u16::try_from(MAX_BRANCH_PODS).unwrap()).len() <= 15);
+    }
+
+    #[test]
     fn macs_are_locally_administered_unicast() {
-        for mac in [pod_mac(300), pod_host_veth_mac(7), NODE_ETH0_MAC.to_owned()] {
+        for mac in [
+            pod_mac(300),
+            pod_host_veth_mac(7),
+            NODE_ETH0_MAC.to_owned(),
+            eni_mac(2),
+            vpc_eni_link_mac(2),
+            branch_eni_mac(3),
+            vpc_branch_link_mac(3),
+        ] {
             let first = u8::from_str_radix(&mac[..2], 16).unwrap();
             assert_eq!(first & 0b11, 0b10, "{mac}");
         }

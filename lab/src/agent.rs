@@ -3,8 +3,11 @@
 //!
 //! Contract with the agent: it is run as
 //! `<agent> run --primary-interface eth0 --node-addr 10.20.11.162
-//! --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready` with the VPC CNI's
-//! environment variables; once its programs are attached it prints exactly
+//! --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready
+//! --layout /run/vpcnet-lab/layout.json` with the VPC CNI's environment
+//! variables (`POD_SECURITY_GROUP_ENFORCING_MODE` and `ENABLE_POD_ENI=true`
+//! too when the lab has branch-ENI pods); the layout file (ENIs, pods) is
+//! `vpcnet_api::layout::NodeLayout` as JSON; once its programs are attached it prints exactly
 //! one line `READY` on standard output and closes it. It logs to standard
 //! error, which goes to `agent.log` in the state directory. SIGTERM stops it.
 
@@ -34,7 +37,7 @@ use crate::{
     error::{Context, LabError, Result},
     netns::{describe, netns_path, spawn_error},
     options::LabOptions,
-    state::{AgentInfo, agent_log_file, agent_pid_file},
+    state::{AgentInfo, agent_log_file, agent_pid_file, layout_file},
 };
 
 /// How long `down` waits for the agent after SIGTERM, then after SIGKILL.
@@ -59,6 +62,8 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
         .args(["--node-addr", &NODE_PRIMARY_ADDR.to_string()])
         .args(["--vpc-cidrs", &vpc_cidrs])
         .arg("--notify-ready")
+        .arg("--layout")
+        .arg(layout_file())
         .env(
             "AWS_VPC_K8S_CNI_EXTERNALSNAT",
             opts.external_snat.to_string(),
@@ -71,6 +76,14 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
             opts.randomize_snat.env_value(),
         );
+    if !opts.branch_pods.is_empty() {
+        // Security groups for pods are on (the VPC CNI's `ENABLE_POD_ENI`),
+        // in the node-wide enforcing mode.
+        command.env("ENABLE_POD_ENI", "true").env(
+            "POD_SECURITY_GROUP_ENFORCING_MODE",
+            opts.sg_enforcing_mode.env_value(),
+        );
+    }
     // RUST_LOG and the rest of the environment pass through.
     command
 }
@@ -306,7 +319,8 @@ mod tests {
         assert_eq!(
             describe(&command),
             "nsenter --net=/var/run/netns/vpcnet-node -- /bin/agent run --primary-interface eth0 \
-             --node-addr 10.20.11.162 --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready"
+             --node-addr 10.20.11.162 --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready \
+             --layout /run/vpcnet-lab/layout.json"
         );
         let envs: Vec<_> = command
             .get_envs()
@@ -315,5 +329,19 @@ mod tests {
         assert!(envs.contains(&"AWS_VPC_K8S_CNI_EXTERNALSNAT=false".into()));
         assert!(envs.contains(&"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS=192.0.2.0/24".into()));
         assert!(envs.contains(&"AWS_VPC_K8S_CNI_RANDOMIZESNAT=prng".into()));
+        assert!(!envs.iter().any(|e| e.starts_with("POD_SECURITY_GROUP")));
+
+        let branch = LabOptions {
+            branch_pods: vec![0],
+            sg_enforcing_mode: crate::options::EnforcingMode::Standard,
+            ..LabOptions::ebpf(1, "/bin/agent")
+        };
+        let command = agent_command(Path::new("/bin/agent"), &branch);
+        let envs: Vec<_> = command
+            .get_envs()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.unwrap().to_string_lossy()))
+            .collect();
+        assert!(envs.contains(&"POD_SECURITY_GROUP_ENFORCING_MODE=standard".into()));
+        assert!(envs.contains(&"ENABLE_POD_ENI=true".into()));
     }
 }

@@ -16,6 +16,7 @@ use crate::{
     addrs::{BPF_PIN_DIR, NS_NODE},
     agent,
     error::{Context, LabError, Result},
+    kube_proxy, layout,
     netns::{self, lab_namespaces},
     options::{Datapath, LabOptions},
     router,
@@ -82,14 +83,24 @@ impl Lab {
 
     fn build(&mut self) -> Result<()> {
         let opts = self.state.options.clone();
-        self.state.pods = (0..opts.pods).map(PodInfo::new).collect::<Result<_>>()?;
+        self.state.pods = (0..opts.pods)
+            .map(|index| PodInfo::in_lab(index, &opts))
+            .collect::<Result<_>>()?;
         self.state.namespaces = topology::namespaces(&self.state.pods);
         // Recorded first, so `down` knows what may exist even if this fails.
         self.state.save()?;
         netns::create_namespaces(&self.state.namespaces)?;
         topology::build_network(&opts)?;
+        topology::build_branch_enis(&self.state.pods)?;
         topology::wire_pods(&self.state.pods, opts.datapath)?;
-        topology::wait_ready(&self.state.pods)?;
+        topology::wait_ready(&self.state.pods, opts.enis)?;
+        if let Some(service) = &opts.node_port {
+            kube_proxy::install(service, &self.state.pods[service.pod])?;
+        }
+        // Written for both datapaths (the eBPF agent reads it; for the
+        // iptables reference it documents what was built).
+        let layout = layout::write(&opts, &self.state.pods)?;
+        info!(path = %layout.display(), "wrote the node layout");
         if opts.datapath == Datapath::Ebpf {
             let (child, info) = agent::start(&opts)?;
             self.agent = Some(child);
@@ -148,6 +159,40 @@ impl Lab {
         &self.state.pods[index]
     }
 
+    /// The pods whose address belongs to the ENI (or branch ENI) with
+    /// interface `eni` in the node (`eth1`, `vlan.eth.1`).
+    pub fn pods_on<'a>(&'a self, eni: &'a str) -> impl Iterator<Item = &'a PodInfo> + 'a {
+        self.state.pods.iter().filter(move |pod| pod.eni == eni)
+    }
+
+    /// `ip rule show` in the node, one rule a line.
+    pub fn ip_rules(&self) -> Result<Vec<String>> {
+        Ok(netns::exec_ok(NS_NODE, &["ip", "-4", "rule", "show"])?
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// The node's `ip rule`s that belong to `pod`: those that name its
+    /// address or its host veth (rules 512 and 1536, and strict mode's
+    /// `iif <host veth>`); a strict pod's `iif vlan.eth.<id>` rule names its
+    /// branch link, which is its own too.
+    pub fn pod_ip_rules(&self, pod: &PodInfo) -> Result<Vec<String>> {
+        let addr = format!(" {} ", pod.addr);
+        let iifs: Vec<String> = std::iter::once(&pod.host_veth)
+            .chain(pod.branch.as_ref().map(|branch| &branch.link))
+            .map(|link| format!("iif {link} "))
+            .collect();
+        Ok(self
+            .ip_rules()?
+            .into_iter()
+            .filter(|rule| {
+                let spaced = format!("{} ", rule.replace('\t', " "));
+                spaced.contains(&addr) || iifs.iter().any(|iif| spaced.contains(iif.as_str()))
+            })
+            .collect())
+    }
+
     /// Runs `argv` in namespace `ns`; its output whatever its exit status.
     pub fn exec(&self, ns: &str, argv: &[&str]) -> Result<Output> {
         netns::exec(ns, argv)
@@ -174,6 +219,13 @@ impl Lab {
     /// a public IP).
     pub fn igw_ingress_drops(&self) -> Result<u64> {
         router::read_counter(router::IGW_INGRESS_DROPS)
+    }
+
+    /// Packets the VPC router received from the node on `vpc_link` (the
+    /// router's side of an ENI: [`crate::addrs::vpc_eni_link`], or a branch
+    /// ENI's `vpc_link`): what left the node by that ENI.
+    pub fn packets_from(&self, vpc_link: &str) -> Result<u64> {
+        router::link_rx_packets(vpc_link)
     }
 
     /// The agent's log file (eBPF datapath).

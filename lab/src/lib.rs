@@ -22,7 +22,9 @@
 pub mod addrs;
 pub mod agent;
 mod error;
+pub mod kube_proxy;
 mod lab;
+pub mod layout;
 pub mod netlink;
 pub mod netns;
 mod options;
@@ -35,8 +37,13 @@ pub mod vpc_cni;
 pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
-pub use options::{Datapath, LabOptions, RandomizeSnat, parse_cidr_list};
+pub use options::{
+    Datapath, EnforcingMode, LabOptions, NodePortService, RandomizeSnat, parse_cidr_list,
+    parse_enforcing_mode, parse_index_list,
+};
 pub use probe::{
     Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
 };
-pub use state::{AgentInfo, LabState, PodInfo, agent_log_file, state_dir, state_file};
+pub use state::{
+    AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, layout_file, state_dir, state_file,
+};

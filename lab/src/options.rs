@@ -4,9 +4,10 @@ use std::{fmt, path::PathBuf, str::FromStr, time::Duration};
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
+pub use vpcnet_api::layout::EnforcingMode;
 
 use crate::{
-    addrs::MAX_PODS,
+    addrs::{MAX_BRANCH_PODS, MAX_ENIS, MAX_PODS},
     error::{LabError, Result},
 };
 
@@ -116,6 +117,44 @@ pub fn parse_cidr_list(list: &str) -> Result<Vec<Ipv4Net>> {
         .collect()
 }
 
+/// Parses a `POD_SECURITY_GROUP_ENFORCING_MODE` value.
+pub fn parse_enforcing_mode(value: &str) -> Result<EnforcingMode> {
+    match value {
+        "strict" => Ok(EnforcingMode::Strict),
+        "standard" => Ok(EnforcingMode::Standard),
+        other => Err(LabError::InvalidOption(format!(
+            "security group enforcing mode {other:?}: expected strict or standard"
+        ))),
+    }
+}
+
+/// Parses a comma-separated list of pod indices (`--branch-pods 1,3`).
+pub fn parse_index_list(list: &str) -> Result<Vec<usize>> {
+    if list.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    list.split(',')
+        .map(|item| {
+            let item = item.trim();
+            item.parse::<usize>().map_err(|err| {
+                LabError::InvalidOption(format!("pod index {item:?} in {list:?}: {err}"))
+            })
+        })
+        .collect()
+}
+
+/// A kube-proxy-like `NodePort` service in front of one pod: connections to
+/// the node's primary address on [`crate::addrs::NODE_PORT`] (TCP and UDP)
+/// are DNATed to the pod, with `externalTrafficPolicy: Local` semantics (no
+/// masquerade: the pod sees the client's address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePortService {
+    /// The backend pod's index.
+    pub pod: usize,
+    /// The port the pod listens on.
+    pub target_port: u16,
+}
+
 /// What the lab is built with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabOptions {
@@ -134,6 +173,31 @@ pub struct LabOptions {
     /// How long the agent may take to print `READY`.
     #[serde(with = "duration_secs")]
     pub agent_ready_timeout: Duration,
+    /// How many ENIs the node has (1 to [`MAX_ENIS`]): `eth0`, then `eth1`,
+    /// `eth2`. Pods are spread round-robin: pod i is on ENI i % enis (its
+    /// address is a secondary IP of that ENI), branch-ENI pods excepted.
+    #[serde(default = "one")]
+    pub enis: usize,
+    /// The pods (by index) that get a branch ENI of their own (security
+    /// groups for pods; `vlan.eth.<id>` links).
+    #[serde(default)]
+    pub branch_pods: Vec<usize>,
+    /// `POD_SECURITY_GROUP_ENFORCING_MODE`: node-wide, as in the VPC CNI
+    /// (whose default is strict). Matters only with branch pods.
+    #[serde(default = "strict")]
+    pub sg_enforcing_mode: EnforcingMode,
+    /// A NodePort-style service in front of one pod, installed in both
+    /// datapaths (kube-proxy runs in both).
+    #[serde(default)]
+    pub node_port: Option<NodePortService>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn strict() -> EnforcingMode {
+    EnforcingMode::Strict
 }
 
 impl Default for LabOptions {
@@ -146,6 +210,10 @@ impl Default for LabOptions {
             randomize_snat: RandomizeSnat::default(),
             agent_bin: None,
             agent_ready_timeout: Duration::from_secs(30),
+            enis: 1,
+            branch_pods: Vec::new(),
+            sg_enforcing_mode: EnforcingMode::Strict,
+            node_port: None,
         }
     }
 }
@@ -203,7 +271,65 @@ impl LabOptions {
                 "agent_ready_timeout must not be zero".into(),
             ));
         }
+        if !(1..=MAX_ENIS).contains(&self.enis) {
+            return Err(LabError::InvalidOption(format!(
+                "--enis {}: the node has 1 to {MAX_ENIS} ENIs (eth0 to eth{})",
+                self.enis,
+                MAX_ENIS - 1
+            )));
+        }
+        self.validate_branch_pods()?;
+        if let Some(service) = &self.node_port
+            && service.pod >= self.pods
+        {
+            return Err(LabError::InvalidOption(format!(
+                "--node-port {}: there is no pod {} (pods are 0 to {})",
+                service.pod,
+                service.pod,
+                self.pods.saturating_sub(1)
+            )));
+        }
         Ok(())
+    }
+
+    fn validate_branch_pods(&self) -> Result<()> {
+        if self.branch_pods.len() > MAX_BRANCH_PODS {
+            return Err(LabError::InvalidOption(format!(
+                "--branch-pods: {} branch pods, at most {MAX_BRANCH_PODS}",
+                self.branch_pods.len()
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for &pod in &self.branch_pods {
+            if pod >= self.pods {
+                return Err(LabError::InvalidOption(format!(
+                    "--branch-pods: there is no pod {pod} (with --pods {} they are 0 to {})",
+                    self.pods,
+                    self.pods.saturating_sub(1)
+                )));
+            }
+            if !seen.insert(pod) {
+                return Err(LabError::InvalidOption(format!(
+                    "--branch-pods: pod {pod} is listed twice"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether pod `index` has a branch ENI.
+    pub fn is_branch_pod(&self, index: usize) -> bool {
+        self.branch_pods.contains(&index)
+    }
+
+    /// The VLAN id of pod `index`'s branch ENI: branch pods take ids 1, 2...
+    /// in pod order.
+    pub fn branch_vlan_id(&self, index: usize) -> Option<u16> {
+        if !self.is_branch_pod(index) {
+            return None;
+        }
+        let rank = self.branch_pods.iter().filter(|&&p| p < index).count();
+        Some(crate::addrs::branch_vlan_id(rank))
     }
 
     /// The exclusion CIDRs as the VPC CNI's environment variable spells them.
@@ -274,6 +400,78 @@ mod tests {
             ..LabOptions::iptables(1)
         };
         assert!(matches!(ebpf.validate(), Err(LabError::InvalidOption(_))));
+    }
+
+    #[test]
+    fn enis_branch_pods_and_node_port_are_checked() {
+        let ok = LabOptions {
+            enis: 3,
+            branch_pods: vec![3, 1],
+            sg_enforcing_mode: EnforcingMode::Standard,
+            node_port: Some(NodePortService {
+                pod: 1,
+                target_port: 8080,
+            }),
+            ..LabOptions::iptables(4)
+        };
+        ok.validate().unwrap();
+        assert_eq!(ok.branch_vlan_id(1), Some(1));
+        assert_eq!(ok.branch_vlan_id(3), Some(2));
+        assert_eq!(ok.branch_vlan_id(2), None);
+        let json = serde_json::to_string(&ok).unwrap();
+        assert!(json.contains("\"standard\""), "{json}");
+        assert_eq!(serde_json::from_str::<LabOptions>(&json).unwrap(), ok);
+
+        for (bad, says) in [
+            (
+                LabOptions {
+                    enis: 0,
+                    ..ok.clone()
+                },
+                "1 to 3 ENIs",
+            ),
+            (
+                LabOptions {
+                    enis: 4,
+                    ..ok.clone()
+                },
+                "--enis 4",
+            ),
+            (
+                LabOptions {
+                    branch_pods: vec![4],
+                    ..ok.clone()
+                },
+                "no pod 4",
+            ),
+            (
+                LabOptions {
+                    branch_pods: vec![1, 1],
+                    ..ok.clone()
+                },
+                "twice",
+            ),
+            (
+                LabOptions {
+                    node_port: Some(NodePortService {
+                        pod: 9,
+                        target_port: 80,
+                    }),
+                    ..ok.clone()
+                },
+                "--node-port 9",
+            ),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
+        assert_eq!(parse_index_list(" 1, 3").unwrap(), vec![1, 3]);
+        assert!(parse_index_list("1,x").is_err());
+        assert_eq!(
+            parse_enforcing_mode("standard").unwrap(),
+            EnforcingMode::Standard
+        );
+        assert!(parse_enforcing_mode("loose").is_err());
     }
 
     #[test]

@@ -141,6 +141,24 @@ pub fn add_igw_addresses(addrs: &[Ipv4Addr]) -> Result<()> {
     ))
 }
 
+/// Packets the router has received on `link` (the router's side of an
+/// ENI, e.g. `n0-eth1` or `n0-vlan1`): what left the node by that ENI.
+pub fn link_rx_packets(link: &str) -> Result<u64> {
+    let command = format!("ip -s -j link show dev {link}");
+    let json = exec_ok(NS_VPC, &["ip", "-s", "-j", "link", "show", "dev", link])?;
+    let value: serde_json::Value =
+        serde_json::from_str(&json).map_err(|err| LabError::BadOutput {
+            command: command.clone(),
+            reason: err.to_string(),
+        })?;
+    value[0]["stats64"]["rx"]["packets"]
+        .as_u64()
+        .ok_or_else(|| LabError::BadOutput {
+            command,
+            reason: format!("no rx packet count in {json}"),
+        })
+}
+
 /// Reads one of the router's drop counters (packets).
 pub fn read_counter(name: &str) -> Result<u64> {
     let command = format!("nft -j list counter ip {NFT_TABLE} {name}");

@@ -13,10 +13,27 @@ use serde::{Deserialize, Serialize};
 use crate::{
     addrs::{self, STATE_DIR},
     error::{Context, LabError, Result, STATE_FILE},
-    options::LabOptions,
+    options::{EnforcingMode, LabOptions},
 };
 
-/// One pod, wired the way the VPC CNI wires a pod on the primary ENI.
+/// A pod's branch ENI (security groups for pods).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchEni {
+    /// Its VLAN id on the trunk.
+    pub vlan_id: u16,
+    /// The node's link for it (`vlan.eth.<id>`) and the branch ENI's MAC.
+    pub link: String,
+    pub mac: String,
+    /// The VPC router's side of it.
+    pub vpc_link: String,
+    /// The VPC CNI's route table for it (VLAN id + 100).
+    pub route_table: u32,
+    /// The node's `POD_SECURITY_GROUP_ENFORCING_MODE`.
+    pub mode: EnforcingMode,
+}
+
+/// One pod, wired the way the VPC CNI wires it: on one of the node's ENIs
+/// (a secondary IP of it), or on a branch ENI of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodInfo {
     /// Its index N (`vpcnet-pod-N`, Kubernetes name `pod-N`).
@@ -26,8 +43,19 @@ pub struct PodInfo {
     /// Its Kubernetes namespace and name (the veth name derives from them).
     pub k8s_namespace: String,
     pub k8s_name: String,
-    /// Its address: a secondary IP of the node's `eth0` ENI.
+    /// Its address: a secondary IP of the ENI [`Self::eni`], or its branch
+    /// ENI's address.
     pub addr: Ipv4Addr,
+    /// The node's interface for the ENI that owns [`Self::addr`]: `eth0`,
+    /// `eth1`, `eth2`, or the branch ENI's `vlan.eth.<id>`.
+    #[serde(default = "eth0")]
+    pub eni: String,
+    /// The device number of that ENI (`ethN`: N); `None` for a branch pod.
+    #[serde(default)]
+    pub eni_device: Option<usize>,
+    /// Set for a pod with a branch ENI (security groups for pods).
+    #[serde(default)]
+    pub branch: Option<BranchEni>,
     /// Its interface (`eth0`) and that interface's MAC.
     pub ifname: String,
     pub mac: String,
@@ -37,8 +65,12 @@ pub struct PodInfo {
     pub host_veth_mac: String,
 }
 
+fn eth0() -> String {
+    addrs::NODE_ETH0.to_owned()
+}
+
 impl PodInfo {
-    /// Pod `index` as the lab wires it.
+    /// Pod `index` on the primary ENI.
     pub fn new(index: usize) -> Result<Self> {
         let addr = addrs::pod_addr(index).ok_or(LabError::TooManyPods {
             requested: index + 1,
@@ -52,10 +84,59 @@ impl PodInfo {
             k8s_namespace: addrs::POD_K8S_NAMESPACE.to_owned(),
             k8s_name,
             addr,
+            eni: eth0(),
+            eni_device: Some(0),
+            branch: None,
             ifname: "eth0".to_owned(),
             mac: addrs::pod_mac(index),
             host_veth_mac: addrs::pod_host_veth_mac(index),
         })
+    }
+
+    /// Pod `index` of a lab built with `opts`: on ENI `index % opts.enis`,
+    /// or on its branch ENI if it is one of `opts.branch_pods`.
+    pub fn in_lab(index: usize, opts: &LabOptions) -> Result<Self> {
+        let mut pod = Self::new(index)?;
+        if let Some(vlan_id) = opts.branch_vlan_id(index) {
+            let mode = opts.sg_enforcing_mode;
+            let prefix = match mode {
+                EnforcingMode::Strict => addrs::STRICT_BRANCH_VETH_PREFIX,
+                EnforcingMode::Standard => addrs::VETH_PREFIX,
+            };
+            pod.host_veth =
+                addrs::host_veth_name_with_prefix(prefix, &pod.k8s_namespace, &pod.k8s_name);
+            pod.eni = addrs::branch_link(vlan_id);
+            pod.eni_device = None;
+            pod.branch = Some(BranchEni {
+                vlan_id,
+                link: addrs::branch_link(vlan_id),
+                mac: addrs::branch_eni_mac(vlan_id),
+                vpc_link: addrs::vpc_branch_link(vlan_id),
+                route_table: addrs::branch_route_table(vlan_id),
+                mode,
+            });
+        } else {
+            let device = index % opts.enis.max(1);
+            pod.eni = addrs::eni_ifname(device);
+            pod.eni_device = Some(device);
+        }
+        Ok(pod)
+    }
+
+    /// The VPC router's link to the ENI that owns the pod's address.
+    pub fn vpc_link(&self) -> String {
+        match (&self.branch, self.eni_device) {
+            (Some(branch), _) => branch.vpc_link.clone(),
+            (None, device) => addrs::vpc_eni_link(device.unwrap_or(0)),
+        }
+    }
+
+    /// The MAC of the ENI that owns the pod's address.
+    pub fn eni_mac(&self) -> String {
+        match (&self.branch, self.eni_device) {
+            (Some(branch), _) => branch.mac.clone(),
+            (None, device) => addrs::eni_mac(device.unwrap_or(0)),
+        }
     }
 }
 
@@ -120,6 +201,11 @@ pub fn state_file() -> PathBuf {
 /// The agent's pid file.
 pub fn agent_pid_file() -> PathBuf {
     state_dir().join("agent.pid")
+}
+
+/// The node layout the lab writes for the agent (`--layout`).
+pub fn layout_file() -> PathBuf {
+    state_dir().join("layout.json")
 }
 
 /// The agent's log (its standard error).

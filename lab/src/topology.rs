@@ -16,7 +16,8 @@ use crate::{
         NS_ONPREM, NS_PEER, NS_VPC, ONPREM_ADDR, ONPREM_ETH0_MAC, ONPREM_GW, ONPREM_NET, PEER_ADDR,
         PEER_ETH0_MAC, PEER_SUBNET, PEER_SUBNET_GW, POD_GATEWAY, VPC_CIDRS, VPC_DX_LINK,
         VPC_DX_LINK_MAC, VPC_IGW_LINK, VPC_IGW_LINK_MAC, VPC_MTU, VPC_NODE_ETH0_LINK,
-        VPC_NODE_ETH0_LINK_MAC, VPC_PEER_LINK, VPC_PEER_LINK_MAC, WAN_MTU,
+        VPC_NODE_ETH0_LINK_MAC, VPC_PEER_LINK, VPC_PEER_LINK_MAC, WAN_MTU, eni_ifname, eni_mac,
+        eni_primary_addr, vpc_eni_link, vpc_eni_link_mac,
     },
     error::Result,
     netlink::wait_links_up,
@@ -123,12 +124,19 @@ pub fn build_network(opts: &LabOptions) -> Result<()> {
     }
     // The router forwards and never redirects: in AWS the VPC router is the
     // next hop for everything, even within a subnet.
+    // Nor does it filter by reverse path: AWS's check is the
+    // source/destination check, which the router does itself, and a host
+    // default inherited from the machine (IPv4 settings of a new namespace
+    // are copied from the initial one) must not make it drop, say, a branch
+    // ENI's ARP from the node's primary address.
     set_sysctls(
         NS_VPC,
         &[
             ("net.ipv4.ip_forward", "1"),
             ("net.ipv4.conf.all.send_redirects", "0"),
             ("net.ipv4.conf.default.send_redirects", "0"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
         ],
     )?;
 
@@ -163,10 +171,118 @@ pub fn build_network(opts: &LabOptions) -> Result<()> {
     )?;
 
     build_router()?;
+    build_secondary_enis(opts.enis)?;
     if opts.datapath == Datapath::Iptables {
         vpc_cni::wire_node(opts)?;
     }
     Ok(())
+}
+
+/// A link of the VPC router to one ENI of the node: the router side of an
+/// ENI (`n0-eth1`) or of a branch ENI (`n0-vlan1`).
+struct EniLink {
+    vpc_link: String,
+    /// The ENI's MAC: the router delivers the ENI's addresses to it.
+    mac: String,
+    addrs: Vec<Ipv4Addr>,
+}
+
+/// The router's side of ENI links, as for `eth0`: the subnet gateway as a
+/// /32 (no connected route), up, proxy ARP, the source/destination check,
+/// and delivery of the ENI's addresses to its MAC.
+fn add_router_eni_links(links: &[EniLink]) -> Result<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    let mut addr_lines = Vec::new();
+    for link in links {
+        addr_lines.push(format!(
+            "addr add {NODE_SUBNET_GW}/32 dev {}",
+            link.vpc_link
+        ));
+        addr_lines.push(format!("link set {} up", link.vpc_link));
+    }
+    ip_batch(Some(NS_VPC), &addr_lines)?;
+    let proxy_arp: Vec<String> = links
+        .iter()
+        .map(|link| format!("net.ipv4.conf.{}.proxy_arp", link.vpc_link))
+        .collect();
+    let proxy_arp: Vec<(&str, &str)> = proxy_arp.iter().map(|key| (key.as_str(), "1")).collect();
+    set_sysctls(NS_VPC, &proxy_arp)?;
+    let names: Vec<&str> = links.iter().map(|link| link.vpc_link.as_str()).collect();
+    router::add_eni_links(&names)?;
+    let mut assignments = Assignments::default();
+    for link in links {
+        assignments.add(&link.vpc_link, &link.mac, &link.addrs);
+    }
+    assignments.apply()
+}
+
+/// The secondary ENIs `eth1`... as the cloud attaches them and ipamd sets
+/// them up (`setupENINetwork`) outside policy routing, for both datapaths:
+/// the ENI's MAC and MTU, up, its primary address with the subnet's prefix,
+/// and the subnet route that address brings into `main` removed (the node's
+/// own traffic to the subnet keeps leaving by `eth0`). The ENI's route table
+/// and rule are the iptables datapath's (`vpc_cni::eni_table_lines`).
+fn build_secondary_enis(enis: usize) -> Result<()> {
+    let mut node_lines = Vec::new();
+    let mut links = Vec::new();
+    for device in 1..enis {
+        let ifname = eni_ifname(device);
+        let addr = eni_primary_addr(device);
+        let vpc_link = vpc_eni_link(device);
+        let prefix = NODE_SUBNET.prefix_len();
+        node_lines.extend([
+            format!(
+                "link add {ifname} address {mac} mtu {VPC_MTU} type veth peer name {vpc_link} address {vpc_mac} mtu {VPC_MTU} netns {NS_VPC}",
+                mac = eni_mac(device),
+                vpc_mac = vpc_eni_link_mac(device),
+            ),
+            format!("link set {ifname} up"),
+            format!("addr add {addr}/{prefix} dev {ifname}"),
+            format!("route del {NODE_SUBNET} dev {ifname} src {addr} scope link table main"),
+        ]);
+        links.push(EniLink {
+            vpc_link,
+            mac: eni_mac(device),
+            addrs: vec![addr],
+        });
+    }
+    ip_batch(Some(NS_NODE), &node_lines)?;
+    add_router_eni_links(&links)
+}
+
+/// The branch ENIs of `pods` (security groups for pods). On EKS each is a
+/// VLAN link `vlan.eth.<id>` on the trunk ENI with the branch ENI's MAC,
+/// made up without an address (`setupVlan`); here, a veth to the router
+/// (no 802.1Q module), likewise named, addressed by MAC only and up. The
+/// router delivers the pod's address to it and checks sources against it.
+/// The VLAN route table is the iptables datapath's (`vpc_cni::pod_lines`).
+pub fn build_branch_enis(pods: &[PodInfo]) -> Result<()> {
+    let mut node_lines = Vec::new();
+    let mut links = Vec::new();
+    for pod in pods {
+        let Some(branch) = &pod.branch else {
+            continue;
+        };
+        node_lines.extend([
+            format!(
+                "link add {link} address {mac} mtu {VPC_MTU} type veth peer name {vpc_link} address {vpc_mac} mtu {VPC_MTU} netns {NS_VPC}",
+                link = branch.link,
+                mac = branch.mac,
+                vpc_link = branch.vpc_link,
+                vpc_mac = crate::addrs::vpc_branch_link_mac(branch.vlan_id),
+            ),
+            format!("link set {} up", branch.link),
+        ]);
+        links.push(EniLink {
+            vpc_link: branch.vpc_link.clone(),
+            mac: branch.mac.clone(),
+            addrs: vec![pod.addr],
+        });
+    }
+    ip_batch(Some(NS_NODE), &node_lines)?;
+    add_router_eni_links(&links)
 }
 
 /// `NodeLocal DNSCache`'s address: node-local, outside the VPC, on a dummy
@@ -245,8 +361,8 @@ fn build_router() -> Result<()> {
     router::add_igw_addresses(&[NODE_PRIMARY_ADDR])
 }
 
-/// Wires `pods` the way the VPC CNI plugin wires pods on the primary ENI,
-/// and tells the router their addresses belong to the node's `eth0`.
+/// Wires `pods` the way the VPC CNI plugin wires them, and tells the router
+/// which ENI (or branch ENI) owns each address.
 pub fn wire_pods(pods: &[PodInfo], datapath: Datapath) -> Result<()> {
     let mut node_lines = Vec::new();
     let mut router_assignments = Assignments::default();
@@ -278,29 +394,41 @@ pub fn wire_pods(pods: &[PodInfo], datapath: Datapath) -> Result<()> {
             ],
         )?;
         node_lines.push(format!("link set {} up", pod.host_veth));
-        node_lines.push(format!(
-            "route replace {}/32 dev {} scope link",
-            pod.addr, pod.host_veth
-        ));
-        if datapath == Datapath::Iptables {
-            node_lines.push(vpc_cni::pod_rule_line(pod.addr));
+        match datapath {
+            // The plugin's routes and rules, policy routing included.
+            Datapath::Iptables => node_lines.extend(vpc_cni::pod_lines(pod)),
+            // No policy routing: the route to the pod in `main` (for what
+            // goes through the stack, e.g. after kube-proxy's DNAT) and
+            // nothing else; the agent does the rest.
+            Datapath::Ebpf => node_lines.push(format!(
+                "route replace {}/32 dev {} scope link",
+                pod.addr, pod.host_veth
+            )),
         }
-        router_assignments.add(VPC_NODE_ETH0_LINK, NODE_ETH0_MAC, &[pod.addr]);
+        router_assignments.add(&pod.vpc_link(), &pod.eni_mac(), &[pod.addr]);
     }
     ip_batch(Some(NS_NODE), &node_lines)?;
     router_assignments.apply()
 }
 
 /// Waits until every veth of the lab is up (see [`crate::netlink`]).
-pub fn wait_ready(pods: &[PodInfo]) -> Result<()> {
+pub fn wait_ready(pods: &[PodInfo], enis: usize) -> Result<()> {
+    let branches = || pods.iter().filter_map(|pod| pod.branch.as_ref());
     let router_links: Vec<String> = HOSTS
         .iter()
         .map(|host| host.router_link.to_owned())
+        .chain((1..enis).map(vpc_eni_link))
+        .chain(branches().map(|branch| branch.vpc_link.clone()))
         .collect();
     wait_links_up(NS_VPC, &router_links, LINKS_UP_TIMEOUT)?;
     for host in &HOSTS {
         wait_links_up(host.ns, &["eth0".to_owned()], LINKS_UP_TIMEOUT)?;
     }
+    let node_links: Vec<String> = (1..enis)
+        .map(eni_ifname)
+        .chain(branches().map(|branch| branch.link.clone()))
+        .collect();
+    wait_links_up(NS_NODE, &node_links, LINKS_UP_TIMEOUT)?;
     let host_veths: Vec<String> = pods.iter().map(|pod| pod.host_veth.clone()).collect();
     wait_links_up(NS_NODE, &host_veths, LINKS_UP_TIMEOUT)?;
     for pod in pods {

@@ -4,7 +4,30 @@
 //! These are the rules `aws-node` (ipamd) installs on an IPv4 node with its
 //! defaults (node port support on, connmark 0x80, veth prefix `eni`), in the
 //! order and with the comments it uses, and the ip rules the CNI plugin adds
-//! per pod. The connmark rules are the iptables flavour (the chain
+//! per pod. Where each comes from in `aws/amazon-vpc-cni-k8s`:
+//!
+//! - SNAT chain, mangle connmark for the primary ENI: `pkg/networkutils/
+//!   network.go`, `buildIptablesSNATRules`; the connmark chain:
+//!   `pkg/networkutils/iptables_connmark.go`, `buildRules`.
+//! - Rule 1024 (`fwmark 0x80/0x80 lookup main`) and, with security groups
+//!   for pods in strict mode, the `local` table rule moved from 0 to 20:
+//!   `network.go`, `SetupHostNetwork`.
+//! - Per secondary ENI: its address, MTU, up, the subnet route removed from
+//!   `main`, table device number + 1 with a link route to the gateway and a
+//!   default route through it, rule 32765 `from <ENI address>`:
+//!   `network.go`, `setupENINetwork`.
+//! - Per pod: route to its host veth, rule 512 `to <pod> lookup main`, and
+//!   for pods on a secondary ENI rule 1536 `from <pod> lookup <ENI table>`:
+//!   `cmd/routed-eni-cni-plugin/driver/driver.go`,
+//!   `setupIPBasedContainerRouteRules`.
+//! - Per branch-ENI pod: the VLAN table (VLAN id + 100) with a link route to
+//!   the gateway and a default route (`setupVlan`, `buildRoutesForVlan`);
+//!   strict mode: the pod's route in that table and rules 10 `iif
+//!   vlan.eth.<id>` and `iif <host veth>` (`setupIIFBasedContainerRouteRules`);
+//!   standard mode: rules 512 and 1536 with the VLAN table
+//!   (`setupIPBasedContainerRouteRules`); all from `SetupBranchENIPodNetwork`.
+//!
+//! The connmark rules are the iptables flavour (the chain
 //! `AWS-CONNMARK-CHAIN-0`); recent VPC CNI releases write the same marks with
 //! an nftables table on nft-backed hosts.
 
@@ -13,18 +36,31 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use crate::{
-    addrs::{CONNMARK, NODE_ETH0, NODE_PRIMARY_ADDR, NS_NODE, VPC_CIDRS},
+    addrs::{
+        CONNMARK, NODE_ETH0, NODE_PRIMARY_ADDR, NODE_SUBNET_GW, NS_NODE, VETH_PREFIX, VPC_CIDRS,
+        eni_ifname, eni_primary_addr, eni_route_table,
+    },
     error::Result,
     netns::{exec_ok, ip_batch},
-    options::LabOptions,
+    options::{EnforcingMode, LabOptions},
+    state::PodInfo,
 };
 
 const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
 const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
-const VETH_PREFIX: &str = "eni";
-/// `ip rule` priorities the VPC CNI uses.
+// `ip rule` priorities the VPC CNI uses (`pkg/networkutils/network.go`).
+/// `VlanRulePriority`: branch-ENI pods in strict mode.
+pub const VLAN_RULE_PRIORITY: u32 = 10;
+/// `localRulePriority`: where strict mode moves the `local` table rule.
+pub const LOCAL_RULE_PRIORITY: u32 = 20;
+/// `ToContainerRulePriority`: `to <pod> lookup main`.
 pub const TO_POD_RULE_PRIORITY: u32 = 512;
+/// `hostRulePriority`: `fwmark 0x80/0x80 lookup main`.
 pub const HOST_RULE_PRIORITY: u32 = 1024;
+/// `FromPodRulePriority`: `from <pod> lookup <ENI table>`.
+pub const FROM_POD_RULE_PRIORITY: u32 = 1536;
+/// `FromPrimaryIPofENIRulePriority`: `from <ENI address> lookup <ENI table>`.
+pub const FROM_ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
 
 /// An iptables argument list from `spec`, split at whitespace, where the
 /// token `@comment` stands for `comment` (which has spaces of its own).
@@ -181,9 +217,82 @@ pub fn host_rule_lines() -> Vec<String> {
     )]
 }
 
+/// With security groups for pods (`ENABLE_POD_ENI`) in strict mode, the
+/// `local` table rule moves from priority 0 to 20, after the VLAN rules
+/// (10): a strict pod's packets to node-local addresses also leave by its
+/// branch ENI (`SetupHostNetwork`).
+pub fn strict_local_rule_lines() -> Vec<String> {
+    vec![
+        format!("rule add priority {LOCAL_RULE_PRIORITY} table local"),
+        "rule del priority 0 table local".to_owned(),
+    ]
+}
+
+/// What ipamd sets up in policy routing for secondary ENI `device`
+/// (`setupENINetwork`): the ENI's route table (device number + 1) with a
+/// link route to the subnet gateway and a default route through it, and
+/// rule 32765 for the ENI's own primary address. (The link itself, its
+/// address and the removal of the subnet route from `main` are done for
+/// both datapaths: see `topology`.)
+pub fn eni_table_lines(device: usize) -> Vec<String> {
+    let link = eni_ifname(device);
+    let table = eni_route_table(device);
+    vec![
+        format!("route replace {NODE_SUBNET_GW}/32 dev {link} scope link table {table}"),
+        format!("route replace default via {NODE_SUBNET_GW} dev {link} table {table}"),
+        format!(
+            "rule add from {}/32 priority {FROM_ENI_PRIMARY_IP_RULE_PRIORITY} table {table}",
+            eni_primary_addr(device)
+        ),
+    ]
+}
+
 /// The CNI plugin's per-pod rule for a pod on the primary ENI.
 pub fn pod_rule_line(pod_addr: Ipv4Addr) -> String {
     format!("rule add to {pod_addr}/32 priority {TO_POD_RULE_PRIORITY} table main")
+}
+
+/// The CNI plugin's node-side routes and rules for `pod` (after its veth
+/// exists), in the plugin's order:
+///
+/// - on an ENI (`SetupPodNetwork`): `<pod> dev <veth> scope link` in
+///   `main`, rule 512, and on a secondary ENI rule 1536 to the ENI's table;
+/// - on a branch ENI (`SetupBranchENIPodNetwork`): the VLAN table's routes,
+///   then strict: the pod's route in the VLAN table and two rules 10
+///   (`iif vlan.eth.<id>`, `iif <host veth>`); standard: as on an ENI, with
+///   the VLAN table for rule 1536.
+pub fn pod_lines(pod: &PodInfo) -> Vec<String> {
+    let addr = pod.addr;
+    let veth = &pod.host_veth;
+    let main_route = format!("route replace {addr}/32 dev {veth} scope link");
+    let from_pod_rule = |table: u32| {
+        format!("rule add from {addr}/32 priority {FROM_POD_RULE_PRIORITY} table {table}")
+    };
+    let Some(branch) = &pod.branch else {
+        let mut lines = vec![main_route, pod_rule_line(addr)];
+        let table = eni_route_table(pod.eni_device.unwrap_or(0));
+        if table != crate::addrs::RT_TABLE_MAIN {
+            lines.push(from_pod_rule(table));
+        }
+        return lines;
+    };
+    let table = branch.route_table;
+    let vlan = &branch.link;
+    let mut lines = vec![
+        format!("route replace {NODE_SUBNET_GW}/32 dev {vlan} scope link table {table}"),
+        format!("route replace default via {NODE_SUBNET_GW} dev {vlan} table {table}"),
+    ];
+    match branch.mode {
+        EnforcingMode::Strict => lines.extend([
+            format!("route replace {addr}/32 dev {veth} scope link table {table}"),
+            format!("rule add iif {vlan} priority {VLAN_RULE_PRIORITY} table {table}"),
+            format!("rule add iif {veth} priority {VLAN_RULE_PRIORITY} table {table}"),
+        ]),
+        EnforcingMode::Standard => {
+            lines.extend([main_route, pod_rule_line(addr), from_pod_rule(table)]);
+        }
+    }
+    lines
 }
 
 /// Wires the node with the VPC CNI's rules (pods' rules come with the pods).
@@ -193,7 +302,14 @@ pub fn wire_node(opts: &LabOptions) -> Result<()> {
         argv.extend(command.iter().map(String::as_str));
         exec_ok(NS_NODE, &argv)?;
     }
-    ip_batch(Some(NS_NODE), &host_rule_lines())
+    let mut lines = host_rule_lines();
+    if !opts.branch_pods.is_empty() && opts.sg_enforcing_mode == EnforcingMode::Strict {
+        lines.extend(strict_local_rule_lines());
+    }
+    for device in 1..opts.enis {
+        lines.extend(eni_table_lines(device));
+    }
+    ip_batch(Some(NS_NODE), &lines)
 }
 
 #[cfg(test)]
@@ -279,6 +395,69 @@ mod tests {
             &"-t nat -I AWS-SNAT-CHAIN-0 1 -m comment --comment AWS SNAT CHAIN EXCLUSION -j RETURN"
                 .to_owned()
         ));
+    }
+
+    #[test]
+    fn pod_lines_per_kind_of_pod() {
+        let opts = LabOptions {
+            enis: 3,
+            branch_pods: vec![2],
+            ..LabOptions::iptables(4)
+        };
+        let pod = |index, opts: &LabOptions| PodInfo::in_lab(index, opts).unwrap();
+        assert_eq!(
+            pod_lines(&pod(0, &opts)),
+            vec![
+                "route replace 10.20.11.20/32 dev enic220f2ba281 scope link",
+                "rule add to 10.20.11.20/32 priority 512 table main",
+            ]
+        );
+        assert_eq!(
+            pod_lines(&pod(1, &opts))[1..],
+            [
+                "rule add to 10.20.11.21/32 priority 512 table main",
+                "rule add from 10.20.11.21/32 priority 1536 table 2",
+            ]
+        );
+        let strict = pod(2, &opts);
+        assert_eq!(strict.host_veth, "vlanfbd243bfedd");
+        assert_eq!(
+            pod_lines(&strict),
+            vec![
+                "route replace 10.20.11.1/32 dev vlan.eth.1 scope link table 101",
+                "route replace default via 10.20.11.1 dev vlan.eth.1 table 101",
+                "route replace 10.20.11.22/32 dev vlanfbd243bfedd scope link table 101",
+                "rule add iif vlan.eth.1 priority 10 table 101",
+                "rule add iif vlanfbd243bfedd priority 10 table 101",
+            ]
+        );
+        let standard = pod(
+            2,
+            &LabOptions {
+                sg_enforcing_mode: EnforcingMode::Standard,
+                ..opts
+            },
+        );
+        assert!(standard.host_veth.starts_with("eni"));
+        assert_eq!(
+            pod_lines(&standard)[2..],
+            [
+                format!(
+                    "route replace 10.20.11.22/32 dev {} scope link",
+                    standard.host_veth
+                ),
+                "rule add to 10.20.11.22/32 priority 512 table main".to_owned(),
+                "rule add from 10.20.11.22/32 priority 1536 table 101".to_owned(),
+            ]
+        );
+        assert_eq!(
+            eni_table_lines(2),
+            vec![
+                "route replace 10.20.11.1/32 dev eth2 scope link table 3",
+                "route replace default via 10.20.11.1 dev eth2 table 3",
+                "rule add from 10.20.11.12/32 priority 32765 table 3",
+            ]
+        );
     }
 
     #[test]

@@ -103,7 +103,8 @@ exec sleep 600"#,
     assert_eq!(
         agent.recorded("args").trim(),
         "run --primary-interface eth0 --node-addr 10.20.11.162 \
-         --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready"
+         --vpc-cidrs 10.20.0.0/16,100.64.0.0/16 --notify-ready \
+         --layout /run/vpcnet-lab/layout.json"
     );
     assert_eq!(
         agent.recorded("env"),

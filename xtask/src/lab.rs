@@ -10,8 +10,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use vpcnet_lab::{
-    Datapath, Lab, LabOptions, LabState, RandomizeSnat, WhoamiServer, addrs, icmp_echo,
-    send_spoofed_udp, tcp_whoami, udp_whoami,
+    Datapath, EnforcingMode, Lab, LabOptions, LabState, NodePortService, RandomizeSnat,
+    WhoamiServer, addrs, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
 };
 
 #[derive(clap::Args)]
@@ -59,6 +59,28 @@ struct UpArgs {
     /// Seconds the agent may take to print READY.
     #[arg(long, default_value_t = 30)]
     agent_ready_timeout: u64,
+    /// How many ENIs the node has (1 to 3: eth0, eth1, eth2); pod i is on ENI i % N.
+    #[arg(long, default_value_t = 1)]
+    enis: usize,
+    /// Comma-separated pod indices that get a branch ENI of their own
+    /// (security groups for pods; a `vlan.eth.<id>` link each).
+    #[arg(long, default_value = "")]
+    branch_pods: String,
+    /// Security groups for pods enforcing mode, node-wide: strict or standard
+    /// (`POD_SECURITY_GROUP_ENFORCING_MODE`, the VPC CNI's default is strict).
+    #[arg(long, default_value = "strict", value_parser = enforcing_mode)]
+    sg_enforcing_mode: EnforcingMode,
+    /// Put a NodePort-style service (10.20.11.162:30080, TCP and UDP,
+    /// externalTrafficPolicy=Local) in front of this pod.
+    #[arg(long, value_name = "POD")]
+    node_port: Option<usize>,
+    /// The port the --node-port pod listens on.
+    #[arg(long, default_value_t = 8080, requires = "node_port")]
+    node_port_target: u16,
+}
+
+fn enforcing_mode(value: &str) -> Result<EnforcingMode, String> {
+    vpcnet_lab::parse_enforcing_mode(value).map_err(|err| err.to_string())
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -86,6 +108,13 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         randomize_snat: args.randomize_snat,
         agent_bin: None,
         agent_ready_timeout: Duration::from_secs(args.agent_ready_timeout),
+        enis: args.enis,
+        branch_pods: vpcnet_lab::parse_index_list(&args.branch_pods)?,
+        sg_enforcing_mode: args.sg_enforcing_mode,
+        node_port: args.node_port.map(|pod| NodePortService {
+            pod,
+            target_port: args.node_port_target,
+        }),
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.
@@ -125,9 +154,10 @@ fn status() -> Result<()> {
 fn print_state(state: &LabState) {
     let opts = &state.options;
     println!(
-        "lab: datapath {}, {} pod(s), external SNAT {}, randomize SNAT {}, SNAT exclusions [{}]",
+        "lab: datapath {}, {} pod(s), {} ENI(s), external SNAT {}, randomize SNAT {}, SNAT exclusions [{}]",
         opts.datapath,
         opts.pods,
+        opts.enis,
         opts.external_snat,
         opts.randomize_snat,
         opts.exclude_snat_cidrs_env()
@@ -139,6 +169,15 @@ fn print_state(state: &LabState) {
         addrs::NODE_ETH0,
         addrs::NODE_SUBNET_GW
     );
+    for device in 1..opts.enis {
+        println!(
+            "  {:<16} {} on {} (secondary ENI, route table {} in the iptables datapath)",
+            "",
+            addrs::eni_primary_addr(device),
+            addrs::eni_ifname(device),
+            addrs::eni_route_table(device)
+        );
+    }
     println!("  {:<16} {}", addrs::NS_PEER, addrs::PEER_ADDR);
     println!(
         "  {:<16} {} (behind the internet gateway)",
@@ -151,12 +190,31 @@ fn print_state(state: &LabState) {
         addrs::ONPREM_ADDR
     );
     for pod in &state.pods {
+        let branch = pod.branch.as_ref().map_or(String::new(), |branch| {
+            format!(
+                ", branch ENI {} (VLAN {}, {})",
+                branch.mac,
+                branch.vlan_id,
+                branch.mode.env_value()
+            )
+        });
         println!(
-            "  {:<16} {} (host veth {} in {})",
+            "  {:<16} {} on {}{branch} (host veth {} in {})",
             pod.netns,
             pod.addr,
+            pod.eni,
             pod.host_veth,
             addrs::NS_NODE
+        );
+    }
+    if let Some(service) = &opts.node_port {
+        let backend = &state.pods[service.pod];
+        println!(
+            "  node port        {}:{} (TCP, UDP) -> {}:{} (externalTrafficPolicy=Local)",
+            addrs::NODE_PRIMARY_ADDR,
+            addrs::NODE_PORT,
+            backend.addr,
+            service.target_port
         );
     }
     if let Some(agent) = &state.agent {
