@@ -15,6 +15,17 @@ pub const ENV_EXCLUDE_SNAT_CIDRS: &str = "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS";
 pub const ENV_RANDOMIZE_SNAT: &str = "AWS_VPC_K8S_CNI_RANDOMIZESNAT";
 /// vpcnet's own: the SNAT source port range, `MIN-MAX`.
 pub const ENV_SNAT_PORT_RANGE: &str = "VPCNET_SNAT_PORT_RANGE";
+/// vpcnet's own: the cluster's service CIDRs, whose packets go through the
+/// node's stack (kube-proxy). Default: EKS's two possible service ranges.
+pub const ENV_SERVICE_CIDRS: &str = "VPCNET_SERVICE_CIDRS";
+pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
+
+/// The service CIDRs from the environment.
+pub fn service_cidrs_from_env() -> Result<Vec<Ipv4Net>, ConfigError> {
+    let value =
+        std::env::var(ENV_SERVICE_CIDRS).unwrap_or_else(|_| DEFAULT_SERVICE_CIDRS.to_owned());
+    parse_cidrs(ENV_SERVICE_CIDRS, &value)
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("{variable}={value:?} is invalid: {allowed}")]

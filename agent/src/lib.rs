@@ -4,3 +4,4 @@
 
 pub mod config;
 pub mod datapath;
+pub mod layout;

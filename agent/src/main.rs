@@ -8,9 +8,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 use vpcnet_agent::{
-    config::{SnatSettings, parse_cidrs},
+    config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
     datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns},
+    layout,
 };
+use vpcnet_api::layout::NodeLayout;
 use vpcnet_common::{
     cidr::CidrKind,
     config::{FLAG_EXTERNAL_SNAT, RandomizeMode},
@@ -75,6 +77,10 @@ struct RunArgs {
     /// The VPC's CIDR blocks, comma-separated.
     #[arg(long)]
     vpc_cidrs: String,
+    /// The node's ENIs and pods (JSON, see `vpcnet_api::layout`): every ENI
+    /// and pod veth gets its programs, and the maps their entries.
+    #[arg(long)]
+    layout: Option<PathBuf>,
     /// Print READY on stdout once attached, then close stdout.
     #[arg(long)]
     notify_ready: bool,
@@ -131,9 +137,22 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
     datapath
         .maps
         .set_config(&settings.datapath_config(args.node_addr, seed))?;
-    datapath
-        .maps
-        .set_cidrs(&cidr_entries(&vpc_cidrs, &settings.exclude_snat_cidrs)?)?;
+    let service_cidrs = service_cidrs_from_env()?;
+    datapath.maps.set_cidrs(&cidr_entries(
+        &vpc_cidrs,
+        &settings.exclude_snat_cidrs,
+        &service_cidrs,
+    )?)?;
+    if let Some(path) = &args.layout {
+        let layout = NodeLayout::read(path)?;
+        layout::apply(&mut datapath, &layout)
+            .with_context(|| format!("applying the node layout {}", path.display()))?;
+        info!(
+            enis = layout.enis.len(),
+            pods = layout.endpoints.len(),
+            "node layout applied"
+        );
+    }
     datapath
         .attach_eni(&args.primary_interface)
         .with_context(|| format!("attaching to {}", args.primary_interface))?;
@@ -178,9 +197,17 @@ async fn serve(datapath: &mut Datapath, gc_interval: Duration) -> Result<()> {
     Ok(())
 }
 
-/// The trie's content: VPC CIDRs, exclusions and every node address.
-fn cidr_entries(vpc: &[Ipv4Net], excluded: &[Ipv4Net]) -> Result<Vec<(Ipv4Net, CidrKind)>> {
-    let mut entries: Vec<(Ipv4Net, CidrKind)> = vpc.iter().map(|n| (*n, CidrKind::Vpc)).collect();
+/// The trie's content: service CIDRs, VPC CIDRs, exclusions and every node
+/// address, in that order, so that for the same prefix the later wins (a
+/// VPC CIDR over a service CIDR, a node address over anything).
+fn cidr_entries(
+    vpc: &[Ipv4Net],
+    excluded: &[Ipv4Net],
+    services: &[Ipv4Net],
+) -> Result<Vec<(Ipv4Net, CidrKind)>> {
+    let mut entries: Vec<(Ipv4Net, CidrKind)> =
+        services.iter().map(|n| (*n, CidrKind::Service)).collect();
+    entries.extend(vpc.iter().map(|n| (*n, CidrKind::Vpc)));
     entries.extend(excluded.iter().map(|n| (*n, CidrKind::Excluded)));
     for ifaddr in nix::ifaddrs::getifaddrs().context("listing node addresses")? {
         if let Some(addr) = ifaddr.address.as_ref().and_then(|a| a.as_sockaddr_in()) {

@@ -16,11 +16,21 @@ use vpcnet_agent::{
     config::SnatSettings,
     datapath::{Datapath, LoadOptions, remove_pins},
 };
-use vpcnet_common::{cidr::CidrKind, counters::Counter, maps};
+use vpcnet_common::{
+    cidr::CidrKind,
+    counters::Counter,
+    endpoint::{Endpoint, Eni},
+    maps,
+};
 
-/// tc's "pass, let the next program see it" and "drop".
+/// tc's "pass, let the next program see it", "drop" and "redirected".
 pub const TC_ACT_UNSPEC: i32 = -1;
 pub const TC_ACT_SHOT: i32 = 2;
+pub const TC_ACT_REDIRECT: i32 = 7;
+
+/// The device a `BPF_PROG_TEST_RUN` packet arrives on (loopback): in the
+/// routing tests, the pod's own veth.
+pub const TEST_RUN_IFINDEX: u32 = 1;
 
 /// The lab's addresses (DESIGN.md), used for crafted packets too.
 pub const NODE: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 162);
@@ -31,6 +41,8 @@ pub const INET: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const ONPREM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 /// A node-local address outside the VPC (the one `NodeLocal DNSCache` uses).
 pub const NODE_LOCAL_DNS: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
+/// The EKS default service CIDR.
+pub const SERVICE_CIDR: &str = "10.100.0.0/16";
 pub const VPC_CIDRS: [&str; 2] = ["10.20.0.0/16", "100.64.0.0/16"];
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
@@ -78,6 +90,10 @@ impl Harness {
                     .map(|n| (*n, CidrKind::Excluded)),
             )
             .chain([NODE, NODE_LOCAL_DNS].map(|a| (Ipv4Net::new(a, 32).unwrap(), CidrKind::Local)))
+            .chain(std::iter::once((
+                SERVICE_CIDR.parse().unwrap(),
+                CidrKind::Service,
+            )))
             .collect();
         harness.datapath.maps.set_cidrs(&cidrs).unwrap();
         harness
@@ -121,6 +137,20 @@ impl Harness {
 
     pub fn counter(&self, counter: Counter) -> u64 {
         self.datapath.maps.counter(counter).unwrap()
+    }
+
+    /// Puts a local pod in the endpoint map.
+    pub fn add_endpoint(&mut self, addr: Ipv4Addr, endpoint: &Endpoint) {
+        self.datapath.maps.set_endpoint(addr, endpoint).unwrap();
+    }
+
+    /// Puts an ENI (link index, gateway) in the ENI map.
+    pub fn add_eni(&mut self, ifindex: u32, gateway: Ipv4Addr, flags: u32) {
+        let eni = Eni {
+            gateway: vpcnet_common::addr_to_raw(gateway.octets()),
+            flags,
+        };
+        self.datapath.maps.set_eni(ifindex, &eni).unwrap();
     }
 
     /// Entries in the forward and the reverse NAT map.

@@ -10,6 +10,7 @@ use vpcnet_common::{
     cidr::{CidrKind, CidrValue},
     config::Config,
     counters::Counter,
+    endpoint::{Endpoint, Eni},
     maps,
     nat::{FlowKey, NatEntry},
 };
@@ -22,6 +23,10 @@ pub struct DatapathMaps {
     pub nat_fwd: HashMap<MapData, FlowKey, NatEntry>,
     pub nat_rev: HashMap<MapData, FlowKey, NatEntry>,
     pub counters: PerCpuArray<MapData, u64>,
+    /// Local pods, by address (network order).
+    pub endpoints: HashMap<MapData, u32, Endpoint>,
+    /// ENIs and branch links, by ifindex.
+    pub enis: HashMap<MapData, u32, Eni>,
 }
 
 impl DatapathMaps {
@@ -29,13 +34,15 @@ impl DatapathMaps {
     pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
         let mut take =
             |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name));
-        Self::from_maps(
+        Self::from_maps([
             take(maps::CONFIG)?,
             take(maps::CIDRS)?,
             take(maps::NAT_FWD)?,
             take(maps::NAT_REV)?,
             take(maps::COUNTERS)?,
-        )
+            take(maps::ENDPOINTS)?,
+            take(maps::ENIS)?,
+        ])
     }
 
     /// Opens the maps a running (or previous) agent pinned in `pin_dir`.
@@ -46,21 +53,20 @@ impl DatapathMaps {
                 .and_then(Map::from_map_data)
                 .map_err(|source| DatapathError::OpenPinned { path, source })
         };
-        Self::from_maps(
+        Self::from_maps([
             open(maps::CONFIG)?,
             open(maps::CIDRS)?,
             open(maps::NAT_FWD)?,
             open(maps::NAT_REV)?,
             open(maps::COUNTERS)?,
-        )
+            open(maps::ENDPOINTS)?,
+            open(maps::ENIS)?,
+        ])
     }
 
+    /// From the maps in the order `from_ebpf` and `open_pinned` give them.
     fn from_maps(
-        config: Map,
-        cidrs: Map,
-        nat_fwd: Map,
-        nat_rev: Map,
-        counters: Map,
+        [config, cidrs, nat_fwd, nat_rev, counters, endpoints, enis]: [Map; 7],
     ) -> Result<Self, DatapathError> {
         Ok(Self {
             config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
@@ -69,7 +75,27 @@ impl DatapathMaps {
             nat_rev: HashMap::try_from(nat_rev).map_err(DatapathError::map(maps::NAT_REV))?,
             counters: PerCpuArray::try_from(counters)
                 .map_err(DatapathError::map(maps::COUNTERS))?,
+            endpoints: HashMap::try_from(endpoints).map_err(DatapathError::map(maps::ENDPOINTS))?,
+            enis: HashMap::try_from(enis).map_err(DatapathError::map(maps::ENIS))?,
         })
+    }
+
+    /// Adds or replaces the local pod at `addr`.
+    pub fn set_endpoint(
+        &mut self,
+        addr: Ipv4Addr,
+        endpoint: &Endpoint,
+    ) -> Result<(), DatapathError> {
+        self.endpoints
+            .insert(addr_to_raw(addr.octets()), *endpoint, 0)
+            .map_err(DatapathError::map(maps::ENDPOINTS))
+    }
+
+    /// Adds or replaces the ENI (or branch link) with link index `ifindex`.
+    pub fn set_eni(&mut self, ifindex: u32, eni: &Eni) -> Result<(), DatapathError> {
+        self.enis
+            .insert(ifindex, *eni, 0)
+            .map_err(DatapathError::map(maps::ENIS))
     }
 
     pub fn config(&self) -> Result<Config, DatapathError> {

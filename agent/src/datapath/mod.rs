@@ -68,7 +68,12 @@ impl Datapath {
             .map_max_entries(names::NAT_FWD, opts.nat_entries)
             .map_max_entries(names::NAT_REV, opts.nat_entries)
             .load(PROGRAMS)?;
-        for name in [names::PROG_ENI_EGRESS, names::PROG_ENI_INGRESS] {
+        for name in [
+            names::PROG_ENI_EGRESS,
+            names::PROG_ENI_INGRESS,
+            names::PROG_POD_EGRESS,
+            names::PROG_POD_INGRESS,
+        ] {
             let program = classifier_mut(&mut ebpf, name)?;
             program
                 .load()
@@ -99,28 +104,34 @@ impl Datapath {
     /// Attaches the ENI programs to `iface` (tc egress and ingress, TCX where
     /// the kernel has it). Attaching twice is a no-op.
     pub fn attach_eni(&mut self, iface: &str) -> Result<(), DatapathError> {
+        self.attach_pair(iface, names::PROG_ENI_EGRESS, names::PROG_ENI_INGRESS)
+    }
+
+    /// Attaches the pod programs to a pod's host veth `iface`: what the pod
+    /// sends arrives on the veth's tc ingress, what the stack hands it
+    /// leaves by its tc egress.
+    pub fn attach_pod(&mut self, iface: &str) -> Result<(), DatapathError> {
+        self.attach_pair(iface, names::PROG_POD_INGRESS, names::PROG_POD_EGRESS)
+    }
+
+    /// Attaches `on_egress` to tc egress and `on_ingress` to tc ingress.
+    fn attach_pair(
+        &mut self,
+        iface: &str,
+        on_egress: &'static str,
+        on_ingress: &'static str,
+    ) -> Result<(), DatapathError> {
         if self.links.contains_key(iface) {
             return Ok(());
         }
         if nix::net::if_::if_nametoindex(iface).is_err() {
             return Err(DatapathError::NoInterface(iface.to_owned()));
         }
-        let egress = attach(
-            &mut self.ebpf,
-            names::PROG_ENI_EGRESS,
-            iface,
-            TcAttachType::Egress,
-        )?;
-        let ingress = match attach(
-            &mut self.ebpf,
-            names::PROG_ENI_INGRESS,
-            iface,
-            TcAttachType::Ingress,
-        ) {
+        let egress = attach(&mut self.ebpf, on_egress, iface, TcAttachType::Egress)?;
+        let ingress = match attach(&mut self.ebpf, on_ingress, iface, TcAttachType::Ingress) {
             Ok(link) => link,
             Err(e) => {
-                let _ = classifier_mut(&mut self.ebpf, names::PROG_ENI_EGRESS)
-                    .map(|p| p.detach(egress));
+                let _ = classifier_mut(&mut self.ebpf, on_egress).map(|p| p.detach(egress));
                 return Err(e);
             }
         };

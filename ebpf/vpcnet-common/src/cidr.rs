@@ -11,6 +11,9 @@ pub enum CidrKind {
     Excluded = 2,
     /// An address of the node itself (`addrtype --dst-type LOCAL`).
     Local = 3,
+    /// A Kubernetes service CIDR: pods' packets to it go through the node's
+    /// stack, where kube-proxy translates them. Not a SNAT exemption.
+    Service = 4,
 }
 
 impl CidrKind {
@@ -20,6 +23,7 @@ impl CidrKind {
             1 => Some(Self::Vpc),
             2 => Some(Self::Excluded),
             3 => Some(Self::Local),
+            4 => Some(Self::Service),
             _ => None,
         }
     }

@@ -80,6 +80,24 @@ counters! {
     IngressInboundUntracked => "ingress_inbound_untracked", "ingress: flow opened from outside the VPC to a pod, not tracked because the NAT table is full";
     IngressFragment => "ingress_fragment", "ingress: non-first fragment of a tracked datagram translated";
 
+    EgressSteered => "egress_steered", "egress: pod packet routed out the wrong ENI, redirected to its own ENI's gateway";
+    IngressToPod => "ingress_to_pod", "ingress: packet for a local pod delivered straight into it";
+    TtlToStack => "forward_pass_ttl", "forwarding: TTL would expire, passed to the stack, which answers time exceeded";
+
+    // Verdicts of pod_egress (tc ingress of a pod's host veth).
+    PodNotIpv4 => "pod_pass_not_ipv4", "pod: not IPv4 (ARP), passed";
+    PodToPod => "pod_to_pod", "pod: to a pod on this node, delivered straight into it";
+    PodSteered => "pod_steered", "pod: to the VPC or an excluded CIDR, sent out its own ENI to the ENI's gateway";
+    PodStrict => "pod_strict_branch", "pod: strict security-group pod, sent out its branch ENI";
+    PodToService => "pod_pass_service", "pod: to a service CIDR, passed to the stack (kube-proxy)";
+    PodToLocal => "pod_pass_local", "pod: to a node address, passed to the stack";
+    PodToSnat => "pod_pass_outside_vpc", "pod: to outside the VPC, passed to the stack for the SNAT decision on the ENI";
+    PodStackFlow => "pod_pass_stack_flow", "pod: reply of a flow that came through the stack (DNAT), passed back to it";
+    PodFragment => "pod_pass_fragment", "pod: non-first fragment, passed to the stack";
+
+    // Verdicts of pod_ingress (tc egress of a pod's host veth).
+    PodIngressStack => "pod_ingress_stack", "pod ingress: packet that came through the stack, its flow remembered";
+
     // Drop reasons.
     DropTruncated => "drop_truncated", "dropped: header shorter than its protocol requires";
     DropMalformed => "drop_malformed", "dropped: header with impossible values (IHL below 5, bad lengths)";
@@ -87,6 +105,10 @@ counters! {
     DropNatNoPort => "drop_nat_no_port", "dropped: new flow, no free source port after every retry";
     DropFragmentNoFlow => "drop_fragment_no_flow", "dropped: non-first fragment whose first fragment was not seen";
     DropRewrite => "drop_rewrite_failed", "dropped: the kernel refused a packet rewrite";
+    DropSpoofedAddr => "drop_spoofed_source_addr", "dropped: a pod's packet with a source address that is not its own";
+    DropSpoofedMac => "drop_spoofed_source_mac", "dropped: a pod's packet with a source MAC that is not its own";
+    DropNoEni => "drop_no_eni", "dropped: a pod's ENI is not in the ENI map";
+
 }
 
 /// Number of counter slots.

@@ -14,6 +14,7 @@
 pub mod cidr;
 pub mod config;
 pub mod counters;
+pub mod endpoint;
 pub mod maps;
 pub mod nat;
 

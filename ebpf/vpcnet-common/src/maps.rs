@@ -18,9 +18,27 @@ pub const NAT_REV: &str = "VPCNET_NAT_REV";
 pub const FRAGS: &str = "VPCNET_FRAGS";
 /// `PerCpuArray<u64>` indexed by [`crate::counters::Counter`].
 pub const COUNTERS: &str = "VPCNET_COUNTERS";
+/// `HashMap<u32 (pod address), Endpoint>`: the pods on this node.
+pub const ENDPOINTS: &str = "VPCNET_ENDPOINTS";
+/// `HashMap<u32 (link ifindex), Eni>`: the node's ENIs and branch links.
+pub const ENIS: &str = "VPCNET_ENIS";
+/// `LruHashMap<FlowKey, u64>`: flows that reached a pod through the node's
+/// stack (kube-proxy's DNAT, the node's own sockets), keyed by the pod's
+/// reply tuple: those replies go back through the stack to be un-DNATed.
+pub const STACK_FLOWS: &str = "VPCNET_STACK_FLOWS";
 
 /// Every pinned map, for clean-up and for the object check.
-pub const ALL: [&str; 6] = [CONFIG, CIDRS, NAT_FWD, NAT_REV, FRAGS, COUNTERS];
+pub const ALL: [&str; 9] = [
+    CONFIG,
+    CIDRS,
+    NAT_FWD,
+    NAT_REV,
+    FRAGS,
+    COUNTERS,
+    ENDPOINTS,
+    ENIS,
+    STACK_FLOWS,
+];
 
 /// Default number of flows each NAT map holds (both maps have the same size:
 /// a pair is one entry in each).
@@ -29,7 +47,17 @@ pub const NAT_DEFAULT_ENTRIES: u32 = 262_144;
 pub const CIDRS_MAX_ENTRIES: u32 = 16_384;
 /// Fragmented datagrams in flight whose ports are remembered.
 pub const FRAGS_MAX_ENTRIES: u32 = 8_192;
+/// Pods on one node (an EKS node's max pods is far below).
+pub const ENDPOINTS_MAX_ENTRIES: u32 = 16_384;
+/// ENIs and branch links on one node.
+pub const ENIS_MAX_ENTRIES: u32 = 1_024;
+/// Flows into pods through the stack remembered at once.
+pub const STACK_FLOWS_MAX_ENTRIES: u32 = 131_072;
 
 /// The tc programs, by function name in the object.
 pub const PROG_ENI_EGRESS: &str = "eni_egress";
 pub const PROG_ENI_INGRESS: &str = "eni_ingress";
+/// tc ingress of a pod's host veth: what the pod sends.
+pub const PROG_POD_EGRESS: &str = "pod_egress";
+/// tc egress of a pod's host veth: what the stack sends the pod.
+pub const PROG_POD_INGRESS: &str = "pod_ingress";

@@ -10,17 +10,50 @@ use vpcnet_common::{
 };
 
 use crate::{
-    cidr, frag, icmp,
-    maps::{NAT_FWD, config, count},
+    cidr,
+    forward::{Verdict, via_eni},
+    frag, icmp,
+    maps::{NAT_FWD, config, count, endpoint},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_SADDR_OFF, Ipv4, L4, is_ipv4,
-        l4_csum_rel, parse_ipv4, parse_l4, set_addr, set_port,
+        l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
     },
 };
 
-/// `Ok(verdict)`: pass, counted as `verdict`. `Err(reason)`: drop.
-pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
+/// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
+pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
+    let decision = decide(ctx)?;
+    match decision {
+        // Leaving un-translated: a pod's address must leave by its own ENI.
+        Counter::EgressNoSnatCidr
+        | Counter::EgressExternalSnatNew
+        | Counter::EgressUntranslated
+        | Counter::EgressNotOpening => steer(ctx, decision),
+        _ => Ok(decision.into()),
+    }
+}
+
+/// Traffic that went through the stack left by the main table's route, the
+/// primary ENI; a pod address owned by another ENI (or a branch ENI) goes
+/// out of that one instead, or the VPC would drop it (source/destination
+/// check). The stack routed it already: the TTL stays.
+#[inline(always)]
+fn steer(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
+    let saddr: u32 = load(ctx, IP_SADDR_OFF)?;
+    let Some(ep) = endpoint(saddr) else {
+        return Ok(decision.into());
+    };
+    // SAFETY: the context's skb is valid for the program's run.
+    if ep.eni_ifindex == unsafe { (*ctx.skb.skb).ifindex } {
+        return Ok(decision.into());
+    }
+    count(decision);
+    via_eni(ctx, ep.eni_ifindex, false, Counter::EgressSteered)
+}
+
+/// The SNAT decision and the NAT; `Ok(verdict)` passes.
+fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
     if !is_ipv4(ctx) {
         return Ok(Counter::EgressNotIpv4);
     }

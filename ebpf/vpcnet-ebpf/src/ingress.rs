@@ -10,17 +10,47 @@ use vpcnet_common::{
 };
 
 use crate::{
-    cidr, frag, icmp,
-    maps::{NAT_FWD, NAT_REV, config},
+    cidr,
+    forward::{Verdict, to_pod},
+    frag, icmp,
+    maps::{NAT_FWD, NAT_REV, config, count, endpoint},
     nat::{now_ns, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4,
-        l4_csum_rel, parse_ipv4, parse_l4, set_addr, set_port,
+        l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
     },
 };
 
-/// `Ok(verdict)`: pass, counted as `verdict`. `Err(reason)`: drop.
-pub fn handle(ctx: &TcContext) -> Result<Counter, Counter> {
+/// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
+pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
+    let decision = decide(ctx)?;
+    match decision {
+        Counter::IngressRevSnat
+        | Counter::IngressNotNode
+        | Counter::IngressInboundTracked
+        | Counter::IngressInboundUntracked => deliver(ctx, decision),
+        _ => Ok(decision.into()),
+    }
+}
+
+/// A packet now addressed to a local pod goes straight into it, unless the
+/// pod is a strict security-group pod and this is not its branch ENI.
+#[inline(always)]
+fn deliver(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
+    let daddr: u32 = load(ctx, IP_DADDR_OFF)?;
+    let Some(ep) = endpoint(daddr) else {
+        return Ok(decision.into());
+    };
+    // SAFETY: the context's skb is valid for the program's run.
+    if ep.strict() && ep.eni_ifindex != unsafe { (*ctx.skb.skb).ifindex } {
+        return Ok(decision.into());
+    }
+    count(decision);
+    to_pod(ctx, &ep, Counter::IngressToPod)
+}
+
+/// Reverse NAT and inbound tracking; `Ok(verdict)` passes.
+fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
     if !is_ipv4(ctx) {
         return Ok(Counter::IngressNotIpv4);
     }

@@ -8,28 +8,27 @@
 
 mod cidr;
 mod egress;
+mod forward;
 mod frag;
 mod icmp;
 mod ingress;
 mod maps;
 mod nat;
 mod packet;
+mod pod;
 
-use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
-    macros::classifier,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
+use forward::Verdict;
 use vpcnet_common::counters::Counter;
 
-/// Counts the verdict and turns it into a tc action. Passing is
+/// Counts the verdict and returns its tc action. Passing is
 /// `TC_ACT_UNSPEC` (TCX "next"): programs after ours still see the packet.
 #[inline(always)]
-fn finish(result: Result<Counter, Counter>) -> i32 {
+fn finish(result: Result<Verdict, Counter>) -> i32 {
     match result {
         Ok(verdict) => {
-            maps::count(verdict);
-            TC_ACT_UNSPEC
+            maps::count(verdict.counter);
+            verdict.action
         }
         Err(reason) => {
             maps::count(reason);
@@ -48,6 +47,18 @@ pub fn eni_egress(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn eni_ingress(ctx: TcContext) -> i32 {
     finish(ingress::handle(&ctx))
+}
+
+/// tc ingress of a pod's host veth: what the pod sends.
+#[classifier]
+pub fn pod_egress(ctx: TcContext) -> i32 {
+    finish(pod::egress(&ctx))
+}
+
+/// tc egress of a pod's host veth: what the stack hands the pod.
+#[classifier]
+pub fn pod_ingress(ctx: TcContext) -> i32 {
+    finish(pod::ingress(&ctx))
 }
 
 #[cfg(not(test))]

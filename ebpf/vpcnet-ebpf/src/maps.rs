@@ -9,7 +9,11 @@ use vpcnet_common::{
     cidr::CidrValue,
     config::Config,
     counters::{COUNTER_SLOTS, Counter},
-    maps::{CIDRS_MAX_ENTRIES, FRAGS_MAX_ENTRIES, NAT_DEFAULT_ENTRIES},
+    endpoint::{Endpoint, Eni},
+    maps::{
+        CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES, FRAGS_MAX_ENTRIES,
+        NAT_DEFAULT_ENTRIES, STACK_FLOWS_MAX_ENTRIES,
+    },
     nat::{FlowKey, FragKey, FragPorts, NatEntry},
 };
 
@@ -27,6 +31,15 @@ pub static NAT_REV: HashMap<FlowKey, NatEntry> = HashMap::pinned(NAT_DEFAULT_ENT
 
 #[map(name = "VPCNET_FRAGS")]
 pub static FRAGS: LruHashMap<FragKey, FragPorts> = LruHashMap::pinned(FRAGS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_ENDPOINTS")]
+pub static ENDPOINTS: HashMap<u32, Endpoint> = HashMap::pinned(ENDPOINTS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_ENIS")]
+pub static ENIS: HashMap<u32, Eni> = HashMap::pinned(ENIS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_STACK_FLOWS")]
+pub static STACK_FLOWS: LruHashMap<FlowKey, u64> = LruHashMap::pinned(STACK_FLOWS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
@@ -47,4 +60,11 @@ pub fn count_n(counter: Counter, n: u64) {
 #[inline(always)]
 pub fn config() -> Option<&'static Config> {
     CONFIG.get(0)
+}
+
+/// A local pod, copied out of the map.
+#[inline(always)]
+pub fn endpoint(addr: u32) -> Option<Endpoint> {
+    // SAFETY: read-only copy of a map value.
+    unsafe { ENDPOINTS.get(addr) }.copied()
 }

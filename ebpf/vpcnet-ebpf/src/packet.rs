@@ -14,7 +14,8 @@ use vpcnet_common::{
 pub const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const IP_OFF: usize = ETH_HLEN;
-const IP_CSUM_OFF: usize = IP_OFF + 10;
+pub const IP_TTL_OFF: usize = IP_OFF + 8;
+pub const IP_CSUM_OFF: usize = IP_OFF + 10;
 pub const IP_SADDR_OFF: usize = IP_OFF + 12;
 pub const IP_DADDR_OFF: usize = IP_OFF + 16;
 const IP_MF: u16 = 0x2000;
@@ -92,6 +93,12 @@ impl L4 {
 #[inline(always)]
 pub fn load<T>(ctx: &TcContext, off: usize) -> Result<T, Counter> {
     ctx.load::<T>(off).map_err(|_| Counter::DropTruncated)
+}
+
+/// The frame's source MAC.
+#[inline(always)]
+pub fn src_mac(ctx: &TcContext) -> Result<[u8; 6], Counter> {
+    load(ctx, 6)
 }
 
 /// Whether the frame carries IPv4.

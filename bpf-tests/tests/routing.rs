@@ -1,0 +1,314 @@
+//! The routing replacement's verdicts on crafted packets: pod to pod,
+//! steering out of a pod's own ENI, the stack for services, node addresses
+//! and flows kube-proxy translated, local delivery from ENIs,
+//! anti-spoofing. (Which device a redirect goes to is proven in the lab,
+//! where the VPC's source/destination check sees it.)
+
+use std::net::Ipv4Addr;
+
+use vpcnet_bpf_tests::{
+    Harness, INET, NODE, NODE_LOCAL_DNS, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
+    TEST_RUN_IFINDEX,
+    packets::{self, TCP_ACK, TCP_SYN, parse},
+};
+use vpcnet_common::{
+    counters::Counter,
+    endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_PRIMARY, Endpoint},
+    maps,
+};
+
+const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const POD2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
+const HOST_VETH_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 0x01];
+const HOST_VETH2_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 0x22];
+/// Link indexes of ENIs other than the test run's device.
+const ETH1: u32 = 1001;
+const BRANCH: u32 = 1002;
+const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 1);
+
+/// `packet` as sent by `POD` (its MAC as the source).
+fn from_pod(mut packet: Vec<u8>) -> Vec<u8> {
+    packet[6..12].copy_from_slice(&POD_MAC);
+    packet
+}
+
+fn ttl(frame: &[u8]) -> u8 {
+    frame[14 + 8]
+}
+
+/// POD behind the test run's device on ETH1, POD2 another local pod.
+fn harness() -> Harness {
+    let mut h = Harness::lab_default();
+    h.add_eni(TEST_RUN_IFINDEX, GATEWAY, ENI_PRIMARY);
+    h.add_eni(ETH1, GATEWAY, 0);
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: ETH1,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: 0,
+        },
+    );
+    h.add_endpoint(
+        POD2,
+        &Endpoint {
+            ifindex: 2002,
+            eni_ifindex: TEST_RUN_IFINDEX,
+            mac: POD2_MAC,
+            host_mac: HOST_VETH2_MAC,
+            flags: 0,
+        },
+    );
+    h
+}
+
+#[test]
+fn pod_to_pod_goes_straight_into_the_other_pod() {
+    let h = harness();
+    let sent = from_pod(packets::tcp(POD, 40000, POD2, 8080, TCP_SYN, b""));
+    let out = h.run(maps::PROG_POD_EGRESS, &sent);
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::PodToPod), 1);
+    // Addressed from the destination pod's gateway to the pod, routed once.
+    assert_eq!(&out.packet[0..6], &POD2_MAC);
+    assert_eq!(&out.packet[6..12], &HOST_VETH2_MAC);
+    assert_eq!(ttl(&out.packet), ttl(&sent) - 1);
+    let p = parse(&out.packet);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (POD, 40000, POD2, 8080));
+    assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
+}
+
+#[test]
+fn vpc_destinations_leave_by_the_pods_own_eni() {
+    let h = harness();
+    let sent = from_pod(packets::udp(POD, 5000, PEER, 53, b"q"));
+    let out = h.run(maps::PROG_POD_EGRESS, &sent);
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::PodSteered), 1);
+    let p = parse(&out.packet);
+    assert_eq!((p.src, p.dst), (POD, PEER), "never SNATed");
+    assert!(p.ip_csum_ok && p.l4_csum_ok);
+    assert_eq!(ttl(&out.packet), ttl(&sent) - 1);
+}
+
+#[test]
+fn services_node_addresses_and_the_internet_go_to_the_stack() {
+    let h = harness();
+    let service = Ipv4Addr::new(10, 100, 0, 10);
+    for (dst, verdict) in [
+        (service, Counter::PodToService),
+        (NODE, Counter::PodToLocal),
+        (NODE_LOCAL_DNS, Counter::PodToLocal),
+        (INET, Counter::PodToSnat),
+    ] {
+        h.assert_untouched(
+            maps::PROG_POD_EGRESS,
+            &from_pod(packets::tcp(POD, 40000, dst, 80, TCP_SYN, b"")),
+            verdict,
+        );
+    }
+}
+
+#[test]
+fn replies_of_flows_that_came_through_the_stack_go_back_through_it() {
+    let h = harness();
+    // kube-proxy DNATed a NodePort connection from peer to POD: the stack
+    // hands it to the pod.
+    h.assert_untouched(
+        maps::PROG_POD_INGRESS,
+        &packets::tcp(PEER, 51000, POD, 8080, TCP_SYN, b""),
+        Counter::PodIngressStack,
+    );
+    // The pod's reply must be un-DNATed by the stack, not fast-pathed.
+    h.assert_untouched(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::tcp(POD, 8080, PEER, 51000, TCP_SYN | TCP_ACK, b"")),
+        Counter::PodStackFlow,
+    );
+    // Another flow to the same peer is not.
+    let out = h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::tcp(POD, 8081, PEER, 51000, TCP_ACK, b"")),
+    );
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn a_pod_cannot_send_with_another_address_or_mac() {
+    let h = harness();
+    // An address that is no pod's.
+    let mut spoofed = from_pod(packets::tcp(
+        Ipv4Addr::new(10, 20, 11, 99),
+        1,
+        PEER,
+        80,
+        TCP_SYN,
+        b"",
+    ));
+    h.assert_dropped(maps::PROG_POD_EGRESS, &spoofed, Counter::DropSpoofedAddr);
+    // Another local pod's address (its veth is not this one).
+    spoofed = from_pod(packets::tcp(POD2, 1, PEER, 80, TCP_SYN, b""));
+    h.assert_dropped(maps::PROG_POD_EGRESS, &spoofed, Counter::DropSpoofedAddr);
+    // Its own address with another MAC.
+    let mut wrong_mac = packets::tcp(POD, 1, PEER, 80, TCP_SYN, b"");
+    wrong_mac[6..12].copy_from_slice(&[0x02, 0xde, 0xad, 0xbe, 0xef, 0x01]);
+    h.assert_dropped(maps::PROG_POD_EGRESS, &wrong_mac, Counter::DropSpoofedMac);
+    // Malformed and truncated packets are dropped and counted too.
+    let mut bad = from_pod(packets::tcp(POD, 1, PEER, 80, TCP_SYN, b""));
+    bad[14] = 0x44;
+    h.assert_dropped(maps::PROG_POD_EGRESS, &bad, Counter::DropMalformed);
+    let cut = from_pod(packets::tcp(POD, 1, POD2, 80, TCP_SYN, b""));
+    h.assert_dropped(
+        maps::PROG_POD_EGRESS,
+        &cut[..14 + 20 + 6],
+        Counter::DropTruncated,
+    );
+    // ARP and other non-IPv4 frames pass.
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&POD_MAC);
+    arp.extend_from_slice(&0x0806u16.to_be_bytes());
+    arp.extend_from_slice(&[0u8; 28]);
+    h.assert_untouched(maps::PROG_POD_EGRESS, &arp, Counter::PodNotIpv4);
+}
+
+#[test]
+fn strict_security_group_pods_use_their_branch_eni_for_everything() {
+    let mut h = harness();
+    h.add_eni(BRANCH, GATEWAY, 0);
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: BRANCH,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    for dst in [POD2, PEER, INET, NODE] {
+        let out = h.run(
+            maps::PROG_POD_EGRESS,
+            &from_pod(packets::tcp(POD, 40000, dst, 80, TCP_SYN, b"")),
+        );
+        assert_eq!(out.action, TC_ACT_REDIRECT, "to {dst}");
+        assert_eq!(parse(&out.packet).src, POD, "never SNATed");
+    }
+    assert_eq!(h.counter(Counter::PodStrict), 4);
+    assert_eq!(h.counter(Counter::PodToPod), 0);
+}
+
+#[test]
+fn local_pods_reach_a_strict_pod_through_the_vpc() {
+    let mut h = harness();
+    h.add_eni(BRANCH, GATEWAY, 0);
+    h.add_endpoint(
+        POD2,
+        &Endpoint {
+            ifindex: 2002,
+            eni_ifindex: BRANCH,
+            mac: POD2_MAC,
+            host_mac: HOST_VETH2_MAC,
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    let out = h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::tcp(POD, 40000, POD2, 80, TCP_SYN, b"")),
+    );
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::PodSteered), 1);
+    assert_eq!(h.counter(Counter::PodToPod), 0);
+    // And from an ENI that is not its branch, the stack gets it.
+    h.assert_ingress_untouched(
+        &packets::tcp(PEER, 80, POD2, 40000, TCP_SYN, b""),
+        Counter::IngressNotNode,
+    );
+}
+
+#[test]
+fn an_expiring_ttl_is_left_to_the_stack() {
+    let h = harness();
+    let mut last_hop = from_pod(packets::tcp(POD, 40000, PEER, 80, TCP_SYN, b""));
+    last_hop[14 + 8] = 1;
+    last_hop[14 + 10] = 0;
+    last_hop[14 + 11] = 0;
+    let csum = packets::internet_checksum(&[&last_hop[14..34]]);
+    last_hop[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
+    h.assert_untouched(maps::PROG_POD_EGRESS, &last_hop, Counter::TtlToStack);
+}
+
+#[test]
+fn enis_deliver_local_pods_straight_into_them() {
+    let h = harness();
+    let inbound = packets::tcp(PEER, 51000, POD2, 8080, TCP_SYN, b"");
+    let out = h.ingress(&inbound);
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::IngressToPod), 1);
+    assert_eq!(&out.packet[0..6], &POD2_MAC);
+    assert_eq!(&out.packet[6..12], &HOST_VETH2_MAC);
+    assert_eq!(ttl(&out.packet), ttl(&inbound) - 1);
+    assert!(parse(&out.packet).ip_csum_ok);
+
+    // A reply of a SNATed flow: translated back, then straight in.
+    let sent = h.egress(&packets::tcp(POD2, 40000, INET, 443, TCP_SYN, b""));
+    let nat_port = parse(&sent.packet).sport;
+    let reply = h.ingress(&packets::tcp(
+        INET,
+        443,
+        NODE,
+        nat_port,
+        TCP_SYN | TCP_ACK,
+        b"",
+    ));
+    assert_eq!(reply.action, TC_ACT_REDIRECT);
+    let p = parse(&reply.packet);
+    assert_eq!((p.dst, p.dport), (POD2, 40000));
+    assert!(p.ip_csum_ok && p.l4_csum_ok);
+    assert_eq!(&reply.packet[0..6], &POD2_MAC);
+    assert_eq!(h.counter(Counter::IngressRevSnat), 1);
+    assert_eq!(h.counter(Counter::IngressToPod), 2);
+}
+
+#[test]
+fn stack_traffic_from_a_pod_on_another_eni_is_steered_to_it() {
+    let h = harness();
+    // POD's address belongs to ETH1; the stack sent its packet out of the
+    // test run's device (as the main table sends everything out of eth0).
+    let sent = packets::tcp(POD, 40000, PEER, 80, TCP_ACK, b"x");
+    let out = h.egress(&sent);
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::EgressSteered), 1);
+    assert_eq!(h.counter(Counter::EgressNoSnatCidr), 1);
+    assert_eq!(ttl(&out.packet), ttl(&sent), "the stack routed it already");
+    // POD2 is on this very ENI: left alone.
+    h.assert_egress_untouched(
+        &packets::tcp(POD2, 40000, PEER, 80, TCP_ACK, b"x"),
+        Counter::EgressNoSnatCidr,
+    );
+    // SNATed traffic is not steered: it leaves by the primary ENI.
+    let out = h.egress(&packets::tcp(POD, 40001, INET, 80, TCP_SYN, b""));
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    assert_eq!(parse(&out.packet).src, NODE);
+}
+
+#[test]
+fn a_pod_on_an_eni_missing_from_the_map_is_dropped_and_counted() {
+    let mut h = harness();
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: 4242,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: 0,
+        },
+    );
+    h.assert_dropped(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::tcp(POD, 40000, PEER, 80, TCP_SYN, b"")),
+        Counter::DropNoEni,
+    );
+}

@@ -1,0 +1,120 @@
+//! Forwarding without the stack: into a local pod (`bpf_redirect_peer`) or
+//! out of an ENI to its subnet gateway (`bpf_redirect_neigh`).
+//!
+//! Why `bpf_redirect_neigh` with the gateway as next hop, not a FIB lookup:
+//! the VPC CNI's per-ENI route table is exactly `default via <gateway> dev
+//! ethN`, and the main table would send everything out of `eth0`. Naming
+//! the ENI and its gateway from the ENI map is that table without any table,
+//! and the kernel still resolves and caches the gateway's MAC.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_UNSPEC, bpf_redir_neigh, bpf_redir_neigh__bindgen_ty_1},
+    helpers::{bpf_redirect_neigh, bpf_redirect_peer},
+    programs::TcContext,
+};
+use vpcnet_common::{counters::Counter, endpoint::Endpoint};
+
+use crate::{
+    maps::ENIS,
+    packet::{IP_CSUM_OFF, IP_TTL_OFF, load},
+};
+
+const AF_INET: u32 = 2;
+
+/// What a program does with a packet: the counter of its verdict and the tc
+/// action.
+pub struct Verdict {
+    pub counter: Counter,
+    pub action: i32,
+}
+
+impl Verdict {
+    /// Passed on (`TC_ACT_UNSPEC`: programs after ours still see it).
+    pub const fn pass(counter: Counter) -> Self {
+        Self {
+            counter,
+            action: TC_ACT_UNSPEC,
+        }
+    }
+}
+
+impl From<Counter> for Verdict {
+    fn from(counter: Counter) -> Self {
+        Self::pass(counter)
+    }
+}
+
+/// Decrements the TTL as a router does. `false`: it would expire, and the
+/// packet is better left to the stack, which answers time exceeded.
+#[inline(always)]
+fn decrement_ttl(ctx: &TcContext) -> Result<bool, Counter> {
+    // TTL and protocol form one 16-bit word of the header checksum.
+    let word: u16 = load(ctx, IP_TTL_OFF)?;
+    let bytes = word.to_ne_bytes();
+    if bytes[0] <= 1 {
+        return Ok(false);
+    }
+    let new = u16::from_ne_bytes([bytes[0] - 1, bytes[1]]);
+    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(word), u64::from(new), 2)
+        .map_err(|_| Counter::DropRewrite)?;
+    ctx.store(IP_TTL_OFF, &new, 0)
+        .map_err(|_| Counter::DropRewrite)?;
+    Ok(true)
+}
+
+/// Delivers the packet into a local pod, straight into its namespace: the
+/// frame is addressed from the pod's gateway (the host veth) to the pod.
+#[inline(always)]
+pub fn to_pod(ctx: &TcContext, ep: &Endpoint, counter: Counter) -> Result<Verdict, Counter> {
+    if !decrement_ttl(ctx)? {
+        return Ok(Verdict::pass(Counter::TtlToStack));
+    }
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(&ep.mac);
+    macs[6..].copy_from_slice(&ep.host_mac);
+    ctx.store(0, &macs, 0).map_err(|_| Counter::DropRewrite)?;
+    // SAFETY: a helper taking plain values.
+    let action = unsafe { bpf_redirect_peer(ep.ifindex, 0) };
+    Ok(Verdict {
+        counter,
+        action: i32::try_from(action).unwrap_or(TC_ACT_UNSPEC),
+    })
+}
+
+/// Sends the packet out of the ENI on link `eni_ifindex`, to that ENI's
+/// gateway. `forwarded`: the packet is being routed here (not already by
+/// the stack), so its TTL goes down by one.
+#[inline(always)]
+pub fn via_eni(
+    ctx: &TcContext,
+    eni_ifindex: u32,
+    forwarded: bool,
+    counter: Counter,
+) -> Result<Verdict, Counter> {
+    // SAFETY: read-only copy of a map value.
+    let Some(eni) = (unsafe { ENIS.get(eni_ifindex) }).copied() else {
+        return Err(Counter::DropNoEni);
+    };
+    if forwarded && !decrement_ttl(ctx)? {
+        return Ok(Verdict::pass(Counter::TtlToStack));
+    }
+    let mut next_hop = bpf_redir_neigh {
+        nh_family: AF_INET,
+        __bindgen_anon_1: bpf_redir_neigh__bindgen_ty_1 {
+            ipv4_nh: eni.gateway,
+        },
+    };
+    // SAFETY: `next_hop` lives across the call, its size is passed along.
+    let action = unsafe {
+        bpf_redirect_neigh(
+            eni_ifindex,
+            &raw mut next_hop,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
+    };
+    Ok(Verdict {
+        counter,
+        action: i32::try_from(action).unwrap_or(TC_ACT_UNSPEC),
+    })
+}

@@ -1,0 +1,97 @@
+//! The pod side: tc ingress of a pod's host veth (`pod_egress`: what the pod
+//! sends) and tc egress of it (`pod_ingress`: what the stack hands the pod).
+//!
+//! What a pod sends, in order: its own address and MAC or it is dropped;
+//! a strict security-group pod's packets all leave by its branch ENI; a
+//! reply of a flow that reached the pod through the stack goes back through
+//! it (kube-proxy must undo its DNAT); to a local pod, straight into it; to
+//! a service CIDR or a node address, to the stack; to the VPC or an excluded
+//! CIDR, out of the pod's own ENI to its gateway; anything else to the stack,
+//! whose route leads to the primary ENI where `eni_egress` makes the SNAT
+//! decision.
+
+use aya_ebpf::programs::TcContext;
+use vpcnet_common::{cidr::CidrKind, counters::Counter, nat::FlowKey};
+
+use crate::{
+    cidr,
+    forward::{Verdict, to_pod, via_eni},
+    maps::{STACK_FLOWS, config, endpoint},
+    nat::now_ns,
+    packet::{ETH_HLEN, Fragment, is_ipv4, parse_ipv4, parse_l4, src_mac},
+};
+
+/// `pod_egress`: a packet from a pod.
+pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
+    if !is_ipv4(ctx) {
+        return Ok(Counter::PodNotIpv4.into());
+    }
+    let Some(cfg) = config() else {
+        return Ok(Counter::EgressUnconfigured.into());
+    };
+    if cfg.node_addr == 0 {
+        return Ok(Counter::EgressUnconfigured.into());
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    // Anti-spoofing: the source must be a pod behind this very veth, with
+    // that pod's MAC.
+    let ep = endpoint(ip.saddr).ok_or(Counter::DropSpoofedAddr)?;
+    // SAFETY: the context's skb is valid for the program's run.
+    if ep.ifindex != unsafe { (*ctx.skb.skb).ifindex } {
+        return Err(Counter::DropSpoofedAddr);
+    }
+    if src_mac(ctx)? != ep.mac {
+        return Err(Counter::DropSpoofedMac);
+    }
+    if ep.strict() {
+        return via_eni(ctx, ep.eni_ifindex, true, Counter::PodStrict);
+    }
+    if ip.fragment == Fragment::Later {
+        return Ok(Counter::PodFragment.into());
+    }
+    if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
+        let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+        // SAFETY: only the presence matters.
+        if unsafe { STACK_FLOWS.get(key) }.is_some() {
+            return Ok(Counter::PodStackFlow.into());
+        }
+    }
+    if let Some(dst) = endpoint(ip.daddr) {
+        // A strict pod takes packets only from its branch ENI: reach it
+        // through the VPC like any other VPC address.
+        if !dst.strict() {
+            return to_pod(ctx, &dst, Counter::PodToPod);
+        }
+    }
+    match cidr::lookup(ip.daddr) {
+        Some(CidrKind::Service) => Ok(Counter::PodToService.into()),
+        Some(CidrKind::Local) => Ok(Counter::PodToLocal.into()),
+        Some(CidrKind::Vpc | CidrKind::Excluded) => {
+            via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
+        }
+        None => Ok(Counter::PodToSnat.into()),
+    }
+}
+
+/// `pod_ingress`: a packet the node's stack hands a pod. The stack only
+/// gets to do that for flows our fast paths did not take (kube-proxy's
+/// DNAT, the node's own sockets): remember the flow so the pod's replies go
+/// back through the stack too.
+pub fn ingress(ctx: &TcContext) -> Result<Verdict, Counter> {
+    if !is_ipv4(ctx) {
+        return Ok(Counter::PodNotIpv4.into());
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        return Ok(Counter::PodFragment.into());
+    }
+    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
+        return Ok(Counter::PodIngressStack.into());
+    };
+    let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
+    // SAFETY: only the presence matters; an LRU lookup also keeps it fresh.
+    if unsafe { STACK_FLOWS.get(reply) }.is_none() {
+        let _ = STACK_FLOWS.insert(reply, now_ns(), 0);
+    }
+    Ok(Counter::PodIngressStack.into())
+}
