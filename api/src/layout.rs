@@ -112,7 +112,10 @@ impl NodeLayout {
                 )));
             }
             if !seen.insert(ep.addr) {
-                return Err(LayoutError::Inconsistent(format!("pod address {} twice", ep.addr)));
+                return Err(LayoutError::Inconsistent(format!(
+                    "pod address {} twice",
+                    ep.addr
+                )));
             }
         }
         Ok(())
