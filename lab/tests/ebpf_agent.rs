@@ -13,7 +13,8 @@ use std::{
     time::Duration,
 };
 
-use vpcnet_lab::{Lab, LabError, LabOptions, addrs, netns};
+use vpcnet_api::layout::NodeLayout;
+use vpcnet_lab::{EnforcingMode, Lab, LabError, LabOptions, NodePortService, addrs, netns};
 
 fn is_root() -> bool {
     if nix::unistd::geteuid().is_root() {
@@ -206,4 +207,123 @@ fn a_silent_agent_times_out_and_is_stopped() {
     assert!(err.to_string().contains("printed nothing within"), "{err}");
     let pid: i32 = agent.recorded("pid").trim().parse().unwrap();
     assert!(exited(pid), "the silent agent was stopped");
+}
+
+/// An eBPF lab with three ENIs, a branch pod and a node port: the agent is
+/// handed the node layout (`--layout`) and the enforcing mode, and the node
+/// has the links but none of the VPC CNI's policy routing: no ip rule per
+/// pod or per ENI, no ENI or VLAN route table.
+#[test]
+fn an_ebpf_lab_hands_the_agent_its_layout_and_has_no_policy_routing() {
+    if !is_root() {
+        return;
+    }
+    let _serial = vpcnet_lab::serial();
+    vpcnet_lab::down_all().unwrap();
+    let here = std::env::temp_dir().join(format!("vpcnet-lab-layout-{}", std::process::id()));
+    let agent = FakeAgent::new(
+        "layout",
+        &format!(
+            r#"echo "$@" > {dir}/args
+env | grep -E '^(POD_SECURITY_GROUP_ENFORCING_MODE|ENABLE_POD_ENI)=' | sort > {dir}/env
+cp "${{10}}" {dir}/layout.json
+echo READY
+exec >&-
+exec sleep 600"#,
+            dir = here.display()
+        ),
+    );
+    let opts = LabOptions {
+        enis: 3,
+        branch_pods: vec![3],
+        sg_enforcing_mode: EnforcingMode::Standard,
+        node_port: Some(NodePortService {
+            pod: 1,
+            target_port: 8080,
+        }),
+        ..LabOptions::ebpf(4, agent.bin())
+    };
+    let lab = Lab::up(&opts).expect("lab up");
+
+    assert!(
+        agent
+            .recorded("args")
+            .trim()
+            .ends_with("--layout /run/vpcnet-lab/layout.json"),
+        "{}",
+        agent.recorded("args")
+    );
+    assert_eq!(
+        agent.recorded("env"),
+        "ENABLE_POD_ENI=true\nPOD_SECURITY_GROUP_ENFORCING_MODE=standard\n"
+    );
+    // What the agent read is the layout of this lab.
+    let layout: NodeLayout = serde_json::from_str(&agent.recorded("layout.json")).unwrap();
+    layout.validate().unwrap();
+    assert_eq!(layout, vpcnet_lab::layout::node_layout(&opts, lab.pods()));
+    let enis: Vec<_> = layout
+        .enis
+        .iter()
+        .map(|e| (e.interface.as_str(), e.primary))
+        .collect();
+    assert_eq!(
+        enis,
+        [
+            ("eth0", true),
+            ("eth1", false),
+            ("eth2", false),
+            ("vlan.eth.1", false)
+        ]
+    );
+    for (endpoint, pod) in layout.endpoints.iter().zip(lab.pods()) {
+        assert_eq!(
+            (
+                endpoint.addr,
+                endpoint.host_veth.as_str(),
+                endpoint.eni.as_str()
+            ),
+            (pod.addr, pod.host_veth.as_str(), pod.eni.as_str())
+        );
+    }
+    assert_eq!(
+        layout.endpoints[3].enforcing_mode,
+        Some(EnforcingMode::Standard)
+    );
+
+    // The links are there, policy routing is not.
+    let links = netns::exec_ok(addrs::NS_NODE, &["ip", "-o", "link", "show"]).unwrap();
+    for link in ["eth1", "eth2", "vlan.eth.1"] {
+        assert!(links.contains(&format!(": {link}@")), "{link}: {links}");
+    }
+    let rules = lab.ip_rules().unwrap();
+    assert_eq!(
+        rules,
+        [
+            "0:\tfrom all lookup local",
+            "32766:\tfrom all lookup main",
+            "32767:\tfrom all lookup default"
+        ],
+        "no ip rule per pod or ENI in the eBPF datapath"
+    );
+    for pod in lab.pods() {
+        assert!(lab.pod_ip_rules(pod).unwrap().is_empty(), "{}", pod.netns);
+    }
+    let tables = netns::exec_ok(addrs::NS_NODE, &["ip", "route", "show", "table", "all"]).unwrap();
+    assert!(
+        !tables.contains("table 2") && !tables.contains("table 3") && !tables.contains("table 101"),
+        "{tables}"
+    );
+    // kube-proxy's node port runs whatever the datapath.
+    let nat = netns::exec_ok(
+        addrs::NS_NODE,
+        &["iptables", "-t", "nat", "-S", "PREROUTING"],
+    )
+    .unwrap();
+    assert!(
+        nat.contains("--dport 30080 -j DNAT --to-destination 10.20.11.21:8080"),
+        "{nat}"
+    );
+
+    lab.down().unwrap();
+    assert_no_lab_left();
 }
