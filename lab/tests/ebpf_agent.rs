@@ -290,7 +290,25 @@ exec sleep 600"#,
         Some(EnforcingMode::Standard)
     );
 
-    // The links are there, policy routing is not.
+    check_links_without_policy_routing(&lab);
+    // kube-proxy's node port runs whatever the datapath.
+    let nat = netns::exec_ok(
+        addrs::NS_NODE,
+        &["iptables", "-t", "nat", "-S", "PREROUTING"],
+    )
+    .unwrap();
+    assert!(
+        nat.contains("--dport 30080 -j DNAT --to-destination 10.20.11.21:8080"),
+        "{nat}"
+    );
+
+    lab.down().unwrap();
+    assert_no_lab_left();
+}
+
+/// The ENI and branch links exist; no ip rule per pod or ENI, no ENI or
+/// VLAN route table.
+fn check_links_without_policy_routing(lab: &Lab) {
     let links = netns::exec_ok(addrs::NS_NODE, &["ip", "-o", "link", "show"]).unwrap();
     for link in ["eth1", "eth2", "vlan.eth.1"] {
         assert!(links.contains(&format!(": {link}@")), "{link}: {links}");
@@ -313,17 +331,4 @@ exec sleep 600"#,
         !tables.contains("table 2") && !tables.contains("table 3") && !tables.contains("table 101"),
         "{tables}"
     );
-    // kube-proxy's node port runs whatever the datapath.
-    let nat = netns::exec_ok(
-        addrs::NS_NODE,
-        &["iptables", "-t", "nat", "-S", "PREROUTING"],
-    )
-    .unwrap();
-    assert!(
-        nat.contains("--dport 30080 -j DNAT --to-destination 10.20.11.21:8080"),
-        "{nat}"
-    );
-
-    lab.down().unwrap();
-    assert_no_lab_left();
 }
