@@ -292,6 +292,24 @@ pub fn branch_route_table(vlan_id: u16) -> u32 {
     u32::from(vlan_id) + 100
 }
 
+// Scale filler: pods' worth of policy routing entries for addresses that
+// carry no traffic, installed before the lab's own pods so that theirs sit
+// last. They come from the top half of the custom-networking pod subnet
+// (100.64.32.0/19), which nothing else in the lab uses.
+
+/// How many filler pods a lab can have.
+pub const MAX_FILLER_PODS: usize = 8192;
+
+/// The address of filler pod `index` (100.64.32.0 upwards), `None` past
+/// [`MAX_FILLER_PODS`].
+pub fn filler_pod_addr(index: usize) -> Option<Ipv4Addr> {
+    if index >= MAX_FILLER_PODS {
+        return None;
+    }
+    let base = u32::from(Ipv4Addr::new(100, 64, 32, 0));
+    Some(Ipv4Addr::from(base + u32::try_from(index).ok()?))
+}
+
 // NodePort-style inbound: kube-proxy's DNAT from the node's primary address
 // to one pod (externalTrafficPolicy=Local: the client address is kept).
 
@@ -339,6 +357,15 @@ mod tests {
             .flat_map(|d| [eni_mac(d), vpc_eni_link_mac(d)])
             .collect();
         assert_eq!(links.len(), 2 * MAX_ENIS, "every ENI MAC is distinct");
+    }
+
+    #[test]
+    fn filler_addresses_stay_in_the_custom_subnet() {
+        assert_eq!(filler_pod_addr(0), Some(Ipv4Addr::new(100, 64, 32, 0)));
+        let last = filler_pod_addr(MAX_FILLER_PODS - 1).unwrap();
+        assert_eq!(last, Ipv4Addr::new(100, 64, 63, 255));
+        assert!(CUSTOM_POD_SUBNET.contains(&last));
+        assert_eq!(filler_pod_addr(MAX_FILLER_PODS), None);
     }
 
     #[test]

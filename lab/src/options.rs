@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub use vpcnet_api::layout::EnforcingMode;
 
 use crate::{
-    addrs::{MAX_BRANCH_PODS, MAX_ENIS, MAX_PODS},
+    addrs::{MAX_BRANCH_PODS, MAX_ENIS, MAX_FILLER_PODS, MAX_PODS},
     error::{LabError, Result},
 };
 
@@ -190,6 +190,13 @@ pub struct LabOptions {
     /// datapaths (kube-proxy runs in both).
     #[serde(default)]
     pub node_port: Option<NodePortService>,
+    /// Scale: this many pods' worth of policy routing entries, installed
+    /// before the lab's own pods so that theirs sit last. In the iptables
+    /// datapath each filler pod has rules 512 and 1536 (as a pod on `eth1`
+    /// has) for an address of [`crate::addrs::filler_pod_addr`] that carries
+    /// no traffic. (The eBPF datapath's map entries are the agent's side.)
+    #[serde(default)]
+    pub filler_pods: usize,
 }
 
 fn one() -> usize {
@@ -214,6 +221,7 @@ impl Default for LabOptions {
             branch_pods: Vec::new(),
             sg_enforcing_mode: EnforcingMode::Strict,
             node_port: None,
+            filler_pods: 0,
         }
     }
 }
@@ -279,6 +287,12 @@ impl LabOptions {
             )));
         }
         self.validate_branch_pods()?;
+        if self.filler_pods > MAX_FILLER_PODS {
+            return Err(LabError::InvalidOption(format!(
+                "--filler-pods {}: at most {MAX_FILLER_PODS}",
+                self.filler_pods
+            )));
+        }
         if let Some(service) = &self.node_port
             && service.pod >= self.pods
         {

@@ -38,7 +38,7 @@ use ipnet::Ipv4Net;
 use crate::{
     addrs::{
         CONNMARK, NODE_ETH0, NODE_PRIMARY_ADDR, NODE_SUBNET_GW, NS_NODE, VETH_PREFIX, VPC_CIDRS,
-        eni_ifname, eni_primary_addr, eni_route_table,
+        eni_ifname, eni_primary_addr, eni_route_table, filler_pod_addr,
     },
     error::Result,
     netns::{exec_ok, ip_batch},
@@ -295,6 +295,22 @@ pub fn pod_lines(pod: &PodInfo) -> Vec<String> {
     lines
 }
 
+/// The rules of `count` filler pods: 512 and 1536 each, as the plugin gives
+/// a pod on `eth1` (whose table is used whether or not `eth1` exists: the
+/// addresses carry no traffic, only the rule list grows).
+pub fn filler_rule_lines(count: usize) -> Vec<String> {
+    let table = eni_route_table(1);
+    (0..count)
+        .filter_map(filler_pod_addr)
+        .flat_map(|addr| {
+            [
+                pod_rule_line(addr),
+                format!("rule add from {addr}/32 priority {FROM_POD_RULE_PRIORITY} table {table}"),
+            ]
+        })
+        .collect()
+}
+
 /// Wires the node with the VPC CNI's rules (pods' rules come with the pods).
 pub fn wire_node(opts: &LabOptions) -> Result<()> {
     for command in iptables_commands(opts) {
@@ -309,6 +325,8 @@ pub fn wire_node(opts: &LabOptions) -> Result<()> {
     for device in 1..opts.enis {
         lines.extend(eni_table_lines(device));
     }
+    // Before any pod: the lab's own pods' rules come after these.
+    lines.extend(filler_rule_lines(opts.filler_pods));
     ip_batch(Some(NS_NODE), &lines)
 }
 

@@ -453,3 +453,65 @@ fn check_branch_wiring(lab: &Lab, pod: &PodInfo) {
         "{delivery}"
     );
 }
+
+/// Scale in the iptables reference: 4096 pods' worth of rules (8192) and 64
+/// SNAT exclusions before the lab's own, then the pod whose rules sit last
+/// (pod 1, on eth1) still gets out right: its own address to `peer` and to
+/// the excluded `onprem` (whose exclusion is the last one evaluated), the
+/// node's to `inet`.
+#[test]
+fn a_pod_whose_rules_sit_last_behind_4096_pods_still_forwards() {
+    if !is_root() {
+        return;
+    }
+    init_logs();
+    let _serial = vpcnet_lab::serial();
+    vpcnet_lab::down_all().unwrap();
+
+    // The exclusions are inserted at the top of the chain one by one, so the
+    // first listed is evaluated last.
+    let exclusions = std::iter::once(addrs::ONPREM_NET)
+        .chain((0..63u8).map(|i| ipnet::Ipv4Net::new(Ipv4Addr::new(198, 18, i, 0), 24).unwrap()))
+        .collect();
+    let opts = LabOptions {
+        enis: 2,
+        filler_pods: 4096,
+        exclude_snat_cidrs: exclusions,
+        ..LabOptions::iptables(2)
+    };
+    let started = std::time::Instant::now();
+    let lab = Lab::up(&opts).expect("lab up");
+    let rules = lab.ip_rules().unwrap();
+    println!(
+        "up in {:?} with {} ip rules in the node",
+        started.elapsed(),
+        rules.len()
+    );
+    let pod = lab.pod(1);
+    assert_eq!(pod.eni, "eth1");
+    let own = lab.pod_ip_rules(pod).unwrap();
+    let last_512 = rules.iter().rposition(|r| r.starts_with("512:")).unwrap();
+    let last_1536 = rules.iter().rposition(|r| r.starts_with("1536:")).unwrap();
+    assert_eq!(own, [rules[last_512].clone(), rules[last_1536].clone()]);
+    // 2 per filler pod, 1 + 2 for pods 0 and 1, 1024, 32765 for eth1, and
+    // the kernel's 0, 32766 and 32767.
+    assert_eq!(rules.len(), 2 * 4096 + 3 + 1 + 1 + 3, "{:?}", &rules[..5]);
+    let snat = exec_ok(
+        addrs::NS_NODE,
+        &["iptables", "-t", "nat", "-S", "AWS-SNAT-CHAIN-0"],
+    )
+    .unwrap();
+    let returns: Vec<&str> = snat.lines().filter(|l| l.ends_with("-j RETURN")).collect();
+    assert_eq!(returns.len(), 64 + 2);
+    assert!(returns[63].contains("-d 192.0.2.0/24"), "{snat}");
+
+    let far = FarEnds::start();
+    assert_seen_as(pod, &far.peer, addrs::PEER_ADDR, pod.addr);
+    assert_seen_as(pod, &far.onprem, addrs::ONPREM_ADDR, pod.addr);
+    assert_seen_as(pod, &far.inet, addrs::INET_ADDR, addrs::NODE_PRIMARY_ADDR);
+    assert_eq!(lab.srcdst_check_drops().unwrap(), 0);
+
+    drop(far);
+    lab.down().unwrap();
+    assert_no_lab_left();
+}

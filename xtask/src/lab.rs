@@ -19,21 +19,22 @@ use vpcnet_lab::{
 pub struct Args {
     #[command(subcommand)]
     action: Option<Action>,
-    /// Options of the demo, when no subcommand is given.
+    /// Options of the demo, when no subcommand is given. (Boxed, as in
+    /// the subcommands: the options are large next to other commands'.)
     #[command(flatten)]
-    demo: UpArgs,
+    demo: Box<UpArgs>,
 }
 
 #[derive(Subcommand)]
 enum Action {
     /// Bring the lab up and leave it running; returns when every pod is ready.
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Remove every trace of the lab: agent, pins, namespaces, state.
     Down,
     /// Show the running lab.
     Status,
     /// Up, show what each path does, down (the default).
-    Demo(UpArgs),
+    Demo(Box<UpArgs>),
 }
 
 #[derive(clap::Args, Clone)]
@@ -77,6 +78,10 @@ struct UpArgs {
     /// The port the --node-port pod listens on.
     #[arg(long, default_value_t = 8080, requires = "node_port")]
     node_port_target: u16,
+    /// Scale: this many pods' worth of ip rules (512 and 1536 each, iptables
+    /// datapath) before the lab's own pods, for addresses in 100.64.32.0/19.
+    #[arg(long, default_value_t = 0)]
+    filler_pods: usize,
 }
 
 fn enforcing_mode(value: &str) -> Result<EnforcingMode, String> {
@@ -115,6 +120,7 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             pod,
             target_port: args.node_port_target,
         }),
+        filler_pods: args.filler_pods,
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.
