@@ -5,52 +5,18 @@
 //! directory), so each holds `vpcnet_lab::serial()` for as long as its lab
 //! exists; they need root and are skipped, loudly, without it.
 
+mod common;
+
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     path::Path,
-    time::Duration,
 };
 
+use common::{DROP_TIMEOUT, REPLY_TIMEOUT, assert_no_lab_left, at, init_logs, is_root};
 use vpcnet_lab::{
     Lab, LabError, LabOptions, PodInfo, Proto, WhoamiServer, addrs, exec_ok, icmp_echo, netns,
     send_spoofed_udp, tcp_whoami, udp_whoami,
 };
-
-const PORT: u16 = 8080;
-/// Long enough for a delivered reply on a loaded 2-core machine; a dropped
-/// packet costs this much per probe.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(3);
-const DROP_TIMEOUT: Duration = Duration::from_millis(700);
-
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED: the lab tests need root (network namespaces)");
-    false
-}
-
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "vpcnet_lab=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-fn at(addr: Ipv4Addr) -> SocketAddrV4 {
-    SocketAddrV4::new(addr, PORT)
-}
-
-fn assert_no_lab_left() {
-    assert_eq!(netns::lab_namespaces().unwrap(), Vec::<String>::new());
-    assert!(
-        !vpcnet_lab::state_dir().exists(),
-        "the state directory is left"
-    );
-}
 
 /// Every namespace and address of the contract exists.
 fn check_topology(lab: &Lab) {
