@@ -312,3 +312,46 @@ fn a_pod_on_an_eni_missing_from_the_map_is_dropped_and_counted() {
         Counter::DropNoEni,
     );
 }
+
+#[test]
+fn nothing_leaving_by_a_branch_eni_is_snated() {
+    let mut h = harness();
+    // The test run's device is a branch ENI's link here, and POD's own.
+    h.add_eni(
+        TEST_RUN_IFINDEX,
+        GATEWAY,
+        vpcnet_common::endpoint::ENI_BRANCH,
+    );
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: 3003,
+            eni_ifindex: TEST_RUN_IFINDEX,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    for dst in [INET, vpcnet_bpf_tests::ONPREM] {
+        h.assert_egress_untouched(
+            &packets::tcp(POD, 40000, dst, 80, TCP_SYN, b""),
+            Counter::EgressBranchNoSnat,
+        );
+    }
+    assert_eq!(h.table_sizes(), (0, 0));
+}
+
+#[test]
+fn an_untranslated_service_address_at_the_eni_is_snated_like_any_other() {
+    let h = harness();
+    let out = h.egress(&packets::tcp(
+        POD2,
+        40000,
+        Ipv4Addr::new(10, 100, 0, 10),
+        80,
+        TCP_SYN,
+        b"",
+    ));
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    assert_eq!(parse(&out.packet).src, NODE);
+}

@@ -80,6 +80,7 @@ counters! {
     IngressInboundUntracked => "ingress_inbound_untracked", "ingress: flow opened from outside the VPC to a pod, not tracked because the NAT table is full";
     IngressFragment => "ingress_fragment", "ingress: non-first fragment of a tracked datagram translated";
 
+    EgressBranchNoSnat => "egress_pass_branch_eni", "egress: leaving by a branch ENI, never SNATed (the chain's ! -o vlan+)";
     EgressSteered => "egress_steered", "egress: pod packet routed out the wrong ENI, redirected to its own ENI's gateway";
     IngressToPod => "ingress_to_pod", "ingress: packet for a local pod delivered straight into it";
     TtlToStack => "forward_pass_ttl", "forwarding: TTL would expire, passed to the stack, which answers time exceeded";

@@ -6,6 +6,7 @@ use vpcnet_common::{
     cidr::CidrKind,
     config::Config,
     counters::Counter,
+    endpoint::ENI_BRANCH,
     nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
 };
 
@@ -13,7 +14,7 @@ use crate::{
     cidr,
     forward::{Verdict, via_eni},
     frag, icmp,
-    maps::{NAT_FWD, config, count, endpoint},
+    maps::{ENIS, NAT_FWD, config, count, endpoint},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_SADDR_OFF, Ipv4, L4, is_ipv4,
@@ -29,7 +30,8 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         Counter::EgressNoSnatCidr
         | Counter::EgressExternalSnatNew
         | Counter::EgressUntranslated
-        | Counter::EgressNotOpening => steer(ctx, decision),
+        | Counter::EgressNotOpening
+        | Counter::EgressBranchNoSnat => steer(ctx, decision),
         _ => Ok(decision.into()),
     }
 }
@@ -121,6 +123,13 @@ fn known_flow(
     Some(entry)
 }
 
+/// Whether `ifindex` is a branch ENI's link.
+#[inline(always)]
+fn on_branch_link(ifindex: u32) -> bool {
+    // SAFETY: read-only copy of a map value.
+    unsafe { ENIS.get(ifindex) }.is_some_and(|eni| eni.flags & ENI_BRANCH != 0)
+}
+
 /// Whether a packet with no flow may open one (netfilter would see it as
 /// NEW): SYN or a mid-stream ACK for TCP, any UDP, an echo request.
 #[inline(always)]
@@ -145,11 +154,19 @@ fn new_flow(
 ) -> Result<Counter, Counter> {
     match cidr::lookup(ip.daddr) {
         Some(CidrKind::Local) => return Ok(Counter::EgressLocal),
-        Some(_) => return Ok(Counter::EgressNoSnatCidr),
-        None => {}
+        Some(CidrKind::Vpc | CidrKind::Excluded) => return Ok(Counter::EgressNoSnatCidr),
+        // A service address still untranslated here is SNATed like any
+        // other non-VPC one, as the chain does.
+        Some(CidrKind::Service) | None => {}
     }
     if !may_open(ip.proto, l4) {
         return Ok(Counter::EgressNotOpening);
+    }
+    // The chain's `! -o vlan+`: nothing leaving by a branch ENI is SNATed
+    // (a strict security-group pod's traffic keeps its own address).
+    // SAFETY: the context's skb is valid for the program's run.
+    if on_branch_link(unsafe { (*ctx.skb.skb).ifindex }) {
+        return Ok(Counter::EgressBranchNoSnat);
     }
     if ip.saddr == cfg.node_addr {
         // A node socket: reserve its port so no NAT flow takes it.
