@@ -28,8 +28,10 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tracing::{debug, warn};
 
 use crate::{
+    addrs::NS_VPC,
     error::{Context, LabError, Result},
-    netns::run_in,
+    netns::{exec_ok, run_in},
+    router,
 };
 
 /// Open connections of a server: a handle to shut each down, its thread.
@@ -463,30 +465,77 @@ pub fn tcp_whoami(
     server: SocketAddrV4,
     timeout: Duration,
 ) -> Result<Option<SocketAddrV4>> {
-    run_in(ns, || {
-        let deadline = Instant::now() + timeout;
-        let stream = match TcpStream::connect_timeout(&server.into(), timeout) {
-            Ok(stream) => stream,
-            Err(err) if timed_out(&err) => return Ok(None),
-            Err(err) => return Err(err).context(|| format!("TCP connect from {ns} to {server}")),
-        };
-        let remaining = deadline
+    run_in(ns, || tcp_whoami_here(ns, server, timeout, false))?
+}
+
+/// Like [`tcp_whoami`], then closes the connection in order and returns
+/// only once the server's FIN has arrived (not within `timeout`: an error):
+/// by then every packet of the connection has been sent, the last ACK
+/// included, so counters read afterwards (the VPC router's per-link ones)
+/// hold the whole connection and nothing of it spills into the next probe.
+pub fn tcp_whoami_closed(
+    ns: &str,
+    server: SocketAddrV4,
+    timeout: Duration,
+) -> Result<Option<SocketAddrV4>> {
+    run_in(ns, || tcp_whoami_here(ns, server, timeout, true))?
+}
+
+/// [`tcp_whoami`] from the calling thread's namespace `ns`; with
+/// `close_in_order`, [`tcp_whoami_closed`].
+fn tcp_whoami_here(
+    ns: &str,
+    server: SocketAddrV4,
+    timeout: Duration,
+    close_in_order: bool,
+) -> Result<Option<SocketAddrV4>> {
+    let deadline = Instant::now() + timeout;
+    let remaining = || {
+        deadline
             .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        stream
-            .set_read_timeout(Some(remaining))
-            .context(|| "setting a read timeout".into())?;
-        let mut line = String::new();
-        match BufReader::new(&stream).read_line(&mut line) {
-            Ok(0) => Err(LabError::BadOutput {
+            .max(Duration::from_millis(1))
+    };
+    let stream = match TcpStream::connect_timeout(&server.into(), timeout) {
+        Ok(stream) => stream,
+        Err(err) if timed_out(&err) => return Ok(None),
+        Err(err) => return Err(err).context(|| format!("TCP connect from {ns} to {server}")),
+    };
+    stream
+        .set_read_timeout(Some(remaining()))
+        .context(|| "setting a read timeout".into())?;
+    let mut reader = BufReader::new(&stream);
+    let mut line = String::new();
+    let seen = match reader.read_line(&mut line) {
+        Ok(0) => {
+            return Err(LabError::BadOutput {
                 command: format!("TCP whoami from {ns} to {server}"),
                 reason: "the connection closed without a reply".into(),
-            }),
-            Ok(_) => parse_whoami_line(&line).map(Some),
-            Err(err) if timed_out(&err) => Ok(None),
-            Err(err) => Err(err).context(|| format!("TCP read from {server} in {ns}")),
+            });
         }
-    })?
+        Ok(_) => parse_whoami_line(&line)?,
+        Err(err) if timed_out(&err) => return Ok(None),
+        Err(err) => return Err(err).context(|| format!("TCP read from {server} in {ns}")),
+    };
+    if !close_in_order {
+        return Ok(Some(seen));
+    }
+    // Our FIN; the server answers with its own once it reads the end.
+    stream
+        .shutdown(Shutdown::Write)
+        .context(|| format!("TCP shutdown towards {server} in {ns}"))?;
+    stream
+        .set_read_timeout(Some(remaining()))
+        .context(|| "setting a read timeout".into())?;
+    let mut rest = Vec::new();
+    match reader.read_to_end(&mut rest) {
+        // The server's FIN: the kernel acknowledged it before waking us.
+        Ok(_) => Ok(Some(seen)),
+        Err(err) if timed_out(&err) => Err(LabError::BadOutput {
+            command: format!("TCP whoami from {ns} to {server}"),
+            reason: format!("the server's FIN did not come within {timeout:?}"),
+        }),
+        Err(err) => Err(err).context(|| format!("TCP read to the end from {server} in {ns}")),
+    }
 }
 
 /// Sends one UDP datagram from namespace `ns` to a [`WhoamiServer`] and
@@ -555,6 +604,57 @@ pub fn icmp_echo(ns: &str, target: Ipv4Addr, timeout: Duration) -> Result<Option
             }
         }
     })?
+}
+
+/// One request-and-answer of the kinds a [`WhoamiServer`] takes, as one
+/// probe: for tests that run every kind to every end and tabulate them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WhoamiFlow {
+    /// [`tcp_whoami_closed`]: every packet of the connection is sent when it
+    /// returns.
+    Tcp,
+    /// [`udp_whoami`].
+    Udp,
+    /// [`icmp_echo`].
+    IcmpEcho,
+}
+
+impl WhoamiFlow {
+    pub const ALL: [Self; 3] = [Self::Tcp, Self::Udp, Self::IcmpEcho];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+            Self::IcmpEcho => "icmp echo",
+        }
+    }
+
+    /// What the server records it as.
+    pub fn proto(self) -> Proto {
+        match self {
+            Self::Tcp => Proto::Tcp,
+            Self::Udp => Proto::Udp,
+            Self::IcmpEcho => Proto::Icmp,
+        }
+    }
+
+    /// Runs it from namespace `ns` to `target` (ICMP: its address) and
+    /// returns who answered: the target's address for TCP and UDP (their
+    /// sockets are connected: no one else's answer gets in), the echo
+    /// reply's source for ICMP; `None` if no answer came within `timeout`.
+    pub fn run(
+        self,
+        ns: &str,
+        target: SocketAddrV4,
+        timeout: Duration,
+    ) -> Result<Option<Ipv4Addr>> {
+        Ok(match self {
+            Self::Tcp => tcp_whoami_closed(ns, target, timeout)?.map(|_| *target.ip()),
+            Self::Udp => udp_whoami(ns, target, timeout)?.map(|_| *target.ip()),
+            Self::IcmpEcho => icmp_echo(ns, *target.ip(), timeout)?,
+        })
+    }
 }
 
 /// What a connected UDP socket was told by the ICMP error that came back
@@ -760,6 +860,79 @@ fn parse_udp_endpoints(packet: &[u8]) -> Option<(SocketAddrV4, SocketAddrV4)> {
         SocketAddrV4::new(octets(12), u16::from_be_bytes([udp[0], udp[1]])),
         SocketAddrV4::new(octets(16), u16::from_be_bytes([udp[2], udp[3]])),
     ))
+}
+
+/// Counts, in the VPC router, the IPv4 packets it receives on some of its
+/// links (the router's side of ENIs: which ENI a node's packets left by).
+/// Unlike the links' own statistics ([`router::link_rx_packets`]) it leaves
+/// out ARP, so a gateway's neighbour refresh, which comes on its own timer,
+/// never shows up as traffic. It counts before the source/destination
+/// check, so what that drops is counted on the link it came by. Its nftables
+/// table goes when dropped (or with the router's namespace).
+pub struct RouterLinkTap {
+    links: Vec<String>,
+}
+
+impl std::fmt::Debug for RouterLinkTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterLinkTap")
+            .field("links", &self.links)
+            .finish()
+    }
+}
+
+/// The tap's nftables table and chain in the router.
+const LINK_TAP_TABLE: &str = "vpcnet_link_tap";
+const LINK_TAP_CHAIN: &str = "from_links";
+
+impl RouterLinkTap {
+    /// Starts counting on `links` (router-side names, e.g. `n0-eth1`).
+    pub fn install(links: &[String]) -> Result<Self> {
+        use std::fmt::Write as _;
+
+        let rules = links.iter().fold(String::new(), |mut rules, link| {
+            let _ = writeln!(rules, "        iifname \"{link}\" counter");
+            rules
+        });
+        // Priority raw is -300: the source/destination check's.
+        router::nft_apply(&format!(
+            "table ip {LINK_TAP_TABLE} {{\n    chain {LINK_TAP_CHAIN} {{\n        \
+             type filter hook prerouting priority -350; policy accept;\n{rules}    }}\n}}\n"
+        ))?;
+        Ok(Self {
+            links: links.to_vec(),
+        })
+    }
+
+    /// IPv4 packets received so far on each link, in `install`'s order.
+    pub fn read(&self) -> Result<Vec<u64>> {
+        let argv = ["nft", "list", "chain", "ip", LINK_TAP_TABLE, LINK_TAP_CHAIN];
+        let listing = exec_ok(NS_VPC, &argv)?;
+        self.links
+            .iter()
+            .map(|link| {
+                let rule = format!("iifname \"{link}\" ");
+                listing
+                    .lines()
+                    .find(|line| line.trim_start().starts_with(&rule))
+                    .and_then(|line| {
+                        let mut words = line.split_whitespace();
+                        words.find(|word| *word == "packets")?;
+                        words.next()?.parse().ok()
+                    })
+                    .ok_or_else(|| LabError::BadOutput {
+                        command: argv.join(" "),
+                        reason: format!("no packet count for {link} in {listing:?}"),
+                    })
+            })
+            .collect()
+    }
+}
+
+impl Drop for RouterLinkTap {
+    fn drop(&mut self) {
+        let _ = exec_ok(NS_VPC, &["nft", "delete", "table", "ip", LINK_TAP_TABLE]);
+    }
 }
 
 /// Sends one UDP datagram from namespace `ns` with a source address of the
