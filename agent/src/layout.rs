@@ -21,8 +21,44 @@ pub enum LayoutError {
     NoMac(String),
     #[error("pod {addr}: {mac:?} is not a MAC address")]
     BadMac { addr: Ipv4Addr, mac: String },
+    #[error("keeping the gateway {gateway} of {interface} resolved: {reason}")]
+    Neighbour {
+        interface: String,
+        gateway: Ipv4Addr,
+        reason: String,
+    },
     #[error(transparent)]
     Datapath(#[from] DatapathError),
+}
+
+/// Asks the kernel to keep the ENI's gateway resolved (a managed neighbour
+/// entry, refreshed on its own). Packets sent there with
+/// `bpf_redirect_neigh` then never wait in the neighbour queue, where a
+/// packet the stack had routed out of another ENI would be re-resolved
+/// through its old route and leave with that ENI's MAC.
+fn keep_gateway_resolved(interface: &str, gateway: Ipv4Addr) -> Result<(), LayoutError> {
+    let fail = |reason: String| LayoutError::Neighbour {
+        interface: interface.to_owned(),
+        gateway,
+        reason,
+    };
+    // iproute2 until the agent's link setup moves to rtnetlink.
+    let out = std::process::Command::new("ip")
+        .args([
+            "-4",
+            "neigh",
+            "replace",
+            &gateway.to_string(),
+            "dev",
+            interface,
+            "managed",
+        ])
+        .output()
+        .map_err(|e| fail(format!("running ip: {e}")))?;
+    if !out.status.success() {
+        return Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned()));
+    }
+    Ok(())
 }
 
 /// A link of the node's namespace: its index and MAC.
@@ -89,6 +125,7 @@ pub fn apply(datapath: &mut Datapath, layout: &NodeLayout) -> Result<(), LayoutE
         datapath
             .maps
             .set_eni(link(&eni.interface)?.ifindex, &entry)?;
+        keep_gateway_resolved(&eni.interface, eni.gateway)?;
         datapath.attach_eni(&eni.interface)?;
     }
     for ep in &layout.endpoints {

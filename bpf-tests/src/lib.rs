@@ -127,6 +127,36 @@ impl Harness {
         }
     }
 
+    /// Runs `program` on `packet` carrying skb mark `mark`; returns what it
+    /// did and the mark it left.
+    pub fn run_with_mark(&self, program: &'static str, packet: &[u8], mark: u32) -> (Outcome, u32) {
+        // `struct __sk_buff`: `mark` is its third u32; the kernel takes a
+        // shorter context and zero-fills the rest.
+        const SKB_CTX_LEN: usize = 12;
+        const SKB_MARK_OFF: usize = 8;
+        let prog = self.datapath.program(program).unwrap();
+        let mut ctx_in = [0u8; SKB_CTX_LEN];
+        ctx_in[SKB_MARK_OFF..].copy_from_slice(&mark.to_ne_bytes());
+        // The kernel hands back its whole `struct __sk_buff` (192 bytes here).
+        let mut ctx_out = [0u8; 256];
+        let mut out = vec![0u8; packet.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx_in),
+            ctx_out: Some(&mut ctx_out),
+            ..TestRunOptions::default()
+        };
+        let result = prog.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        out.truncate(result.data_size_out as usize);
+        let mark_out = u32::from_ne_bytes(ctx_out[SKB_MARK_OFF..SKB_CTX_LEN].try_into().unwrap());
+        let outcome = Outcome {
+            action: i32::from_ne_bytes(result.return_value.to_ne_bytes()),
+            packet: out,
+        };
+        (outcome, mark_out)
+    }
+
     pub fn egress(&self, packet: &[u8]) -> Outcome {
         self.run(maps::PROG_ENI_EGRESS, packet)
     }

@@ -355,3 +355,78 @@ fn an_untranslated_service_address_at_the_eni_is_snated_like_any_other() {
     assert_eq!(out.action, TC_ACT_UNSPEC);
     assert_eq!(parse(&out.packet).src, NODE);
 }
+
+#[test]
+fn replies_of_a_pods_service_flow_go_back_through_the_stack() {
+    use vpcnet_common::config::MARK_VIA_SERVICE;
+    let h = harness();
+    // The pod asks a service: to the stack, marked.
+    let (out, mark) = h.run_with_mark(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::udp(
+            POD,
+            5000,
+            Ipv4Addr::new(10, 100, 0, 10),
+            80,
+            b"q",
+        )),
+        0,
+    );
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    assert_eq!(mark & MARK_VIA_SERVICE, MARK_VIA_SERVICE);
+    // kube-proxy DNATed it to PEER:8080; the ENI remembers the flow and the
+    // mark does not leave the node.
+    let (out, mark) = h.run_with_mark(
+        maps::PROG_ENI_EGRESS,
+        &packets::udp(POD, 5000, PEER, 8080, b"q"),
+        MARK_VIA_SERVICE | 0x4000,
+    );
+    assert_eq!(out.action, TC_ACT_REDIRECT, "steered out of POD's own ENI");
+    assert_eq!(mark, 0x4000, "only our bit is cleared");
+    assert_eq!(h.counter(Counter::EgressServiceFlow), 1);
+    // PEER's reply is for the stack (to be un-DNATed), not for the pod.
+    h.assert_ingress_untouched(
+        &packets::udp(PEER, 8080, POD, 5000, b"a"),
+        Counter::IngressStackFlow,
+    );
+    // Another flow from PEER to the pod is delivered straight.
+    let out = h.ingress(&packets::udp(PEER, 8081, POD, 5000, b"a"));
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn strict_pods_reach_services_through_the_stack_and_are_never_snated() {
+    let mut h = harness();
+    h.add_eni(BRANCH, GATEWAY, 0);
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: BRANCH,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    let (out, mark) = h.run_with_mark(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::tcp(
+            POD,
+            40000,
+            Ipv4Addr::new(10, 100, 0, 10),
+            80,
+            TCP_SYN,
+            b"",
+        )),
+        0,
+    );
+    assert_eq!(out.action, TC_ACT_UNSPEC, "to the stack for the DNAT");
+    assert_ne!(mark & vpcnet_common::config::MARK_VIA_SERVICE, 0);
+    // DNATed to an address outside the VPC and routed out of the primary
+    // ENI: not SNATed, sent to the branch ENI.
+    let out = h.egress(&packets::tcp(POD, 40000, INET, 80, TCP_SYN, b""));
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(parse(&out.packet).src, POD);
+    assert_eq!(h.counter(Counter::EgressBranchNoSnat), 1);
+    assert_eq!(h.counter(Counter::EgressSteered), 1);
+}

@@ -5,6 +5,13 @@
 /// leave un-NATed (a NAT gateway translates them).
 pub const FLAG_EXTERNAL_SNAT: u32 = 1 << 0;
 
+/// The skb mark bit `pod_egress` sets on a pod's packet to a service CIDR
+/// before handing it to the stack, so that `eni_egress`, after kube-proxy's
+/// DNAT, knows the flow's replies must go back through the stack to be
+/// un-DNATed. A bit no kube-proxy (0x4000, 0x8000), VPC CNI (0x80) or
+/// common CNI mark uses; it is cleared before the packet leaves the node.
+pub const MARK_VIA_SERVICE: u32 = 0x0040_0000;
+
 /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: how the NAT picks a source port.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

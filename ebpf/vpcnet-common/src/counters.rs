@@ -83,6 +83,8 @@ counters! {
     EgressBranchNoSnat => "egress_pass_branch_eni", "egress: leaving by a branch ENI, never SNATed (the chain's ! -o vlan+)";
     EgressSteered => "egress_steered", "egress: pod packet routed out the wrong ENI, redirected to its own ENI's gateway";
     IngressToPod => "ingress_to_pod", "ingress: packet for a local pod delivered straight into it";
+    IngressStackFlow => "ingress_pass_stack_flow", "ingress: reply of a pod's flow to a service, passed to the stack to be un-DNATed";
+    EgressServiceFlow => "egress_service_flow", "egress: pod packet DNATed by the stack from a service address, its replies routed back through the stack";
     TtlToStack => "forward_pass_ttl", "forwarding: TTL would expire, passed to the stack, which answers time exceeded";
 
     // Verdicts of pod_egress (tc ingress of a pod's host veth).

@@ -4,7 +4,7 @@
 use aya_ebpf::programs::TcContext;
 use vpcnet_common::{
     cidr::CidrKind,
-    config::Config,
+    config::{Config, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::ENI_BRANCH,
     nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
@@ -14,7 +14,7 @@ use crate::{
     cidr,
     forward::{Verdict, via_eni},
     frag, icmp,
-    maps::{ENIS, NAT_FWD, config, count, endpoint},
+    maps::{ENIS, NAT_FWD, STACK_FLOWS, config, count, endpoint},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_SADDR_OFF, Ipv4, L4, is_ipv4,
@@ -24,6 +24,12 @@ use crate::{
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
+    // SAFETY: the context's skb is valid for the program's run.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    if mark & MARK_VIA_SERVICE != 0 {
+        ctx.set_mark(mark & !MARK_VIA_SERVICE);
+        remember_service_flow(ctx)?;
+    }
     let decision = decide(ctx)?;
     match decision {
         // Leaving un-translated: a pod's address must leave by its own ENI.
@@ -34,6 +40,26 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         | Counter::EgressBranchNoSnat => steer(ctx, decision),
         _ => Ok(decision.into()),
     }
+}
+
+/// A pod's packet to a service, as kube-proxy DNATed it: its replies'
+/// tuple goes in `STACK_FLOWS`, so `eni_ingress` hands them to the stack,
+/// which un-DNATs them, instead of straight to the pod.
+#[inline(always)]
+fn remember_service_flow(ctx: &TcContext) -> Result<(), Counter> {
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        return Ok(());
+    }
+    if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
+        let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
+        // SAFETY: only the presence matters.
+        if unsafe { STACK_FLOWS.get(reply) }.is_none() {
+            let _ = STACK_FLOWS.insert(reply, now_ns(), 0);
+        }
+        count(Counter::EgressServiceFlow);
+    }
+    Ok(())
 }
 
 /// Traffic that went through the stack left by the main table's route, the
@@ -165,7 +191,9 @@ fn new_flow(
     // The chain's `! -o vlan+`: nothing leaving by a branch ENI is SNATed
     // (a strict security-group pod's traffic keeps its own address).
     // SAFETY: the context's skb is valid for the program's run.
-    if on_branch_link(unsafe { (*ctx.skb.skb).ifindex }) {
+    if on_branch_link(unsafe { (*ctx.skb.skb).ifindex })
+        || endpoint(ip.saddr).is_some_and(|ep| ep.strict())
+    {
         return Ok(Counter::EgressBranchNoSnat);
     }
     if ip.saddr == cfg.node_addr {

@@ -13,7 +13,7 @@ use crate::{
     cidr,
     forward::{Verdict, to_pod},
     frag, icmp,
-    maps::{NAT_FWD, NAT_REV, config, count, endpoint},
+    maps::{NAT_FWD, NAT_REV, STACK_FLOWS, config, count, endpoint},
     nat::{now_ns, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4,
@@ -45,8 +45,29 @@ fn deliver(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
     if ep.strict() && ep.eni_ifindex != unsafe { (*ctx.skb.skb).ifindex } {
         return Ok(decision.into());
     }
+    if is_stack_flow(ctx)? {
+        count(decision);
+        return Ok(Counter::IngressStackFlow.into());
+    }
     count(decision);
     to_pod(ctx, &ep, Counter::IngressToPod)
+}
+
+/// Whether the packet (as it is now, after any reverse NAT) belongs to a
+/// flow the stack must see: a pod's flow to a service, which kube-proxy
+/// DNATed and now un-DNATs.
+#[inline(always)]
+fn is_stack_flow(ctx: &TcContext) -> Result<bool, Counter> {
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        return Ok(false);
+    }
+    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
+        return Ok(false);
+    };
+    let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    // SAFETY: only the presence matters.
+    Ok(unsafe { STACK_FLOWS.get(key) }.is_some())
 }
 
 /// Reverse NAT and inbound tracking; `Ok(verdict)` passes.

@@ -11,7 +11,7 @@
 //! decision.
 
 use aya_ebpf::programs::TcContext;
-use vpcnet_common::{cidr::CidrKind, counters::Counter, nat::FlowKey};
+use vpcnet_common::{cidr::CidrKind, config::MARK_VIA_SERVICE, counters::Counter, nat::FlowKey};
 
 use crate::{
     cidr,
@@ -44,6 +44,11 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         return Err(Counter::DropSpoofedMac);
     }
     if ep.strict() {
+        // Services still need kube-proxy's DNAT; the stack's route then
+        // meets `eni_egress`, which sends it out of the branch ENI.
+        if cidr::lookup(ip.daddr) == Some(CidrKind::Service) {
+            return Ok(to_service(ctx));
+        }
         return via_eni(ctx, ep.eni_ifindex, true, Counter::PodStrict);
     }
     if ip.fragment == Fragment::Later {
@@ -64,13 +69,24 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         }
     }
     match cidr::lookup(ip.daddr) {
-        Some(CidrKind::Service) => Ok(Counter::PodToService.into()),
+        Some(CidrKind::Service) => Ok(to_service(ctx)),
         Some(CidrKind::Local) => Ok(Counter::PodToLocal.into()),
         Some(CidrKind::Vpc | CidrKind::Excluded) => {
             via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
         }
         None => Ok(Counter::PodToSnat.into()),
     }
+}
+
+/// A packet to a service goes to the stack for kube-proxy's DNAT, marked so
+/// that `eni_egress` remembers the translated flow: its replies must come
+/// back through the stack to be un-DNATed.
+#[inline(always)]
+fn to_service(ctx: &TcContext) -> Verdict {
+    // SAFETY: the context's skb is valid for the program's run.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    ctx.set_mark(mark | MARK_VIA_SERVICE);
+    Counter::PodToService.into()
 }
 
 /// `pod_ingress`: a packet the node's stack hands a pod. The stack only
