@@ -4,4 +4,5 @@
 
 pub mod config;
 pub mod datapath;
+pub mod ipam;
 pub mod layout;

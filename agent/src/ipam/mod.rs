@@ -1,0 +1,4 @@
+//! The IP address manager: what the VPC CNI's ipamd does, with its
+//! variables and formulas.
+
+pub mod checkpoint;
