@@ -2,3 +2,5 @@
 //! variables and formulas.
 
 pub mod checkpoint;
+pub mod pool;
+pub mod settings;

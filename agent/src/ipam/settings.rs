@@ -1,0 +1,275 @@
+//! The address manager's configuration: the VPC CNI's variable names and
+//! defaults. Where aws-node falls back to the default on a value it cannot
+//! read, vpcnet stops with a message naming the variable and what it takes:
+//! a typo in `WARM_IP_TARGET` should not silently become "unset".
+
+use std::{path::PathBuf, time::Duration};
+
+use vpcnet_api::layout::EnforcingMode;
+
+use super::pool::PoolTargets;
+use crate::config::{ConfigError, parse_bool};
+
+pub const ENV_WARM_ENI_TARGET: &str = "WARM_ENI_TARGET";
+pub const ENV_WARM_IP_TARGET: &str = "WARM_IP_TARGET";
+pub const ENV_MINIMUM_IP_TARGET: &str = "MINIMUM_IP_TARGET";
+pub const ENV_WARM_PREFIX_TARGET: &str = "WARM_PREFIX_TARGET";
+pub const ENV_ENABLE_PREFIX_DELEGATION: &str = "ENABLE_PREFIX_DELEGATION";
+pub const ENV_MAX_ENI: &str = "MAX_ENI";
+pub const ENV_IP_COOLDOWN_PERIOD: &str = "IP_COOLDOWN_PERIOD";
+pub const ENV_CUSTOM_NETWORK_CFG: &str = "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG";
+pub const ENV_ENI_MTU: &str = "AWS_VPC_ENI_MTU";
+pub const ENV_DISABLE_LEAKED_ENI_CLEANUP: &str = "DISABLE_LEAKED_ENI_CLEANUP";
+pub const ENV_BACKING_STORE: &str = "AWS_VPC_K8S_CNI_BACKING_STORE";
+pub const ENV_ENABLE_POD_ENI: &str = "ENABLE_POD_ENI";
+pub const ENV_SG_ENFORCING_MODE: &str = "POD_SECURITY_GROUP_ENFORCING_MODE";
+pub const ENV_CLUSTER_NAME: &str = "CLUSTER_NAME";
+
+/// aws-node's checkpoint, which vpcnet reads and writes in its format.
+pub const DEFAULT_BACKING_STORE: &str = "/var/run/aws-node/ipam.json";
+pub const DEFAULT_ENI_MTU: u32 = 9001;
+/// The MTUs the VPC CNI accepts for ENIs.
+pub const ENI_MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=9001;
+
+/// One field per VPC CNI variable (hence the booleans).
+#[allow(clippy::struct_excessive_bools)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpamSettings {
+    pub warm_eni_target: usize,
+    /// 0: not set.
+    pub warm_ip_target: usize,
+    /// 0: not set.
+    pub minimum_ip_target: usize,
+    pub warm_prefix_target: usize,
+    pub prefix_delegation: bool,
+    /// `None`: the instance type's limit.
+    pub max_eni: Option<usize>,
+    /// How long a released address rests before another pod gets it.
+    pub ip_cooldown: Duration,
+    pub custom_network: bool,
+    pub eni_mtu: u32,
+    pub leaked_eni_cleanup: bool,
+    pub backing_store: PathBuf,
+    pub pod_eni: bool,
+    pub sg_enforcing_mode: EnforcingMode,
+    pub cluster_name: Option<String>,
+}
+
+impl Default for IpamSettings {
+    fn default() -> Self {
+        Self {
+            warm_eni_target: 1,
+            warm_ip_target: 0,
+            minimum_ip_target: 0,
+            warm_prefix_target: 0,
+            prefix_delegation: false,
+            max_eni: None,
+            ip_cooldown: Duration::from_secs(30),
+            custom_network: false,
+            eni_mtu: DEFAULT_ENI_MTU,
+            leaked_eni_cleanup: true,
+            backing_store: PathBuf::from(DEFAULT_BACKING_STORE),
+            pod_eni: false,
+            sg_enforcing_mode: EnforcingMode::Strict,
+            cluster_name: None,
+        }
+    }
+}
+
+fn count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
+    value.trim().parse().map_err(|_| ConfigError {
+        variable,
+        value: value.to_owned(),
+        allowed: "a whole number, 0 or more",
+    })
+}
+
+impl IpamSettings {
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings through `lookup` (unset variables: `None`; empty
+    /// values count as unset, as aws-node's manifests often leave them).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let mut s = Self::default();
+        if let Some(v) = get(ENV_WARM_ENI_TARGET) {
+            s.warm_eni_target = count(ENV_WARM_ENI_TARGET, &v)?;
+        }
+        if let Some(v) = get(ENV_WARM_IP_TARGET) {
+            s.warm_ip_target = count(ENV_WARM_IP_TARGET, &v)?;
+        }
+        if let Some(v) = get(ENV_MINIMUM_IP_TARGET) {
+            s.minimum_ip_target = count(ENV_MINIMUM_IP_TARGET, &v)?;
+        }
+        if let Some(v) = get(ENV_WARM_PREFIX_TARGET) {
+            s.warm_prefix_target = count(ENV_WARM_PREFIX_TARGET, &v)?;
+        }
+        if let Some(v) = get(ENV_ENABLE_PREFIX_DELEGATION) {
+            s.prefix_delegation = parse_bool(ENV_ENABLE_PREFIX_DELEGATION, &v)?;
+        }
+        if let Some(v) = get(ENV_MAX_ENI) {
+            // As aws-node: below 1 means "the instance type's limit".
+            let n: i64 = v.trim().parse().map_err(|_| ConfigError {
+                variable: ENV_MAX_ENI,
+                value: v.clone(),
+                allowed: "a whole number (below 1: the instance type's limit)",
+            })?;
+            s.max_eni = usize::try_from(n).ok().filter(|&n| n >= 1);
+        }
+        if let Some(v) = get(ENV_IP_COOLDOWN_PERIOD) {
+            s.ip_cooldown = Duration::from_secs(
+                u64::try_from(count(ENV_IP_COOLDOWN_PERIOD, &v)?).unwrap_or(u64::MAX),
+            );
+        }
+        if let Some(v) = get(ENV_CUSTOM_NETWORK_CFG) {
+            s.custom_network = parse_bool(ENV_CUSTOM_NETWORK_CFG, &v)?;
+        }
+        if let Some(v) = get(ENV_ENI_MTU) {
+            s.eni_mtu = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|mtu| ENI_MTU_RANGE.contains(mtu))
+                .ok_or_else(|| ConfigError {
+                    variable: ENV_ENI_MTU,
+                    value: v.clone(),
+                    allowed: "an MTU from 576 to 9001",
+                })?;
+        }
+        if let Some(v) = get(ENV_DISABLE_LEAKED_ENI_CLEANUP) {
+            s.leaked_eni_cleanup = !parse_bool(ENV_DISABLE_LEAKED_ENI_CLEANUP, &v)?;
+        }
+        if let Some(v) = get(ENV_BACKING_STORE) {
+            s.backing_store = PathBuf::from(v.trim());
+        }
+        if let Some(v) = get(ENV_ENABLE_POD_ENI) {
+            s.pod_eni = parse_bool(ENV_ENABLE_POD_ENI, &v)?;
+        }
+        if let Some(v) = get(ENV_SG_ENFORCING_MODE) {
+            s.sg_enforcing_mode = match v.trim() {
+                "strict" => EnforcingMode::Strict,
+                "standard" => EnforcingMode::Standard,
+                _ => {
+                    return Err(ConfigError {
+                        variable: ENV_SG_ENFORCING_MODE,
+                        value: v.clone(),
+                        allowed: "strict or standard",
+                    });
+                }
+            };
+        }
+        s.cluster_name = get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned());
+        Ok(s)
+    }
+
+    /// The pool targets for an instance type whose ENIs hold
+    /// `max_ips_per_eni` secondary addresses, on a node with `max_pods`.
+    #[must_use]
+    pub fn pool_targets(&self, max_ips_per_eni: usize, max_pods: usize) -> PoolTargets {
+        PoolTargets {
+            warm_eni_target: self.warm_eni_target,
+            warm_ip_target: self.warm_ip_target,
+            minimum_ip_target: self.minimum_ip_target,
+            warm_prefix_target: self.warm_prefix_target,
+            prefix_delegation: self.prefix_delegation,
+            max_ips_per_eni,
+            max_pods,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn settings(vars: &[(&str, &str)]) -> Result<IpamSettings, ConfigError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        IpamSettings::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_are_aws_nodes() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s, IpamSettings::default());
+        assert_eq!(s.warm_eni_target, 1);
+        assert_eq!(s.ip_cooldown, Duration::from_secs(30));
+        assert_eq!(
+            s.backing_store,
+            PathBuf::from("/var/run/aws-node/ipam.json")
+        );
+        assert_eq!(s.sg_enforcing_mode, EnforcingMode::Strict);
+        assert!(s.leaked_eni_cleanup);
+    }
+
+    #[test]
+    fn reads_every_variable() {
+        let s = settings(&[
+            (ENV_WARM_ENI_TARGET, "0"),
+            (ENV_WARM_IP_TARGET, "5"),
+            (ENV_MINIMUM_IP_TARGET, "10"),
+            (ENV_WARM_PREFIX_TARGET, "2"),
+            (ENV_ENABLE_PREFIX_DELEGATION, "true"),
+            (ENV_MAX_ENI, "3"),
+            (ENV_IP_COOLDOWN_PERIOD, "60"),
+            (ENV_CUSTOM_NETWORK_CFG, "true"),
+            (ENV_ENI_MTU, "1500"),
+            (ENV_DISABLE_LEAKED_ENI_CLEANUP, "true"),
+            (ENV_BACKING_STORE, "/tmp/ipam.json"),
+            (ENV_ENABLE_POD_ENI, "true"),
+            (ENV_SG_ENFORCING_MODE, "standard"),
+            (ENV_CLUSTER_NAME, "prod"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                s.warm_eni_target,
+                s.warm_ip_target,
+                s.minimum_ip_target,
+                s.warm_prefix_target
+            ),
+            (0, 5, 10, 2)
+        );
+        assert!(s.prefix_delegation && s.custom_network && s.pod_eni && !s.leaked_eni_cleanup);
+        assert_eq!(s.max_eni, Some(3));
+        assert_eq!(s.ip_cooldown, Duration::from_mins(1));
+        assert_eq!(s.eni_mtu, 1500);
+        assert_eq!(s.sg_enforcing_mode, EnforcingMode::Standard);
+        assert_eq!(s.cluster_name.as_deref(), Some("prod"));
+        let t = s.pool_targets(30, 110);
+        assert!(t.ip_targets_defined());
+    }
+
+    #[test]
+    fn max_eni_below_one_means_the_instance_limit() {
+        assert_eq!(settings(&[(ENV_MAX_ENI, "-1")]).unwrap().max_eni, None);
+        assert_eq!(settings(&[(ENV_MAX_ENI, "0")]).unwrap().max_eni, None);
+    }
+
+    #[test]
+    fn bad_values_stop_with_the_variable_named() {
+        for (var, value) in [
+            (ENV_WARM_ENI_TARGET, "-1"),
+            (ENV_WARM_IP_TARGET, "five"),
+            (ENV_MINIMUM_IP_TARGET, "1.5"),
+            (ENV_ENABLE_PREFIX_DELEGATION, "yes"),
+            (ENV_MAX_ENI, "many"),
+            (ENV_ENI_MTU, "9002"),
+            (ENV_SG_ENFORCING_MODE, "lenient"),
+        ] {
+            let err = settings(&[(var, value)]).unwrap_err();
+            assert_eq!(err.variable, var);
+            assert!(
+                err.to_string().contains(var) && err.to_string().contains(value),
+                "{err}"
+            );
+        }
+    }
+}
