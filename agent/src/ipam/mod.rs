@@ -2,5 +2,6 @@
 //! variables and formulas.
 
 pub mod checkpoint;
+pub mod datastore;
 pub mod pool;
 pub mod settings;

@@ -1,0 +1,502 @@
+//! The address datastore: the node's ENIs, their secondary addresses and
+//! /28 prefixes, which pod holds which address, and the cooldown a released
+//! address rests before another pod gets it (`IP_COOLDOWN_PERIOD`: the old
+//! pod's peers may still send to it).
+//!
+//! Time is passed in (`now`), so the cooldown is tested without waiting.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use ipnet::Ipv4Net;
+
+use super::{
+    checkpoint::{Checkpoint, CheckpointEntry, IpamKey, IpamMetadata},
+    pool::PoolStats,
+};
+
+/// What an address is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AddrState {
+    /// Free since `released` (`None`: never used, or long enough ago).
+    Free { released: Option<Instant> },
+    /// Held by a pod.
+    Assigned {
+        key: IpamKey,
+        metadata: IpamMetadata,
+        /// Nanoseconds since the epoch, as the checkpoint keeps it.
+        since_unix_ns: i64,
+    },
+}
+
+/// An address and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Addr {
+    state: AddrState,
+    /// The prefix it belongs to, if it came with one.
+    prefix: Option<Ipv4Net>,
+}
+
+/// One ENI's share of the pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EniRecord {
+    pub device_number: u32,
+    /// The primary ENI (its primary address is the node's).
+    pub primary: bool,
+    /// With custom networking the primary ENI serves no pod.
+    pub excluded_for_pods: bool,
+    addrs: BTreeMap<Ipv4Addr, Addr>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DatastoreError {
+    #[error("no free address on this node (all assigned or cooling down)")]
+    NoFreeAddress,
+    #[error("ENI {0} is not in the datastore")]
+    UnknownEni(String),
+    #[error("ENI {eni} still has {assigned} addresses assigned to pods")]
+    EniInUse { eni: String, assigned: usize },
+    #[error("address {0} is assigned to a pod")]
+    AddressInUse(Ipv4Addr),
+}
+
+/// A pod's address as handed out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub addr: Ipv4Addr,
+    pub eni: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Datastore {
+    enis: BTreeMap<String, EniRecord>,
+    cooldown: Duration,
+}
+
+impl Datastore {
+    #[must_use]
+    pub fn new(cooldown: Duration) -> Self {
+        Self {
+            enis: BTreeMap::new(),
+            cooldown,
+        }
+    }
+
+    /// Adds an ENI (no-op if known).
+    pub fn add_eni(
+        &mut self,
+        id: &str,
+        device_number: u32,
+        primary: bool,
+        excluded_for_pods: bool,
+    ) {
+        self.enis.entry(id.to_owned()).or_insert_with(|| EniRecord {
+            device_number,
+            primary,
+            excluded_for_pods,
+            addrs: BTreeMap::new(),
+        });
+    }
+
+    /// Removes an ENI that no pod uses.
+    pub fn remove_eni(&mut self, id: &str) -> Result<(), DatastoreError> {
+        let eni = self
+            .enis
+            .get(id)
+            .ok_or_else(|| DatastoreError::UnknownEni(id.to_owned()))?;
+        let assigned = eni.assigned();
+        if assigned > 0 {
+            return Err(DatastoreError::EniInUse {
+                eni: id.to_owned(),
+                assigned,
+            });
+        }
+        self.enis.remove(id);
+        Ok(())
+    }
+
+    /// Adds secondary addresses to an ENI.
+    pub fn add_addrs(&mut self, eni: &str, addrs: &[Ipv4Addr]) -> Result<(), DatastoreError> {
+        let record = self.eni_mut(eni)?;
+        for addr in addrs {
+            record.addrs.entry(*addr).or_insert(Addr {
+                state: AddrState::Free { released: None },
+                prefix: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds a /28 prefix to an ENI: its 16 addresses become assignable.
+    pub fn add_prefix(&mut self, eni: &str, prefix: Ipv4Net) -> Result<(), DatastoreError> {
+        let record = self.eni_mut(eni)?;
+        // All 16 addresses of a delegated prefix go to pods.
+        let prefix = prefix.trunc();
+        for addr in ipnet::Ipv4AddrRange::new(prefix.network(), prefix.broadcast()) {
+            record.addrs.entry(addr).or_insert(Addr {
+                state: AddrState::Free { released: None },
+                prefix: Some(prefix),
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes a free secondary address (to give it back to EC2).
+    pub fn remove_addr(&mut self, eni: &str, addr: Ipv4Addr) -> Result<(), DatastoreError> {
+        let record = self.eni_mut(eni)?;
+        if matches!(record.addrs.get(&addr), Some(a) if matches!(a.state, AddrState::Assigned { .. }))
+        {
+            return Err(DatastoreError::AddressInUse(addr));
+        }
+        record.addrs.remove(&addr);
+        Ok(())
+    }
+
+    /// Hands `key` an address: the one it already holds (CNI ADD is retried
+    /// by runtimes), else a free one out of its cooldown, taken from the
+    /// ENIs in device order so lower ENIs fill first and higher ones empty
+    /// out and can be freed.
+    pub fn assign(
+        &mut self,
+        key: &IpamKey,
+        metadata: &IpamMetadata,
+        now: Instant,
+        since_unix_ns: i64,
+    ) -> Result<Assignment, DatastoreError> {
+        if let Some(existing) = self.assignment_of(key) {
+            return Ok(existing);
+        }
+        let cooldown = self.cooldown;
+        let mut enis: Vec<(&String, &mut EniRecord)> = self
+            .enis
+            .iter_mut()
+            .filter(|(_, e)| !e.excluded_for_pods)
+            .collect();
+        enis.sort_by_key(|(_, e)| e.device_number);
+        for (id, eni) in enis {
+            let free = eni.addrs.iter_mut().find(|(_, a)| match a.state {
+                AddrState::Free { released } => {
+                    released.is_none_or(|at| now.saturating_duration_since(at) >= cooldown)
+                }
+                AddrState::Assigned { .. } => false,
+            });
+            if let Some((addr, a)) = free {
+                a.state = AddrState::Assigned {
+                    key: key.clone(),
+                    metadata: metadata.clone(),
+                    since_unix_ns,
+                };
+                return Ok(Assignment {
+                    addr: *addr,
+                    eni: id.clone(),
+                });
+            }
+        }
+        Err(DatastoreError::NoFreeAddress)
+    }
+
+    /// Frees `key`'s address; it rests for the cooldown. `None` if `key`
+    /// held none (CNI DEL is called twice, and for pods never added).
+    pub fn release(&mut self, key: &IpamKey, now: Instant) -> Option<Assignment> {
+        for (id, eni) in &mut self.enis {
+            for (addr, a) in &mut eni.addrs {
+                if matches!(&a.state, AddrState::Assigned { key: k, .. } if k == key) {
+                    a.state = AddrState::Free {
+                        released: Some(now),
+                    };
+                    return Some(Assignment {
+                        addr: *addr,
+                        eni: id.clone(),
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// The address `key` holds.
+    #[must_use]
+    pub fn assignment_of(&self, key: &IpamKey) -> Option<Assignment> {
+        self.enis.iter().find_map(|(id, eni)| {
+            eni.addrs.iter().find_map(|(addr, a)| {
+                matches!(&a.state, AddrState::Assigned { key: k, .. } if k == key).then(|| {
+                    Assignment {
+                        addr: *addr,
+                        eni: id.clone(),
+                    }
+                })
+            })
+        })
+    }
+
+    /// The counts the pool decisions use (ENIs excluded for pods do not count).
+    #[must_use]
+    pub fn stats(&self) -> PoolStats {
+        let mut stats = PoolStats::default();
+        let mut prefixes: BTreeMap<Ipv4Net, bool> = BTreeMap::new();
+        for eni in self.enis.values().filter(|e| !e.excluded_for_pods) {
+            for a in eni.addrs.values() {
+                stats.total_ips += 1;
+                let assigned = matches!(a.state, AddrState::Assigned { .. });
+                if assigned {
+                    stats.assigned_ips += 1;
+                }
+                if let Some(prefix) = a.prefix {
+                    *prefixes.entry(prefix).or_default() |= assigned;
+                }
+            }
+        }
+        stats.total_prefixes = prefixes.len();
+        stats.free_prefixes = prefixes.values().filter(|used| !**used).count();
+        stats
+    }
+
+    /// What goes on disk: every assignment, in the VPC CNI's format.
+    #[must_use]
+    pub fn checkpoint(&self) -> Checkpoint {
+        let mut allocations = Vec::new();
+        for eni in self.enis.values() {
+            for (addr, a) in &eni.addrs {
+                if let AddrState::Assigned {
+                    key,
+                    metadata,
+                    since_unix_ns,
+                } = &a.state
+                {
+                    allocations.push(CheckpointEntry {
+                        key: key.clone(),
+                        ipv4: Some(*addr),
+                        ipv6: None,
+                        allocation_timestamp: *since_unix_ns,
+                        metadata: metadata.clone(),
+                    });
+                }
+            }
+        }
+        Checkpoint::new(allocations)
+    }
+
+    /// Replays a checkpoint onto the ENIs rebuilt from EC2 and IMDS: every
+    /// address a running pod holds is marked held again, so it is never
+    /// handed out twice. Returns the entries whose address no ENI has (their
+    /// pods lost the address; the caller reports them).
+    pub fn restore(&mut self, checkpoint: &Checkpoint) -> Vec<CheckpointEntry> {
+        let mut orphans = Vec::new();
+        for entry in &checkpoint.allocations {
+            let Some(addr) = entry.ipv4 else {
+                orphans.push(entry.clone());
+                continue;
+            };
+            let slot = self
+                .enis
+                .values_mut()
+                .find_map(|eni| eni.addrs.get_mut(&addr));
+            match slot {
+                Some(a) => {
+                    a.state = AddrState::Assigned {
+                        key: entry.key.clone(),
+                        metadata: entry.metadata.clone(),
+                        since_unix_ns: entry.allocation_timestamp,
+                    };
+                }
+                None => orphans.push(entry.clone()),
+            }
+        }
+        orphans
+    }
+
+    fn eni_mut(&mut self, id: &str) -> Result<&mut EniRecord, DatastoreError> {
+        self.enis
+            .get_mut(id)
+            .ok_or_else(|| DatastoreError::UnknownEni(id.to_owned()))
+    }
+}
+
+impl EniRecord {
+    /// Addresses of this ENI held by pods.
+    #[must_use]
+    pub fn assigned(&self) -> usize {
+        self.addrs
+            .values()
+            .filter(|a| matches!(a.state, AddrState::Assigned { .. }))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> IpamKey {
+        IpamKey {
+            network_name: "aws-cni".into(),
+            container_id: id.into(),
+            if_name: "eth0".into(),
+        }
+    }
+
+    fn pod(name: &str) -> IpamMetadata {
+        IpamMetadata {
+            k8s_pod_namespace: "default".into(),
+            k8s_pod_name: name.into(),
+            interfaces_count: 1,
+        }
+    }
+
+    fn addr(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 20, 11, last)
+    }
+
+    fn node() -> Datastore {
+        let mut ds = Datastore::new(Duration::from_secs(30));
+        ds.add_eni("eni-1", 1, false, false);
+        ds.add_eni("eni-0", 0, true, false);
+        ds.add_addrs("eni-0", &[addr(20), addr(21)]).unwrap();
+        ds.add_addrs("eni-1", &[addr(30)]).unwrap();
+        ds
+    }
+
+    #[test]
+    fn assigns_from_lower_enis_first_and_is_idempotent() {
+        let mut ds = node();
+        let now = Instant::now();
+        let a = ds.assign(&key("a"), &pod("a"), now, 1).unwrap();
+        assert_eq!(
+            a,
+            Assignment {
+                addr: addr(20),
+                eni: "eni-0".into()
+            }
+        );
+        assert_eq!(
+            ds.assign(&key("a"), &pod("a"), now, 1).unwrap(),
+            a,
+            "ADD retried"
+        );
+        ds.assign(&key("b"), &pod("b"), now, 1).unwrap();
+        assert_eq!(
+            ds.assign(&key("c"), &pod("c"), now, 1).unwrap().eni,
+            "eni-1"
+        );
+        assert_eq!(
+            ds.assign(&key("d"), &pod("d"), now, 1),
+            Err(DatastoreError::NoFreeAddress)
+        );
+        assert_eq!(
+            ds.stats(),
+            PoolStats {
+                total_ips: 3,
+                assigned_ips: 3,
+                ..PoolStats::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_released_address_rests_for_the_cooldown() {
+        let mut ds = node();
+        let t0 = Instant::now();
+        for k in ["a", "b", "c"] {
+            ds.assign(&key(k), &pod(k), t0, 1).unwrap();
+        }
+        let freed = ds.release(&key("a"), t0).unwrap();
+        assert_eq!(ds.release(&key("a"), t0), None, "DEL twice");
+        assert_eq!(
+            ds.assign(&key("d"), &pod("d"), t0 + Duration::from_secs(29), 1),
+            Err(DatastoreError::NoFreeAddress),
+            "not within the cooldown"
+        );
+        let d = ds
+            .assign(&key("d"), &pod("d"), t0 + Duration::from_secs(30), 1)
+            .unwrap();
+        assert_eq!(d.addr, freed.addr);
+    }
+
+    #[test]
+    fn prefixes_count_free_and_used() {
+        let mut ds = Datastore::new(Duration::ZERO);
+        ds.add_eni("eni-0", 0, true, false);
+        ds.add_prefix("eni-0", "10.20.11.32/28".parse().unwrap())
+            .unwrap();
+        ds.add_prefix("eni-0", "10.20.11.48/28".parse().unwrap())
+            .unwrap();
+        ds.assign(&key("a"), &pod("a"), Instant::now(), 1).unwrap();
+        let s = ds.stats();
+        assert_eq!(
+            (
+                s.total_ips,
+                s.assigned_ips,
+                s.total_prefixes,
+                s.free_prefixes
+            ),
+            (32, 1, 2, 1)
+        );
+    }
+
+    #[test]
+    fn custom_networking_keeps_pods_off_the_primary_eni() {
+        let mut ds = Datastore::new(Duration::ZERO);
+        ds.add_eni("eni-0", 0, true, true);
+        ds.add_eni("eni-1", 1, false, false);
+        ds.add_addrs("eni-0", &[addr(20)]).unwrap();
+        ds.add_addrs("eni-1", &[Ipv4Addr::new(100, 64, 0, 5)])
+            .unwrap();
+        assert_eq!(
+            ds.assign(&key("a"), &pod("a"), Instant::now(), 1)
+                .unwrap()
+                .eni,
+            "eni-1"
+        );
+        assert_eq!(ds.stats().total_ips, 1);
+    }
+
+    #[test]
+    fn enis_and_addresses_in_use_are_never_removed() {
+        let mut ds = node();
+        ds.assign(&key("a"), &pod("a"), Instant::now(), 1).unwrap();
+        assert_eq!(
+            ds.remove_addr("eni-0", addr(20)),
+            Err(DatastoreError::AddressInUse(addr(20)))
+        );
+        assert!(matches!(
+            ds.remove_eni("eni-0"),
+            Err(DatastoreError::EniInUse { assigned: 1, .. })
+        ));
+        ds.remove_addr("eni-0", addr(21)).unwrap();
+        ds.remove_eni("eni-1").unwrap();
+    }
+
+    #[test]
+    fn a_restart_never_hands_out_a_held_address() {
+        let mut ds = node();
+        let now = Instant::now();
+        ds.assign(&key("a"), &pod("a"), now, 111).unwrap();
+        ds.assign(&key("b"), &pod("b"), now, 222).unwrap();
+        let saved = ds.checkpoint();
+        assert_eq!(saved.allocations.len(), 2);
+
+        // The restarted agent rebuilds the ENIs (eni-1 lost its address
+        // meanwhile) and replays the checkpoint.
+        let mut restarted = Datastore::new(Duration::from_secs(30));
+        restarted.add_eni("eni-0", 0, true, false);
+        restarted.add_eni("eni-1", 1, false, false);
+        restarted.add_addrs("eni-0", &[addr(20), addr(21)]).unwrap();
+        let mut with_orphan = saved.clone();
+        with_orphan.allocations.push(CheckpointEntry {
+            ipv4: Some(Ipv4Addr::new(10, 20, 11, 99)),
+            ..saved.allocations[0].clone()
+        });
+        let orphans = restarted.restore(&with_orphan);
+        assert_eq!(orphans.len(), 1);
+        assert_eq!(restarted.assignment_of(&key("b")).unwrap().addr, addr(21));
+        assert_eq!(
+            restarted.assign(&key("c"), &pod("c"), now, 1),
+            Err(DatastoreError::NoFreeAddress),
+            "both addresses are held"
+        );
+        assert_eq!(restarted.checkpoint().allocations, saved.allocations);
+    }
+}
