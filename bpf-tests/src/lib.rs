@@ -2,6 +2,7 @@
 //! its own pin directory, packets built with etherparse, and checksum checks
 //! written independently of the code under test.
 
+pub mod differential;
 pub mod packets;
 
 use std::{
@@ -44,6 +45,14 @@ pub const NODE_LOCAL_DNS: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
 /// The EKS default service CIDR.
 pub const SERVICE_CIDR: &str = "10.100.0.0/16";
 pub const VPC_CIDRS: [&str; 2] = ["10.20.0.0/16", "100.64.0.0/16"];
+
+/// The kernel's own `ip rule`s (as `ip rule show` prints them): all an eBPF
+/// node has.
+pub const KERNEL_RULES: [&str; 3] = [
+    "0:\tfrom all lookup local",
+    "32766:\tfrom all lookup main",
+    "32767:\tfrom all lookup default",
+];
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 

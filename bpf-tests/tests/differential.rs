@@ -8,16 +8,19 @@
 //! compared, and checked against what the VPC CNI is documented to do.
 
 use std::{
-    fmt,
     net::{Ipv4Addr, SocketAddrV4},
     time::Duration,
 };
 
 use ipnet::Ipv4Net;
-use vpcnet_bpf_tests::{agent_binary, lab_counter};
+use vpcnet_bpf_tests::{
+    agent_binary,
+    differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
+    lab_counter,
+};
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
-    Lab, LabOptions, Proto, WhoamiServer, addrs, icmp_echo,
+    Lab, LabOptions, Proto, addrs, icmp_echo,
     probe::{UdpTap, udp_to_closed_port},
     serial, tcp_whoami, udp_whoami,
 };
@@ -63,8 +66,10 @@ impl Destination {
         Self::NodeLocalDns,
         Self::Node,
     ];
+}
 
-    fn name(self) -> &'static str {
+impl FarEnd for Destination {
+    fn name(self) -> String {
         match self {
             Self::Peer => "peer",
             Self::Onprem => "onprem",
@@ -72,15 +77,17 @@ impl Destination {
             Self::NodeLocalDns => "nodelocaldns",
             Self::Node => "node",
         }
+        .to_owned()
     }
 
-    fn ns(self) -> &'static str {
+    fn ns(self) -> String {
         match self {
             Self::Peer => addrs::NS_PEER,
             Self::Onprem => addrs::NS_ONPREM,
             Self::Inet => addrs::NS_INET,
             Self::NodeLocalDns | Self::Node => addrs::NS_NODE,
         }
+        .to_owned()
     }
 
     fn addr(self) -> Ipv4Addr {
@@ -164,45 +171,58 @@ struct Case {
     flow: Flow,
 }
 
+impl differential::Row for Case {
+    type Outcome = Outcome;
+
+    const COLUMNS: &'static [(&'static str, usize)] =
+        &[("destination", 27), ("onprem SNAT", 14), ("flow", 11)];
+    const OUTCOME_WIDTH: usize = 36;
+
+    fn cells(&self) -> Vec<String> {
+        let destination = format!("{} {}", self.destination.name(), self.destination.addr());
+        let exclusion = if self.onprem_excluded {
+            "excluded"
+        } else {
+            "not excluded"
+        };
+        vec![
+            destination,
+            exclusion.to_owned(),
+            self.flow.name().to_owned(),
+        ]
+    }
+
+    fn describe(&self, outcome: &Outcome) -> String {
+        outcome.describe(self.destination.addr())
+    }
+
+    fn expected(&self) -> Outcome {
+        expected(*self, pod_addr())
+    }
+}
+
 /// Every case in a fixed order, with what it did.
 type Table = Vec<(Case, Outcome)>;
 
 /// The far ends' probes: a whoami server per destination and a UDP tap per
 /// namespace (two destinations share the node's).
 struct FarEnds {
-    servers: Vec<(Destination, WhoamiServer)>,
-    taps: Vec<(&'static str, UdpTap)>,
+    servers: WhoamiServers<Destination>,
+    taps: Vec<(String, UdpTap)>,
 }
 
 impl FarEnds {
     fn start() -> Self {
-        let servers = Destination::ALL
-            .iter()
-            .map(|&destination| {
-                let server = WhoamiServer::start(
-                    destination.ns(),
-                    SocketAddrV4::new(destination.addr(), OPEN_PORT),
-                )
-                .unwrap_or_else(|e| panic!("whoami server for {}: {e}", destination.name()));
-                (destination, server)
-            })
-            .collect();
-        let mut taps: Vec<(&'static str, UdpTap)> = Vec::new();
+        let servers = WhoamiServers::start(Destination::ALL, OPEN_PORT);
+        let mut taps: Vec<(String, UdpTap)> = Vec::new();
         for destination in Destination::ALL {
             let ns = destination.ns();
             if !taps.iter().any(|(tapped, _)| *tapped == ns) {
-                let tap = UdpTap::open(ns).unwrap_or_else(|e| panic!("UDP tap in {ns}: {e}"));
+                let tap = UdpTap::open(&ns).unwrap_or_else(|e| panic!("UDP tap in {ns}: {e}"));
                 taps.push((ns, tap));
             }
         }
         Self { servers, taps }
-    }
-
-    fn server(&self, destination: Destination) -> &WhoamiServer {
-        self.servers
-            .iter()
-            .find_map(|(d, server)| (*d == destination).then_some(server))
-            .expect("a server per destination")
     }
 
     fn tap(&self, ns: &str) -> &UdpTap {
@@ -217,7 +237,7 @@ impl FarEnds {
 fn probe(pod_ns: &str, far_ends: &FarEnds, destination: Destination, flow: Flow) -> Outcome {
     let addr = destination.addr();
     let open = SocketAddrV4::new(addr, OPEN_PORT);
-    let server = far_ends.server(destination);
+    let server = far_ends.servers.at(destination);
     // Probes run one after the other: whatever the server records from now
     // on is this flow's.
     server.clear();
@@ -269,7 +289,7 @@ fn probe(pod_ns: &str, far_ends: &FarEnds, destination: Destination, flow: Flow)
                 }
             };
             let seen = far_ends
-                .tap(destination.ns())
+                .tap(&destination.ns())
                 .wait_for(closed, SEEN_TIMEOUT)
                 .unwrap_or_else(|e| panic!("{context}: {e}"));
             Outcome {
@@ -334,42 +354,6 @@ fn expected(case: Case, pod: Ipv4Addr) -> Outcome {
     }
 }
 
-/// The two tables side by side, with a mark where they differ.
-struct SideBySide<'a> {
-    iptables: &'a Table,
-    ebpf: &'a Table,
-}
-
-impl fmt::Display for SideBySide<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const WIDTH: usize = 36;
-        writeln!(
-            f,
-            "{:<27} {:<14} {:<11} {:<WIDTH$} ebpf (vpcnet)",
-            "destination", "onprem SNAT", "flow", "iptables (VPC CNI)"
-        )?;
-        for ((case, iptables), (ebpf_case, ebpf)) in self.iptables.iter().zip(self.ebpf) {
-            assert_eq!(case, ebpf_case, "both runs probe the same cases in order");
-            let addr = case.destination.addr();
-            let destination = format!("{} {addr}", case.destination.name());
-            let exclusion = if case.onprem_excluded {
-                "excluded"
-            } else {
-                "not excluded"
-            };
-            let differs = if iptables == ebpf { "" } else { "  <- differs" };
-            writeln!(
-                f,
-                "{destination:<27} {exclusion:<14} {:<11} {:<WIDTH$} {}{differs}",
-                case.flow.name(),
-                iptables.describe(addr),
-                ebpf.describe(addr),
-            )?;
-        }
-        Ok(())
-    }
-}
-
 /// After a run of the eBPF datapath: pod flows to the internet were
 /// translated to the node's address and their replies (and the port
 /// unreachable) translated back, and not a packet was dropped.
@@ -385,13 +369,7 @@ fn assert_ebpf_counters() {
         let value = lab_counter(counter);
         assert!(value > 0, "{} ({what}) is {value}", counter.name());
     }
-    let dropped: Vec<String> = Counter::ALL
-        .iter()
-        .filter(|counter| counter.is_drop())
-        .map(|&counter| (counter, lab_counter(counter)))
-        .filter(|(_, value)| *value > 0)
-        .map(|(counter, value)| format!("{} = {value}", counter.name()))
-        .collect();
+    let dropped = lab_drops();
     assert!(
         dropped.is_empty(),
         "the eBPF datapath dropped packets: {}",
@@ -424,28 +402,7 @@ fn iptables_and_ebpf_datapaths_look_the_same_from_every_far_end() {
         }
     );
 
-    let differences: Vec<String> = iptables
-        .iter()
-        .zip(&ebpf)
-        .filter(|((_, a), (_, b))| a != b)
-        .map(|((case, a), (_, b))| format!("{case:?}: iptables {a:?}, ebpf {b:?}"))
-        .collect();
-    let wrong: Vec<String> = [("iptables", &iptables), ("ebpf", &ebpf)]
-        .into_iter()
-        .flat_map(|(datapath, table)| {
-            table.iter().filter_map(move |(case, outcome)| {
-                let want = expected(*case, pod_addr());
-                (*outcome != want)
-                    .then(|| format!("{datapath} {case:?}: got {outcome:?}, expected {want:?}"))
-            })
-        })
-        .collect();
-    assert!(
-        differences.is_empty() && wrong.is_empty(),
-        "the datapaths differ:\n{}\nnot what the VPC CNI does:\n{}",
-        differences.join("\n"),
-        wrong.join("\n")
-    );
+    differential::assert_same_and_expected(&iptables, &ebpf);
 }
 
 fn pod_addr() -> Ipv4Addr {

@@ -36,10 +36,14 @@ use std::{
     time::Duration,
 };
 
-use vpcnet_bpf_tests::{agent_binary, agent_cli, lab_counter};
+use vpcnet_bpf_tests::{
+    KERNEL_RULES, agent_binary, agent_cli,
+    differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
+    lab_counter,
+};
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
-    EnforcingMode, Lab, LabOptions, NodePortService, WhoamiServer, addrs, exec_ok,
+    EnforcingMode, Lab, LabOptions, NodePortService, addrs, exec_ok,
     probe::{RouterLinkTap, WhoamiFlow},
     serial,
 };
@@ -73,13 +77,6 @@ const NODE_PORT_POD: usize = 1;
 const SERVICE_TO_PEER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 10), 80);
 const SERVICE_TO_POD: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 11), 80);
 const SERVICE_POD: usize = 4;
-
-/// The kernel's own rules: all an eBPF node has.
-const KERNEL_RULES: [&str; 3] = [
-    "0:\tfrom all lookup local",
-    "32766:\tfrom all lookup main",
-    "32767:\tfrom all lookup default",
-];
 
 /// The node-wide security-group enforcing mode of a lab, and what goes with
 /// it in this test.
@@ -146,7 +143,7 @@ enum End {
     ServiceToPod,
 }
 
-impl End {
+impl FarEnd for End {
     fn addr(self) -> Ipv4Addr {
         match self {
             Self::Pod(index) => addrs::pod_addr(index).expect("a lab pod"),
@@ -156,15 +153,6 @@ impl End {
             Self::NodePort => addrs::NODE_PRIMARY_ADDR,
             Self::ServiceToPeer => *SERVICE_TO_PEER.ip(),
             Self::ServiceToPod => *SERVICE_TO_POD.ip(),
-        }
-    }
-
-    fn port(self) -> u16 {
-        match self {
-            Self::NodePort => addrs::NODE_PORT,
-            Self::ServiceToPeer => SERVICE_TO_PEER.port(),
-            Self::ServiceToPod => SERVICE_TO_POD.port(),
-            _ => PORT,
         }
     }
 
@@ -180,16 +168,6 @@ impl End {
         }
     }
 
-    /// The node interface that owns a pod's address.
-    fn eni(self) -> Option<Link> {
-        match self {
-            Self::Pod(index) if index == BRANCH_POD => Some(Link::Vlan1),
-            Self::Pod(index) if BRANCH_PODS.contains(&index) => None,
-            Self::Pod(index) => Some(Link::ALL[index % ENIS]),
-            _ => None,
-        }
-    }
-
     fn name(self) -> String {
         match self {
             Self::Pod(index) => match self.eni() {
@@ -202,6 +180,27 @@ impl End {
             Self::NodePort => "node port".to_owned(),
             Self::ServiceToPeer => "svc->peer".to_owned(),
             Self::ServiceToPod => format!("svc->pod-{SERVICE_POD}"),
+        }
+    }
+}
+
+impl End {
+    fn port(self) -> u16 {
+        match self {
+            Self::NodePort => addrs::NODE_PORT,
+            Self::ServiceToPeer => SERVICE_TO_PEER.port(),
+            Self::ServiceToPod => SERVICE_TO_POD.port(),
+            _ => PORT,
+        }
+    }
+
+    /// The node interface that owns a pod's address.
+    fn eni(self) -> Option<Link> {
+        match self {
+            Self::Pod(index) if index == BRANCH_POD => Some(Link::Vlan1),
+            Self::Pod(index) if BRANCH_PODS.contains(&index) => None,
+            Self::Pod(index) => Some(Link::ALL[index % ENIS]),
+            _ => None,
         }
     }
 
@@ -332,6 +331,31 @@ impl Outcome {
             text.push_str(", igw drop");
         }
         text
+    }
+}
+
+impl differential::Row for Case {
+    type Outcome = Outcome;
+
+    const COLUMNS: &'static [(&'static str, usize)] =
+        &[("mode", 9), ("from", 18), ("to", 31), ("flow", 10)];
+    const OUTCOME_WIDTH: usize = 54;
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.mode.name().to_owned(),
+            self.from.name(),
+            self.to.target(),
+            self.flow.name().to_owned(),
+        ]
+    }
+
+    fn describe(&self, outcome: &Outcome) -> String {
+        outcome.describe(self)
+    }
+
+    fn expected(&self) -> Outcome {
+        expected(self)
     }
 }
 
@@ -475,42 +499,25 @@ impl RouterCounts {
 }
 
 /// The whoami servers: one per far end and one per pod.
-struct Servers {
-    servers: Vec<(End, WhoamiServer)>,
+fn start_servers() -> WhoamiServers<End> {
+    let ends = [End::Peer, End::Onprem, End::Inet]
+        .into_iter()
+        .chain((0..PODS).map(End::Pod));
+    WhoamiServers::start(ends, PORT)
 }
 
-impl Servers {
-    fn start() -> Self {
-        let ends = [End::Peer, End::Onprem, End::Inet]
-            .into_iter()
-            .chain((0..PODS).map(End::Pod));
-        let servers = ends
-            .map(|end| {
-                let server = WhoamiServer::start(&end.ns(), SocketAddrV4::new(end.addr(), PORT))
-                    .unwrap_or_else(|e| panic!("whoami server for {}: {e}", end.name()));
-                (end, server)
-            })
-            .collect();
-        Self { servers }
-    }
-
-    /// The server that answers flows to `to`.
-    fn of(&self, to: End) -> &WhoamiServer {
-        let to = match to {
-            End::NodePort => End::Pod(NODE_PORT_POD),
-            End::ServiceToPeer => End::Peer,
-            End::ServiceToPod => End::Pod(SERVICE_POD),
-            other => other,
-        };
-        self.servers
-            .iter()
-            .find_map(|(end, server)| (*end == to).then_some(server))
-            .expect("a server per end")
+/// The end whose server answers flows to `to`.
+fn server_end(to: End) -> End {
+    match to {
+        End::NodePort => End::Pod(NODE_PORT_POD),
+        End::ServiceToPeer => End::Peer,
+        End::ServiceToPod => End::Pod(SERVICE_POD),
+        other => other,
     }
 }
 
 /// Runs one case and records what happened.
-fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &Servers, case: &Case) -> Outcome {
+fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &WhoamiServers<End>, case: &Case) -> Outcome {
     let want = expected(case);
     let timeout = if want.reply_from.is_some() {
         REPLY_TIMEOUT
@@ -531,7 +538,7 @@ fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &Servers, case: &Case) -> Outc
         case.from.name(),
         case.to.name()
     );
-    let server = servers.of(case.to);
+    let server = servers.at(server_end(case.to));
     // Cases run one after the other: what the server records from now on is
     // this case's.
     server.clear();
@@ -571,7 +578,7 @@ fn run(mode: Mode, base: LabOptions, check: impl FnOnce(&Lab)) -> Vec<(Case, Out
     install_cluster_ips();
     let tap = RouterLinkTap::install(&Link::ALL.map(Link::router_side))
         .unwrap_or_else(|e| panic!("counting the node's packets per ENI link: {e}"));
-    let servers = Servers::start();
+    let servers = start_servers();
     let table = cases(mode)
         .into_iter()
         .map(|case| (case, probe(&lab, &tap, &servers, &case)))
@@ -653,13 +660,7 @@ fn assert_ebpf_counters(lab: &Lab, mode: Mode) {
         .filter(|(_, _, value)| *value == 0)
         .map(|(counter, what, _)| format!("{} ({what})", counter.name()))
         .collect();
-    let dropped: Vec<String> = Counter::ALL
-        .iter()
-        .filter(|counter| counter.is_drop())
-        .map(|&counter| (counter, lab_counter(counter)))
-        .filter(|(_, value)| *value > 0)
-        .map(|(counter, value)| format!("{} = {value}", counter.name()))
-        .collect();
+    let dropped = lab_drops();
     let strict_in_standard = match mode {
         Mode::Standard => lab_counter(Counter::PodStrict),
         Mode::Strict => 0,
@@ -676,38 +677,6 @@ fn assert_ebpf_counters(lab: &Lab, mode: Mode) {
         dropped.join(", "),
         agent_cli(&["counters"])
     );
-}
-
-/// Both tables side by side, with a mark where they differ.
-struct SideBySide<'a> {
-    iptables: &'a [(Case, Outcome)],
-    ebpf: &'a [(Case, Outcome)],
-}
-
-impl fmt::Display for SideBySide<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const WIDTH: usize = 54;
-        writeln!(
-            f,
-            "{:<9} {:<18} {:<31} {:<10} {:<WIDTH$} ebpf (vpcnet)",
-            "mode", "from", "to", "flow", "iptables (VPC CNI)"
-        )?;
-        for ((case, iptables), (ebpf_case, ebpf)) in self.iptables.iter().zip(self.ebpf) {
-            assert_eq!(case, ebpf_case, "both runs probe the same cases in order");
-            let differs = if iptables == ebpf { "" } else { "  <- differs" };
-            writeln!(
-                f,
-                "{:<9} {:<18} {:<31} {:<10} {:<WIDTH$} {}{differs}",
-                case.mode.name(),
-                case.from.name(),
-                case.to.target(),
-                case.flow.name(),
-                iptables.describe(case),
-                ebpf.describe(case),
-            )?;
-        }
-        Ok(())
-    }
 }
 
 #[test]
@@ -739,28 +708,7 @@ fn every_routing_path_looks_the_same_in_both_datapaths() {
         }
     );
 
-    let differences: Vec<String> = iptables
-        .iter()
-        .zip(&ebpf)
-        .filter(|((_, a), (_, b))| a != b)
-        .map(|((case, a), (_, b))| format!("{case:?}: iptables {a:?}, ebpf {b:?}"))
-        .collect();
-    let wrong: Vec<String> = [("iptables", &iptables), ("ebpf", &ebpf)]
-        .into_iter()
-        .flat_map(|(datapath, table)| {
-            table.iter().filter_map(move |(case, outcome)| {
-                let want = expected(case);
-                (*outcome != want)
-                    .then(|| format!("{datapath} {case:?}: got {outcome:?}, expected {want:?}"))
-            })
-        })
-        .collect();
-    assert!(
-        differences.is_empty() && wrong.is_empty(),
-        "the datapaths differ:\n{}\nnot what the VPC CNI does:\n{}",
-        differences.join("\n"),
-        wrong.join("\n")
-    );
+    differential::assert_same_and_expected(&iptables, &ebpf);
 }
 
 /// The rule test's node: 12 pods over 3 ENIs, 3 of them on branch ENIs.

@@ -21,7 +21,6 @@
 //! side (`-- --nocapture`) with the rule counts, compared and checked.
 
 use std::{
-    fmt,
     net::{Ipv4Addr, SocketAddrV4},
     path::Path,
     time::{Duration, Instant},
@@ -29,10 +28,14 @@ use std::{
 
 use ipnet::Ipv4Net;
 use vpcnet_agent::datapath::DatapathMaps;
-use vpcnet_bpf_tests::{agent_binary, agent_cli, lab_counter};
+use vpcnet_bpf_tests::{
+    KERNEL_RULES, agent_binary, agent_cli,
+    differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
+    lab_counter,
+};
 use vpcnet_common::{addr_to_raw, cidr::CidrKind, counters::Counter, endpoint::Endpoint};
 use vpcnet_lab::{
-    Datapath, Lab, LabOptions, WhoamiServer, addrs, exec_ok,
+    Datapath, Lab, LabOptions, addrs, exec_ok,
     probe::{RouterLinkTap, WhoamiFlow},
     serial,
 };
@@ -54,13 +57,6 @@ const PORT: u16 = 8080;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 const SEEN_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The kernel's own rules: all an eBPF node has.
-const KERNEL_RULES: [&str; 3] = [
-    "0:\tfrom all lookup local",
-    "32766:\tfrom all lookup main",
-    "32767:\tfrom all lookup default",
-];
-
 /// 63 /24s of the benchmarking range 198.18.0.0/15 (no lab address), after
 /// the on-premises network: the VPC CNI inserts each exclusion at the top
 /// of its chains, so the first listed is the last evaluated.
@@ -81,7 +77,7 @@ enum End {
     Inet,
 }
 
-impl End {
+impl FarEnd for End {
     fn addr(self) -> Ipv4Addr {
         match self {
             Self::Pod(index) => addrs::pod_addr(index).expect("a lab pod"),
@@ -131,6 +127,29 @@ fn cases() -> Vec<Case> {
     .into_iter()
     .flat_map(|(from, to)| Flow::ALL.map(|flow| Case { from, to, flow }))
     .collect()
+}
+
+impl differential::Row for Case {
+    type Outcome = Outcome;
+
+    const COLUMNS: &'static [(&'static str, usize)] = &[("from", 13), ("to", 32), ("flow", 10)];
+    const OUTCOME_WIDTH: usize = 40;
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.from.name(),
+            format!("{} {}", self.to.name(), self.to.addr()),
+            self.flow.name().to_owned(),
+        ]
+    }
+
+    fn describe(&self, outcome: &Outcome) -> String {
+        outcome.describe()
+    }
+
+    fn expected(&self) -> Outcome {
+        expected(self)
+    }
 }
 
 /// What one flow did.
@@ -191,29 +210,11 @@ fn expected(case: &Case) -> Outcome {
 }
 
 /// A whoami server at every end a flow goes to.
-struct Servers(Vec<(End, WhoamiServer)>);
-
-impl Servers {
-    fn start() -> Self {
-        let ends = [End::Peer, End::Onprem, End::Inet]
-            .into_iter()
-            .chain((0..PODS).map(End::Pod));
-        Self(
-            ends.map(|end| {
-                let server = WhoamiServer::start(&end.ns(), SocketAddrV4::new(end.addr(), PORT))
-                    .unwrap_or_else(|e| panic!("whoami server for {}: {e}", end.name()));
-                (end, server)
-            })
-            .collect(),
-        )
-    }
-
-    fn of(&self, end: End) -> &WhoamiServer {
-        self.0
-            .iter()
-            .find_map(|(e, server)| (*e == end).then_some(server))
-            .expect("a server per end")
-    }
+fn start_servers() -> WhoamiServers<End> {
+    let ends = [End::Peer, End::Onprem, End::Inet]
+        .into_iter()
+        .chain((0..PODS).map(End::Pod));
+    WhoamiServers::start(ends, PORT)
 }
 
 /// The router's links to the node's ENIs, eth0 first.
@@ -221,7 +222,7 @@ fn eni_links() -> Vec<String> {
     (0..ENIS).map(addrs::vpc_eni_link).collect()
 }
 
-fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &Servers, case: &Case) -> Outcome {
+fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &WhoamiServers<End>, case: &Case) -> Outcome {
     let ns = case.from.ns();
     let target = SocketAddrV4::new(case.to.addr(), PORT);
     let context = format!(
@@ -230,7 +231,7 @@ fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &Servers, case: &Case) -> Outc
         case.from.name(),
         case.to.name()
     );
-    let server = servers.of(case.to);
+    let server = servers.at(case.to);
     server.clear();
     let read = || {
         (
@@ -407,7 +408,7 @@ fn run(datapath: Datapath, agent: &Path) -> Run {
 
     let tap = RouterLinkTap::install(&eni_links())
         .unwrap_or_else(|e| panic!("counting the node's packets per ENI link: {e}"));
-    let servers = Servers::start();
+    let servers = start_servers();
     let table = cases()
         .into_iter()
         .map(|case| (case, probe(&lab, &tap, &servers, &case)))
@@ -474,48 +475,13 @@ fn assert_ebpf_counters() {
         let value = lab_counter(counter);
         assert!(value > 0, "{} is {value}", counter.name());
     }
-    let dropped: Vec<String> = Counter::ALL
-        .iter()
-        .filter(|counter| counter.is_drop())
-        .map(|&counter| (counter, lab_counter(counter)))
-        .filter(|(_, value)| *value > 0)
-        .map(|(counter, value)| format!("{} = {value}", counter.name()))
-        .collect();
+    let dropped = lab_drops();
     assert!(
         dropped.is_empty(),
         "the eBPF datapath dropped packets: {}\n{}",
         dropped.join(", "),
         agent_cli(&["counters"])
     );
-}
-
-struct SideBySide<'a> {
-    iptables: &'a Run,
-    ebpf: &'a Run,
-}
-
-impl fmt::Display for SideBySide<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const WIDTH: usize = 40;
-        writeln!(
-            f,
-            "{:<13} {:<32} {:<10} {:<WIDTH$} ebpf (vpcnet)",
-            "from", "to", "flow", "iptables (VPC CNI)"
-        )?;
-        for ((case, iptables), (_, ebpf)) in self.iptables.table.iter().zip(&self.ebpf.table) {
-            let differs = if iptables == ebpf { "" } else { "  <- differs" };
-            writeln!(
-                f,
-                "{:<13} {:<32} {:<10} {:<WIDTH$} {}{differs}",
-                case.from.name(),
-                format!("{} {}", case.to.name(), case.to.addr()),
-                case.flow.name(),
-                iptables.describe(),
-                ebpf.describe(),
-            )?;
-        }
-        Ok(())
-    }
 }
 
 #[test]
@@ -531,8 +497,8 @@ fn pods_forward_right_behind_4096_pods_and_64_exclusions() {
          ({}) on eth2\n{}",
         addrs::pod_addr(POD).expect("a lab pod"),
         SideBySide {
-            iptables: &iptables,
-            ebpf: &ebpf,
+            iptables: &iptables.table,
+            ebpf: &ebpf.table,
         }
     );
     println!(
@@ -546,16 +512,6 @@ fn pods_forward_right_behind_4096_pods_and_64_exclusions() {
         ebpf.up,
     );
 
-    let mut problems = Vec::new();
-    for (datapath, run) in [("iptables", &iptables), ("ebpf", &ebpf)] {
-        for (case, outcome) in &run.table {
-            let want = expected(case);
-            if *outcome != want {
-                problems.push(format!(
-                    "{datapath} {case:?}: got {outcome:?}, expected {want:?}"
-                ));
-            }
-        }
-    }
+    let problems = differential::wrong_rows(&iptables.table, &ebpf.table);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
