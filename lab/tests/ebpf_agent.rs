@@ -6,6 +6,8 @@
 //!
 //! Like every lab test: root needed, one lab at a time (`serial()`).
 
+mod common;
+
 use std::{
     fs,
     os::unix::fs::{MetadataExt, PermissionsExt},
@@ -13,16 +15,9 @@ use std::{
     time::Duration,
 };
 
+use common::{assert_no_lab_left, lab_session};
 use vpcnet_api::layout::NodeLayout;
 use vpcnet_lab::{EnforcingMode, Lab, LabError, LabOptions, NodePortService, addrs, netns};
-
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED: the lab tests need root (network namespaces)");
-    false
-}
 
 /// A directory for one test's stand-in agent, removed on drop.
 struct FakeAgent {
@@ -55,14 +50,6 @@ impl Drop for FakeAgent {
     }
 }
 
-fn assert_no_lab_left() {
-    assert_eq!(netns::lab_namespaces().unwrap(), Vec::<String>::new());
-    assert!(
-        !vpcnet_lab::state_dir().exists(),
-        "the state directory is left"
-    );
-}
-
 /// Whether `pid` is gone (or a zombie nobody reaped yet).
 fn exited(pid: i32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -75,11 +62,7 @@ fn exited(pid: i32) -> bool {
 
 #[test]
 fn a_contract_keeping_agent_runs_in_the_node_until_down() {
-    if !is_root() {
-        return;
-    }
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
     let here = std::env::temp_dir().join(format!("vpcnet-lab-keeps-{}", std::process::id()));
     let agent = FakeAgent::new(
         "keeps",
@@ -155,10 +138,7 @@ fn up_fails_with(test: &str, body: &str, timeout: Duration) -> (LabError, FakeAg
 
 #[test]
 fn an_agent_that_exits_fails_up_with_its_log() {
-    if !is_root() {
-        return;
-    }
-    let _serial = vpcnet_lab::serial();
+    let _lab_lock = lab_session();
     let (err, _agent) = up_fails_with(
         "exits",
         "echo 'error: could not load the datapath: no bpffs' >&2\nexit 3",
@@ -180,10 +160,7 @@ fn an_agent_that_exits_fails_up_with_its_log() {
 
 #[test]
 fn an_agent_that_says_something_else_fails_up() {
-    if !is_root() {
-        return;
-    }
-    let _serial = vpcnet_lab::serial();
+    let _lab_lock = lab_session();
     let (err, _agent) = up_fails_with(
         "garbles",
         "echo 'ready!'\nexec sleep 600",
@@ -194,10 +171,7 @@ fn an_agent_that_says_something_else_fails_up() {
 
 #[test]
 fn a_silent_agent_times_out_and_is_stopped() {
-    if !is_root() {
-        return;
-    }
-    let _serial = vpcnet_lab::serial();
+    let _lab_lock = lab_session();
     let here = std::env::temp_dir().join(format!("vpcnet-lab-silent-{}", std::process::id()));
     let (err, agent) = up_fails_with(
         "silent",
@@ -215,11 +189,7 @@ fn a_silent_agent_times_out_and_is_stopped() {
 /// pod or per ENI, no ENI or VLAN route table.
 #[test]
 fn an_ebpf_lab_hands_the_agent_its_layout_and_has_no_policy_routing() {
-    if !is_root() {
-        return;
-    }
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
     let here = std::env::temp_dir().join(format!("vpcnet-lab-layout-{}", std::process::id()));
     let agent = FakeAgent::new(
         "layout",

@@ -12,7 +12,7 @@ use std::{
     path::Path,
 };
 
-use common::{DROP_TIMEOUT, REPLY_TIMEOUT, assert_no_lab_left, at, init_logs, is_root};
+use common::{DROP_TIMEOUT, REPLY_TIMEOUT, assert_no_lab_left, at, lab_session};
 use vpcnet_lab::{
     Lab, LabError, LabOptions, PodInfo, Proto, WhoamiServer, addrs, exec_ok, icmp_echo, netns,
     send_spoofed_udp, tcp_whoami, udp_whoami,
@@ -141,12 +141,7 @@ fn check_pods(lab: &Lab) {
 
 #[test]
 fn iptables_lab_paths_checks_and_lifecycle() {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     let lab = Lab::up(&LabOptions::iptables(2)).expect("lab up");
     check_topology(&lab);
@@ -269,12 +264,7 @@ fn check_a_second_lab_is_refused(pod0: &PodInfo) {
 
 #[test]
 fn external_snat_leaves_pod_addresses_to_the_internet_gateway() {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     let lab = Lab::up(&LabOptions {
         external_snat: true,
@@ -309,12 +299,7 @@ fn external_snat_leaves_pod_addresses_to_the_internet_gateway() {
 
 #[test]
 fn excluded_cidrs_are_not_snatted() {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     let opts = LabOptions {
         exclude_snat_cidrs: vec![addrs::ONPREM_NET],
@@ -361,11 +346,7 @@ fn excluded_cidrs_are_not_snatted() {
 
 #[test]
 fn bad_options_are_refused_before_anything_is_built() {
-    if !is_root() {
-        return;
-    }
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     let err = Lab::up(&LabOptions::iptables(addrs::MAX_PODS + 1)).unwrap_err();
     assert!(matches!(err, LabError::TooManyPods { .. }), "{err}");
@@ -380,12 +361,7 @@ fn bad_options_are_refused_before_anything_is_built() {
 
 #[test]
 fn a_dropped_lab_tears_itself_down_and_down_all_is_idempotent() {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
     {
         let lab = Lab::up(&LabOptions::iptables(0)).unwrap();
         assert!(Path::new(&netns::netns_path(addrs::NS_NODE)).exists());

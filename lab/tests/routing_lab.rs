@@ -11,7 +11,7 @@ mod common;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use common::{DROP_TIMEOUT, PORT, REPLY_TIMEOUT, assert_no_lab_left, at, init_logs, is_root};
+use common::{DROP_TIMEOUT, PORT, REPLY_TIMEOUT, assert_no_lab_left, at, lab_session};
 use vpcnet_lab::{
     EnforcingMode, Lab, LabOptions, NodePortService, PodInfo, Proto, WhoamiServer, addrs, exec_ok,
     icmp_echo, tcp_whoami, udp_whoami,
@@ -148,12 +148,7 @@ fn check_secondary_enis(lab: &Lab) {
 
 #[test]
 fn secondary_enis_steering_and_node_port_replies() {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     let opts = LabOptions {
         enis: 3,
@@ -319,12 +314,7 @@ fn branch_eni_pods_in_standard_mode() {
 /// standard mode it reaches local pods directly and is SNATed like any pod
 /// outside the VPC.
 fn branch_eni_pods(mode: EnforcingMode) {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     let opts = LabOptions {
         enis: 2,
@@ -461,12 +451,7 @@ fn check_branch_wiring(lab: &Lab, pod: &PodInfo) {
 /// node's to `inet`.
 #[test]
 fn a_pod_whose_rules_sit_last_behind_4096_pods_still_forwards() {
-    if !is_root() {
-        return;
-    }
-    init_logs();
-    let _serial = vpcnet_lab::serial();
-    vpcnet_lab::down_all().unwrap();
+    let _lab_lock = lab_session();
 
     // The exclusions are inserted at the top of the chain one by one, so the
     // first listed is evaluated last.

@@ -16,15 +16,22 @@ pub const PORT: u16 = 8080;
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DROP_TIMEOUT: Duration = Duration::from_millis(700);
 
-pub fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED: the lab tests need root (network namespaces)");
-    false
+/// The start of every lab test: root is required (a test that skipped
+/// itself would pass without testing anything, so it fails instead), logs
+/// go to the test's output, the lab lock is held for the test's whole life,
+/// and a lab left by an earlier, aborted run is removed.
+pub fn lab_session() -> vpcnet_lab::LabLock {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the lab tests need root (network namespaces): run them with `cargo xtask test` as root"
+    );
+    init_logs();
+    let lock = vpcnet_lab::serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    lock
 }
 
-pub fn init_logs() {
+fn init_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
