@@ -2,6 +2,7 @@
 //! attach, fill maps, garbage-collect NAT) and the configuration from the
 //! VPC CNI's environment variables. The binary and the tests use it.
 
+pub mod cloud;
 pub mod config;
 pub mod datapath;
 pub mod ipam;
