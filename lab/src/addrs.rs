@@ -76,6 +76,20 @@ pub const ONPREM_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 /// The on-premises host's MAC.
 pub const ONPREM_ETH0_MAC: &str = "02:ee:c0:00:02:0a";
 
+/// The lab's EC2 endpoint: the EC2 emulator's Query API listens here (port
+/// 80, plain HTTP), on the VPC router's `lo` in `vpcnet-vpc`, as an EC2
+/// interface endpoint (PrivateLink) sits at an address of the VPC. The node
+/// reaches it through its default route (the VPC router), so the agent's
+/// `AWS_ENDPOINT_URL_EC2` is `http://10.20.0.10`. 10.20.0.0/24 holds no
+/// subnet of the lab.
+pub const EC2_ENDPOINT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 10);
+/// The instance metadata service's link-local address (IMDSv2, port 80).
+/// On EC2 it is answered by the Nitro card; in the lab by the EC2 emulator,
+/// on the VPC router's `lo` in `vpcnet-vpc`, reached by the node through
+/// its default route. The emulator tells instances apart by the request's
+/// source address (the node asks from 10.20.11.162).
+pub const IMDS_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+
 /// The VPC router's side of the node's primary ENI.
 pub const VPC_NODE_ETH0_LINK: &str = "n0-eth0";
 /// The VPC router's MAC on [`VPC_NODE_ETH0_LINK`].

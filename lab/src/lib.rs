@@ -21,6 +21,7 @@
 
 pub mod addrs;
 pub mod agent;
+pub mod ec2;
 mod error;
 pub mod kube_proxy;
 mod lab;

@@ -15,6 +15,8 @@
 
 use std::{fmt::Write, net::Ipv4Addr, process::Command};
 
+use ipnet::Ipv4Net;
+
 use crate::{
     addrs::{NS_VPC, VPC_IGW_LINK},
     error::{LabError, Result},
@@ -96,6 +98,21 @@ impl Assignments {
         }
     }
 
+    /// Adds a /28 (or any) prefix on the ENI: the router routes the whole
+    /// prefix to the link, knows the ENI's MAC for each of its addresses
+    /// (it never ARPs for instance addresses), and accepts each of them as
+    /// a source from the link, as AWS does for an ENI's delegated prefix.
+    pub fn add_prefix(&mut self, link: &str, mac: &str, prefix: Ipv4Net) {
+        self.ip_lines
+            .push(format!("route replace {prefix} dev {link} scope link"));
+        for addr in prefix_addresses(prefix) {
+            self.ip_lines.push(format!(
+                "neigh replace {addr} lladdr {mac} dev {link} nud permanent"
+            ));
+            self.nft_elements.push(format!("\"{link}\" . {addr}"));
+        }
+    }
+
     /// Applies them to the router: routes and neighbours in one `ip` batch,
     /// set elements in one nftables transaction.
     pub fn apply(&self) -> Result<()> {
@@ -115,6 +132,80 @@ impl Assignments {
         }
         Ok(())
     }
+}
+
+/// Every address of `prefix`, network and broadcast included (a delegated
+/// prefix's addresses are all usable by pods).
+pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
+    (u32::from(prefix.network())..=u32::from(prefix.broadcast())).map(Ipv4Addr::from)
+}
+
+/// The reverse of [`Assignments`]: addresses and prefixes an ENI no longer
+/// has (unassigned, or its ENI detached). The router stops delivering them
+/// and drops them as sources from the link.
+#[derive(Debug, Default)]
+pub struct Removals {
+    pub ip_lines: Vec<String>,
+    pub nft_elements: Vec<String>,
+}
+
+impl Removals {
+    /// Removes `addrs` from the ENI whose router-side link is `link`.
+    pub fn remove(&mut self, link: &str, addrs: &[Ipv4Addr]) {
+        for addr in addrs {
+            self.ip_lines
+                .push(format!("route del {addr}/32 dev {link}"));
+            self.ip_lines.push(format!("neigh del {addr} dev {link}"));
+            self.nft_elements.push(format!("\"{link}\" . {addr}"));
+        }
+    }
+
+    /// Removes a prefix added with [`Assignments::add_prefix`].
+    pub fn remove_prefix(&mut self, link: &str, prefix: Ipv4Net) {
+        self.ip_lines.push(format!("route del {prefix} dev {link}"));
+        for addr in prefix_addresses(prefix) {
+            self.ip_lines.push(format!("neigh del {addr} dev {link}"));
+            self.nft_elements.push(format!("\"{link}\" . {addr}"));
+        }
+    }
+
+    /// Applies them. Routes and neighbours go in one `ip -force` batch: one
+    /// that is already gone (its link deleted with it) must not keep the
+    /// others. Set elements go in one nftables transaction.
+    pub fn apply(&self) -> Result<()> {
+        if !self.ip_lines.is_empty() {
+            // `ip -force` still exits non-zero when a line failed; what
+            // failed is gone already, which is what was wanted.
+            let _ = run_with_stdin(
+                Command::new("ip").args(["-n", NS_VPC, "-force", "-batch", "-"]),
+                &self.ip_lines.join("\n"),
+            );
+        }
+        if !self.nft_elements.is_empty() {
+            let mut script = String::new();
+            for chunk in self.nft_elements.chunks(512) {
+                let _ = writeln!(
+                    script,
+                    "delete element ip {NFT_TABLE} eni_addresses {{ {} }}",
+                    chunk.join(", ")
+                );
+            }
+            nft_apply(&script)?;
+        }
+        Ok(())
+    }
+}
+
+/// Stops checking `link` as an ENI link (its ENI is gone).
+pub fn remove_eni_links(links: &[&str]) -> Result<()> {
+    if links.is_empty() {
+        return Ok(());
+    }
+    let quoted: Vec<String> = links.iter().map(|link| format!("\"{link}\"")).collect();
+    nft_apply(&format!(
+        "delete element ip {NFT_TABLE} eni_links {{ {} }}\n",
+        quoted.join(", ")
+    ))
 }
 
 /// Makes `link` an ENI link of the router: packets from it are checked.
@@ -202,6 +293,25 @@ mod tests {
             ]
         );
         assert_eq!(assignments.nft_elements, vec!["\"n0-eth0\" . 10.20.11.20"]);
+    }
+
+    #[test]
+    fn prefixes_route_the_block_and_allow_each_address() {
+        let mut assignments = Assignments::default();
+        let prefix: Ipv4Net = "10.20.11.32/28".parse().unwrap();
+        assignments.add_prefix("n0-eth1", "02:ee:0a:14:0b:0b", prefix);
+        assert_eq!(
+            assignments.ip_lines[0],
+            "route replace 10.20.11.32/28 dev n0-eth1 scope link"
+        );
+        assert_eq!(assignments.ip_lines.len(), 17);
+        assert_eq!(assignments.nft_elements.len(), 16);
+        assert_eq!(assignments.nft_elements[15], "\"n0-eth1\" . 10.20.11.47");
+        let mut removals = Removals::default();
+        removals.remove_prefix("n0-eth1", prefix);
+        removals.remove("n0-eth1", &[Ipv4Addr::new(10, 20, 11, 9)]);
+        assert_eq!(removals.nft_elements.len(), 17);
+        assert_eq!(removals.ip_lines[0], "route del 10.20.11.32/28 dev n0-eth1");
     }
 
     #[test]

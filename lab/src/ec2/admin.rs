@@ -1,0 +1,267 @@
+//! The emulator's admin API: HTTP/1.1 with JSON bodies on a Unix socket,
+//! for the lab and its tests to look at and steer EC2 from outside the
+//! agent's view: the whole state, call and fault counters, faults and the
+//! attachment delay at run time, subnets filled by "other instances", and
+//! ENIs leaked by an agent that crashed.
+//!
+//! [`AdminClient`] is its blocking client (the lab's library is not async).
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::Ipv4Addr,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use super::{EmulatorError, config::FaultRule, faults::ActionCounters, model::StateSnapshot};
+
+/// `GET`: `{"ok": true}` once the emulator serves.
+pub const HEALTH: &str = "/healthz";
+/// `GET`: [`StateSnapshot`].
+pub const STATE: &str = "/state";
+/// `GET`: [`CallsView`].
+pub const CALLS: &str = "/calls";
+/// `PUT` a list of [`FaultRule`]s: replaces the rules.
+pub const FAULTS: &str = "/faults";
+/// `PUT` [`AttachDelayRequest`].
+pub const ATTACH_DELAY: &str = "/attach-delay";
+/// `POST` [`OccupyRequest`].
+pub const OCCUPY: &str = "/occupy";
+/// `POST` [`LeakedEniRequest`]: [`LeakedEniResponse`].
+pub const LEAKED_ENI: &str = "/leaked-eni";
+/// `POST` [`RunInstanceRequest`]: [`RunInstanceResponse`].
+pub const RUN_INSTANCE: &str = "/run-instance";
+
+/// Calls and injected faults per action, and the run-time settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallsView {
+    pub actions: BTreeMap<String, ActionCounters>,
+    pub faults: Vec<FaultRule>,
+    /// Times the lab's network could not follow the state (see the log).
+    pub fabric_errors: u64,
+    pub attach_delay_ms: u64,
+}
+
+impl CallsView {
+    /// The counters of `action` (zero if it was never called).
+    pub fn action(&self, action: &str) -> ActionCounters {
+        self.actions.get(action).copied().unwrap_or_default()
+    }
+}
+
+/// The attachment delay, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct AttachDelayRequest {
+    pub ms: u64,
+}
+
+/// Addresses and prefixes of a subnet used by instances the emulator does
+/// not model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OccupyRequest {
+    pub subnet_id: String,
+    #[serde(default)]
+    pub addresses: Vec<Ipv4Addr>,
+    #[serde(default)]
+    pub prefixes: Vec<Ipv4Net>,
+}
+
+/// An available ENI, tagged as the agent tags its own.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeakedEniRequest {
+    pub subnet_id: String,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default)]
+    pub secondary_count: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeakedEniResponse {
+    pub network_interface_id: String,
+}
+
+/// `RunInstances` for one instance.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunInstanceRequest {
+    pub instance_type: String,
+    pub subnet_id: String,
+    #[serde(default)]
+    pub private_ip: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub image_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunInstanceResponse {
+    pub instance_id: String,
+}
+
+/// An admin error: EC2's code when the state refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+/// How long one admin call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A blocking client of the admin socket.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    socket: PathBuf,
+}
+
+impl AdminClient {
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Whether the emulator answers.
+    pub fn health(&self) -> Result<(), EmulatorError> {
+        self.call::<serde_json::Value>("GET", HEALTH, None)
+            .map(drop)
+    }
+
+    /// The whole state.
+    pub fn state(&self) -> Result<StateSnapshot, EmulatorError> {
+        self.call("GET", STATE, None)
+    }
+
+    /// Calls and faults per action.
+    pub fn calls(&self) -> Result<CallsView, EmulatorError> {
+        self.call("GET", CALLS, None)
+    }
+
+    /// Replaces the fault rules (an empty list stops all faults).
+    pub fn set_faults(&self, rules: &[FaultRule]) -> Result<CallsView, EmulatorError> {
+        self.call("PUT", FAULTS, Some(serde_json::to_vec(rules)?))
+    }
+
+    /// Sets the attachment (and detachment) delay.
+    pub fn set_attach_delay(&self, delay: Duration) -> Result<CallsView, EmulatorError> {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.call(
+            "PUT",
+            ATTACH_DELAY,
+            Some(serde_json::to_vec(&AttachDelayRequest { ms })?),
+        )
+    }
+
+    /// Marks addresses and prefixes of a subnet as used by other instances.
+    pub fn occupy(
+        &self,
+        subnet_id: &str,
+        addresses: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+    ) -> Result<StateSnapshot, EmulatorError> {
+        let request = OccupyRequest {
+            subnet_id: subnet_id.to_owned(),
+            addresses: addresses.to_vec(),
+            prefixes: prefixes.to_vec(),
+        };
+        self.call("POST", OCCUPY, Some(serde_json::to_vec(&request)?))
+    }
+
+    /// Creates an available ENI with `tags` (a leaked one); its id.
+    pub fn create_leaked_eni(
+        &self,
+        subnet_id: &str,
+        tags: &BTreeMap<String, String>,
+        secondary_count: u32,
+    ) -> Result<String, EmulatorError> {
+        let request = LeakedEniRequest {
+            subnet_id: subnet_id.to_owned(),
+            tags: tags.clone(),
+            secondary_count,
+        };
+        let reply: LeakedEniResponse =
+            self.call("POST", LEAKED_ENI, Some(serde_json::to_vec(&request)?))?;
+        Ok(reply.network_interface_id)
+    }
+
+    /// Launches an instance; its id.
+    pub fn run_instance(&self, request: &RunInstanceRequest) -> Result<String, EmulatorError> {
+        let reply: RunInstanceResponse =
+            self.call("POST", RUN_INSTANCE, Some(serde_json::to_vec(request)?))?;
+        Ok(reply.instance_id)
+    }
+
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, EmulatorError> {
+        let what = format!("{method} {path} on {}", self.socket.display());
+        let io = |source| EmulatorError::Io {
+            context: format!("admin call {what}"),
+            source,
+        };
+        let mut stream = UnixStream::connect(&self.socket).map_err(io)?;
+        stream.set_read_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
+        stream.set_write_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
+        let body = body.unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: vpcnet-lab-ec2\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).map_err(io)?;
+        stream.write_all(&body).map_err(io)?;
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).map_err(io)?;
+        let (status, body) = split_response(&reply).ok_or_else(|| EmulatorError::BadResponse {
+            request: what.clone(),
+            reason: format!("not an HTTP response: {}", String::from_utf8_lossy(&reply)),
+        })?;
+        if status != 200 {
+            let (code, message) = serde_json::from_slice::<AdminErrorBody>(body).map_or_else(
+                |_| (String::new(), String::from_utf8_lossy(body).into_owned()),
+                |e| (e.code, e.message),
+            );
+            return Err(EmulatorError::Admin {
+                request: what,
+                status,
+                code,
+                message,
+            });
+        }
+        serde_json::from_slice(body).map_err(|err| EmulatorError::BadResponse {
+            request: what,
+            reason: err.to_string(),
+        })
+    }
+}
+
+/// The status and body of a `Connection: close` HTTP/1.1 response with a
+/// `Content-Length` (what the emulator sends).
+fn split_response(reply: &[u8]) -> Option<(u16, &[u8])> {
+    let end = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&reply[..end]).ok()?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, &reply[end + 4..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_responses() {
+        let reply = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(split_response(reply), Some((404, &b"{}"[..])));
+        assert_eq!(split_response(b"garbage"), None);
+    }
+}
