@@ -9,7 +9,10 @@ use vpcnet_common::{
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint, Eni},
 };
 
-use crate::datapath::{Datapath, DatapathError};
+use crate::{
+    datapath::{Datapath, DatapathError},
+    netlink::{self, NetlinkError},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
@@ -21,11 +24,12 @@ pub enum LayoutError {
     NoMac(String),
     #[error("pod {addr}: {mac:?} is not a MAC address")]
     BadMac { addr: Ipv4Addr, mac: String },
-    #[error("keeping the gateway {gateway} of {interface} resolved: {reason}")]
+    #[error("keeping the gateway {gateway} of {interface} resolved")]
     Neighbour {
         interface: String,
         gateway: Ipv4Addr,
-        reason: String,
+        #[source]
+        source: NetlinkError,
     },
     #[error(transparent)]
     Datapath(#[from] DatapathError),
@@ -37,28 +41,13 @@ pub enum LayoutError {
 /// packet the stack had routed out of another ENI would be re-resolved
 /// through its old route and leave with that ENI's MAC.
 fn keep_gateway_resolved(interface: &str, gateway: Ipv4Addr) -> Result<(), LayoutError> {
-    let fail = |reason: String| LayoutError::Neighbour {
-        interface: interface.to_owned(),
-        gateway,
-        reason,
-    };
-    // iproute2 until the agent's link setup moves to rtnetlink.
-    let out = std::process::Command::new("ip")
-        .args([
-            "-4",
-            "neigh",
-            "replace",
-            &gateway.to_string(),
-            "dev",
-            interface,
-            "managed",
-        ])
-        .output()
-        .map_err(|e| fail(format!("running ip: {e}")))?;
-    if !out.status.success() {
-        return Err(fail(String::from_utf8_lossy(&out.stderr).trim().to_owned()));
-    }
-    Ok(())
+    netlink::keep_gateway_resolved_blocking(interface, gateway).map_err(|source| {
+        LayoutError::Neighbour {
+            interface: interface.to_owned(),
+            gateway,
+            source,
+        }
+    })
 }
 
 /// A link of the node's namespace: its index and MAC.

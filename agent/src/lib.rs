@@ -7,3 +7,4 @@ pub mod config;
 pub mod datapath;
 pub mod ipam;
 pub mod layout;
+pub mod netlink;
