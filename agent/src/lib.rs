@@ -3,8 +3,10 @@
 //! VPC CNI's environment variables. The binary and the tests use it.
 
 pub mod cloud;
+pub mod cni_server;
 pub mod config;
 pub mod datapath;
 pub mod ipam;
 pub mod layout;
 pub mod netlink;
+pub mod node;

@@ -1,21 +1,30 @@
 //! `vpcnet-agent`: the node daemon (`run`) and the operator's commands on
 //! the node (`counters`, `nat`, `config`, `set`).
 
-use std::{io::Write, net::Ipv4Addr, os::fd::AsRawFd, path::PathBuf, time::Duration};
+use std::{io::Write, net::Ipv4Addr, os::fd::AsRawFd, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use ipnet::Ipv4Net;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use vpcnet_agent::{
+    cloud::Cloud,
+    cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
     datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns},
+    ipam::{
+        manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
+        settings::IpamSettings,
+    },
     layout,
+    netlink::NetlinkHandle,
+    node::{NodeLinks, cidr_entries},
 };
 use vpcnet_api::layout::NodeLayout;
 use vpcnet_common::{
-    cidr::CidrKind,
+    addr_to_raw,
     config::{FLAG_EXTERNAL_SNAT, RandomizeMode},
+    endpoint::{ENI_PRIMARY, Eni},
     maps::PIN_DIR,
     raw_to_addr, raw_to_port,
 };
@@ -68,15 +77,38 @@ enum OnOff {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The primary ENI's interface: SNAT leaves by it.
+    /// The primary ENI's interface: SNAT leaves by it (with `--ipam`: the
+    /// link with the primary ENI's MAC).
     #[arg(long)]
-    primary_interface: String,
-    /// The primary ENI's address, SNAT's source.
+    primary_interface: Option<String>,
+    /// The primary ENI's address, SNAT's source (with `--ipam`: IMDS's
+    /// `local-ipv4`).
     #[arg(long)]
-    node_addr: Ipv4Addr,
-    /// The VPC's CIDR blocks, comma-separated.
+    node_addr: Option<Ipv4Addr>,
+    /// The VPC's CIDR blocks, comma-separated (with `--ipam`: IMDS's, and
+    /// kept up to date).
     #[arg(long)]
-    vpc_cidrs: String,
+    vpc_cidrs: Option<String>,
+    /// Run the address manager (ENIs, addresses and prefixes through EC2
+    /// and IMDS, settings from the VPC CNI's variables) and serve the CNI
+    /// plugin on `--cni-socket`.
+    #[arg(long)]
+    ipam: bool,
+    /// The CNI backend's Unix socket.
+    #[arg(long, default_value = vpcnet_api::DEFAULT_CNI_SOCKET)]
+    cni_socket: PathBuf,
+    /// Seconds between two passes over the warm pool.
+    #[arg(long, default_value_t = 5.0)]
+    reconcile_interval: f64,
+    /// Seconds an ENI lives at least before it may be freed.
+    #[arg(long, default_value_t = 60.0)]
+    min_eni_lifetime: f64,
+    /// Seconds between two leaked-ENI sweeps (jittered).
+    #[arg(long, default_value_t = 600.0)]
+    leaked_eni_interval: f64,
+    /// Seconds between two reads of the VPC's CIDRs from IMDS.
+    #[arg(long, default_value_t = 30.0)]
+    vpc_cidr_interval: f64,
     /// The node's ENIs and pods (JSON, see `vpcnet_api::layout`): every ENI
     /// and pod veth gets its programs, and the maps their entries.
     #[arg(long)]
@@ -122,8 +154,110 @@ fn open(pin_dir: &std::path::Path) -> Result<DatapathMaps> {
 }
 
 fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
-    let settings = SnatSettings::from_env()?;
-    let vpc_cidrs = parse_cidrs("--vpc-cidrs", &args.vpc_cidrs)?;
+    // Every variable is checked before anything changes on the node.
+    let snat = SnatSettings::from_env()?;
+    let service_cidrs = service_cidrs_from_env()?;
+    let ipam = if args.ipam {
+        Some(IpamSettings::from_env()?)
+    } else {
+        None
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(run_node(pin_dir, args, snat, service_cidrs, ipam))
+}
+
+/// What the node is: from the command line, or from IMDS with `--ipam`.
+struct NodeFacts {
+    primary_interface: String,
+    node_addr: Ipv4Addr,
+    vpc_cidrs: Vec<Ipv4Net>,
+    /// The primary ENI's subnet gateway, when known.
+    gateway: Option<Ipv4Addr>,
+}
+
+async fn node_facts(
+    args: &RunArgs,
+    cloud: Option<&Cloud>,
+    netlink: &NetlinkHandle,
+) -> Result<NodeFacts> {
+    let vpc_cidrs = args
+        .vpc_cidrs
+        .as_deref()
+        .map(|v| parse_cidrs("--vpc-cidrs", v))
+        .transpose()?;
+    let Some(cloud) = cloud else {
+        return Ok(NodeFacts {
+            primary_interface: args
+                .primary_interface
+                .clone()
+                .context("--primary-interface is needed without --ipam")?,
+            node_addr: args
+                .node_addr
+                .context("--node-addr is needed without --ipam")?,
+            vpc_cidrs: vpc_cidrs.context("--vpc-cidrs is needed without --ipam")?,
+            gateway: None,
+        });
+    };
+    let instance = cloud.instance_metadata().await?;
+    let primary = cloud.imds_eni(&instance.primary_mac).await?;
+    let primary_interface = if let Some(name) = &args.primary_interface {
+        name.clone()
+    } else {
+        let mac = instance.primary_mac.parse()?;
+        netlink
+            .link_by_mac(mac)
+            .await?
+            .with_context(|| format!("no link has the primary ENI's MAC {mac}"))?
+            .name
+    };
+    Ok(NodeFacts {
+        primary_interface,
+        node_addr: args.node_addr.unwrap_or(instance.local_ipv4),
+        vpc_cidrs: match vpc_cidrs {
+            Some(cidrs) => cidrs,
+            None => primary.vpc_cidrs.clone(),
+        },
+        gateway: Some(gateway_of(primary.subnet_cidr)),
+    })
+}
+
+/// Starts the address manager, retrying while EC2 throttles or fails.
+async fn start_manager(
+    cloud: &Cloud,
+    opts: &ManagerOptions,
+    network: Arc<dyn NodeNetwork>,
+) -> Result<Manager> {
+    let mut delay = Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + Duration::from_mins(5);
+    loop {
+        match Manager::start(cloud.clone(), opts.clone(), Arc::clone(&network)).await {
+            Ok(manager) => return Ok(manager),
+            Err(e) if e.backs_off() && tokio::time::Instant::now() < deadline => {
+                warn!(error = %e, retry_in = ?delay, "starting the address manager");
+                tokio::time::sleep(delay.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
+                delay = (delay * 2).min(Duration::from_secs(20));
+            }
+            Err(e) => return Err(e).context("starting the address manager"),
+        }
+    }
+}
+
+async fn run_node(
+    pin_dir: &std::path::Path,
+    args: &RunArgs,
+    snat: SnatSettings,
+    service_cidrs: Vec<Ipv4Net>,
+    ipam: Option<IpamSettings>,
+) -> Result<()> {
+    let netlink = NetlinkHandle::new()?;
+    let cloud = match &ipam {
+        Some(_) => Some(Cloud::connect().await.context("connecting to IMDS")?),
+        None => None,
+    };
+    let node = node_facts(args, cloud.as_ref(), &netlink).await?;
     let mut datapath = Datapath::load(&LoadOptions {
         pin_dir: pin_dir.to_owned(),
         nat_entries: args.nat_entries,
@@ -136,11 +270,10 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
     };
     datapath
         .maps
-        .set_config(&settings.datapath_config(args.node_addr, seed))?;
-    let service_cidrs = service_cidrs_from_env()?;
+        .set_config(&snat.datapath_config(node.node_addr, seed))?;
     datapath.maps.set_cidrs(&cidr_entries(
-        &vpc_cidrs,
-        &settings.exclude_snat_cidrs,
+        &node.vpc_cidrs,
+        &snat.exclude_snat_cidrs,
         &service_cidrs,
     )?)?;
     if let Some(path) = &args.layout {
@@ -153,69 +286,104 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
             "node layout applied"
         );
     }
+    if let Some(gateway) = node.gateway {
+        let link = netlink
+            .link_by_name(&node.primary_interface)
+            .await?
+            .with_context(|| format!("no link {}", node.primary_interface))?;
+        datapath.maps.set_eni(
+            link.index,
+            &Eni {
+                gateway: addr_to_raw(gateway.octets()),
+                flags: ENI_PRIMARY,
+            },
+        )?;
+        netlink
+            .keep_gateway_resolved(&link.link_ref(), gateway)
+            .await?;
+    }
     datapath
-        .attach_eni(&args.primary_interface)
-        .with_context(|| format!("attaching to {}", args.primary_interface))?;
+        .attach_eni(&node.primary_interface)
+        .with_context(|| format!("attaching to {}", node.primary_interface))?;
     info!(
-        interface = %args.primary_interface,
-        node_addr = %args.node_addr,
-        external_snat = settings.external_snat,
-        randomize = settings.randomize.env_value(),
+        interface = %node.primary_interface,
+        node_addr = %node.node_addr,
+        external_snat = snat.external_snat,
+        randomize = snat.randomize.env_value(),
         "datapath attached"
     );
+    let datapath = Arc::new(std::sync::Mutex::new(datapath));
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    if let (Some(settings), Some(cloud)) = (ipam, cloud) {
+        let network = Arc::new(NodeLinks {
+            netlink,
+            datapath: Arc::clone(&datapath),
+            mtu: settings.eni_mtu,
+            excluded: snat.exclude_snat_cidrs.clone(),
+            services: service_cidrs.clone(),
+        });
+        let opts = ManagerOptions {
+            reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,
+            min_eni_lifetime: seconds("--min-eni-lifetime", args.min_eni_lifetime)?,
+            leaked_eni_interval: seconds("--leaked-eni-interval", args.leaked_eni_interval)?,
+            vpc_cidr_interval: seconds("--vpc-cidr-interval", args.vpc_cidr_interval)?,
+            ..ManagerOptions::new(settings)
+        };
+        let manager = start_manager(&cloud, &opts, network).await?;
+        tasks.spawn(manager.clone().run());
+        let socket = args.cni_socket.clone();
+        let mut stop = shutdown_rx.clone();
+        tasks.spawn(async move {
+            let shutdown = async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            };
+            if let Err(e) = cni_server::serve(manager, &socket, shutdown).await {
+                error!(error = %e, "CNI backend stopped");
+            }
+        });
+        info!(socket = %args.cni_socket.display(), "CNI backend serving");
+    }
     if args.notify_ready {
         notify_ready()?;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(serve(
-        &mut datapath,
-        Duration::from_secs(args.gc_interval.max(1)),
-    ))
+    let result = serve(&datapath, Duration::from_secs(args.gc_interval.max(1))).await;
+    let _ = shutdown_tx.send(true);
+    tasks.abort_all();
+    result
+}
+
+fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .with_context(|| format!("{flag}: {value} is not a duration in seconds"))
 }
 
 /// Collects NAT garbage until SIGTERM or SIGINT.
-async fn serve(datapath: &mut Datapath, gc_interval: Duration) -> Result<()> {
+async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut gc = tokio::time::interval(gc_interval);
     loop {
         tokio::select! {
             _ = sigterm.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
-            _ = gc.tick() => match datapath.maps.collect_garbage(monotonic_now_ns()) {
-                Ok(stats) if stats.expired + stats.orphans > 0 => {
-                    info!(flows = stats.flows, expired = stats.expired, orphans = stats.orphans, "NAT garbage collected");
+            _ = gc.tick() => {
+                let collected = datapath
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .maps
+                    .collect_garbage(monotonic_now_ns());
+                match collected {
+                    Ok(stats) if stats.expired + stats.orphans > 0 => {
+                        info!(flows = stats.flows, expired = stats.expired, orphans = stats.orphans, "NAT garbage collected");
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "NAT garbage collection failed"),
                 }
-                Ok(_) => {}
-                Err(e) => warn!(error = %e, "NAT garbage collection failed"),
-            },
+            }
         }
     }
     info!("stopping: programs detach, pinned maps stay for the next start");
     Ok(())
-}
-
-/// The trie's content: service CIDRs, VPC CIDRs, exclusions and every node
-/// address, in that order, so that for the same prefix the later wins (a
-/// VPC CIDR over a service CIDR, a node address over anything).
-fn cidr_entries(
-    vpc: &[Ipv4Net],
-    excluded: &[Ipv4Net],
-    services: &[Ipv4Net],
-) -> Result<Vec<(Ipv4Net, CidrKind)>> {
-    let mut entries: Vec<(Ipv4Net, CidrKind)> =
-        services.iter().map(|n| (*n, CidrKind::Service)).collect();
-    entries.extend(vpc.iter().map(|n| (*n, CidrKind::Vpc)));
-    entries.extend(excluded.iter().map(|n| (*n, CidrKind::Excluded)));
-    for ifaddr in nix::ifaddrs::getifaddrs().context("listing node addresses")? {
-        if let Some(addr) = ifaddr.address.as_ref().and_then(|a| a.as_sockaddr_in()) {
-            let host = Ipv4Net::new(addr.ip(), 32).expect("/32 is valid");
-            entries.push((host, CidrKind::Local));
-        }
-    }
-    Ok(entries)
 }
 
 fn random_seed() -> Result<u32> {

@@ -9,3 +9,28 @@ pub mod cni {
     #![allow(clippy::pedantic, missing_docs)]
     tonic::include_proto!("vpcnet.cni.v1");
 }
+
+/// Where the agent serves the CNI backend.
+pub const DEFAULT_CNI_SOCKET: &str = "/run/vpcnet/cni.sock";
+
+/// A client of the CNI backend on the agent's Unix socket.
+pub async fn connect_cni(
+    socket: impl AsRef<std::path::Path>,
+) -> Result<
+    cni::cni_backend_client::CniBackendClient<tonic::transport::Channel>,
+    tonic::transport::Error,
+> {
+    let socket = socket.as_ref().to_owned();
+    // The URI is required by the API and unused: the connector dials the socket.
+    let channel = tonic::transport::Endpoint::from_static("http://vpcnet-agent")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await?;
+    Ok(cni::cni_backend_client::CniBackendClient::new(channel))
+}

@@ -32,6 +32,8 @@ pub struct InstanceTypeLimits {
     pub max_enis: usize,
     /// IPv4 addresses per ENI, the ENI's primary address included.
     pub ips_per_eni: usize,
+    /// Default vCPUs: the EKS max-pods cap with prefixes depends on them.
+    pub vcpus: usize,
 }
 
 /// A subnet.
@@ -111,7 +113,7 @@ impl EniInfo {
                 .and_then(|a| a.status())
                 .map(|s| s.as_str().to_owned()),
             device_index: attachment
-                .and_then(|a| a.device_index())
+                .and_then(aws_sdk_ec2::types::NetworkInterfaceAttachment::device_index)
                 .and_then(|i| u32::try_from(i).ok()),
             primary_addr,
             secondary_addrs,
@@ -160,14 +162,19 @@ impl Cloud {
             .send()
             .await
             .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
-        let info = out
-            .instance_types()
-            .first()
-            .and_then(|t| t.network_info())
-            .ok_or(CloudError::Incomplete {
-                action: ACTION,
-                field: "NetworkInfo",
-            })?;
+        let instance_type_info = out.instance_types().first();
+        let vcpus = instance_type_info
+            .and_then(|t| t.v_cpu_info())
+            .and_then(aws_sdk_ec2::types::VCpuInfo::default_v_cpus)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(1);
+        let info =
+            instance_type_info
+                .and_then(|t| t.network_info())
+                .ok_or(CloudError::Incomplete {
+                    action: ACTION,
+                    field: "NetworkInfo",
+                })?;
         let positive = |n: Option<i32>, field| {
             n.and_then(|n| usize::try_from(n).ok())
                 .filter(|&n| n > 0)
@@ -185,6 +192,7 @@ impl Cloud {
                 info.ipv4_addresses_per_interface(),
                 "Ipv4AddressesPerInterface",
             )?,
+            vcpus,
         })
     }
 
@@ -468,7 +476,7 @@ impl Cloud {
 }
 
 /// Now as RFC 3339 in UTC, the form aws-node writes in `createdAt`.
-pub(crate) fn time_now_rfc3339() -> String {
+pub fn time_now_rfc3339() -> String {
     aws_sdk_ec2::primitives::DateTime::from(std::time::SystemTime::now())
         .fmt(aws_sdk_ec2::primitives::DateTimeFormat::DateTime)
         .unwrap_or_default()

@@ -155,6 +155,36 @@ impl Datastore {
         Ok(())
     }
 
+    /// Removes a /28 prefix none of whose addresses a pod holds.
+    pub fn remove_prefix(&mut self, eni: &str, prefix: Ipv4Net) -> Result<(), DatastoreError> {
+        let record = self.eni_mut(eni)?;
+        let prefix = prefix.trunc();
+        if let Some((addr, _)) = record.addrs.iter().find(|(_, a)| {
+            a.prefix == Some(prefix) && matches!(a.state, AddrState::Assigned { .. })
+        }) {
+            return Err(DatastoreError::AddressInUse(*addr));
+        }
+        record.addrs.retain(|_, a| a.prefix != Some(prefix));
+        Ok(())
+    }
+
+    /// The ENIs, by id.
+    pub fn enis(&self) -> impl Iterator<Item = (&String, &EniRecord)> {
+        self.enis.iter()
+    }
+
+    /// One ENI.
+    #[must_use]
+    pub fn eni(&self, id: &str) -> Option<&EniRecord> {
+        self.enis.get(id)
+    }
+
+    /// The cooldown released addresses rest for.
+    #[must_use]
+    pub fn cooldown(&self) -> Duration {
+        self.cooldown
+    }
+
     /// Hands `key` an address: the one it already holds (CNI ADD is retried
     /// by runtimes), else a free one out of its cooldown, taken from the
     /// ENIs in device order so lower ENIs fill first and higher ones empty
@@ -177,12 +207,7 @@ impl Datastore {
             .collect();
         enis.sort_by_key(|(_, e)| e.device_number);
         for (id, eni) in enis {
-            let free = eni.addrs.iter_mut().find(|(_, a)| match a.state {
-                AddrState::Free { released } => {
-                    released.is_none_or(|at| now.saturating_duration_since(at) >= cooldown)
-                }
-                AddrState::Assigned { .. } => false,
-            });
+            let free = eni.addrs.iter_mut().find(|(_, a)| a.is_idle(now, cooldown));
             if let Some((addr, a)) = free {
                 a.state = AddrState::Assigned {
                     key: key.clone(),
@@ -315,6 +340,18 @@ impl Datastore {
     }
 }
 
+impl Addr {
+    /// Free and out of its cooldown: it may go to a pod, or back to EC2.
+    fn is_idle(&self, now: Instant, cooldown: Duration) -> bool {
+        match self.state {
+            AddrState::Free { released } => {
+                released.is_none_or(|at| now.saturating_duration_since(at) >= cooldown)
+            }
+            AddrState::Assigned { .. } => false,
+        }
+    }
+}
+
 impl EniRecord {
     /// Addresses of this ENI held by pods.
     #[must_use]
@@ -323,6 +360,62 @@ impl EniRecord {
             .values()
             .filter(|a| matches!(a.state, AddrState::Assigned { .. }))
             .count()
+    }
+
+    /// Secondary addresses (not from prefixes).
+    #[must_use]
+    pub fn secondary_addrs(&self) -> Vec<Ipv4Addr> {
+        self.addrs
+            .iter()
+            .filter(|(_, a)| a.prefix.is_none())
+            .map(|(addr, _)| *addr)
+            .collect()
+    }
+
+    /// The /28 prefixes.
+    #[must_use]
+    pub fn prefixes(&self) -> Vec<Ipv4Net> {
+        let mut prefixes: Vec<Ipv4Net> = self.addrs.values().filter_map(|a| a.prefix).collect();
+        prefixes.dedup();
+        prefixes
+    }
+
+    /// The ENI's EC2 address slots in use: its primary address, each
+    /// secondary address, each prefix.
+    #[must_use]
+    pub fn slots_used(&self) -> usize {
+        1 + self.secondary_addrs().len() + self.prefixes().len()
+    }
+
+    /// Addresses in the pool (secondary addresses and prefix addresses).
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Secondary addresses no pod holds and out of their cooldown: these may
+    /// go back to EC2.
+    #[must_use]
+    pub fn idle_secondary_addrs(&self, now: Instant, cooldown: Duration) -> Vec<Ipv4Addr> {
+        self.addrs
+            .iter()
+            .filter(|(_, a)| a.prefix.is_none() && a.is_idle(now, cooldown))
+            .map(|(addr, _)| *addr)
+            .collect()
+    }
+
+    /// Prefixes whose 16 addresses are all idle.
+    #[must_use]
+    pub fn idle_prefixes(&self, now: Instant, cooldown: Duration) -> Vec<Ipv4Net> {
+        self.prefixes()
+            .into_iter()
+            .filter(|p| {
+                self.addrs
+                    .values()
+                    .filter(|a| a.prefix == Some(*p))
+                    .all(|a| a.is_idle(now, cooldown))
+            })
+            .collect()
     }
 }
 

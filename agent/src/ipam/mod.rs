@@ -3,5 +3,6 @@
 
 pub mod checkpoint;
 pub mod datastore;
+pub mod manager;
 pub mod pool;
 pub mod settings;

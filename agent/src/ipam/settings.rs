@@ -24,6 +24,15 @@ pub const ENV_BACKING_STORE: &str = "AWS_VPC_K8S_CNI_BACKING_STORE";
 pub const ENV_ENABLE_POD_ENI: &str = "ENABLE_POD_ENI";
 pub const ENV_SG_ENFORCING_MODE: &str = "POD_SECURITY_GROUP_ENFORCING_MODE";
 pub const ENV_CLUSTER_NAME: &str = "CLUSTER_NAME";
+/// Custom networking's subnet for new ENIs: what an ENIConfig's
+/// `spec.subnet` says on EKS (vpcnet reads no Kubernetes objects yet).
+pub const ENV_ENI_CONFIG_SUBNET: &str = "VPCNET_ENI_CONFIG_SUBNET";
+/// Custom networking's security groups for new ENIs, comma-separated (an
+/// ENIConfig's `spec.securityGroups`); unset: the primary ENI's.
+pub const ENV_ENI_CONFIG_SECURITY_GROUPS: &str = "VPCNET_ENI_CONFIG_SECURITY_GROUPS";
+/// The kubelet's max pods for this node; unset: computed from the instance
+/// type as the EKS max-pods calculator does.
+pub const ENV_MAX_PODS: &str = "VPCNET_MAX_PODS";
 
 /// aws-node's checkpoint, which vpcnet reads and writes in its format.
 pub const DEFAULT_BACKING_STORE: &str = "/var/run/aws-node/ipam.json";
@@ -53,6 +62,11 @@ pub struct IpamSettings {
     pub pod_eni: bool,
     pub sg_enforcing_mode: EnforcingMode,
     pub cluster_name: Option<String>,
+    /// Custom networking: the subnet and security groups of new ENIs.
+    pub eni_config_subnet: Option<String>,
+    pub eni_config_security_groups: Vec<String>,
+    /// `None`: from the instance type.
+    pub max_pods: Option<usize>,
 }
 
 impl Default for IpamSettings {
@@ -72,6 +86,9 @@ impl Default for IpamSettings {
             pod_eni: false,
             sg_enforcing_mode: EnforcingMode::Strict,
             cluster_name: None,
+            eni_config_subnet: None,
+            eni_config_security_groups: Vec::new(),
+            max_pods: None,
         }
     }
 }
@@ -162,7 +179,55 @@ impl IpamSettings {
             };
         }
         s.cluster_name = get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned());
+        s.read_eni_config(&get)?;
+        if let Some(v) = get(ENV_MAX_PODS) {
+            s.max_pods = Some(count(ENV_MAX_PODS, &v)?).filter(|&n| n > 0);
+        }
         Ok(s)
+    }
+
+    /// Custom networking's subnet and security groups.
+    fn read_eni_config(
+        &mut self,
+        get: &impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        self.eni_config_subnet = get(ENV_ENI_CONFIG_SUBNET).map(|v| v.trim().to_owned());
+        if let Some(subnet) = &self.eni_config_subnet
+            && !subnet.starts_with("subnet-")
+        {
+            return Err(ConfigError {
+                variable: ENV_ENI_CONFIG_SUBNET,
+                value: subnet.clone(),
+                allowed: "a subnet id (subnet-...)",
+            });
+        }
+        if let Some(v) = get(ENV_ENI_CONFIG_SECURITY_GROUPS) {
+            self.eni_config_security_groups = v
+                .split(',')
+                .map(str::trim)
+                .filter(|g| !g.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if self
+                .eni_config_security_groups
+                .iter()
+                .any(|g| !g.starts_with("sg-"))
+            {
+                return Err(ConfigError {
+                    variable: ENV_ENI_CONFIG_SECURITY_GROUPS,
+                    value: v.clone(),
+                    allowed: "security group ids (sg-...), comma-separated",
+                });
+            }
+        }
+        if self.custom_network && self.eni_config_subnet.is_none() {
+            return Err(ConfigError {
+                variable: ENV_ENI_CONFIG_SUBNET,
+                value: String::new(),
+                allowed: "a subnet id: AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG=true needs the pods' subnet",
+            });
+        }
+        Ok(())
     }
 
     /// The pool targets for an instance type whose ENIs hold
@@ -226,6 +291,9 @@ mod tests {
             (ENV_ENABLE_POD_ENI, "true"),
             (ENV_SG_ENFORCING_MODE, "standard"),
             (ENV_CLUSTER_NAME, "prod"),
+            (ENV_ENI_CONFIG_SUBNET, "subnet-0pods"),
+            (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1, sg-2"),
+            (ENV_MAX_PODS, "58"),
         ])
         .unwrap();
         assert_eq!(
@@ -243,8 +311,17 @@ mod tests {
         assert_eq!(s.eni_mtu, 1500);
         assert_eq!(s.sg_enforcing_mode, EnforcingMode::Standard);
         assert_eq!(s.cluster_name.as_deref(), Some("prod"));
+        assert_eq!(s.eni_config_subnet.as_deref(), Some("subnet-0pods"));
+        assert_eq!(s.eni_config_security_groups, ["sg-1", "sg-2"]);
+        assert_eq!(s.max_pods, Some(58));
         let t = s.pool_targets(30, 110);
         assert!(t.ip_targets_defined());
+    }
+
+    #[test]
+    fn custom_networking_needs_the_pods_subnet() {
+        let err = settings(&[(ENV_CUSTOM_NETWORK_CFG, "true")]).unwrap_err();
+        assert_eq!(err.variable, ENV_ENI_CONFIG_SUBNET);
     }
 
     #[test]
@@ -263,6 +340,9 @@ mod tests {
             (ENV_MAX_ENI, "many"),
             (ENV_ENI_MTU, "9002"),
             (ENV_SG_ENFORCING_MODE, "lenient"),
+            (ENV_ENI_CONFIG_SUBNET, "pods"),
+            (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1,default"),
+            (ENV_MAX_PODS, "lots"),
         ] {
             let err = settings(&[(var, value)]).unwrap_err();
             assert_eq!(err.variable, var);

@@ -1,0 +1,177 @@
+//! The CNI backend on a Unix socket: the plugin's ADD and DEL become the
+//! address manager's assign and release.
+
+use std::path::Path;
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+use vpcnet_api::cni::{
+    AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpamEvent,
+    IpamStatusReply, IpamStatusRequest, PodKey,
+    cni_backend_server::{CniBackend, CniBackendServer},
+};
+
+use crate::ipam::{
+    checkpoint::{DEFAULT_NETWORK_NAME, IpamKey, IpamMetadata},
+    manager::{Manager, ManagerError},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("listening on {path}")]
+    Listen {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving the CNI backend")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+struct Backend {
+    manager: Manager,
+}
+
+fn key_of(pod: Option<PodKey>) -> Result<(IpamKey, IpamMetadata), Status> {
+    let pod = pod.ok_or_else(|| Status::invalid_argument("no pod key"))?;
+    if pod.container_id.is_empty() {
+        return Err(Status::invalid_argument("empty container id"));
+    }
+    let key = IpamKey {
+        network_name: if pod.network_name.is_empty() {
+            DEFAULT_NETWORK_NAME.to_owned()
+        } else {
+            pod.network_name
+        },
+        container_id: pod.container_id,
+        if_name: if pod.if_name.is_empty() {
+            "eth0".to_owned()
+        } else {
+            pod.if_name
+        },
+    };
+    let metadata = IpamMetadata {
+        k8s_pod_namespace: pod.k8s_pod_namespace,
+        k8s_pod_name: pod.k8s_pod_name,
+        interfaces_count: 1,
+    };
+    Ok((key, metadata))
+}
+
+fn status_of(e: &ManagerError) -> Status {
+    match e {
+        ManagerError::NoAddress(_) => Status::resource_exhausted(e.to_string()),
+        _ => Status::internal(format!("{e}: {}", anyhow_chain(e))),
+    }
+}
+
+/// The error's causes, for the plugin's message.
+fn anyhow_chain(e: &dyn std::error::Error) -> String {
+    let mut causes = Vec::new();
+    let mut source = e.source();
+    while let Some(s) = source {
+        causes.push(s.to_string());
+        source = s.source();
+    }
+    causes.join(": ")
+}
+
+#[tonic::async_trait]
+impl CniBackend for Backend {
+    async fn add_network(
+        &self,
+        request: Request<AddNetworkRequest>,
+    ) -> Result<Response<AddNetworkReply>, Status> {
+        let (key, metadata) = key_of(request.into_inner().pod)?;
+        let pod = self
+            .manager
+            .assign(&key, &metadata)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(AddNetworkReply {
+            ipv4_addr: pod.addr.to_string(),
+            eni_id: pod.eni_id,
+            device_number: pod.device_number,
+            subnet_prefix_len: u32::from(pod.subnet.prefix_len()),
+            subnet_gateway: pod.gateway.to_string(),
+            mtu: self.manager.eni_mtu(),
+        }))
+    }
+
+    async fn del_network(
+        &self,
+        request: Request<DelNetworkRequest>,
+    ) -> Result<Response<DelNetworkReply>, Status> {
+        let (key, _) = key_of(request.into_inner().pod)?;
+        let released = self
+            .manager
+            .release(&key)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(DelNetworkReply {
+            ipv4_addr: released.map(|a| a.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn ipam_status(
+        &self,
+        _: Request<IpamStatusRequest>,
+    ) -> Result<Response<IpamStatusReply>, Status> {
+        let status = self.manager.status().await;
+        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(Response::new(IpamStatusReply {
+            total_addrs: n(status.stats.total_ips),
+            assigned_addrs: n(status.stats.assigned_ips),
+            total_prefixes: n(status.stats.total_prefixes),
+            enis: n(status.enis),
+            max_enis: n(status.max_enis),
+            max_pods: n(status.max_pods),
+            prefix_fallback: status.prefix_fallback,
+            counters: status
+                .counters
+                .into_iter()
+                .map(|(name, v)| (format!("vpcnet_ipam_{name}_total"), v))
+                .collect(),
+            events: status
+                .events
+                .into_iter()
+                .map(|e| IpamEvent {
+                    time: e
+                        .time
+                        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+                    reason: e.reason.to_owned(),
+                    message: e.message,
+                })
+                .collect(),
+        }))
+    }
+}
+
+/// Serves the backend on `socket` (replacing a stale socket file) until
+/// `shutdown` completes.
+pub async fn serve(
+    manager: Manager,
+    socket: &Path,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let listen_err = |source| ServeError::Listen {
+        path: socket.display().to_string(),
+        source,
+    };
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(listen_err)?;
+    }
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(listen_err(e)),
+    }
+    let listener = UnixListener::bind(socket).map_err(listen_err)?;
+    tonic::transport::Server::builder()
+        .add_service(CniBackendServer::new(Backend { manager }))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

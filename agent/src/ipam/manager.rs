@@ -1,0 +1,1197 @@
+//! The address manager at work: it rebuilds the node's ENIs from IMDS and
+//! EC2 and replays the checkpoint at start, hands addresses to pods (on disk
+//! before the answer), and keeps the warm pool between the VPC CNI's targets
+//! by assigning and releasing addresses, /28 prefixes and whole ENIs.
+//!
+//! Every EC2 call happens without the state lock held, so pods get
+//! addresses while the pool grows. One task (the reconcile loop) changes the
+//! pool; calls that fail with throttling, server errors or an exhausted
+//! subnet back off exponentially with jitter.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    future::Future,
+    net::Ipv4Addr,
+    pin::{Pin, pin},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use ipnet::Ipv4Net;
+use tokio::sync::{Mutex, Notify};
+use tracing::{debug, info, warn};
+
+use super::{
+    checkpoint::{Checkpoint, CheckpointError, IpamKey, IpamMetadata},
+    datastore::{Datastore, DatastoreError, EniRecord},
+    pool::{IPS_PER_PREFIX, PoolStats, PoolTargets},
+    settings::IpamSettings,
+};
+use crate::cloud::{
+    Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni,
+    TAG_CREATED_AT, TAG_INSTANCE_ID, time_now_rfc3339,
+};
+
+/// How long a detached ENI made by an agent may live before leaked-ENI
+/// cleanup deletes it (aws-node's grace: another node may be attaching it).
+pub const LEAKED_ENI_GRACE: Duration = Duration::from_mins(5);
+/// Events kept for `IpamStatus`.
+const EVENTS_KEPT: usize = 64;
+/// How long an attach or detach may take before it counts as failed.
+const ATTACH_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// The manager's knobs beyond the VPC CNI's variables (intervals mostly,
+/// shortened by tests).
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    pub settings: IpamSettings,
+    /// Between two passes over the pool when nothing wakes the loop.
+    pub reconcile_interval: Duration,
+    /// Between two leaked-ENI sweeps.
+    pub leaked_eni_interval: Duration,
+    /// Between two reads of the VPC's CIDRs from IMDS.
+    pub vpc_cidr_interval: Duration,
+    /// How long an ADD waits for the pool to grow before failing.
+    pub assign_wait: Duration,
+    /// An ENI younger than this is not freed (aws-node: one minute), so a
+    /// burst of pod churn does not attach and detach ENIs back to back.
+    pub min_eni_lifetime: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl ManagerOptions {
+    #[must_use]
+    pub fn new(settings: IpamSettings) -> Self {
+        Self {
+            settings,
+            reconcile_interval: Duration::from_secs(5),
+            leaked_eni_interval: Duration::from_mins(10),
+            vpc_cidr_interval: Duration::from_secs(30),
+            assign_wait: Duration::from_secs(10),
+            min_eni_lifetime: Duration::from_mins(1),
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// An ENI whose link the node must set up (and the datapath learn).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttachedEni {
+    pub id: String,
+    pub mac: String,
+    pub device_number: u32,
+    /// The ENI's primary address, with its subnet's prefix length.
+    pub addr: Ipv4Net,
+    pub gateway: Ipv4Addr,
+}
+
+pub type NetworkResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// What the node does when the manager's view changes: set up an attached
+/// ENI's link and datapath entry, put new VPC CIDRs into the datapath.
+pub trait NodeNetwork: Send + Sync + 'static {
+    fn eni_attached<'a>(
+        &'a self,
+        eni: &'a AttachedEni,
+    ) -> Pin<Box<dyn Future<Output = NetworkResult> + Send + 'a>>;
+    fn vpc_cidrs_changed(&self, cidrs: &[Ipv4Net]) -> NetworkResult;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error(transparent)]
+    Cloud(#[from] CloudError),
+    #[error(transparent)]
+    Datastore(#[from] DatastoreError),
+    #[error("writing the checkpoint")]
+    Checkpoint(#[from] CheckpointError),
+    /// The VPC CNI's words, which operators search for.
+    #[error("failed to assign an IP address to container: {0}")]
+    NoAddress(&'static str),
+    #[error("setting up ENI {eni}: {reason}")]
+    Network { eni: String, reason: String },
+    #[error("IMDS lists no primary ENI for MAC {0}")]
+    NoPrimaryEni(String),
+    #[error("ENI {eni} did not reach {state} within {timeout:?}")]
+    Timeout {
+        eni: String,
+        state: &'static str,
+        timeout: Duration,
+    },
+}
+
+impl ManagerError {
+    /// Throttling, server errors, an exhausted subnet, a slow attach: worth
+    /// another try later.
+    #[must_use]
+    pub fn backs_off(&self) -> bool {
+        match self {
+            Self::Cloud(e) => e.is_retryable() || e.is_subnet_exhausted(),
+            Self::Timeout { .. } | Self::Network { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// A pod's address and what the plugin needs to wire it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodAddress {
+    pub addr: Ipv4Addr,
+    pub eni_id: String,
+    pub device_number: u32,
+    pub subnet: Ipv4Net,
+    pub gateway: Ipv4Addr,
+}
+
+/// Something operators should hear about (a Kubernetes event on EKS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpamEvent {
+    pub time: SystemTime,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+macro_rules! counters {
+    ($($name:ident: $help:literal,)*) => {
+        /// The manager's counters (`vpcnet_ipam_<name>_total`).
+        #[derive(Debug, Default)]
+        pub struct IpamCounters { $(#[doc = $help] pub $name: AtomicU64,)* }
+        impl IpamCounters {
+            /// (name, value) of every counter.
+            #[must_use]
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    assigned: "Addresses handed to pods.",
+    assign_failures: "ADDs that found no address.",
+    released: "Addresses pods gave back.",
+    addrs_allocated: "Secondary addresses assigned by EC2.",
+    addrs_freed: "Secondary addresses given back to EC2.",
+    prefixes_allocated: "/28 prefixes assigned by EC2.",
+    prefixes_freed: "/28 prefixes given back to EC2.",
+    enis_created: "ENIs created and attached.",
+    enis_deleted: "ENIs detached and deleted.",
+    leaked_enis_deleted: "Detached agent ENIs deleted by the leaked-ENI sweep.",
+    prefix_fallbacks: "Prefix delegation fell back to single addresses (InsufficientCidrBlocks).",
+    ec2_errors: "Reconcile passes that ended on an EC2 error.",
+    ec2_throttled: "EC2 calls refused with RequestLimitExceeded.",
+    subnet_exhausted: "EC2 calls refused for lack of addresses in the subnet.",
+}
+
+fn bump(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// What the node is: found out once at start.
+#[derive(Clone, Debug)]
+struct Node {
+    instance: InstanceMetadata,
+    limits: InstanceTypeLimits,
+    max_enis: usize,
+    max_pods: usize,
+    primary_eni: ImdsEni,
+    /// Subnet and security groups of new ENIs.
+    eni_subnet_id: String,
+    eni_security_groups: Vec<String>,
+}
+
+/// An attached ENI as the manager tracks it.
+#[derive(Clone, Debug)]
+struct TrackedEni {
+    device_number: u32,
+    attachment_id: Option<String>,
+    subnet: Ipv4Net,
+    /// Tagged `no_manage`: holds a device, gives no address.
+    no_manage: bool,
+    attached_at: Instant,
+}
+
+#[derive(Debug)]
+struct State {
+    datastore: Datastore,
+    enis: BTreeMap<String, TrackedEni>,
+    /// ENIs to detach (if attached) and delete, retried until done so a
+    /// failed call never leaks one.
+    draining: BTreeMap<String, Option<String>>,
+    /// Prefix delegation hit InsufficientCidrBlocks: grow with addresses.
+    prefix_fallback: bool,
+    vpc_cidrs: Vec<Ipv4Net>,
+}
+
+/// Exponential backoff with "equal jitter": half fixed, half random, so
+/// agents throttled together do not retry together.
+#[derive(Debug)]
+struct Backoff {
+    base: Duration,
+    max: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    fn next_delay(&mut self) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1 << self.failures.min(16))
+            .min(self.max);
+        self.failures = self.failures.saturating_add(1);
+        let half = exp / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// What growing the pool takes next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Growth {
+    /// `n` more addresses or prefixes on an attached ENI.
+    OnEni {
+        eni: String,
+        n: usize,
+        prefixes: bool,
+    },
+    /// A new ENI at `device` with `n` addresses or prefixes.
+    NewEni {
+        device: u32,
+        n: usize,
+        prefixes: bool,
+    },
+}
+
+/// The address manager. Cheap to clone.
+#[derive(Clone)]
+pub struct Manager {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cloud: Cloud,
+    opts: ManagerOptions,
+    node: Node,
+    network: Arc<dyn NodeNetwork>,
+    state: Mutex<State>,
+    /// Wakes the reconcile loop (an ADD found the pool empty, a DEL).
+    wake: Notify,
+    /// The pool changed: ADDs waiting for an address look again.
+    pool_changed: Notify,
+    counters: IpamCounters,
+    events: std::sync::Mutex<VecDeque<IpamEvent>>,
+}
+
+fn unix_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The first address of a subnet after its network address: the VPC
+/// router's address in it.
+#[must_use]
+pub fn gateway_of(subnet: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()) + 1)
+}
+
+/// Max pods as the EKS max-pods calculator computes it: every secondary
+/// slot of every ENI (16 per slot with prefixes), plus the two host-network
+/// pods; with prefixes capped at 110 (250 from 30 vCPUs).
+fn default_max_pods(limits: InstanceTypeLimits, max_enis: usize, prefixes: bool) -> usize {
+    let slots = max_enis * limits.ips_per_eni.saturating_sub(1);
+    if prefixes {
+        (slots * IPS_PER_PREFIX + 2).min(if limits.vcpus >= 30 { 250 } else { 110 })
+    } else {
+        slots + 2
+    }
+}
+
+impl Manager {
+    /// Finds out the node, rebuilds its ENIs, replays the checkpoint and
+    /// writes it back: from then on no address a running pod holds is
+    /// handed out again.
+    pub async fn start(
+        cloud: Cloud,
+        opts: ManagerOptions,
+        network: Arc<dyn NodeNetwork>,
+    ) -> Result<Self, ManagerError> {
+        let settings = &opts.settings;
+        let instance = cloud.instance_metadata().await?;
+        let limits = cloud.instance_type_limits(&instance.instance_type).await?;
+        let imds_enis = cloud.imds_enis().await?;
+        let primary_eni = imds_enis
+            .iter()
+            .find(|e| e.mac == instance.primary_mac)
+            .cloned()
+            .ok_or_else(|| ManagerError::NoPrimaryEni(instance.primary_mac.clone()))?;
+        let max_enis = settings
+            .max_eni
+            .map_or(limits.max_enis, |m| m.min(limits.max_enis));
+        let max_pods = settings
+            .max_pods
+            .unwrap_or_else(|| default_max_pods(limits, max_enis, settings.prefix_delegation));
+        let (eni_subnet_id, eni_security_groups) = match &settings.eni_config_subnet {
+            Some(subnet) if settings.custom_network => (
+                subnet.clone(),
+                if settings.eni_config_security_groups.is_empty() {
+                    primary_eni.security_groups.clone()
+                } else {
+                    settings.eni_config_security_groups.clone()
+                },
+            ),
+            _ => (
+                primary_eni.subnet_id.clone(),
+                primary_eni.security_groups.clone(),
+            ),
+        };
+        // Fails early on a custom-networking subnet that does not exist.
+        cloud.subnet(&eni_subnet_id).await?;
+        let node = Node {
+            instance,
+            limits,
+            max_enis,
+            max_pods,
+            primary_eni,
+            eni_subnet_id,
+            eni_security_groups,
+        };
+        info!(
+            instance = %node.instance.instance_id,
+            instance_type = %node.instance.instance_type,
+            max_enis, max_pods,
+            ips_per_eni = limits.ips_per_eni,
+            eni_subnet = %node.eni_subnet_id,
+            prefix_delegation = settings.prefix_delegation,
+            "address manager starting"
+        );
+        let manager = Self {
+            inner: Arc::new(Inner {
+                cloud,
+                node,
+                network,
+                state: Mutex::new(State {
+                    datastore: Datastore::new(opts.settings.ip_cooldown),
+                    enis: BTreeMap::new(),
+                    draining: BTreeMap::new(),
+                    prefix_fallback: false,
+                    vpc_cidrs: Vec::new(),
+                }),
+                opts,
+                wake: Notify::new(),
+                pool_changed: Notify::new(),
+                counters: IpamCounters::default(),
+                events: std::sync::Mutex::new(VecDeque::new()),
+            }),
+        };
+        manager.rebuild().await?;
+        Ok(manager)
+    }
+
+    /// The ENIs attached to this instance, from EC2 (tags, prefixes) once
+    /// every attachment has settled; this instance's own detached ENIs (a
+    /// crash between create and attach, or detach and delete) are deleted.
+    async fn rebuild(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let instance_id = &me.node.instance.instance_id;
+        let mut enis = me.cloud.instance_enis(instance_id).await?;
+        for eni in &mut enis {
+            if eni.attachment_status.as_deref() != Some("attached") {
+                *eni = self.wait_attachment(&eni.id, "attached").await?;
+            }
+        }
+        for eni in me.cloud.detached_agent_enis(None).await? {
+            if eni.tags.get(TAG_INSTANCE_ID) == Some(instance_id) && !eni.no_manage() {
+                info!(eni = %eni.id, "deleting this node's detached ENI left by an earlier run");
+                me.state.lock().await.draining.insert(eni.id.clone(), None);
+            }
+        }
+        for eni in &enis {
+            self.track(eni).await?;
+        }
+        let mut st = me.state.lock().await;
+        let path = &me.opts.settings.backing_store;
+        if let Some(checkpoint) = Checkpoint::read(path)? {
+            let orphans = st.datastore.restore(&checkpoint);
+            for orphan in &orphans {
+                warn!(
+                    container = %orphan.key.container_id,
+                    addr = ?orphan.ipv4,
+                    "checkpointed address is on no ENI of this node any more"
+                );
+            }
+            info!(
+                restored = checkpoint.allocations.len() - orphans.len(),
+                orphans = orphans.len(),
+                "checkpoint replayed"
+            );
+        }
+        st.datastore.checkpoint().write(path)?;
+        Ok(())
+    }
+
+    /// Takes an attached ENI into the pool (and the node's links).
+    async fn track(&self, eni: &EniInfo) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let device_number = eni.device_index.unwrap_or_default();
+        let primary = eni.mac == me.node.instance.primary_mac;
+        let subnet = if primary {
+            me.node.primary_eni.subnet_cidr
+        } else {
+            me.cloud.imds_eni(&eni.mac).await?.subnet_cidr
+        };
+        if !primary && !eni.no_manage() {
+            let addr = eni.primary_addr.ok_or(CloudError::Incomplete {
+                action: "DescribeNetworkInterfaces",
+                field: "PrivateIpAddress",
+            })?;
+            let attached = AttachedEni {
+                id: eni.id.clone(),
+                mac: eni.mac.clone(),
+                device_number,
+                addr: Ipv4Net::new(addr, subnet.prefix_len()).unwrap_or(subnet),
+                gateway: gateway_of(subnet),
+            };
+            me.network
+                .eni_attached(&attached)
+                .await
+                .map_err(|e| ManagerError::Network {
+                    eni: eni.id.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        let mut st = me.state.lock().await;
+        st.enis.insert(
+            eni.id.clone(),
+            TrackedEni {
+                device_number,
+                attachment_id: eni.attachment_id.clone(),
+                subnet,
+                no_manage: eni.no_manage(),
+                attached_at: Instant::now(),
+            },
+        );
+        if eni.no_manage() {
+            info!(eni = %eni.id, "ENI tagged no_manage: none of its addresses go to pods");
+            return Ok(());
+        }
+        let excluded = primary && me.opts.settings.custom_network;
+        st.datastore
+            .add_eni(&eni.id, device_number, primary, excluded);
+        st.datastore.add_addrs(&eni.id, &eni.secondary_addrs)?;
+        for prefix in &eni.prefixes {
+            st.datastore.add_prefix(&eni.id, *prefix)?;
+        }
+        drop(st);
+        me.pool_changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Polls EC2 until the ENI's attachment reaches `state` (EC2 has no
+    /// notification for it; aws-node polls too).
+    async fn wait_attachment(
+        &self,
+        eni_id: &str,
+        state: &'static str,
+    ) -> Result<EniInfo, ManagerError> {
+        let deadline = Instant::now() + ATTACH_TIMEOUT;
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.inner.cloud.eni(eni_id).await {
+                Ok(eni) if eni.attachment_status.as_deref() == Some(state) => return Ok(eni),
+                Ok(eni) if state == "detached" && eni.status == "available" => return Ok(eni),
+                Ok(_) => {}
+                Err(e) if e.is_retryable() => {
+                    debug!(eni = eni_id, error = %e, "polling attachment");
+                }
+                Err(e) => return Err(e.into()),
+            }
+            if Instant::now() >= deadline {
+                return Err(ManagerError::Timeout {
+                    eni: eni_id.to_owned(),
+                    state,
+                    timeout: ATTACH_TIMEOUT,
+                });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Hands the pod an address (the one it holds if the ADD is retried),
+    /// written to the checkpoint before it is returned. With the pool empty
+    /// it waits up to `assign_wait` for the pool to grow.
+    pub async fn assign(
+        &self,
+        key: &IpamKey,
+        metadata: &IpamMetadata,
+    ) -> Result<PodAddress, ManagerError> {
+        let me = &self.inner;
+        let deadline = tokio::time::Instant::now() + me.opts.assign_wait;
+        loop {
+            let mut changed = pin!(me.pool_changed.notified());
+            changed.as_mut().enable();
+            {
+                let mut st = me.state.lock().await;
+                match st
+                    .datastore
+                    .assign(key, metadata, Instant::now(), unix_ns())
+                {
+                    Ok(assignment) => {
+                        if let Err(e) = st
+                            .datastore
+                            .checkpoint()
+                            .write(&me.opts.settings.backing_store)
+                        {
+                            // Not on disk: not handed out.
+                            // Released as if long ago: it never left, so no cooldown.
+                            let long_ago = Instant::now()
+                                .checked_sub(me.opts.settings.ip_cooldown)
+                                .unwrap_or_else(Instant::now);
+                            st.datastore.release(key, long_ago);
+                            return Err(e.into());
+                        }
+                        let eni = &st.enis[&assignment.eni];
+                        let reply = PodAddress {
+                            addr: assignment.addr,
+                            device_number: eni.device_number,
+                            subnet: eni.subnet,
+                            gateway: gateway_of(eni.subnet),
+                            eni_id: assignment.eni,
+                        };
+                        drop(st);
+                        bump(&me.counters.assigned, 1);
+                        me.wake.notify_one();
+                        return Ok(reply);
+                    }
+                    Err(DatastoreError::NoFreeAddress) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            me.wake.notify_one();
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                bump(&me.counters.assign_failures, 1);
+                return Err(ManagerError::NoAddress(
+                    "no free address on the node and the pool could not grow in time",
+                ));
+            }
+        }
+    }
+
+    /// Releases the pod's address (none held: `None`, not an error), on
+    /// disk before the answer.
+    pub async fn release(&self, key: &IpamKey) -> Result<Option<Ipv4Addr>, ManagerError> {
+        let me = &self.inner;
+        let mut st = me.state.lock().await;
+        let Some(released) = st.datastore.release(key, Instant::now()) else {
+            return Ok(None);
+        };
+        st.datastore
+            .checkpoint()
+            .write(&me.opts.settings.backing_store)?;
+        drop(st);
+        bump(&me.counters.released, 1);
+        me.wake.notify_one();
+        Ok(Some(released.addr))
+    }
+
+    /// The MTU pods get (`AWS_VPC_ENI_MTU`).
+    #[must_use]
+    pub fn eni_mtu(&self) -> u32 {
+        self.inner.opts.settings.eni_mtu
+    }
+
+    /// The pool's figures, counters and recent events.
+    pub async fn status(&self) -> IpamStatus {
+        let me = &self.inner;
+        let st = me.state.lock().await;
+        IpamStatus {
+            stats: st.datastore.stats(),
+            enis: st.enis.len(),
+            max_enis: me.node.max_enis,
+            max_pods: me.node.max_pods,
+            prefix_fallback: st.prefix_fallback,
+            counters: me.counters.snapshot(),
+            events: me
+                .events
+                .lock()
+                .map(|e| e.iter().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn event(&self, reason: &'static str, message: String) {
+        warn!(reason, "{message}");
+        if let Ok(mut events) = self.inner.events.lock() {
+            if events.len() == EVENTS_KEPT {
+                events.pop_front();
+            }
+            events.push_back(IpamEvent {
+                time: SystemTime::now(),
+                reason,
+                message,
+            });
+        }
+    }
+
+    /// Keeps the pool at its targets until the task is dropped.
+    pub async fn run(self) {
+        let me = &self.inner;
+        let mut backoff = Backoff {
+            base: me.opts.backoff_base,
+            max: me.opts.backoff_max,
+            failures: 0,
+        };
+        let mut next_leak_sweep = Instant::now();
+        let mut next_cidr_read = Instant::now();
+        loop {
+            let mut result = self.reconcile().await;
+            if result.is_ok() && Instant::now() >= next_cidr_read {
+                result = self.refresh_vpc_cidrs().await;
+                next_cidr_read = Instant::now() + me.opts.vpc_cidr_interval;
+            }
+            if result.is_ok()
+                && me.opts.settings.leaked_eni_cleanup
+                && Instant::now() >= next_leak_sweep
+            {
+                result = self.sweep_leaked_enis().await;
+                // Jittered so the nodes of a cluster do not sweep together.
+                next_leak_sweep =
+                    Instant::now() + me.opts.leaked_eni_interval.mul_f64(0.5 + fastrand::f64());
+            }
+            me.pool_changed.notify_waiters();
+            let pause = match result {
+                Ok(()) => {
+                    backoff.reset();
+                    me.opts.reconcile_interval
+                }
+                Err(e) => {
+                    if let ManagerError::Cloud(c) = &e {
+                        if c.is_throttling() {
+                            bump(&me.counters.ec2_throttled, 1);
+                        }
+                        if c.is_subnet_exhausted() {
+                            bump(&me.counters.subnet_exhausted, 1);
+                        }
+                    }
+                    bump(&me.counters.ec2_errors, 1);
+                    let delay = backoff.next_delay();
+                    if e.backs_off() {
+                        info!(error = %e, retry_in = ?delay, "pool reconcile backing off");
+                    } else {
+                        warn!(error = %e, retry_in = ?delay, "pool reconcile failed");
+                    }
+                    // Backing off: a pod waiting does not cut it short.
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+            };
+            let _ = tokio::time::timeout(pause, me.wake.notified()).await;
+        }
+    }
+
+    /// One pass: finish draining, grow if too low, shrink if too high.
+    async fn reconcile(&self) -> Result<(), ManagerError> {
+        self.drain().await?;
+        // Bounded: each step adds at least one address or an ENI.
+        for _ in 0..self.inner.node.max_enis * 2 + 2 {
+            let plan = self.plan_growth().await;
+            let Some(plan) = plan else { break };
+            self.grow(plan).await?;
+        }
+        self.shrink().await
+    }
+
+    /// The targets in force: prefixes unless they fell back.
+    fn targets(&self, prefixes: bool) -> PoolTargets {
+        let node = &self.inner.node;
+        let mut settings = self.inner.opts.settings.clone();
+        settings.prefix_delegation = prefixes;
+        settings.pool_targets(node.limits.ips_per_eni.saturating_sub(1), node.max_pods)
+    }
+
+    async fn plan_growth(&self) -> Option<Growth> {
+        let me = &self.inner;
+        let st = me.state.lock().await;
+        let prefixes = me.opts.settings.prefix_delegation && !st.prefix_fallback;
+        let stats = st.datastore.stats();
+        // Judged by the configured mode: after a fallback, addresses fill
+        // the same targets prefixes would have.
+        let configured = self.targets(me.opts.settings.prefix_delegation);
+        if !configured.pool_too_low(&stats) {
+            return None;
+        }
+        let unit = if prefixes { IPS_PER_PREFIX } else { 1 };
+        let room = me
+            .node
+            .max_pods
+            .saturating_sub(stats.total_ips)
+            .div_ceil(unit);
+        let wanted = match self.targets(prefixes).target_state(&stats) {
+            Some(target) => target.short,
+            None if me.opts.settings.prefix_delegation => {
+                let warm = configured.warm_prefix_target.max(1);
+                if prefixes {
+                    warm.saturating_sub(stats.free_prefixes).max(1)
+                } else {
+                    (warm * IPS_PER_PREFIX)
+                        .saturating_sub(stats.available())
+                        .max(1)
+                }
+            }
+            // WARM_ENI_TARGET: fill the ENI, as aws-node does.
+            None => usize::MAX,
+        };
+        let wanted = wanted.min(room).max(1);
+        let slots = me.node.limits.ips_per_eni;
+        let mut pod_enis: Vec<(&String, &EniRecord)> = st
+            .datastore
+            .enis()
+            .filter(|(_, e)| !e.excluded_for_pods && e.slots_used() < slots)
+            .collect();
+        pod_enis.sort_by_key(|(_, e)| e.device_number);
+        if let Some((id, eni)) = pod_enis.first() {
+            return Some(Growth::OnEni {
+                eni: (*id).clone(),
+                n: wanted.min(slots - eni.slots_used()),
+                prefixes,
+            });
+        }
+        let used: BTreeSet<u32> = st.enis.values().map(|e| e.device_number).collect();
+        let attached = st.enis.len() + st.draining.len();
+        if attached >= me.node.max_enis {
+            debug!("pool too low but every ENI slot and address is in use");
+            return None;
+        }
+        let device = (1..=u32::MAX).find(|d| !used.contains(d)).unwrap_or(1);
+        Some(Growth::NewEni {
+            device,
+            n: wanted.min(slots.saturating_sub(1)),
+            prefixes,
+        })
+    }
+
+    async fn grow(&self, plan: Growth) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let (result, prefixes) = match &plan {
+            Growth::OnEni { eni, n, prefixes } => {
+                (self.add_to_eni(eni, *n, *prefixes).await, *prefixes)
+            }
+            Growth::NewEni {
+                device,
+                n,
+                prefixes,
+            } => (self.new_eni(*device, *n, *prefixes).await, *prefixes),
+        };
+        match result {
+            Err(ManagerError::Cloud(e)) if prefixes && e.is_insufficient_cidr_blocks() => {
+                me.state.lock().await.prefix_fallback = true;
+                bump(&me.counters.prefix_fallbacks, 1);
+                self.event(
+                    "PrefixDelegationFallback",
+                    format!(
+                        "subnet {} has no free /28 block (InsufficientCidrBlocks): \
+                         assigning single secondary addresses instead",
+                        me.node.eni_subnet_id
+                    ),
+                );
+                Ok(())
+            }
+            Err(ManagerError::Cloud(e)) if e.code() == Some("PrivateIpAddressLimitExceeded") => {
+                // Our count of the ENI's slots is behind EC2's: re-read it.
+                if let Growth::OnEni { eni, .. } = &plan {
+                    let info = me.cloud.eni(eni).await?;
+                    let mut st = me.state.lock().await;
+                    st.datastore.add_addrs(eni, &info.secondary_addrs)?;
+                    for p in &info.prefixes {
+                        st.datastore.add_prefix(eni, *p)?;
+                    }
+                }
+                Err(ManagerError::Cloud(e))
+            }
+            other => other,
+        }
+    }
+
+    async fn add_to_eni(&self, eni: &str, n: usize, prefixes: bool) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        if prefixes {
+            let got = me.cloud.assign_prefixes(eni, n).await?;
+            let mut st = me.state.lock().await;
+            for p in &got {
+                st.datastore.add_prefix(eni, *p)?;
+            }
+            bump(&me.counters.prefixes_allocated, got.len());
+            info!(eni, prefixes = ?got, "prefixes assigned");
+        } else {
+            let got = me.cloud.assign_addrs(eni, n).await?;
+            me.state.lock().await.datastore.add_addrs(eni, &got)?;
+            bump(&me.counters.addrs_allocated, got.len());
+            info!(eni, addrs = got.len(), "secondary addresses assigned");
+        }
+        me.pool_changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Creates, attaches and sets up an ENI. If anything fails after the
+    /// create, the ENI is drained (detached, deleted) on later passes.
+    async fn new_eni(&self, device: u32, n: usize, prefixes: bool) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let node = &me.node;
+        let created = me
+            .cloud
+            .create_eni(&NewEni {
+                subnet_id: &node.eni_subnet_id,
+                security_groups: &node.eni_security_groups,
+                instance_id: &node.instance.instance_id,
+                cluster_name: me.opts.settings.cluster_name.as_deref(),
+                secondary_addrs: if prefixes { 0 } else { n },
+                prefixes: if prefixes { n } else { 0 },
+            })
+            .await?;
+        info!(eni = %created.id, device, "ENI created");
+        let attachment = match me
+            .cloud
+            .attach_eni(&created.id, &node.instance.instance_id, device)
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => {
+                // Maybe attached anyway (the answer was lost): drain looks.
+                me.state
+                    .lock()
+                    .await
+                    .draining
+                    .insert(created.id.clone(), None);
+                return Err(e.into());
+            }
+        };
+        let attached = match self.wait_attachment(&created.id, "attached").await {
+            Ok(eni) => eni,
+            Err(e) => {
+                me.state
+                    .lock()
+                    .await
+                    .draining
+                    .insert(created.id.clone(), Some(attachment));
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.track(&attached).await {
+            let mut st = me.state.lock().await;
+            st.enis.remove(&created.id);
+            let _ = st.datastore.remove_eni(&created.id);
+            st.draining.insert(created.id.clone(), Some(attachment));
+            return Err(e);
+        }
+        bump(&me.counters.enis_created, 1);
+        let (addrs, pfx) = (attached.secondary_addrs.len(), attached.prefixes.len());
+        bump(&me.counters.addrs_allocated, addrs);
+        bump(&me.counters.prefixes_allocated, pfx);
+        info!(eni = %created.id, device, addrs, prefixes = pfx, "ENI attached and set up");
+        Ok(())
+    }
+
+    /// Gives back what the targets do not need: idle addresses or prefixes
+    /// (highest ENIs first), then a whole ENI when that is safe.
+    async fn shrink(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let now = Instant::now();
+        let cooldown = me.opts.settings.ip_cooldown;
+        let (release, eni_to_free) = {
+            let mut st = me.state.lock().await;
+            let prefixes = me.opts.settings.prefix_delegation;
+            let targets = self.targets(prefixes);
+            let stats = st.datastore.stats();
+            let mut release: Option<(String, Vec<Ipv4Addr>, Vec<Ipv4Net>)> = None;
+            if targets.pool_too_high(&stats) {
+                let over = targets.target_state(&stats).map_or_else(
+                    || {
+                        stats
+                            .free_prefixes
+                            .saturating_sub(targets.warm_prefix_target)
+                    },
+                    |s| s.over,
+                );
+                let mut enis: Vec<(&String, &EniRecord)> = st
+                    .datastore
+                    .enis()
+                    .filter(|(_, e)| !e.excluded_for_pods)
+                    .collect();
+                enis.sort_by_key(|(_, e)| std::cmp::Reverse(e.device_number));
+                for (id, eni) in enis {
+                    let (addrs, pfx) = if prefixes {
+                        (Vec::new(), eni.idle_prefixes(now, cooldown))
+                    } else {
+                        (eni.idle_secondary_addrs(now, cooldown), Vec::new())
+                    };
+                    if !addrs.is_empty() || !pfx.is_empty() {
+                        let addrs: Vec<_> = addrs.into_iter().take(over).collect();
+                        let pfx: Vec<_> = pfx.into_iter().take(over).collect();
+                        release = Some((id.clone(), addrs, pfx));
+                        break;
+                    }
+                }
+            }
+            if let Some((eni, addrs, pfx)) = &release {
+                // Out of the datastore first: no pod may get them meanwhile.
+                for a in addrs {
+                    st.datastore.remove_addr(eni, *a)?;
+                }
+                for p in pfx {
+                    st.datastore.remove_prefix(eni, *p)?;
+                }
+            }
+            let eni_to_free = if release.is_none() {
+                self.freeable_eni(&mut st, now)
+            } else {
+                None
+            };
+            (release, eni_to_free)
+        };
+        if let Some((eni, addrs, pfx)) = release {
+            let result = if addrs.is_empty() {
+                me.cloud.unassign_prefixes(&eni, &pfx).await
+            } else {
+                me.cloud.unassign_addrs(&eni, &addrs).await
+            };
+            if let Err(e) = result {
+                // Still the ENI's: back into the pool.
+                let mut st = me.state.lock().await;
+                st.datastore.add_addrs(&eni, &addrs)?;
+                for p in &pfx {
+                    st.datastore.add_prefix(&eni, *p)?;
+                }
+                return Err(e.into());
+            }
+            bump(&me.counters.addrs_freed, addrs.len());
+            bump(&me.counters.prefixes_freed, pfx.len());
+            info!(
+                eni,
+                addrs = addrs.len(),
+                prefixes = pfx.len(),
+                "returned to EC2"
+            );
+        }
+        if eni_to_free.is_some() {
+            self.drain().await?;
+        }
+        Ok(())
+    }
+
+    /// Picks an ENI to free, if one can go without the pool falling below
+    /// its targets, and moves it to `draining`.
+    fn freeable_eni(&self, st: &mut State, now: Instant) -> Option<String> {
+        let me = &self.inner;
+        let targets = self.targets(me.opts.settings.prefix_delegation);
+        let stats = st.datastore.stats();
+        let cooldown = me.opts.settings.ip_cooldown;
+        let mut candidates: Vec<(&String, &EniRecord)> = st
+            .datastore
+            .enis()
+            .filter(|(id, e)| {
+                let tracked = &st.enis[*id];
+                !e.primary
+                    && !tracked.no_manage
+                    && e.assigned() == 0
+                    && e.idle_secondary_addrs(now, cooldown).len()
+                        + e.idle_prefixes(now, cooldown).len() * IPS_PER_PREFIX
+                        == e.total()
+                    && now.saturating_duration_since(tracked.attached_at)
+                        >= me.opts.min_eni_lifetime
+            })
+            .collect();
+        candidates.sort_by_key(|(_, e)| std::cmp::Reverse(e.device_number));
+        let freeable_exists = !candidates.is_empty();
+        if !targets.should_remove_extra_enis(&stats, freeable_exists) {
+            return None;
+        }
+        let (id, eni) = candidates.first()?;
+        let after = PoolStats {
+            total_ips: stats.total_ips - eni.total(),
+            total_prefixes: stats.total_prefixes - eni.prefixes().len(),
+            free_prefixes: stats.free_prefixes - eni.prefixes().len(),
+            ..stats
+        };
+        if targets.pool_too_low(&after) {
+            return None;
+        }
+        let id = (*id).clone();
+        st.datastore.remove_eni(&id).ok()?;
+        let tracked = st.enis.remove(&id)?;
+        st.draining.insert(id.clone(), tracked.attachment_id);
+        info!(eni = %id, "freeing an ENI the pool does not need");
+        Some(id)
+    }
+
+    /// Detaches and deletes every ENI in `draining`; what fails stays for
+    /// the next pass.
+    async fn drain(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let draining: Vec<(String, Option<String>)> = me
+            .state
+            .lock()
+            .await
+            .draining
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (eni, attachment) in draining {
+            let current = match me.cloud.eni(&eni).await {
+                Ok(info) => info,
+                Err(CloudError::Incomplete { .. }) => {
+                    // Gone already.
+                    me.state.lock().await.draining.remove(&eni);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(attachment) = current.attachment_id.clone().or(attachment)
+                && current.status != "available"
+            {
+                me.cloud.detach_eni(&attachment).await?;
+                self.wait_attachment(&eni, "detached").await?;
+            }
+            match me.cloud.delete_eni(&eni).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some("InvalidNetworkInterfaceID.NotFound") => {}
+                Err(e) => return Err(e.into()),
+            }
+            me.state.lock().await.draining.remove(&eni);
+            bump(&me.counters.enis_deleted, 1);
+            info!(eni, "ENI detached and deleted");
+        }
+        Ok(())
+    }
+
+    /// Deletes detached ENIs made by an agent (tagged with an instance id)
+    /// once they are older than the grace period; tags untagged ones with
+    /// `createdAt` first, as aws-node does.
+    async fn sweep_leaked_enis(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let cluster = me.opts.settings.cluster_name.as_deref();
+        for eni in me.cloud.detached_agent_enis(cluster).await? {
+            if eni.no_manage() || me.state.lock().await.draining.contains_key(&eni.id) {
+                continue;
+            }
+            let Some(created) = eni.tags.get(TAG_CREATED_AT) else {
+                me.cloud
+                    .tag(&eni.id, &[(TAG_CREATED_AT, &time_now_rfc3339())])
+                    .await?;
+                continue;
+            };
+            let age = aws_sdk_ec2::primitives::DateTime::from_str(
+                created,
+                aws_sdk_ec2::primitives::DateTimeFormat::DateTime,
+            )
+            .ok()
+            .and_then(|t| SystemTime::try_from(t).ok())
+            .and_then(|t| SystemTime::now().duration_since(t).ok());
+            if age.is_some_and(|age| age >= LEAKED_ENI_GRACE) {
+                match me.cloud.delete_eni(&eni.id).await {
+                    Ok(()) => {
+                        bump(&me.counters.leaked_enis_deleted, 1);
+                        self.event("LeakedENIDeleted", format!("deleted leaked ENI {}", eni.id));
+                    }
+                    // Another node's sweep got it first.
+                    Err(e) if e.code() == Some("InvalidNetworkInterfaceID.NotFound") => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-reads the VPC's CIDRs from IMDS; a change reaches the datapath.
+    async fn refresh_vpc_cidrs(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let mut cidrs = me.cloud.vpc_cidrs(&me.node.instance.primary_mac).await?;
+        cidrs.sort();
+        let mut st = me.state.lock().await;
+        if st.vpc_cidrs == cidrs {
+            return Ok(());
+        }
+        me.network
+            .vpc_cidrs_changed(&cidrs)
+            .map_err(|e| ManagerError::Network {
+                eni: me.node.primary_eni.interface_id.clone(),
+                reason: e.to_string(),
+            })?;
+        if !st.vpc_cidrs.is_empty() {
+            info!(?cidrs, "the VPC's CIDRs changed");
+        }
+        st.vpc_cidrs = cidrs;
+        Ok(())
+    }
+}
+
+/// The pool as `IpamStatus` shows it.
+#[derive(Clone, Debug)]
+pub struct IpamStatus {
+    pub stats: PoolStats,
+    pub enis: usize,
+    pub max_enis: usize,
+    pub max_pods: usize,
+    pub prefix_fallback: bool,
+    pub counters: Vec<(&'static str, u64)>,
+    pub events: Vec<IpamEvent>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap_with_jitter() {
+        let mut b = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(5),
+            failures: 0,
+        };
+        let delays: Vec<Duration> = (0..12).map(|_| b.next_delay()).collect();
+        for (i, d) in delays.iter().enumerate() {
+            let full = Duration::from_millis(100)
+                .saturating_mul(1 << i)
+                .min(Duration::from_secs(5));
+            assert!(
+                *d >= full / 2 && *d <= full,
+                "attempt {i}: {d:?} not in [{:?}, {full:?}]",
+                full / 2
+            );
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn max_pods_as_the_eks_calculator() {
+        let m5_large = InstanceTypeLimits {
+            max_enis: 3,
+            ips_per_eni: 10,
+            vcpus: 2,
+        };
+        assert_eq!(default_max_pods(m5_large, 3, false), 29);
+        assert_eq!(default_max_pods(m5_large, 3, true), 110);
+        let t3_medium = InstanceTypeLimits {
+            max_enis: 3,
+            ips_per_eni: 6,
+            vcpus: 2,
+        };
+        assert_eq!(default_max_pods(t3_medium, 3, false), 17);
+        let c5_18xl = InstanceTypeLimits {
+            max_enis: 15,
+            ips_per_eni: 50,
+            vcpus: 72,
+        };
+        assert_eq!(default_max_pods(c5_18xl, 15, false), 737);
+        assert_eq!(default_max_pods(c5_18xl, 15, true), 250);
+    }
+}

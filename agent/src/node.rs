@@ -1,0 +1,105 @@
+//! The node's side of the address manager: an attached ENI's link set up
+//! through rtnetlink and handed to the datapath, the VPC's CIDRs put into
+//! the datapath's CIDR map.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use ipnet::Ipv4Net;
+use tracing::info;
+use vpcnet_common::{addr_to_raw, cidr::CidrKind, endpoint::Eni};
+
+use crate::{
+    datapath::Datapath,
+    ipam::manager::{AttachedEni, NetworkResult, NodeNetwork},
+    netlink::{EniLinkConfig, MacAddr, NetlinkHandle},
+};
+
+/// How long an attached ENI's link may take to appear.
+const LINK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The datapath's CIDR trie: service CIDRs, VPC CIDRs, exclusions and every
+/// node address, in that order, so that for the same prefix the later wins
+/// (a VPC CIDR over a service CIDR, a node address over anything).
+pub fn cidr_entries(
+    vpc: &[Ipv4Net],
+    excluded: &[Ipv4Net],
+    services: &[Ipv4Net],
+) -> Result<Vec<(Ipv4Net, CidrKind)>, nix::Error> {
+    let mut entries: Vec<(Ipv4Net, CidrKind)> =
+        services.iter().map(|n| (*n, CidrKind::Service)).collect();
+    entries.extend(vpc.iter().map(|n| (*n, CidrKind::Vpc)));
+    entries.extend(excluded.iter().map(|n| (*n, CidrKind::Excluded)));
+    for ifaddr in nix::ifaddrs::getifaddrs()? {
+        if let Some(addr) = ifaddr.address.as_ref().and_then(|a| a.as_sockaddr_in()) {
+            let host = Ipv4Net::new(addr.ip(), 32).expect("/32 is valid");
+            entries.push((host, CidrKind::Local));
+        }
+    }
+    Ok(entries)
+}
+
+/// Links and datapath of this node.
+pub struct NodeLinks {
+    pub netlink: NetlinkHandle,
+    pub datapath: Arc<Mutex<Datapath>>,
+    /// `AWS_VPC_ENI_MTU`.
+    pub mtu: u32,
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    pub excluded: Vec<Ipv4Net>,
+    pub services: Vec<Ipv4Net>,
+}
+
+impl NodeLinks {
+    fn datapath(&self) -> std::sync::MutexGuard<'_, Datapath> {
+        // A panic elsewhere leaves the maps as they were: usable.
+        self.datapath
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn setup(&self, eni: &AttachedEni) -> NetworkResult {
+        let mac: MacAddr = eni.mac.parse()?;
+        let link = self.netlink.wait_for_link(mac, LINK_TIMEOUT).await?;
+        let ifindex = self
+            .netlink
+            .setup_eni(&EniLinkConfig {
+                mac,
+                mtu: self.mtu,
+                addr: eni.addr,
+                gateway: eni.gateway,
+            })
+            .await?;
+        let mut datapath = self.datapath();
+        datapath.maps.set_eni(
+            ifindex,
+            &Eni {
+                gateway: addr_to_raw(eni.gateway.octets()),
+                flags: 0,
+            },
+        )?;
+        datapath.attach_eni(&link.name)?;
+        info!(eni = %eni.id, link = %link.name, ifindex, addr = %eni.addr, "ENI link set up, datapath attached");
+        Ok(())
+    }
+}
+
+impl NodeNetwork for NodeLinks {
+    fn eni_attached<'a>(
+        &'a self,
+        eni: &'a AttachedEni,
+    ) -> Pin<Box<dyn Future<Output = NetworkResult> + Send + 'a>> {
+        Box::pin(self.setup(eni))
+    }
+
+    fn vpc_cidrs_changed(&self, cidrs: &[Ipv4Net]) -> NetworkResult {
+        let entries = cidr_entries(cidrs, &self.excluded, &self.services)?;
+        self.datapath().maps.set_cidrs(&entries)?;
+        info!(?cidrs, "VPC CIDRs in the datapath");
+        Ok(())
+    }
+}
