@@ -36,11 +36,30 @@ pub struct Cloud {
     imds: aws_config::imds::Client,
 }
 
+/// Overrides of what `Cloud::connect` finds out itself.
+#[derive(Clone, Debug, Default)]
+pub struct CloudOptions {
+    /// The region; `None`: IMDS's `placement/region`.
+    pub region: Option<String>,
+    /// The EC2 endpoint; `None`: `AWS_EC2_ENDPOINT`, else the SDK's own
+    /// resolution (which honours `AWS_ENDPOINT_URL_EC2`).
+    pub ec2_endpoint: Option<String>,
+}
+
 impl Cloud {
     /// Connects: the region comes from IMDS, as aws-node takes it.
     pub async fn connect() -> Result<Self, CloudError> {
+        Self::connect_with(CloudOptions::default()).await
+    }
+
+    /// Connects with overrides (an EC2 endpoint without IMDS, as in the
+    /// cross-check against moto).
+    pub async fn connect_with(opts: CloudOptions) -> Result<Self, CloudError> {
         let imds = aws_config::imds::Client::builder().build();
-        let region = imds::get(&imds, "placement/region").await?;
+        let region = match opts.region {
+            Some(region) => region,
+            None => imds::get(&imds, "placement/region").await?,
+        };
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .region(Region::new(region))
             .timeout_config(
@@ -51,11 +70,14 @@ impl Cloud {
             .load()
             .await;
         let mut ec2 = aws_sdk_ec2::config::Builder::from(&sdk);
-        if let Some(endpoint) = std::env::var(ENV_EC2_ENDPOINT)
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-        {
-            ec2 = ec2.endpoint_url(endpoint.trim());
+        let endpoint = opts.ec2_endpoint.or_else(|| {
+            std::env::var(ENV_EC2_ENDPOINT)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        });
+        if let Some(endpoint) = endpoint {
+            ec2 = ec2.endpoint_url(endpoint);
         }
         Ok(Self {
             ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
