@@ -78,7 +78,7 @@ pub const ONPREM_ETH0_MAC: &str = "02:ee:c0:00:02:0a";
 
 /// The lab's EC2 endpoint: the EC2 emulator's Query API listens here (port
 /// 80, plain HTTP), on the VPC router's `lo` in `vpcnet-vpc`, as an EC2
-/// interface endpoint (PrivateLink) sits at an address of the VPC. The node
+/// interface endpoint (`PrivateLink`) sits at an address of the VPC. The node
 /// reaches it through its default route (the VPC router), so the agent's
 /// `AWS_ENDPOINT_URL_EC2` is `http://10.20.0.10`. 10.20.0.0/24 holds no
 /// subnet of the lab.

@@ -56,10 +56,16 @@ pub struct Desired {
 
 impl Desired {
     /// The ENIs of the instance that owns `node_addr` that are attached (or
-    /// still detaching, as until EC2 has finished), plus `attaching`: the
-    /// attachment that is completing now (its link must exist before EC2
-    /// says `attached`).
-    pub fn from_state(state: &Ec2State, node_addr: Ipv4Addr, attaching: Option<&str>) -> Self {
+    /// still detaching, as until EC2 has finished), plus `attaching` and
+    /// less `detaching`: the attachment that completes now (its link must
+    /// exist before EC2 says `attached`, and be gone before it says
+    /// `available`).
+    pub fn from_state(
+        state: &Ec2State,
+        node_addr: Ipv4Addr,
+        attaching: Option<&str>,
+        detaching: Option<&str>,
+    ) -> Self {
         let Some(instance) = state.instance_by_address(node_addr) else {
             return Self::default();
         };
@@ -68,7 +74,8 @@ impl Desired {
             .filter_map(|eni| {
                 let a = eni.attachment.as_ref()?;
                 let present = match a.status {
-                    AttachmentStatus::Attached | AttachmentStatus::Detaching => true,
+                    AttachmentStatus::Attached => true,
+                    AttachmentStatus::Detaching => detaching != Some(a.id.as_str()),
                     AttachmentStatus::Attaching => attaching == Some(a.id.as_str()),
                 };
                 if a.instance_id != instance.id || !present || a.network_card_index != 0 {
@@ -198,17 +205,16 @@ impl Fabric for LabFabric {
         }
         for (id, want) in &desired.enis {
             let link = router_link(want.device_index);
-            let had = match self.delivered.get(id) {
-                Some(had) => had.clone(),
-                None => {
-                    if want.device_index != 0 {
-                        Self::create_link(want)?;
-                    }
-                    DesiredEni {
-                        addresses: BTreeSet::new(),
-                        prefixes: BTreeSet::new(),
-                        ..want.clone()
-                    }
+            let had = if let Some(had) = self.delivered.get(id) {
+                had.clone()
+            } else {
+                if want.device_index != 0 {
+                    Self::create_link(want)?;
+                }
+                DesiredEni {
+                    addresses: BTreeSet::new(),
+                    prefixes: BTreeSet::new(),
+                    ..want.clone()
                 }
             };
             let added: Vec<Ipv4Addr> = want.addresses.difference(&had.addresses).copied().collect();
@@ -280,7 +286,11 @@ mod tests {
     fn desired_follows_attachments_of_the_lab_node_only() {
         let node = crate::addrs::NODE_PRIMARY_ADDR;
         let mut state = Ec2State::new(&Config::lab());
-        assert!(Desired::from_state(&state, node, None).enis.is_empty());
+        assert!(
+            Desired::from_state(&state, node, None, None)
+                .enis
+                .is_empty()
+        );
         let other = state
             .run_instance("m5.large", "ami-1", LAB_NODE_SUBNET_ID, None, vec![], 0)
             .unwrap();
@@ -301,8 +311,8 @@ mod tests {
             })
             .unwrap();
         let attachment = state.attach(&eni, &instance, 1, 0, 0).unwrap();
-        assert_eq!(Desired::from_state(&state, node, None).enis.len(), 1);
-        let desired = Desired::from_state(&state, node, Some(&attachment));
+        assert_eq!(Desired::from_state(&state, node, None, None).enis.len(), 1);
+        let desired = Desired::from_state(&state, node, Some(&attachment), None);
         assert_eq!(desired.enis.len(), 2);
         assert_eq!(desired.enis[&eni].gateway, Ipv4Addr::new(10, 20, 11, 1));
         state.complete_attach(&attachment);
@@ -315,7 +325,7 @@ mod tests {
                 },
             )
             .unwrap();
-        let desired = Desired::from_state(&state, node, None);
+        let desired = Desired::from_state(&state, node, None, None);
         assert_eq!(desired.enis[&eni].prefixes.len(), 1);
         assert!(
             !desired

@@ -37,7 +37,8 @@ use std::{
 pub use admin::AdminClient;
 pub use config::Config;
 pub use process::{
-    EC2_ENDPOINT_URL, EmulatorOptions, EmulatorProcess, IMDS_ENDPOINT_URL, emulator_binary,
+    EC2_ENDPOINT_URL, EMULATOR_BIN, EmulatorOptions, EmulatorProcess, IMDS_ENDPOINT_URL,
+    emulator_binary,
 };
 pub use server::Emulator;
 

@@ -103,10 +103,10 @@ impl Rng {
 
     /// A number in `0..1`.
     pub fn unit(&mut self) -> f64 {
-        // 53 random bits: exactly representable.
-        #[allow(clippy::cast_precision_loss)]
-        let value = (self.next_u64() >> 11) as f64;
-        value / (1u64 << 53) as f64
+        // 53 random bits over 2^53: exact in an f64, uniform in 0..1.
+        let bits = u32::try_from(self.next_u64() >> 40).expect("24 bits");
+        let low = u32::try_from(self.next_u64() >> 35).expect("29 bits");
+        (f64::from(bits) * f64::from(1u32 << 29) + f64::from(low)) / 9_007_199_254_740_992.0
     }
 
     /// `k` distinct elements of `items`, in random order.
@@ -561,7 +561,7 @@ impl Ec2State {
     }
 
     /// The instance type of `instance`.
-    fn instance_type_of(&self, instance: &Instance) -> &'static InstanceType {
+    fn instance_type_of(instance: &Instance) -> &'static InstanceType {
         instance_types::lookup(&instance.instance_type).expect("checked at RunInstances")
     }
 
@@ -727,7 +727,7 @@ impl Ec2State {
         eni.attachment
             .as_ref()
             .and_then(|a| self.instances.get(&a.instance_id))
-            .map_or(MAX_IPV4_PER_ENI, |i| self.instance_type_of(i).ipv4_per_eni)
+            .map_or(MAX_IPV4_PER_ENI, |i| Self::instance_type_of(i).ipv4_per_eni)
     }
 
     fn check_slots(limit: u32, used: usize, more: usize) -> Ec2Result<()> {
@@ -921,15 +921,14 @@ impl Ec2State {
             prefix_count: request.prefix_count.filter(|n| *n > 0),
             prefixes: request.prefixes,
         };
-        if assign.secondary_count.is_some()
+        if (assign.secondary_count.is_some()
             || assign.prefix_count.is_some()
-            || !assign.prefixes.is_empty()
+            || !assign.prefixes.is_empty())
+            && let Err(err) = self.assign(&id, &assign)
         {
-            if let Err(err) = self.assign(&id, &assign) {
-                // Undo: EC2 creates nothing when it fails.
-                self.delete_eni(&id).expect("just made, unattached");
-                return Err(err);
-            }
+            // Undo: EC2 creates nothing when it fails.
+            self.delete_eni(&id).expect("just made, unattached");
+            return Err(err);
         }
         Ok(id)
     }
@@ -992,7 +991,7 @@ impl Ec2State {
                 "The network interface '{eni_id}' is not in the instance's VPC."
             )));
         }
-        let ty = self.instance_type_of(instance);
+        let ty = Self::instance_type_of(instance);
         let Some(card_max) = ty.max_enis_on_card(network_card_index) else {
             return Err(Ec2Error::invalid_value(format!(
                 "Network card index {network_card_index} is out of range for {} (it has {} network cards).",
@@ -1933,9 +1932,9 @@ mod tests {
             ("a".to_owned(), "1".to_owned()),
             ("b".to_owned(), "2".to_owned()),
         ]);
-        s.create_tags(&[e.clone()], &tags).unwrap();
+        s.create_tags(std::slice::from_ref(&e), &tags).unwrap();
         s.delete_tags(
-            &[e.clone()],
+            std::slice::from_ref(&e),
             &[("a".into(), Some("other".into())), ("b".into(), None)],
         )
         .unwrap();

@@ -194,6 +194,11 @@ impl EmulatorProcess {
         &self.admin
     }
 
+    /// The emulator's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The emulator's log.
     pub fn log(&self) -> &Path {
         &self.log
@@ -247,7 +252,7 @@ fn log_tail(path: &Path) -> String {
     let Ok(mut file) = File::open(path) else {
         return String::new();
     };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let len = file.metadata().map_or(0, |m| m.len());
     let _ = file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
     let mut tail = String::new();
     let _ = file.read_to_string(&mut tail);

@@ -406,8 +406,8 @@ fn instance_filter_values(
 
 /// A page of `items` (sorted by key) after `token`, at most `max`.
 fn paginate<'a, T>(
-    items: Vec<&'a T>,
-    key: impl Fn(&T) -> String,
+    items: &[&'a T],
+    key: &impl Fn(&T) -> String,
     max: Option<u32>,
     token: Option<&str>,
 ) -> Ec2Result<(Vec<&'a T>, Option<String>)> {
@@ -630,7 +630,7 @@ fn run_instances(
         .leaf("ownerId", &state.account_id)
         .set("groupSet", std::iter::empty::<()>(), |_, ()| {});
     xml.set("instancesSet", instances, |x, instance| {
-        write_instance(x, state, instance)
+        write_instance(x, state, instance);
     });
     Ok(Effect::Changed)
 }
@@ -809,14 +809,14 @@ fn describe_instances(state: &Ec2State, params: &Params, xml: &mut Xml) -> Ec2Re
         INSTANCE_FILTERS,
         |i, name| instance_filter_values(i, state, name),
     )?;
-    let (page, next) = paginate(instances, |i| i.id.clone(), max, params.get("NextToken"))?;
+    let (page, next) = paginate(&instances, &|i| i.id.clone(), max, params.get("NextToken"))?;
     // One reservation an instance: RunInstances here launches them so.
     xml.set("reservationSet", page, |x, instance| {
         x.leaf("reservationId", &instance.reservation_id)
             .leaf("ownerId", &state.account_id)
             .set("groupSet", std::iter::empty::<()>(), |_, ()| {})
             .set("instancesSet", [instance], |x, i| {
-                write_instance(x, state, i)
+                write_instance(x, state, i);
             });
     })
     .opt_leaf("nextToken", next);
@@ -891,7 +891,7 @@ fn describe_instance_types(params: &Params, xml: &mut Xml) -> Ec2Result<Effect> 
     })?;
     let mut types = types;
     types.sort_by_key(|t| t.name);
-    let (page, next) = paginate(types, |t| t.name.to_owned(), max, params.get("NextToken"))?;
+    let (page, next) = paginate(&types, &|t| t.name.to_owned(), max, params.get("NextToken"))?;
     xml.set("instanceTypeSet", page, |x, ty| {
         x.leaf("instanceType", ty.name)
             .leaf("currentGeneration", true)
@@ -961,7 +961,7 @@ fn describe_subnets(state: &Ec2State, params: &Params, xml: &mut Xml) -> Ec2Resu
     let subnets = apply_filters(subnets, &params.filters()?, SUBNET_FILTERS, |s, name| {
         subnet_filter_values(s, state, name)
     })?;
-    let (page, next) = paginate(subnets, |s| s.id.clone(), max, params.get("NextToken"))?;
+    let (page, next) = paginate(&subnets, &|s| s.id.clone(), max, params.get("NextToken"))?;
     xml.set("subnetSet", page, |x, subnet| {
         x.leaf("subnetId", &subnet.id)
             .leaf(
@@ -1108,9 +1108,9 @@ fn describe_network_interfaces(
     let enis = apply_filters(enis, &params.filters()?, ENI_FILTERS, |eni, name| {
         eni_filter_values(eni, state, name)
     })?;
-    let (page, next) = paginate(enis, |e| e.id.clone(), max, params.get("NextToken"))?;
+    let (page, next) = paginate(&enis, &|e| e.id.clone(), max, params.get("NextToken"))?;
     xml.set("networkInterfaceSet", page, |x, eni| {
-        write_eni(x, state, eni)
+        write_eni(x, state, eni);
     })
     .opt_leaf("nextToken", next);
     Ok(Effect::None)

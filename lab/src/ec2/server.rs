@@ -184,11 +184,18 @@ impl Shared {
         format!("5a1ab0ec-0000-4000-8000-{n:012x}")
     }
 
-    /// Makes the network match the state. `attaching`: an attachment that
-    /// completes now; its link is made first, then EC2 says `attached`.
+    /// Makes the network match the state.
     fn reconcile(&self, attaching: Option<&str>) {
+        self.reconcile_with(attaching, None);
+    }
+
+    /// Makes the network match the state, with an attachment completing:
+    /// `attaching`'s link is made before EC2 says `attached`, `detaching`'s
+    /// is removed before EC2 says `available`, so whoever sees the new
+    /// state finds the network already there.
+    fn reconcile_with(&self, attaching: Option<&str>, detaching: Option<&str>) {
         let mut fabric = lock(&self.fabric);
-        let desired = Desired::from_state(&lock(&self.state), self.node_addr, attaching);
+        let desired = Desired::from_state(&lock(&self.state), self.node_addr, attaching, detaching);
         if let Err(err) = fabric.apply(&desired) {
             self.fabric_errors.fetch_add(1, Ordering::Relaxed);
             warn!(%err, "the lab's network could not follow EC2's state");
@@ -197,12 +204,14 @@ impl Shared {
             let eni = lock(&self.state).complete_attach(attachment);
             info!(attachment, ?eni, "attached");
         }
+        if let Some(attachment) = detaching {
+            let eni = lock(&self.state).complete_detach(attachment);
+            info!(attachment, ?eni, "detached");
+        }
     }
 
     fn complete_detach(&self, attachment: &str) {
-        let eni = lock(&self.state).complete_detach(attachment);
-        info!(attachment, ?eni, "detached");
-        self.reconcile(None);
+        self.reconcile_with(None, Some(attachment));
     }
 
     fn run_instance(&self, request: &RunInstanceRequest) -> Result<String, Ec2Error> {
@@ -450,20 +459,20 @@ async fn admin_request(shared: Arc<Shared>, req: Request<Incoming>) -> Response<
         Err(err) => return admin_error(400, "BadRequest", err.to_string()),
     };
     debug!(%method, %path, "admin");
-    let shared2 = shared.clone();
-    blocking(&shared, move |_| {
-        admin_route(&shared2, &method, &path, &body)
-    })
-    .await
+    blocking(&shared, move |s| admin_route(s, &method, &path, &body)).await
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response<Body>> {
-    serde_json::from_slice(body).map_err(|err| admin_error(400, "BadRequest", err.to_string()))
+/// An admin answer that is an error (boxed: a response is large).
+type AdminFailure = Box<Response<Body>>;
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AdminFailure> {
+    serde_json::from_slice(body)
+        .map_err(|err| Box::new(admin_error(400, "BadRequest", err.to_string())))
 }
 
 fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
-    let ec2 = |err: Ec2Error| admin_error(400, &err.code, err.message);
-    let result: Result<Response<Body>, Response<Body>> = (|| match (method.as_str(), path) {
+    let ec2 = |err: Ec2Error| Box::new(admin_error(400, &err.code, err.message));
+    let result: Result<Response<Body>, AdminFailure> = (|| match (method.as_str(), path) {
         ("GET", admin::HEALTH) => Ok(json_response(200, &serde_json::json!({"ok": true}))),
         ("GET", admin::STATE) => Ok(json_response(200, &lock(&shared.state).snapshot())),
         ("GET", admin::CALLS) => Ok(json_response(200, &shared.calls())),
@@ -471,7 +480,7 @@ fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Res
             let rules: Vec<FaultRule> = parse(body)?;
             for rule in &rules {
                 rule.validate()
-                    .map_err(|reason| admin_error(400, "BadRequest", reason))?;
+                    .map_err(|reason| Box::new(admin_error(400, "BadRequest", reason)))?;
             }
             info!(?rules, "faults set");
             lock(&shared.faults).set_rules(rules);
@@ -510,11 +519,11 @@ fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Res
                 &admin::RunInstanceResponse { instance_id: id },
             ))
         }
-        _ => Err(admin_error(
+        _ => Err(Box::new(admin_error(
             404,
             "NotFound",
             format!("no admin endpoint {method} {path}"),
-        )),
+        ))),
     })();
-    result.unwrap_or_else(|err| err)
+    result.unwrap_or_else(|err| *err)
 }
