@@ -26,6 +26,7 @@ mod error;
 pub mod kube_proxy;
 mod lab;
 pub mod layout;
+pub mod moto;
 pub mod netlink;
 pub mod netns;
 mod options;

@@ -18,10 +18,11 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use vpcnet_lab::moto::{MOTO_PYTHON, MOTO_REQUIREMENT, MOTO_VENV};
 
 /// Debian packages the datapath, the lab and the tests use. `util-linux`
 /// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
-/// `modprobe`.
+/// `modprobe`, `python3-venv` the virtualenv that pip installs into.
 pub const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "iptables",
@@ -33,11 +34,21 @@ pub const APT_PACKAGES: &[&str] = &[
     "procps",
     "util-linux",
     "kmod",
+    "python3-venv",
 ];
 
-/// Python packages to install with pip: requirement specifiers such as
-/// `moto[server]`.
-pub const PYPI_PACKAGES: &[&str] = &[];
+/// Python packages to install with pip into [`PYPI_VENV`]: requirement
+/// specifiers such as `moto[server]==5.2.5`. moto's EC2 server is the
+/// agent's independent cross-check (`agent/tests/moto_cross_check.rs`).
+pub const PYPI_PACKAGES: &[&str] = &[MOTO_REQUIREMENT];
+
+/// The virtualenv pip installs into: Debian's Python is externally
+/// managed (PEP 668), so pip may not install into the system. The path is
+/// the lab's, which the tests read too; see [`vpcnet_lab::moto`].
+const PYPI_VENV: &str = MOTO_VENV;
+
+/// The virtualenv's interpreter; its pip is `PYPI_PYTHON -m pip`.
+const PYPI_PYTHON: &str = MOTO_PYTHON;
 
 /// Rustup components as (toolchain, component). The programs crate builds
 /// with nightly and `-Z build-std=core` (rust-src); rustfmt.toml uses
@@ -464,14 +475,15 @@ fn pypi_packages(reporter: Reporter) -> Result<()> {
         reporter.note("PyPI packages", "none listed");
         return Ok(());
     }
-    let what = format!("PyPI packages ({})", PYPI_PACKAGES.join(" "));
+    pypi_venv(reporter)?;
+    let what = format!("PyPI packages ({}) in {PYPI_VENV}", PYPI_PACKAGES.join(" "));
     let missing = missing_pypi_packages(PYPI_PACKAGES)?;
     if missing.is_empty() {
         reporter.present(&what);
         return Ok(());
     }
-    let label = format!("PyPI packages {}", missing.join(" "));
-    let mut install = Command::new("python3");
+    let label = format!("PyPI packages {} in {PYPI_VENV}", missing.join(" "));
+    let mut install = Command::new(PYPI_PYTHON);
     install
         .args([
             "-m",
@@ -483,34 +495,100 @@ fn pypi_packages(reporter: Reporter) -> Result<()> {
         ])
         .args(&missing)
         .stdin(Stdio::null());
-    say(&label, "installing");
-    run_checked(&mut install).with_context(|| install_failed(&label, &shell_line(&install)))?;
+    let by_hand = shell_line(&install);
+    require_root_for(&label, &by_hand)?;
+    say(&label, "installing (about half a minute)");
+    run_checked(&mut install).with_context(|| install_failed(&label, &by_hand))?;
+    let still_missing = missing_pypi_packages(&missing)?;
+    if !still_missing.is_empty() {
+        bail!(
+            "pip installed {} but `pip show` does not list it at the pinned version; {}",
+            still_missing.join(" "),
+            install_failed(&label, &by_hand)
+        );
+    }
     say(&label, "installed");
     Ok(())
 }
 
-/// The requirement specifiers of `wanted` whose distribution pip does not
-/// show as installed.
+/// Makes [`PYPI_VENV`] unless its interpreter runs; one that does not run
+/// (the system Python it was made from is gone) is made anew with `--clear`.
+fn pypi_venv(reporter: Reporter) -> Result<()> {
+    let what = format!("Python virtualenv {PYPI_VENV}");
+    let python_runs = command_succeeds(Command::new(PYPI_PYTHON).args(["-m", "pip", "--version"]));
+    if python_runs {
+        reporter.present(&what);
+        return Ok(());
+    }
+    let mut create = Command::new("python3");
+    create
+        .args(["-m", "venv", "--clear", PYPI_VENV])
+        .stdin(Stdio::null());
+    let by_hand = shell_line(&create);
+    require_root_for(&what, &by_hand)?;
+    say(&what, "creating");
+    if let Some(parent) = Path::new(PYPI_VENV).parent() {
+        fs::create_dir_all(parent)
+            .with_context(|| format!("create {}", parent.display()))
+            .with_context(|| install_failed(&what, &by_hand))?;
+    }
+    run_checked(&mut create).with_context(|| {
+        format!(
+            "{} (python3-venv, an apt package, brings `python3 -m venv`)",
+            install_failed(&what, &by_hand)
+        )
+    })?;
+    if !command_succeeds(Command::new(PYPI_PYTHON).args(["-m", "pip", "--version"])) {
+        bail!("`{by_hand}` made {PYPI_VENV} but `{PYPI_PYTHON} -m pip --version` does not run");
+    }
+    say(&what, "created");
+    Ok(())
+}
+
+/// The requirement specifiers of `wanted` that pip, in [`PYPI_VENV`], does
+/// not show as installed (at the pinned version, for a `==` pin).
 fn missing_pypi_packages<'a>(wanted: &[&'a str]) -> Result<Vec<&'a str>> {
     // `pip show` exits 1 when one is missing, and lists the others.
-    let output = Command::new("python3")
+    let output = Command::new(PYPI_PYTHON)
         .args(["-m", "pip", "show", "--disable-pip-version-check"])
         .args(wanted.iter().map(|spec| requirement_name(spec)))
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
-        .context("cannot run `python3 -m pip`")?;
+        .with_context(|| format!("cannot run `{PYPI_PYTHON} -m pip`"))?;
     let listing = String::from_utf8_lossy(&output.stdout);
-    let shown: Vec<String> = listing
-        .lines()
-        .filter_map(|line| line.strip_prefix("Name:"))
-        .map(|name| normalize_pypi_name(name.trim()))
-        .collect();
-    Ok(wanted
+    Ok(not_shown(wanted, &listing))
+}
+
+/// The requirement specifiers of `wanted` that a `pip show` listing does not
+/// have, or has at another version than their `==` pin.
+fn not_shown<'a>(wanted: &[&'a str], listing: &str) -> Vec<&'a str> {
+    let mut shown: Vec<(String, String)> = Vec::new();
+    let mut name = None;
+    for line in listing.lines() {
+        if let Some(value) = line.strip_prefix("Name:") {
+            name = Some(normalize_pypi_name(value.trim()));
+        } else if let Some(value) = line.strip_prefix("Version:")
+            && let Some(name) = name.take()
+        {
+            shown.push((name, value.trim().to_owned()));
+        }
+    }
+    wanted
         .iter()
         .copied()
-        .filter(|spec| !shown.contains(&normalize_pypi_name(requirement_name(spec))))
-        .collect())
+        .filter(|spec| {
+            let name = normalize_pypi_name(requirement_name(spec));
+            !shown.iter().any(|(shown_name, version)| {
+                *shown_name == name && pinned_version(spec).is_none_or(|pin| pin == version)
+            })
+        })
+        .collect()
+}
+
+/// The version of a `==` pin: `moto[server]==5.2.5` is `5.2.5`.
+fn pinned_version(spec: &str) -> Option<&str> {
+    spec.split_once("==").map(|(_, version)| version.trim())
 }
 
 /// The distribution name of a pip requirement: `moto[server]>=5` is `moto`.
@@ -667,6 +745,19 @@ mod tests {
         assert_eq!(requirement_name("pyroute2"), "pyroute2");
         assert_eq!(normalize_pypi_name("Flask_SocketIO"), "flask-socketio");
         assert_eq!(normalize_pypi_name("zope..interface"), "zope-interface");
+    }
+
+    #[test]
+    fn pip_show_listing_counts_pinned_versions() {
+        let listing = "Name: moto\nVersion: 5.2.4\nSummary: x\n---\n\
+                       Name: Flask_Cors\nVersion: 6.0.1\n";
+        assert_eq!(
+            not_shown(&["moto[server]==5.2.5", "flask-cors", "boto3"], listing),
+            ["moto[server]==5.2.5", "boto3"]
+        );
+        assert!(not_shown(&["moto[server]==5.2.4"], listing).is_empty());
+        assert_eq!(pinned_version("moto[server]==5.2.5"), Some("5.2.5"));
+        assert_eq!(pinned_version("moto>=5"), None);
     }
 
     #[test]
