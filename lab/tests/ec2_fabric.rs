@@ -23,7 +23,7 @@ use vpcnet_lab::{
     Lab, LabOptions, addrs,
     ec2::{
         Config, EmulatorOptions, EmulatorProcess,
-        config::{LAB_NODE_SUBNET_ID, LAB_REGION},
+        config::{LAB_CUSTOM_SUBNET_ID, LAB_NODE_SUBNET_ID, LAB_REGION},
     },
     exec_ok, run_in,
 };
@@ -227,6 +227,64 @@ fn ec2_attach_assign_detach_change_the_lab() {
     assert!(!router_route(&in_prefix).contains("n0-eth1"));
     assert!(!nft_set().contains("n0-eth1"));
     assert_eq!(emulator.admin().calls().unwrap().fabric_errors, 0);
+    admin_levers(&emulator, &eni);
+}
+
+/// The admin socket: state, counters, faults, delay, occupancy, leaks.
+fn admin_levers(emulator: &EmulatorProcess, eni: &str) {
+    let admin = emulator.admin();
+    let state = admin.state().unwrap();
+    assert_eq!(state.instances.len(), 1);
+    assert!(state.eni(eni).unwrap().attachment.is_none());
+    let before = state
+        .subnet(LAB_CUSTOM_SUBNET_ID)
+        .unwrap()
+        .available_ip_address_count;
+    let state = admin
+        .occupy(
+            LAB_CUSTOM_SUBNET_ID,
+            &["100.64.0.200".parse().unwrap()],
+            &["100.64.1.16/28".parse().unwrap()],
+        )
+        .unwrap();
+    let subnet = state.subnet(LAB_CUSTOM_SUBNET_ID).unwrap();
+    assert_eq!(subnet.available_ip_address_count, before - 17);
+    assert_eq!(subnet.occupied_by_others, 17);
+    let err = admin
+        .occupy(
+            LAB_CUSTOM_SUBNET_ID,
+            &["100.64.0.200".parse().unwrap()],
+            &[],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("InvalidIPAddress.InUse"), "{err}");
+    let tags = std::collections::BTreeMap::from([(
+        "node.k8s.amazonaws.com/instance_id".to_owned(),
+        "i-0dead000000000000".to_owned(),
+    )]);
+    let leaked = admin
+        .create_leaked_eni(LAB_CUSTOM_SUBNET_ID, &tags, 2)
+        .unwrap();
+    let state = admin.state().unwrap();
+    let leaked = state.eni(&leaked).unwrap();
+    assert_eq!(leaked.tags, tags);
+    assert_eq!(leaked.secondary_ips.len(), 2);
+    assert!(leaked.attachment.is_none());
+    let calls = admin
+        .set_faults(&[vpcnet_lab::ec2::config::FaultRule {
+            action: "*".into(),
+            throttle: 1.0,
+            ..Default::default()
+        }])
+        .unwrap();
+    assert_eq!(calls.faults.len(), 1);
+    let calls = admin.set_attach_delay(Duration::from_millis(50)).unwrap();
+    assert_eq!(calls.attach_delay_ms, 50);
+    let throttled = in_node(async || client().describe_vpcs().send().await.is_err());
+    assert!(throttled);
+    let calls = admin.set_faults(&[]).unwrap();
+    assert!(calls.action("DescribeVpcs").throttled >= 1);
+    assert_eq!(calls.action("AttachNetworkInterface").calls, 1);
 }
 
 fn client() -> Client {
