@@ -71,6 +71,18 @@ fn ec2_attach_assign_detach_change_the_lab() {
     .unwrap();
     let instance = emulator.instance_id().to_owned();
 
+    let (eni, mac, attachment) = attach_in_node(&instance);
+    check_attached_links(&mac);
+    let (address, in_prefix) = assign_and_check_delivery(&eni, &mac);
+    unassign_detach_and_check(&eni, &attachment, &address, &in_prefix);
+    assert!(!nft_set().contains("n0-eth1"));
+    assert_eq!(emulator.admin().calls().unwrap().fabric_errors, 0);
+    admin_levers(&emulator, &eni);
+}
+
+/// Creates an ENI and attaches it at device 1 from the node; (ENI, MAC, attachment).
+fn attach_in_node(instance: &str) -> (String, String, String) {
+    let instance = instance.to_owned();
     // The SDK as the agent runs it: in the node, endpoints overridden.
     let (eni, mac, attachment) = in_node(async || {
         let ec2 = client();
@@ -110,11 +122,15 @@ fn ec2_attach_assign_detach_change_the_lab() {
         wait_attachment(&ec2, &id, Some(AttachmentStatus::Attached)).await;
         (id, mac, attachment)
     });
+    (eni, mac, attachment)
+}
 
+/// Attached: `eth1` in the node, the router side up.
+fn check_attached_links(mac: &str) {
     // Attached: eth1 exists with the ENI's MAC and the VPC's MTU, down and
     // bare for the agent to configure; the router's side is up.
     let eth1 = node_link("eth1").expect("eth1 in the node once attached");
-    assert_eq!(eth1["address"], mac.as_str());
+    assert_eq!(eth1["address"], mac);
     assert_eq!(eth1["mtu"], 9001);
     assert!(
         !eth1["flags"].as_array().unwrap().iter().any(|f| f == "UP"),
@@ -135,7 +151,11 @@ fn ec2_attach_assign_detach_change_the_lab() {
         !primary.is_empty(),
         "the ENI's primary address is routed to its link"
     );
+}
 
+/// The router delivers an assigned address and prefix; (address, an address of the prefix).
+fn assign_and_check_delivery(eni: &str, mac: &str) -> (String, String) {
+    let eni = eni.to_owned();
     // Assign: the router delivers the address and the prefix to eth1's link.
     let (address, prefix) = in_node(async || {
         let ec2 = client();
@@ -183,8 +203,13 @@ fn ec2_attach_assign_detach_change_the_lab() {
         &["ip", "neigh", "show", &in_prefix, "dev", "n0-eth1"],
     )
     .unwrap();
-    assert!(neigh.contains(&mac), "{neigh}");
+    assert!(neigh.contains(mac), "{neigh}");
 
+    (address, in_prefix)
+}
+
+fn unassign_detach_and_check(eni: &str, attachment: &str, address: &str, in_prefix: &str) {
+    let (eni, attachment, address) = (eni.to_owned(), attachment.to_owned(), address.to_owned());
     // Unassign: no longer delivered nor accepted.
     in_node(async || {
         client()
@@ -224,10 +249,7 @@ fn ec2_attach_assign_detach_change_the_lab() {
     });
     assert!(node_link("eth1").is_none(), "eth1 left after detach");
     assert!(exec_ok(addrs::NS_VPC, &["ip", "link", "show", "dev", "n0-eth1"]).is_err());
-    assert!(!router_route(&in_prefix).contains("n0-eth1"));
-    assert!(!nft_set().contains("n0-eth1"));
-    assert_eq!(emulator.admin().calls().unwrap().fabric_errors, 0);
-    admin_levers(&emulator, &eni);
+    assert!(!router_route(in_prefix).contains("n0-eth1"));
 }
 
 /// The admin socket: state, counters, faults, delay, occupancy, leaks.

@@ -1199,26 +1199,26 @@ async fn imds_metadata(ctx: &Ctx, eni: &str, mac: &str, expected: &[String]) {
         ))
         .await
     };
-    assert_eq!(key(&mac, "device-number").await, "1");
-    assert_eq!(key(&mac, "network-card-index").await, "0");
-    assert_eq!(key(&mac, "interface-id").await, eni);
-    assert_eq!(key(&mac, "subnet-id").await, LAB_NODE_SUBNET_ID);
-    assert_eq!(key(&mac, "vpc-id").await, LAB_VPC_ID);
-    assert_eq!(key(&mac, "owner-id").await, "111122223333");
-    assert_eq!(key(&mac, "subnet-ipv4-cidr-block").await, "10.20.11.0/24");
-    assert_eq!(key(&mac, "vpc-ipv4-cidr-block").await, "10.20.0.0/16");
+    assert_eq!(key(mac, "device-number").await, "1");
+    assert_eq!(key(mac, "network-card-index").await, "0");
+    assert_eq!(key(mac, "interface-id").await, eni);
+    assert_eq!(key(mac, "subnet-id").await, LAB_NODE_SUBNET_ID);
+    assert_eq!(key(mac, "vpc-id").await, LAB_VPC_ID);
+    assert_eq!(key(mac, "owner-id").await, "111122223333");
+    assert_eq!(key(mac, "subnet-ipv4-cidr-block").await, "10.20.11.0/24");
+    assert_eq!(key(mac, "vpc-ipv4-cidr-block").await, "10.20.0.0/16");
     assert_eq!(
-        key(&mac, "vpc-ipv4-cidr-blocks").await,
+        key(mac, "vpc-ipv4-cidr-blocks").await,
         "10.20.0.0/16\n100.64.0.0/16"
     );
-    assert_eq!(key(&mac, "security-group-ids").await, LAB_DEFAULT_SG_ID);
-    let local: Vec<String> = key(&mac, "local-ipv4s")
+    assert_eq!(key(mac, "security-group-ids").await, LAB_DEFAULT_SG_ID);
+    let local: Vec<String> = key(mac, "local-ipv4s")
         .await
         .lines()
         .map(str::to_owned)
         .collect();
     assert_eq!(local, expected, "primary first");
-    assert!(!key(&mac, "").await.contains("ipv4-prefix"));
+    assert!(!key(mac, "").await.contains("ipv4-prefix"));
     let no_prefix = ctx
         .imds
         .get(format!(
