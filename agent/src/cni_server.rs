@@ -149,13 +149,9 @@ impl CniBackend for Backend {
     }
 }
 
-/// Serves the backend on `socket` (replacing a stale socket file) until
-/// `shutdown` completes.
-pub async fn serve(
-    manager: Manager,
-    socket: &Path,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), ServeError> {
+/// Binds the backend's socket (replacing a stale socket file): once this
+/// returns, the plugin can connect, so the agent says it is ready after it.
+pub fn bind(socket: &Path) -> Result<UnixListener, ServeError> {
     let listen_err = |source| ServeError::Listen {
         path: socket.display().to_string(),
         source,
@@ -168,7 +164,15 @@ pub async fn serve(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(listen_err(e)),
     }
-    let listener = UnixListener::bind(socket).map_err(listen_err)?;
+    UnixListener::bind(socket).map_err(listen_err)
+}
+
+/// Serves the backend on `listener` until `shutdown` completes.
+pub async fn serve(
+    manager: Manager,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     tonic::transport::Server::builder()
         .add_service(CniBackendServer::new(Backend { manager }))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)

@@ -332,13 +332,13 @@ async fn run_node(
         };
         let manager = start_manager(&cloud, &opts, network).await?;
         tasks.spawn(manager.clone().run());
-        let socket = args.cni_socket.clone();
+        let listener = cni_server::bind(&args.cni_socket)?;
         let mut stop = shutdown_rx.clone();
         tasks.spawn(async move {
             let shutdown = async move {
                 let _ = stop.wait_for(|stop| *stop).await;
             };
-            if let Err(e) = cni_server::serve(manager, &socket, shutdown).await {
+            if let Err(e) = cni_server::serve(manager, listener, shutdown).await {
                 error!(error = %e, "CNI backend stopped");
             }
         });

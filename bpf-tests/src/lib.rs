@@ -3,6 +3,7 @@
 //! written independently of the code under test.
 
 pub mod differential;
+pub mod ipam;
 pub mod packets;
 
 use std::{

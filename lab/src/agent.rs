@@ -34,10 +34,14 @@ use tracing::{info, warn};
 
 use crate::{
     addrs::{NODE_ETH0, NODE_PRIMARY_ADDR, NS_NODE, VPC_CIDRS},
+    ec2::EmulatorProcess,
     error::{Context, LabError, Result},
     netns::{describe, netns_path, spawn_error},
     options::LabOptions,
-    state::{AgentInfo, agent_log_file, agent_pid_file, layout_file},
+    state::{
+        AgentInfo, agent_log_file, agent_pid_file, cni_socket_file, ipam_checkpoint_file,
+        layout_file,
+    },
 };
 
 /// How long `down` waits for the agent after SIGTERM, then after SIGKILL.
@@ -58,12 +62,27 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
         .arg(format!("--net={}", netns_path(NS_NODE).display()))
         .arg("--")
         .arg(agent_bin)
-        .args(["run", "--primary-interface", NODE_ETH0])
-        .args(["--node-addr", &NODE_PRIMARY_ADDR.to_string()])
-        .args(["--vpc-cidrs", &vpc_cidrs])
-        .arg("--notify-ready")
-        .arg("--layout")
-        .arg(layout_file())
+        .arg("run")
+        .arg("--notify-ready");
+    if let Some(ipam) = &opts.ipam {
+        // Everything else from IMDS, as on EC2.
+        command
+            .arg("--ipam")
+            .arg("--cni-socket")
+            .arg(cni_socket_file())
+            .args(&ipam.agent_args)
+            .envs(EmulatorProcess::agent_env())
+            .env("AWS_VPC_K8S_CNI_BACKING_STORE", ipam_checkpoint_file())
+            .envs(ipam.env.iter().map(|(k, v)| (k, v)));
+    } else {
+        command
+            .args(["--primary-interface", NODE_ETH0])
+            .args(["--node-addr", &NODE_PRIMARY_ADDR.to_string()])
+            .args(["--vpc-cidrs", &vpc_cidrs])
+            .arg("--layout")
+            .arg(layout_file());
+    }
+    command
         .env(
             "AWS_VPC_K8S_CNI_EXTERNALSNAT",
             opts.external_snat.to_string(),

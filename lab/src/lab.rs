@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use crate::{
     addrs::{BPF_PIN_DIR, NS_NODE},
     agent,
+    ec2::{EmulatorOptions, EmulatorProcess},
     error::{Context, LabError, Result},
     kube_proxy, layout,
     netns::{self, lab_namespaces},
@@ -32,6 +33,8 @@ pub struct Lab {
     state: LabState,
     /// The agent, when this process started it.
     agent: Option<Child>,
+    /// The EC2 emulator of an address-manager lab (killed when dropped).
+    emulator: Option<EmulatorProcess>,
     teardown_on_drop: bool,
 }
 
@@ -58,6 +61,7 @@ impl Lab {
                 ready: false,
             },
             agent: None,
+            emulator: None,
             teardown_on_drop: true,
         };
         match lab.build() {
@@ -73,6 +77,7 @@ impl Lab {
             Err(err) => {
                 warn!(%err, "building the lab failed; removing what was built");
                 lab.teardown_on_drop = false;
+                drop(lab.emulator.take());
                 if let Err(teardown_err) = teardown(lab.agent.take()) {
                     warn!(%teardown_err, "removing the half-built lab failed too");
                 }
@@ -101,6 +106,16 @@ impl Lab {
         // iptables reference it documents what was built).
         let layout = layout::write(&opts, &self.state.pods)?;
         info!(path = %layout.display(), "wrote the node layout");
+        if let Some(ipam) = &opts.ipam {
+            let emulator = EmulatorProcess::start(&EmulatorOptions {
+                instance_type: ipam.instance_type.clone(),
+                ..EmulatorOptions::default()
+            })
+            .map_err(|err| LabError::InvalidOption(format!("starting the EC2 emulator: {err}")))?;
+            fs::write(state::emulator_pid_file(), format!("{}\n", emulator.pid()))
+                .context(|| "writing the EC2 emulator's pid file".to_owned())?;
+            self.emulator = Some(emulator);
+        }
         if opts.datapath == Datapath::Ebpf {
             let (child, info) = agent::start(&opts)?;
             self.agent = Some(child);
@@ -118,6 +133,7 @@ impl Lab {
         Ok(Self {
             state,
             agent: None,
+            emulator: None,
             teardown_on_drop: false,
         })
     }
@@ -136,7 +152,42 @@ impl Lab {
     /// the state directory.
     pub fn down(mut self) -> Result<()> {
         self.teardown_on_drop = false;
+        drop(self.emulator.take());
         teardown(self.agent.take())
+    }
+
+    /// The EC2 emulator, in an address-manager lab this process started.
+    pub fn emulator(&self) -> Option<&EmulatorProcess> {
+        self.emulator.as_ref()
+    }
+
+    /// Kills the agent with SIGKILL (a crash: no clean-up of its own) and
+    /// waits for it to be gone.
+    pub fn kill_agent(&mut self) -> Result<()> {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.state.agent = None;
+        self.state.save()
+    }
+
+    /// Stops the agent as the kubelet would (SIGTERM, then SIGKILL).
+    pub fn stop_agent(&mut self) -> Result<()> {
+        if let Some(info) = self.state.agent.take() {
+            agent::stop(&info, self.agent.as_mut())?;
+        }
+        self.agent = None;
+        self.state.save()
+    }
+
+    /// Starts the agent again (after [`Lab::kill_agent`] or
+    /// [`Lab::stop_agent`]) and waits for its `READY`.
+    pub fn start_agent(&mut self) -> Result<()> {
+        let (child, info) = agent::start(&self.state.options)?;
+        self.agent = Some(child);
+        self.state.agent = Some(info);
+        self.state.save()
     }
 
     /// What was built.
@@ -283,6 +334,9 @@ pub fn down_all() -> Result<()> {
 fn teardown(mut agent_child: Option<Child>) -> Result<()> {
     let mut problems = Vec::new();
 
+    // An emulator some earlier process left (its owner was killed).
+    kill_recorded_emulator();
+
     // The agent first: it holds the node's namespace and its programs.
     let recorded_agent = LabState::load().ok().and_then(|state| state.agent);
     let agent_info = recorded_agent.or_else(agent_from_pid_file);
@@ -322,6 +376,26 @@ fn teardown(mut agent_child: Option<Child>) -> Result<()> {
         Ok(())
     } else {
         Err(LabError::Teardown(problems.join("; ")))
+    }
+}
+
+/// Kills the EC2 emulator its pid file names, if that pid is still the
+/// emulator (a pid can be reused).
+fn kill_recorded_emulator() {
+    let Some(pid) = fs::read_to_string(state::emulator_pid_file())
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let is_emulator = fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(crate::ec2::EMULATOR_BIN));
+    if is_emulator {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        info!(pid, "killed the EC2 emulator left running");
     }
 }
 

@@ -40,12 +40,13 @@ pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
 pub use options::{
-    Datapath, EnforcingMode, LabOptions, NodePortService, RandomizeSnat, parse_cidr_list,
-    parse_enforcing_mode, parse_index_list,
+    Datapath, EnforcingMode, IpamLabOptions, LabOptions, NodePortService, RandomizeSnat,
+    parse_cidr_list, parse_enforcing_mode, parse_index_list,
 };
 pub use probe::{
     Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
 };
 pub use state::{
-    AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, layout_file, state_dir, state_file,
+    AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, cni_socket_file, ipam_checkpoint_file,
+    layout_file, state_dir, state_file,
 };

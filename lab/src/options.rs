@@ -197,6 +197,35 @@ pub struct LabOptions {
     /// no traffic. (The eBPF datapath's map entries are the agent's side.)
     #[serde(default)]
     pub filler_pods: usize,
+    /// The address manager at work: the agent runs with `--ipam` against
+    /// the lab's EC2 emulator and serves the CNI backend; no static layout
+    /// (so no pods and one ENI: the agent attaches the others).
+    #[serde(default)]
+    pub ipam: Option<IpamLabOptions>,
+}
+
+/// The agent's address manager in the lab.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpamLabOptions {
+    /// The node's instance type in the emulator (its ENI and address limits).
+    pub instance_type: String,
+    /// The VPC CNI's variables for the agent (`WARM_ENI_TARGET`, ...).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// More `vpcnet-agent run` arguments (shorter intervals in tests).
+    #[serde(default)]
+    pub agent_args: Vec<String>,
+}
+
+impl IpamLabOptions {
+    /// `instance_type` with the VPC CNI's defaults.
+    pub fn new(instance_type: &str) -> Self {
+        Self {
+            instance_type: instance_type.to_owned(),
+            env: Vec::new(),
+            agent_args: Vec::new(),
+        }
+    }
 }
 
 fn one() -> usize {
@@ -222,6 +251,7 @@ impl Default for LabOptions {
             sg_enforcing_mode: EnforcingMode::Strict,
             node_port: None,
             filler_pods: 0,
+            ipam: None,
         }
     }
 }
@@ -250,6 +280,14 @@ impl LabOptions {
     /// Checks everything that can be checked before anything is built.
     pub fn validate(&self) -> Result<()> {
         self.validate_settings()?;
+        if self.ipam.is_some()
+            && (self.datapath != Datapath::Ebpf || self.pods != 0 || self.enis != 1)
+        {
+            return Err(LabError::InvalidOption(
+                "the address manager runs with the ebpf datapath, no static pods and one ENI"
+                    .into(),
+            ));
+        }
         if self.datapath == Datapath::Ebpf {
             let Some(agent) = &self.agent_bin else {
                 return Err(LabError::InvalidOption(

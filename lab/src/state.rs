@@ -203,6 +203,22 @@ pub fn agent_pid_file() -> PathBuf {
     state_dir().join("agent.pid")
 }
 
+/// The EC2 emulator's pid (an address-manager lab).
+pub fn emulator_pid_file() -> PathBuf {
+    state_dir().join("ec2.pid")
+}
+
+/// The agent's CNI backend socket (an address-manager lab).
+pub fn cni_socket_file() -> PathBuf {
+    state_dir().join("cni.sock")
+}
+
+/// The agent's IPAM checkpoint (`AWS_VPC_K8S_CNI_BACKING_STORE`) in an
+/// address-manager lab.
+pub fn ipam_checkpoint_file() -> PathBuf {
+    state_dir().join("ipam.json")
+}
+
 /// The node layout the lab writes for the agent (`--layout`).
 pub fn layout_file() -> PathBuf {
     state_dir().join("layout.json")

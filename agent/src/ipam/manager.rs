@@ -576,6 +576,13 @@ impl Manager {
                     Err(e) => return Err(e.into()),
                 }
             }
+            if self.plan_growth().await.is_none() {
+                // Full: every ENI slot and address in use, or max pods.
+                bump(&me.counters.assign_failures, 1);
+                return Err(ManagerError::NoAddress(
+                    "the node is at its ENI, address or max-pods limit",
+                ));
+            }
             me.wake.notify_one();
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 bump(&me.counters.assign_failures, 1);

@@ -1,0 +1,236 @@
+//! An address-manager lab for tests: the real agent with `--ipam` against
+//! the lab's EC2 emulator, driven through the CNI backend as the plugin
+//! drives it, and the emulator's state to check what EC2 holds.
+
+use std::{
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use tonic::{Code, transport::Channel};
+use vpcnet_api::cni::{
+    AddNetworkReply, AddNetworkRequest, DelNetworkRequest, IpamStatusReply, IpamStatusRequest,
+    PodKey, cni_backend_client::CniBackendClient,
+};
+use vpcnet_lab::{
+    IpamLabOptions, Lab, LabOptions, cni_socket_file,
+    ec2::{EmulatorProcess, model::StateSnapshot},
+};
+
+use crate::agent_binary;
+
+/// Intervals short enough for tests: a pass every 200 ms, ENIs freed after
+/// a second.
+pub const FAST_AGENT_ARGS: &[&str] = &[
+    "--reconcile-interval",
+    "0.2",
+    "--min-eni-lifetime",
+    "1",
+    "--vpc-cidr-interval",
+    "1",
+];
+
+/// The lab, a runtime and a client of the agent's CNI backend.
+pub struct IpamLab {
+    pub lab: Lab,
+    runtime: tokio::runtime::Runtime,
+    client: Option<CniBackendClient<Channel>>,
+}
+
+/// A pod's IPAM key for container `id`.
+#[must_use]
+pub fn pod(id: usize) -> PodKey {
+    PodKey {
+        network_name: "aws-cni".into(),
+        container_id: format!("{id:064x}"),
+        if_name: "eth0".into(),
+        k8s_pod_namespace: "default".into(),
+        k8s_pod_name: format!("pod-{id}"),
+    }
+}
+
+impl IpamLab {
+    /// Brings up a lab whose node is an `instance_type`, the agent running
+    /// with the VPC CNI variables `env`.
+    pub fn up(instance_type: &str, env: &[(&str, &str)]) -> Self {
+        let mut ipam = IpamLabOptions::new(instance_type);
+        ipam.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        ipam.agent_args = FAST_AGENT_ARGS.iter().map(|a| (*a).to_owned()).collect();
+        let opts = LabOptions {
+            ipam: Some(ipam),
+            ..LabOptions::ebpf(0, agent_binary())
+        };
+        let lab = Lab::up(&opts).expect("bringing up the address-manager lab");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let mut lab = Self {
+            lab,
+            runtime,
+            client: None,
+        };
+        lab.connect();
+        lab
+    }
+
+    /// (Re)connects to the agent's socket.
+    pub fn connect(&mut self) {
+        let client = self
+            .runtime
+            .block_on(vpcnet_api::connect_cni(cni_socket_file()))
+            .expect("connecting to the agent's CNI backend");
+        self.client = Some(client);
+    }
+
+    fn client(&mut self) -> CniBackendClient<Channel> {
+        self.client.clone().expect("connected")
+    }
+
+    /// CNI ADD.
+    pub fn add(&mut self, id: usize) -> Result<AddNetworkReply, tonic::Status> {
+        let mut client = self.client();
+        self.runtime
+            .block_on(client.add_network(AddNetworkRequest {
+                pod: Some(pod(id)),
+                netns: format!("/var/run/netns/test-{id}"),
+            }))
+            .map(tonic::Response::into_inner)
+    }
+
+    /// CNI DEL; the address released, if any.
+    pub fn del(&mut self, id: usize) -> Result<Option<Ipv4Addr>, tonic::Status> {
+        let mut client = self.client();
+        let reply = self
+            .runtime
+            .block_on(client.del_network(DelNetworkRequest { pod: Some(pod(id)) }))?
+            .into_inner();
+        Ok((!reply.ipv4_addr.is_empty()).then(|| reply.ipv4_addr.parse().expect("an address")))
+    }
+
+    /// The agent's pool.
+    pub fn status(&mut self) -> IpamStatusReply {
+        let mut client = self.client();
+        self.runtime
+            .block_on(client.ipam_status(IpamStatusRequest {}))
+            .expect("IpamStatus")
+            .into_inner()
+    }
+
+    pub fn emulator(&self) -> &EmulatorProcess {
+        self.lab.emulator().expect("an address-manager lab")
+    }
+
+    /// What EC2 holds.
+    pub fn ec2_state(&self) -> StateSnapshot {
+        self.emulator()
+            .admin()
+            .state()
+            .expect("the emulator's state")
+    }
+
+    /// Waits (bounded) for `done` on the agent's status: the agent reports
+    /// no events for the pool settling, so this polls its status.
+    pub fn wait_status(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&IpamStatusReply) -> bool,
+    ) -> IpamStatusReply {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status();
+            if done(&status) {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {timeout:?}; last status {status:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits (bounded) for `done` on EC2's state (polled: EC2 has no
+    /// notifications either).
+    pub fn wait_ec2(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&StateSnapshot) -> bool,
+    ) -> StateSnapshot {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let state = self.ec2_state();
+            if done(&state) {
+                return state;
+            }
+            assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// ADDs pods `from..` until the node is full (RESOURCE_EXHAUSTED), with
+    /// no other error; returns the addresses in order and the time the last
+    /// one took to arrive.
+    pub fn fill(&mut self, from: usize, limit: usize) -> (Vec<Ipv4Addr>, Duration) {
+        let started = Instant::now();
+        let mut addrs = Vec::new();
+        let mut last = Duration::ZERO;
+        for id in from..from + limit {
+            match self.add(id) {
+                Ok(reply) => {
+                    addrs.push(reply.ipv4_addr.parse().expect("an address"));
+                    last = started.elapsed();
+                }
+                Err(status) if status.code() == Code::ResourceExhausted => break,
+                Err(status) => panic!("ADD of pod {id} failed: {status}"),
+            }
+        }
+        (addrs, last)
+    }
+}
+
+/// What EC2 holds for `instance`: its attached ENIs, their addresses
+/// available to pods (secondaries and prefix addresses), and every ENI not
+/// attached to anything.
+#[derive(Debug)]
+pub struct Ec2Holdings {
+    pub attached_enis: usize,
+    pub pod_addrs: BTreeSet<Ipv4Addr>,
+    pub detached_enis: Vec<String>,
+}
+
+#[must_use]
+pub fn holdings(state: &StateSnapshot, instance: &str) -> Ec2Holdings {
+    let mine: Vec<_> = state
+        .enis
+        .iter()
+        .filter(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == instance)
+        })
+        .collect();
+    let mut pod_addrs = BTreeSet::new();
+    for eni in &mine {
+        pod_addrs.extend(eni.secondary_ips.iter().copied());
+        for prefix in &eni.prefixes {
+            pod_addrs.extend(prefix.hosts().chain([prefix.network(), prefix.broadcast()]));
+        }
+    }
+    Ec2Holdings {
+        attached_enis: mine.len(),
+        pod_addrs,
+        detached_enis: state
+            .enis
+            .iter()
+            .filter(|e| e.attachment.is_none())
+            .map(|e| e.id.clone())
+            .collect(),
+    }
+}
