@@ -40,6 +40,8 @@ use crate::cloud::{
 pub const LEAKED_ENI_GRACE: Duration = Duration::from_mins(5);
 /// Events kept for `IpamStatus`.
 const EVENTS_KEPT: usize = 64;
+/// How often an ADD waiting on cooling addresses looks again.
+const COOLDOWN_RECHECK: Duration = Duration::from_millis(100);
 /// How long an attach or detach may take before it counts as failed.
 const ATTACH_TIMEOUT: Duration = Duration::from_mins(1);
 
@@ -539,6 +541,8 @@ impl Manager {
         loop {
             let mut changed = pin!(me.pool_changed.notified());
             changed.as_mut().enable();
+            // Free addresses ADD could not take are cooling down.
+            let cooling;
             {
                 let mut st = me.state.lock().await;
                 match st
@@ -572,11 +576,13 @@ impl Manager {
                         me.wake.notify_one();
                         return Ok(reply);
                     }
-                    Err(DatastoreError::NoFreeAddress) => {}
+                    Err(DatastoreError::NoFreeAddress) => {
+                        cooling = st.datastore.stats().available() > 0;
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
-            if self.plan_growth().await.is_none() {
+            if !cooling && self.plan_growth().await.is_none() {
                 // Full: every ENI slot and address in use, or max pods.
                 bump(&me.counters.assign_failures, 1);
                 return Err(ManagerError::NoAddress(
@@ -584,7 +590,15 @@ impl Manager {
                 ));
             }
             me.wake.notify_one();
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            // A cooldown ends without an event: look again shortly.
+            let wake_at = if cooling {
+                deadline.min(tokio::time::Instant::now() + COOLDOWN_RECHECK)
+            } else {
+                deadline
+            };
+            if tokio::time::timeout_at(wake_at, changed).await.is_err()
+                && tokio::time::Instant::now() >= deadline
+            {
                 bump(&me.counters.assign_failures, 1);
                 return Err(ManagerError::NoAddress(
                     "no free address on the node and the pool could not grow in time",
