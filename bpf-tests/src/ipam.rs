@@ -21,13 +21,15 @@ use vpcnet_lab::{
 use crate::agent_binary;
 
 /// Intervals short enough for tests: a pass every 200 ms, ENIs freed after
-/// a second.
+/// a second, leaked ENIs looked for every second or so.
 pub const FAST_AGENT_ARGS: &[&str] = &[
     "--reconcile-interval",
     "0.2",
     "--min-eni-lifetime",
     "1",
     "--vpc-cidr-interval",
+    "1",
+    "--leaked-eni-interval",
     "1",
 ];
 

@@ -1,0 +1,171 @@
+//! The address manager and EC2's harder answers: prefix delegation in a
+//! fragmented subnet falls back to single addresses (and says so), and
+//! leaked ENIs are cleaned up while the operator's `no_manage` ENIs and
+//! fresh ones another node may be attaching are left alone.
+//!
+//! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
+//! --test ipam_cloud -- --test-threads=1 --nocapture`.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+
+use ipnet::Ipv4Net;
+use vpcnet_agent::cloud::{TAG_CREATED_AT, TAG_INSTANCE_ID, TAG_NO_MANAGE};
+use vpcnet_bpf_tests::ipam::{IpamLab, holdings};
+use vpcnet_lab::ec2::config::LAB_NODE_SUBNET_ID;
+
+fn lab_lock() -> vpcnet_lab::LabLock {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the address-manager tests need root (network namespaces, eBPF)"
+    );
+    let lock = vpcnet_lab::serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    lock
+}
+
+#[test]
+fn prefix_delegation_falls_back_to_addresses_when_no_28_is_free() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up(
+        "m5.large",
+        &[
+            ("ENABLE_PREFIX_DELEGATION", "true"),
+            ("WARM_PREFIX_TARGET", "1"),
+            ("IP_COOLDOWN_PERIOD", "1"),
+        ],
+    );
+    let instance = lab.emulator().instance_id().to_owned();
+    let state = lab.wait_ec2("the first prefix", Duration::from_secs(30), |s| {
+        s.enis.iter().any(|e| !e.prefixes.is_empty())
+    });
+    // Fragment the node subnet: one address taken in every /28 nobody uses,
+    // plenty of single addresses left.
+    let used: Vec<Ipv4Addr> = state
+        .enis
+        .iter()
+        .flat_map(|e| {
+            e.addresses()
+                .chain(e.prefixes.iter().flat_map(|p| p.hosts()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let subnet: Ipv4Net = "10.20.11.0/24".parse().expect("CIDR");
+    let blocks = subnet.subnets(28).expect("/28s");
+    let taken: Vec<Ipv4Addr> = blocks
+        .filter(|b| !used.iter().any(|a| b.contains(a)))
+        .map(|b| Ipv4Addr::from(u32::from(b.network()) + 9))
+        .collect();
+    let after = lab
+        .emulator()
+        .admin()
+        .occupy(LAB_NODE_SUBNET_ID, &taken, &[])
+        .expect("fragmenting the subnet");
+    let view = after.subnet(LAB_NODE_SUBNET_ID).expect("the node subnet");
+    assert_eq!(view.free_prefix_count, 0, "no free /28 left");
+    assert!(
+        view.available_ip_address_count > 100,
+        "single addresses left"
+    );
+
+    // More pods than one prefix holds: the pool must grow without prefixes.
+    let (addrs, _) = lab.fill(0, 40);
+    assert_eq!(addrs.len(), 40, "every pod got an address");
+    let status = lab.status();
+    assert!(status.prefix_fallback, "the agent says it fell back");
+    assert!(
+        status.counters["vpcnet_ipam_prefix_fallbacks_total"] >= 1,
+        "the fallback metric counts it: {:?}",
+        status.counters
+    );
+    let event = status
+        .events
+        .iter()
+        .find(|e| e.reason == "PrefixDelegationFallback")
+        .expect("a PrefixDelegationFallback event");
+    assert!(
+        event.message.contains("InsufficientCidrBlocks"),
+        "{}",
+        event.message
+    );
+    let ec2 = lab.ec2_state();
+    let secondaries: usize = ec2
+        .enis
+        .iter()
+        .filter(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == instance)
+        })
+        .map(|e| e.secondary_ips.len())
+        .sum();
+    assert!(
+        secondaries >= 40 - 16,
+        "the rest are secondary addresses: {secondaries}"
+    );
+    let ec2 = holdings(&ec2, &instance);
+    for addr in &addrs {
+        assert!(
+            ec2.pod_addrs.contains(addr),
+            "{addr} is not the node's in EC2"
+        );
+    }
+    println!(
+        "prefix delegation: 1 prefix, then InsufficientCidrBlocks; fell back to {secondaries} secondary addresses; event: {}",
+        event.message
+    );
+    lab.lab.down().expect("taking the lab down");
+}
+
+#[test]
+fn leaked_enis_are_deleted_but_not_fresh_or_no_manage_ones() {
+    let _lock = lab_lock();
+    let lab = IpamLab::up("m5.large", &[("CLUSTER_NAME", "lab")]);
+    let admin = lab.emulator().admin();
+    let tags = |created: &str, extra: &[(&str, &str)]| {
+        let mut tags: BTreeMap<String, String> = [
+            (TAG_INSTANCE_ID, "i-0gone0000000000"),
+            (TAG_CREATED_AT, created),
+            ("cluster.k8s.amazonaws.com/name", "lab"),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        tags.retain(|_, v| !v.is_empty());
+        tags
+    };
+    let now = vpcnet_agent::cloud::time_now_rfc3339();
+    let leaked = admin
+        .create_leaked_eni(LAB_NODE_SUBNET_ID, &tags("2026-01-01T00:00:00Z", &[]), 2)
+        .expect("a leaked ENI");
+    let fresh = admin
+        .create_leaked_eni(LAB_NODE_SUBNET_ID, &tags(&now, &[]), 0)
+        .expect("a fresh ENI");
+    let kept = admin
+        .create_leaked_eni(
+            LAB_NODE_SUBNET_ID,
+            &tags("2026-01-01T00:00:00Z", &[(TAG_NO_MANAGE, "true")]),
+            0,
+        )
+        .expect("a no_manage ENI");
+    let untagged_time = admin
+        .create_leaked_eni(LAB_NODE_SUBNET_ID, &tags("", &[]), 0)
+        .expect("an ENI without createdAt");
+
+    let state = lab.wait_ec2("the leaked ENI deleted", Duration::from_secs(30), |s| {
+        s.eni(&leaked).is_none()
+            && s.eni(&untagged_time)
+                .is_some_and(|e| e.tags.contains_key(TAG_CREATED_AT))
+    });
+    assert!(
+        state.eni(&fresh).is_some(),
+        "an ENI younger than 5 minutes stays"
+    );
+    assert!(state.eni(&kept).is_some(), "a no_manage ENI stays");
+    let untagged = state.eni(&untagged_time).expect("kept");
+    println!(
+        "leaked-ENI sweep: deleted {leaked} (created 2026-01-01), kept {fresh} (fresh) and {kept} (no_manage), tagged {} createdAt={}",
+        untagged.id, untagged.tags[TAG_CREATED_AT]
+    );
+    drop(lab);
+}
