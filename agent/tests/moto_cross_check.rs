@@ -22,6 +22,7 @@ use std::{
     fs::File,
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpStream},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -59,14 +60,23 @@ const SEED: u32 = 4;
 /// The pause between two connection attempts while moto starts.
 const POLL_PAUSE: Duration = Duration::from_millis(20);
 
+/// The test's namespaces are `vpcnet-moto-<pid>`.
+const NS_PREFIX: &str = "vpcnet-moto-";
+
 /// A network namespace of the test's own, removed when dropped (also when
 /// the test fails).
 struct Netns(String);
 
 impl Netns {
     fn new(name: String) -> Self {
-        // One left by a run that was killed before its guards ran.
-        let _ = vpcnet_lab::netns::delete_namespaces(std::slice::from_ref(&name));
+        // Ones left by runs killed before their guards ran: with the lab's
+        // lock held, no other run is using any.
+        let stale: Vec<String> = vpcnet_lab::netns::lab_namespaces()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|ns| ns.starts_with(NS_PREFIX))
+            .collect();
+        let _ = vpcnet_lab::netns::delete_namespaces(&stale);
         vpcnet_lab::netns::create_namespaces(std::slice::from_ref(&name))
             .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
         let netns = Self(name);
@@ -104,7 +114,19 @@ impl Moto {
         let out = File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
         let err = out.try_clone().unwrap();
         // nsenter (no --fork) execs moto_server in place: the child is moto.
-        let child = Command::new("nsenter")
+        let mut command = Command::new("nsenter");
+        // SAFETY: the closure runs in the child between fork and exec and
+        // makes one async-signal-safe system call.
+        unsafe {
+            // Killed with the test's thread even if the test is killed
+            // before its guards run (the signal survives exec: nsenter is
+            // not set-uid).
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let child = command
             .arg(format!(
                 "--net={}",
                 vpcnet_lab::netns::netns_path(ns).display()
@@ -300,7 +322,7 @@ fn cloud_calls_parse_and_behave_against_moto() {
         std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
     }
     // Locals drop in reverse order: moto, then its namespace, then the lock.
-    let netns = Netns::new(format!("vpcnet-moto-{}", std::process::id()));
+    let netns = Netns::new(format!("{NS_PREFIX}{}", std::process::id()));
     let _moto = Moto::start(&netns.0);
     let endpoint = format!("http://127.0.0.1:{PORT}");
     vpcnet_lab::run_in(&netns.0, || {
