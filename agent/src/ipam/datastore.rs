@@ -257,9 +257,11 @@ impl Datastore {
         })
     }
 
-    /// The counts the pool decisions use (ENIs excluded for pods do not count).
+    /// The counts the pool decisions use at `now` (ENIs excluded for pods
+    /// do not count): addresses still in their cooldown at `now` are
+    /// `cooling_ips`.
     #[must_use]
-    pub fn stats(&self) -> PoolStats {
+    pub fn stats(&self, now: Instant) -> PoolStats {
         let mut stats = PoolStats::default();
         let mut prefixes: BTreeMap<Ipv4Net, bool> = BTreeMap::new();
         for eni in self.enis.values().filter(|e| !e.excluded_for_pods) {
@@ -268,6 +270,8 @@ impl Datastore {
                 let assigned = matches!(a.state, AddrState::Assigned { .. });
                 if assigned {
                     stats.assigned_ips += 1;
+                } else if !a.is_idle(now, self.cooldown) {
+                    stats.cooling_ips += 1;
                 }
                 if let Some(prefix) = a.prefix {
                     *prefixes.entry(prefix).or_default() |= assigned;
@@ -479,7 +483,7 @@ mod tests {
             Err(DatastoreError::NoFreeAddress)
         );
         assert_eq!(
-            ds.stats(),
+            ds.stats(now),
             PoolStats {
                 total_ips: 3,
                 assigned_ips: 3,
@@ -497,6 +501,13 @@ mod tests {
         }
         let freed = ds.release(&key("a"), t0).unwrap();
         assert_eq!(ds.release(&key("a"), t0), None, "DEL twice");
+        let cooling = |at: Duration| {
+            let s = ds.stats(t0 + at);
+            (s.assigned_ips, s.cooling_ips, s.available())
+        };
+        assert_eq!(cooling(Duration::ZERO), (2, 1, 1), "cooling, yet available");
+        assert_eq!(cooling(Duration::from_secs(29)), (2, 1, 1));
+        assert_eq!(cooling(Duration::from_secs(30)), (2, 0, 1), "rested");
         assert_eq!(
             ds.assign(&key("d"), &pod("d"), t0 + Duration::from_secs(29), 1),
             Err(DatastoreError::NoFreeAddress),
@@ -517,7 +528,7 @@ mod tests {
         ds.add_prefix("eni-0", "10.20.11.48/28".parse().unwrap())
             .unwrap();
         ds.assign(&key("a"), &pod("a"), Instant::now(), 1).unwrap();
-        let s = ds.stats();
+        let s = ds.stats(Instant::now());
         assert_eq!(
             (
                 s.total_ips,
@@ -543,7 +554,7 @@ mod tests {
                 .eni,
             "eni-1"
         );
-        assert_eq!(ds.stats().total_ips, 1);
+        assert_eq!(ds.stats(Instant::now()).total_ips, 1);
     }
 
     #[test]

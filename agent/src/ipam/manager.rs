@@ -577,7 +577,7 @@ impl Manager {
                         return Ok(reply);
                     }
                     Err(DatastoreError::NoFreeAddress) => {
-                        cooling = st.datastore.stats().available() > 0;
+                        cooling = st.datastore.stats(Instant::now()).available() > 0;
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -635,7 +635,7 @@ impl Manager {
         let me = &self.inner;
         let st = me.state.lock().await;
         IpamStatus {
-            stats: st.datastore.stats(),
+            stats: st.datastore.stats(Instant::now()),
             enis: st.enis.len(),
             max_enis: me.node.max_enis,
             max_pods: me.node.max_pods,
@@ -743,7 +743,7 @@ impl Manager {
         let me = &self.inner;
         let st = me.state.lock().await;
         let prefixes = me.opts.settings.prefix_delegation && !st.prefix_fallback;
-        let stats = st.datastore.stats();
+        let stats = st.datastore.stats(Instant::now());
         // Judged by the configured mode: after a fallback, addresses fill
         // the same targets prefixes would have.
         let configured = self.targets(me.opts.settings.prefix_delegation);
@@ -931,7 +931,7 @@ impl Manager {
             let mut st = me.state.lock().await;
             let prefixes = me.opts.settings.prefix_delegation;
             let targets = self.targets(prefixes);
-            let stats = st.datastore.stats();
+            let stats = st.datastore.stats(now);
             let mut release: Option<(String, Vec<Ipv4Addr>, Vec<Ipv4Net>)> = None;
             if targets.pool_too_high(&stats) {
                 let over = targets.target_state(&stats).map_or_else(
@@ -1013,7 +1013,7 @@ impl Manager {
     fn freeable_eni(&self, st: &mut State, now: Instant) -> Option<String> {
         let me = &self.inner;
         let targets = self.targets(me.opts.settings.prefix_delegation);
-        let stats = st.datastore.stats();
+        let stats = st.datastore.stats(now);
         let cooldown = me.opts.settings.ip_cooldown;
         let mut candidates: Vec<(&String, &EniRecord)> = st
             .datastore

@@ -17,25 +17,37 @@ pub struct PoolTargets {
     pub minimum_ip_target: usize,
     pub warm_prefix_target: usize,
     pub prefix_delegation: bool,
-    /// Secondary addresses one ENI of this instance type holds.
+    /// Secondary address slots of one ENI of this instance type (its IPv4
+    /// addresses less the primary). With prefix delegation each slot holds
+    /// a /28, so an ENI's worth is `max_ips_per_eni * IPS_PER_PREFIX`
+    /// addresses, as ipamd's `maxIPsPerENI` is then (`GetIPv4Limit`).
     pub max_ips_per_eni: usize,
     /// The node's max pods: the pool never grows past it.
     pub max_pods: usize,
 }
 
-/// The datastore's counts.
+/// The datastore's counts (ipamd's `DataStoreStats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// Addresses the node holds (secondary addresses, or the addresses of its prefixes).
     pub total_ips: usize,
     /// Addresses assigned to pods.
     pub assigned_ips: usize,
-    /// Prefixes the node holds, and those with no address assigned.
+    /// Free addresses still in their cooldown (`IP_COOLDOWN_PERIOD`): no pod
+    /// gets them yet. ipamd's `CooldownIPs`, and like it only reported: the
+    /// decisions below count them as available, as ipamd does (its
+    /// `AvailableAddresses` is total less assigned; see the cooldown rows of
+    /// the tests).
+    pub cooling_ips: usize,
+    /// Prefixes the node holds, and those with no address assigned (a prefix
+    /// whose addresses are only cooling counts as free, as in ipamd's
+    /// `GetFreePrefixes`).
     pub total_prefixes: usize,
     pub free_prefixes: usize,
 }
 
 impl PoolStats {
+    /// Addresses no pod holds, cooling ones included (ipamd's `AvailableAddresses`).
     #[must_use]
     pub fn available(&self) -> usize {
         self.total_ips.saturating_sub(self.assigned_ips)
@@ -129,143 +141,423 @@ impl PoolTargets {
             // Checked address by address when choosing the ENI.
             return true;
         }
-        // One unit more than the target, so freeing never goes below it.
-        let warm_target = if self.prefix_delegation {
-            self.warm_prefix_target + 1
+        // One unit more than the target, so freeing never goes below it,
+        // times an ENI's worth of addresses (ipamd's `maxIPsPerENI`: the
+        // slots, times 16 with prefixes), whichever the target's unit.
+        let (warm_target, ips_per_eni) = if self.prefix_delegation {
+            (
+                self.warm_prefix_target + 1,
+                self.max_ips_per_eni * IPS_PER_PREFIX,
+            )
         } else {
-            self.warm_eni_target + 1
+            (self.warm_eni_target + 1, self.max_ips_per_eni)
         };
-        stats.available() >= warm_target * self.max_ips_per_eni
+        stats.available() >= warm_target * ips_per_eni
             || (self.prefix_delegation && freeable_eni_exists)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    //! One table per decision (two for ENI removal: without and with a
+    //! freeable ENI). A row is (name, targets, stats, expected, reason).
+    //! Rows named after an upstream test reproduce its values (see
+    //! `pkg/ipamd/ipamd_test.go` in aws/amazon-vpc-cni-k8s, v1.23.1); "docs"
+    //! rows are steady states from its `docs/eni-and-ip-target.md` table.
+    //! Every failing row is reported by name.
+
+    use std::fmt::Debug;
+
     use super::*;
 
-    /// An m4.4xlarge: 30 addresses per ENI.
-    fn m4_4xlarge() -> PoolTargets {
+    type Row<W> = (&'static str, PoolTargets, PoolStats, W, &'static str);
+
+    /// Checks every row, then fails once, naming each row that did not hold.
+    fn check<W: PartialEq + Debug>(
+        decision: &str,
+        rows: &[Row<W>],
+        decide: impl Fn(&PoolTargets, &PoolStats) -> W,
+    ) {
+        let failures: Vec<String> = rows
+            .iter()
+            .filter_map(|(name, targets, stats, want, why)| {
+                let got = decide(targets, stats);
+                (got != *want).then(|| {
+                    format!(
+                        "{decision}: row {name:?}: got {got:?}, want {want:?} ({why})\n  \
+                         targets {targets:?}\n  stats {stats:?}"
+                    )
+                })
+            })
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// Secondary-IP mode: `WARM_ENI_TARGET`, `WARM_IP_TARGET`,
+    /// `MINIMUM_IP_TARGET`, address slots per ENI, max pods.
+    const fn ips(
+        warm_eni: usize,
+        warm_ip: usize,
+        minimum_ip: usize,
+        per_eni: usize,
+        max_pods: usize,
+    ) -> PoolTargets {
         PoolTargets {
-            warm_eni_target: 1,
-            warm_ip_target: 0,
-            minimum_ip_target: 0,
+            warm_eni_target: warm_eni,
+            warm_ip_target: warm_ip,
+            minimum_ip_target: minimum_ip,
             warm_prefix_target: 0,
             prefix_delegation: false,
-            max_ips_per_eni: 30,
-            max_pods: 234,
+            max_ips_per_eni: per_eni,
+            max_pods,
         }
     }
 
-    fn stats(total_ips: usize, assigned_ips: usize) -> PoolStats {
+    /// Prefix mode: `WARM_PREFIX_TARGET`, `WARM_IP_TARGET`,
+    /// `MINIMUM_IP_TARGET`, prefix slots per ENI, max pods
+    /// (`WARM_ENI_TARGET` left at its default 1: prefix mode ignores it).
+    const fn pd(
+        warm_prefix: usize,
+        warm_ip: usize,
+        minimum_ip: usize,
+        per_eni: usize,
+        max_pods: usize,
+    ) -> PoolTargets {
+        PoolTargets {
+            warm_eni_target: 1,
+            warm_ip_target: warm_ip,
+            minimum_ip_target: minimum_ip,
+            warm_prefix_target: warm_prefix,
+            prefix_delegation: true,
+            max_ips_per_eni: per_eni,
+            max_pods,
+        }
+    }
+
+    /// Secondary addresses: total, assigned, cooling.
+    const fn st(total_ips: usize, assigned_ips: usize, cooling_ips: usize) -> PoolStats {
         PoolStats {
             total_ips,
             assigned_ips,
-            ..PoolStats::default()
+            cooling_ips,
+            total_prefixes: 0,
+            free_prefixes: 0,
         }
     }
 
+    /// Prefixes: held, free (nothing assigned), addresses assigned, cooling.
+    const fn pfx(
+        prefixes: usize,
+        free: usize,
+        assigned_ips: usize,
+        cooling_ips: usize,
+    ) -> PoolStats {
+        PoolStats {
+            total_ips: prefixes * IPS_PER_PREFIX,
+            assigned_ips,
+            cooling_ips,
+            total_prefixes: prefixes,
+            free_prefixes: free,
+        }
+    }
+
+    const fn ts(short: usize, over: usize) -> TargetState {
+        TargetState { short, over }
+    }
+
+    // Instance types: address (or prefix) slots per ENI and max pods.
+    const T3_SMALL: (usize, usize) = (3, 11);
+    const M5_LARGE: (usize, usize) = (9, 29);
+    const M4_4XLARGE: (usize, usize) = (29, 234);
+    const P3DN_24XLARGE: (usize, usize) = (49, 737);
+
     #[test]
-    fn warm_eni_target_keeps_a_whole_free_eni() {
-        let t = m4_4xlarge();
-        // 9 pods on one ENI: 21 free < 30: allocate the next ENI.
-        assert!(t.pool_too_low(&stats(30, 9)));
-        // Two ENIs: 51 free, one ENI's worth: enough.
-        assert!(!t.pool_too_low(&stats(60, 9)));
-        // Never too high with `WARM_ENI_TARGET` alone; an ENI goes only when
-        // two ENIs' worth are free.
-        assert!(!t.pool_too_high(&stats(90, 9)));
-        assert!(!t.should_remove_extra_enis(&stats(60, 9), false));
-        assert!(t.should_remove_extra_enis(&stats(90, 9), false));
+    #[rustfmt::skip]
+    fn datastore_target_state() {
+        let (t3, t3_pods) = T3_SMALL;
+        let (m5, m5_pods) = M5_LARGE;
+        let (p3, p3_pods) = P3DN_24XLARGE;
+        let rows: &[Row<Option<TargetState>>] = &[
+            // Secondary-IP mode.
+            ("WARM_ENI_TARGET alone: disabled", ips(1, 0, 0, m5, m5_pods), st(9, 3, 0), None,
+             "TestGetWarmIPTargetState: no IP target, enabled false"),
+            ("WARM_IP_TARGET 5, empty", ips(1, 5, 0, m5, m5_pods), st(0, 0, 0), Some(ts(5, 0)),
+             "TestGetWarmIPTargetState"),
+            ("WARM_IP_TARGET 5, 2 free", ips(1, 5, 0, m5, m5_pods), st(2, 0, 0), Some(ts(3, 0)),
+             "TestGetWarmIPTargetState"),
+            ("WARM_IP_TARGET 5, 5 free", ips(1, 5, 0, m5, m5_pods), st(5, 0, 0), Some(ts(0, 0)),
+             "TestGetWarmIPTargetState"),
+            ("WARM_IP_TARGET 1, 4 held 2 assigned", ips(1, 1, 0, m5, m5_pods), st(4, 2, 0), Some(ts(0, 1)),
+             "TestDecreaseIPPool: one beyond the warm one"),
+            ("WARM_IP_TARGET 1, after the decrease", ips(1, 1, 0, m5, m5_pods), st(3, 2, 0), Some(ts(0, 0)),
+             "TestDecreaseIPPool"),
+            ("MINIMUM_IP_TARGET 10 alone, empty", ips(1, 0, 10, m5, m5_pods), st(0, 0, 0), Some(ts(10, 0)),
+             "the minimum alone counts in total addresses"),
+            ("MINIMUM_IP_TARGET 10 alone, 12 held", ips(1, 0, 10, m5, m5_pods), st(12, 2, 0), Some(ts(0, 2)),
+             "with no warm target every free address is over, down to the minimum"),
+            ("both: WARM 1 MIN 12, 9 pods on 12", ips(1, 1, 12, m5, m5_pods), st(12, 9, 0), Some(ts(0, 0)),
+             "docs: the minimum holds 2 more than the warm target"),
+            ("both: WARM 1 MIN 12, 9 pods on 10", ips(1, 1, 12, m5, m5_pods), st(10, 9, 0), Some(ts(2, 0)),
+             "short of the minimum, not of the warm target"),
+            ("both: WARM 1 MIN 12, 9 pods on 20", ips(1, 1, 12, m5, m5_pods), st(20, 9, 0), Some(ts(0, 8)),
+             "10 beyond the warm one, but only 8 above the minimum"),
+            ("docs t3.small WARM 1 MIN 1, 5 pods", ips(0, 1, 1, t3, t3_pods), st(6, 5, 0), Some(ts(0, 0)),
+             "docs table: 6 addresses, 1 unused"),
+            ("docs t3.small WARM 2 MIN 5, 0 pods", ips(0, 2, 5, t3, t3_pods), st(5, 0, 0), Some(ts(0, 0)),
+             "docs table: the minimum's 5"),
+            ("docs t3.small WARM 2 MIN 5, 5 pods", ips(0, 2, 5, t3, t3_pods), st(7, 5, 0), Some(ts(0, 0)),
+             "docs table: 7 addresses, 2 unused"),
+            ("docs t3.small WARM 2 MIN 5, 9 pods", ips(0, 2, 5, t3, t3_pods), st(9, 9, 0), Some(ts(2, 0)),
+             "docs table: 3 full ENIs, still short (no ENI left to add)"),
+            ("docs p3dn WARM 5 MIN 10, 0 pods", ips(0, 5, 10, p3, p3_pods), st(10, 0, 0), Some(ts(0, 0)),
+             "docs table"),
+            ("docs p3dn WARM 5 MIN 10, 15 pods", ips(0, 5, 10, p3, p3_pods), st(20, 15, 0), Some(ts(0, 0)),
+             "docs table"),
+            ("docs p3dn WARM 5 MIN 10, 45 pods", ips(0, 5, 10, p3, p3_pods), st(50, 45, 0), Some(ts(0, 0)),
+             "docs table: 49 + 1 over two ENIs"),
+            ("WARM_IP_TARGET 20 > ENI of 9, one ENI", ips(1, 20, 0, m5, m5_pods), st(9, 0, 0), Some(ts(11, 0)),
+             "a target larger than one ENI: short past the ENI"),
+            ("WARM_IP_TARGET 20 > ENI of 9, two ENIs", ips(1, 20, 0, m5, m5_pods), st(18, 0, 0), Some(ts(2, 0)),
+             "still short after a second full ENI"),
+            ("WARM_IP_TARGET 20 > ENI of 9, three ENIs", ips(1, 20, 0, m5, m5_pods), st(27, 0, 0), Some(ts(0, 7)),
+             "the third ENI overshoots by 7"),
+            ("cooldown: issue 2896 values", ips(0, 2, 23, m5, m5_pods), st(23, 19, 4), Some(ts(0, 0)),
+             "issue 2896: 4 cooling, none assignable, short stays 0: ipamd counts cooling as available"),
+            ("cooldown: issue 1700 values", ips(1, 2, 0, m5, m5_pods), st(18, 16, 2), Some(ts(0, 0)),
+             "issue 1700: 2 available, both cooling"),
+            // Prefix mode: in prefixes.
+            ("PD WARM_IP_TARGET 5, empty", pd(0, 5, 0, m5, 110), pfx(0, 0, 0, 0), Some(ts(1, 0)),
+             "TestGetWarmIPTargetStateWithPDenabled: 5 short rounds up to a prefix"),
+            ("PD WARM_IP_TARGET 5, 2 free prefixes", pd(0, 5, 0, m5, 110), pfx(2, 2, 0, 0), Some(ts(0, 1)),
+             "TestGetWarmIPTargetStateWithPDenabled"),
+            ("PD WARM_IP_TARGET 5, 1 free prefix", pd(0, 5, 0, m5, 110), pfx(1, 1, 0, 0), Some(ts(0, 0)),
+             "TestGetWarmIPTargetStateWithPDenabled"),
+            ("PD WARM_IP_TARGET 16, 1 assigned on 1", pd(0, 16, 0, m5, 110), pfx(1, 0, 1, 0), Some(ts(1, 0)),
+             "ipamd's comment: 1 assigned + 16 warm needs 2 prefixes"),
+            ("PD WARM_IP_TARGET 16, 1 assigned on 3", pd(0, 16, 0, m5, 110), pfx(3, 2, 1, 0), Some(ts(0, 1)),
+             "2 prefixes needed, the third is over"),
+            ("PD WARM_IP_TARGET 20 rounds up, empty", pd(0, 20, 0, m5, 110), pfx(0, 0, 0, 0), Some(ts(2, 0)),
+             "20 addresses: 2 prefixes"),
+            ("PD WARM_IP_TARGET 20 rounds up, 1 free", pd(0, 20, 0, m5, 110), pfx(1, 1, 0, 0), Some(ts(1, 0)),
+             "4 short: a whole prefix"),
+            ("PD MINIMUM_IP_TARGET 40 on 2 prefixes", pd(0, 0, 40, m5, 110), pfx(2, 2, 0, 0), Some(ts(1, 0)),
+             "8 short of the minimum: a prefix"),
+            ("PD MINIMUM_IP_TARGET 40 on 4 prefixes", pd(0, 0, 40, m5, 110), pfx(4, 4, 0, 0), Some(ts(0, 1)),
+             "the minimum needs 3"),
+            ("PD WARM_IP_TARGET 15 after churn", pd(0, 15, 0, m5, 110), pfx(3, 0, 3, 0), Some(ts(0, 0)),
+             "ipamd's comment: 3 prefixes with 1 pod each, none free, none over"),
+            ("PD cooldown: the only free prefix cooling", pd(0, 16, 0, m5, 110), pfx(2, 1, 16, 16), Some(ts(0, 0)),
+             "16 available (all cooling): not short, as in ipamd"),
+        ];
+        check("datastoreTargetState", rows, PoolTargets::target_state);
     }
 
     #[test]
-    fn warm_ip_and_minimum_ip_targets_replace_the_eni_target() {
-        // The VPC CNI's own example: `WARM_IP_TARGET`=1, `MINIMUM_IP_TARGET`=12,
-        // 9 pods: 12 addresses, 3 free.
-        let t = PoolTargets {
-            warm_ip_target: 1,
-            minimum_ip_target: 12,
-            ..m4_4xlarge()
-        };
-        assert_eq!(
-            t.target_state(&stats(12, 9)),
-            Some(TargetState { short: 0, over: 0 })
-        );
-        assert!(!t.pool_too_low(&stats(12, 9)));
-        assert!(!t.pool_too_high(&stats(12, 9)));
-        assert_eq!(
-            t.target_state(&stats(10, 9)),
-            Some(TargetState { short: 2, over: 0 })
-        );
-        // 20 addresses, 9 assigned: 10 free beyond the warm one, but only 8
-        // above the minimum may go.
-        assert_eq!(
-            t.target_state(&stats(20, 9)),
-            Some(TargetState { short: 0, over: 8 })
-        );
-        assert!(t.should_remove_extra_enis(&stats(20, 9), false));
+    #[rustfmt::skip]
+    fn pool_too_low() {
+        let (t3, t3_pods) = T3_SMALL;
+        let (m5, m5_pods) = M5_LARGE;
+        let (p3, p3_pods) = P3DN_24XLARGE;
+        let rows: &[Row<bool>] = &[
+            // Secondary-IP mode, TestIPAMContext_nodeIPPoolTooLow's rows.
+            ("new ds, all defaults", ips(1, 0, 0, 14, 500), st(0, 0, 0), true,
+             "TestIPAMContext_nodeIPPoolTooLow"),
+            ("new ds, 0 ENIs", ips(0, 0, 0, 14, 500), st(0, 0, 0), true,
+             "TestIPAMContext_nodeIPPoolTooLow: WARM_ENI_TARGET 0 still wants one address"),
+            ("new ds, 3 warm IPs", ips(0, 3, 0, 14, 500), st(0, 0, 0), true,
+             "TestIPAMContext_nodeIPPoolTooLow"),
+            ("3 unused IPs, 1 warm", ips(1, 1, 0, 3, 500), st(3, 0, 0), false,
+             "TestIPAMContext_nodeIPPoolTooLow: WARM_IP_TARGET replaces WARM_ENI_TARGET"),
+            ("1 used, 1 warm ENI", ips(1, 0, 0, 3, 500), st(3, 1, 0), true,
+             "TestIPAMContext_nodeIPPoolTooLow"),
+            ("1 used, 0 warm ENI", ips(0, 0, 0, 3, 500), st(3, 1, 0), false,
+             "TestIPAMContext_nodeIPPoolTooLow"),
+            ("3 used, 1 warm ENI", ips(1, 0, 0, 3, 500), st(3, 3, 0), true,
+             "TestIPAMContext_nodeIPPoolTooLow"),
+            ("3 used, 0 warm ENI", ips(0, 0, 0, 3, 500), st(3, 3, 0), true,
+             "TestIPAMContext_nodeIPPoolTooLow: none free"),
+            ("max pods exceeded", ips(0, 5, 0, 3, 3), st(3, 3, 0), false,
+             "TestIPAMContext_nodeIPPoolTooLow: max pods beats WARM_IP_TARGET"),
+            ("WARM_ENI_TARGET 2, no address", ips(2, 0, 0, 10, 100), st(0, 0, 0), true,
+             "TestIPAMContext_WarmTargetWithExcludedPrimary"),
+            ("WARM_ENI_TARGET 2, one ENI", ips(2, 0, 0, 10, 100), st(10, 0, 0), true,
+             "TestIPAMContext_WarmTargetWithExcludedPrimary"),
+            ("WARM_ENI_TARGET 2, two ENIs", ips(2, 0, 0, 10, 100), st(20, 0, 0), false,
+             "TestIPAMContext_WarmTargetWithExcludedPrimary"),
+            ("WARM_ENI_TARGET 1, one pod on one ENI", ips(1, 0, 0, m5, m5_pods), st(9, 1, 0), true,
+             "issue 1635: one pod and the next ENI comes"),
+            ("docs t3.small WARM_ENI 1, 5 pods", ips(1, 0, 0, t3, t3_pods), st(9, 5, 0), false,
+             "docs table: 4 unused >= 3"),
+            ("docs p3dn WARM_ENI 1, 95 pods", ips(1, 0, 0, p3, p3_pods), st(147, 95, 0), false,
+             "docs table: 52 unused >= 49"),
+            ("MINIMUM_IP_TARGET 10 alone, one ENI", ips(1, 0, 10, m5, m5_pods), st(9, 0, 0), true,
+             "one short of the minimum"),
+            ("MINIMUM_IP_TARGET 10 alone, two ENIs", ips(1, 0, 10, m5, m5_pods), st(18, 0, 0), false,
+             "WARM_ENI_TARGET no longer applies"),
+            ("both: WARM 1 MIN 12, 12 pods", ips(1, 1, 12, m5, m5_pods), st(12, 12, 0), true,
+             "the warm address is gone"),
+            ("WARM_IP_TARGET 20 > ENI of 9, one ENI", ips(1, 20, 0, m5, m5_pods), st(9, 0, 0), true,
+             "a target larger than one ENI"),
+            ("WARM_IP_TARGET 20 > ENI of 9, two ENIs", ips(1, 20, 0, m5, m5_pods), st(18, 0, 0), true,
+             "2 short after two full ENIs"),
+            ("WARM_IP_TARGET 20 > ENI of 9, 27 for 9 pods", ips(1, 20, 0, m5, m5_pods), st(27, 9, 0), true,
+             "short, below max pods: too low (whether an ENI is left is not this decision's)"),
+            ("max pods reached, still short", ips(1, 20, 0, 49, 110), st(110, 95, 0), false,
+             "15 free < 20, but max pods: never grow past it"),
+            ("max pods passed by whole ENIs", ips(1, 0, 0, 49, 110), st(147, 100, 0), false,
+             "47 free < 49, but 147 >= 110"),
+            ("max pods not reached", ips(1, 0, 0, 49, 110), st(98, 60, 0), true,
+             "38 free < 49 and 98 < 110"),
+            ("cooldown: every free address cooling (WARM_ENI)", ips(1, 0, 0, m5, m5_pods), st(18, 9, 9), false,
+             "starvation: nothing assignable, yet ipamd counts cooling as available (issue 2896, open)"),
+            ("cooldown: issue 2896 values", ips(0, 2, 23, m5, m5_pods), st(23, 19, 4), false,
+             "issue 2896: short never > 0; PR 3752's opt-in fix was closed unmerged"),
+            ("cooldown: issue 1700 values", ips(1, 2, 0, m5, m5_pods), st(18, 16, 2), false,
+             "issue 1700: the 2 available are cooling"),
+            ("cooldown over: addresses out of cooldown", ips(1, 2, 0, m5, m5_pods), st(18, 16, 0), false,
+             "same figures: cooling changes nothing"),
+            // Prefix mode, TestIPAMContext_nodePrefixPoolTooLow's rows.
+            ("PD new ds, all defaults", pd(1, 0, 0, 16, 500), pfx(0, 0, 0, 0), true,
+             "TestIPAMContext_nodePrefixPoolTooLow"),
+            ("PD new ds, 0 ENIs", pd(0, 0, 0, 16, 500), pfx(0, 0, 0, 0), true,
+             "TestIPAMContext_nodePrefixPoolTooLow: WARM_PREFIX_TARGET 0 still wants one"),
+            ("PD 16 unused, 1 warm prefix", pd(1, 0, 0, 16, 500), pfx(1, 1, 0, 0), false,
+             "TestIPAMContext_nodePrefixPoolTooLow"),
+            ("PD 1 used, 1 warm prefix", pd(1, 0, 0, 16, 500), pfx(1, 0, 1, 0), true,
+             "TestIPAMContext_nodePrefixPoolTooLow: 15 < 16"),
+            ("PD 1 used, 0 warm prefix", pd(0, 0, 0, 16, 500), pfx(1, 0, 1, 0), false,
+             "TestIPAMContext_nodePrefixPoolTooLow"),
+            ("PD 3 used, 1 warm prefix", pd(1, 0, 0, 16, 500), pfx(1, 0, 3, 0), true,
+             "TestIPAMContext_nodePrefixPoolTooLow"),
+            ("PD 3 used, 0 warm prefix", pd(0, 0, 0, 16, 500), pfx(1, 0, 3, 0), false,
+             "TestIPAMContext_nodePrefixPoolTooLow"),
+            ("PD max pods exceeded", pd(1, 0, 0, 16, 4), pfx(1, 0, 3, 0), false,
+             "TestIPAMContext_nodePrefixPoolTooLow"),
+            ("PD WARM_PREFIX_TARGET 1, 3 pods on 2", pd(1, 0, 0, m5, 110), pfx(2, 1, 3, 0), false,
+             "29 free >= 16"),
+            ("PD WARM_PREFIX_TARGET 0, full prefix", pd(0, 0, 0, m5, 110), pfx(1, 0, 16, 0), true,
+             "none free"),
+            ("PD WARM_IP_TARGET 16, 1 assigned on 1", pd(1, 16, 0, m5, 110), pfx(1, 0, 1, 0), true,
+             "one prefix short (WARM_PREFIX_TARGET ignored)"),
+            ("PD WARM_IP_TARGET 5, 1 free prefix", pd(1, 5, 0, m5, 110), pfx(1, 1, 0, 0), false,
+             "TestGetWarmIPTargetStateWithPDenabled's last state"),
+            ("PD MINIMUM_IP_TARGET 40 on 2 prefixes", pd(0, 0, 40, m5, 110), pfx(2, 2, 0, 0), true,
+             "32 < 40: rounds up to a prefix"),
+            ("PD max pods reached", pd(1, 0, 0, m5, 110), pfx(7, 0, 100, 0), false,
+             "112 >= 110 though 12 free < 16"),
+            ("PD cooldown: the only free prefix cooling", pd(1, 0, 0, m5, 110), pfx(2, 1, 16, 16), false,
+             "starvation in prefixes: 16 cooling count as available"),
+        ];
+        check("isDatastorePoolTooLow", rows, PoolTargets::pool_too_low);
     }
 
     #[test]
-    fn max_pods_stops_growth() {
-        let t = PoolTargets {
-            max_pods: 29,
-            ..m4_4xlarge()
-        };
-        assert!(!t.pool_too_low(&stats(30, 29)));
+    #[rustfmt::skip]
+    fn pool_too_high() {
+        let (m4, m4_pods) = M4_4XLARGE;
+        let (m5, m5_pods) = M5_LARGE;
+        let rows: &[Row<bool>] = &[
+            // Secondary-IP mode.
+            ("WARM_ENI_TARGET alone, 3 ENIs for 9 pods", ips(1, 0, 0, m4, m4_pods), st(87, 9, 0), false,
+             "never too high without an IP or prefix target: whole ENIs go instead"),
+            ("WARM_ENI_TARGET 0 alone, all free", ips(0, 0, 0, m5, m5_pods), st(27, 0, 0), false,
+             "idem"),
+            ("WARM_IP_TARGET 1, 4 held 2 assigned", ips(1, 1, 0, m5, m5_pods), st(4, 2, 0), true,
+             "TestDecreaseIPPool: over 1"),
+            ("WARM_IP_TARGET 1, after the decrease", ips(1, 1, 0, m5, m5_pods), st(3, 2, 0), false,
+             "TestDecreaseIPPool: over 0"),
+            ("both: WARM 1 MIN 12, 9 pods on 12", ips(1, 1, 12, m5, m5_pods), st(12, 9, 0), false,
+             "the minimum keeps the 2 extra"),
+            ("both: WARM 1 MIN 12, 9 pods on 20", ips(1, 1, 12, m5, m5_pods), st(20, 9, 0), true,
+             "8 above the minimum"),
+            ("MINIMUM_IP_TARGET 10 alone, 12 held", ips(1, 0, 10, m5, m5_pods), st(12, 2, 0), true,
+             "2 above the minimum"),
+            ("MINIMUM_IP_TARGET 10 alone, 10 free", ips(1, 0, 10, m5, m5_pods), st(10, 0, 0), false,
+             "all free, all needed for the minimum"),
+            ("WARM_IP_TARGET 20 > ENI of 9, 27 free", ips(1, 20, 0, m5, m5_pods), st(27, 0, 0), true,
+             "the third ENI overshoots by 7"),
+            ("WARM_IP_TARGET 20 > ENI of 9, 7 pods", ips(1, 20, 0, m5, m5_pods), st(27, 7, 0), false,
+             "exactly 20 free"),
+            ("past max pods", ips(1, 1, 0, m5, 29), st(40, 29, 0), true,
+             "too-high ignores max pods (ipamd's note): allocation enforces it"),
+            ("cooldown: cooling counts as available", ips(1, 2, 0, m5, m5_pods), st(18, 10, 6), true,
+             "8 available, 6 cooling: over 6 as in ipamd; only idle addresses are released"),
+            // Prefix mode.
+            ("PD WARM_PREFIX_TARGET 1, 1 free", pd(1, 0, 0, m5, 110), pfx(2, 1, 3, 0), false,
+             "free prefixes == target"),
+            ("PD WARM_PREFIX_TARGET 1, 2 free", pd(1, 0, 0, m5, 110), pfx(3, 2, 3, 0), true,
+             "free prefixes > target"),
+            ("PD WARM_PREFIX_TARGET 0, 1 free", pd(0, 0, 0, m5, 110), pfx(1, 1, 0, 0), true,
+             "WARM_PREFIX_TARGET 0 is defined with prefixes (TestIPAMContext_WarmPrefixTargetDefined)"),
+            ("PD WARM_PREFIX_TARGET 1, partly used", pd(1, 0, 0, m5, 110), pfx(3, 0, 3, 0), false,
+             "no free prefix: used prefixes never count"),
+            ("PD WARM_IP_TARGET 5, 2 free prefixes", pd(0, 5, 0, m5, 110), pfx(2, 2, 0, 0), true,
+             "TestGetWarmIPTargetStateWithPDenabled: over 1"),
+            ("PD WARM_IP_TARGET 5, 1 free prefix", pd(0, 5, 0, m5, 110), pfx(1, 1, 0, 0), false,
+             "TestGetWarmIPTargetStateWithPDenabled: over 0"),
+            ("PD WARM_IP_TARGET 16, 1 assigned on 3", pd(0, 16, 0, m5, 110), pfx(3, 2, 1, 0), true,
+             "2 needed, 1 over"),
+            ("PD WARM_IP_TARGET 16, 1 assigned on 2", pd(0, 16, 0, m5, 110), pfx(2, 1, 1, 0), false,
+             "both needed: 15 + 16 free"),
+            ("PD WARM_IP_TARGET 15 after churn", pd(0, 15, 0, m5, 110), pfx(3, 0, 3, 0), false,
+             "42 beyond the target but no free prefix"),
+            ("PD MINIMUM_IP_TARGET 40 on 4 prefixes", pd(0, 0, 40, m5, 110), pfx(4, 4, 0, 0), true,
+             "3 needed for the minimum"),
+            ("PD MINIMUM_IP_TARGET 40 on 3 prefixes", pd(0, 0, 40, m5, 110), pfx(3, 3, 0, 0), false,
+             "all 3 needed"),
+            ("PD cooldown: a cooling prefix counts free", pd(1, 0, 0, m5, 110), pfx(3, 2, 16, 16), true,
+             "GetFreePrefixes looks at assignment only; only idle prefixes are released"),
+        ];
+        check("isDatastorePoolTooHigh", rows, PoolTargets::pool_too_high);
     }
 
     #[test]
-    fn prefix_delegation_counts_in_prefixes() {
-        let t = PoolTargets {
-            warm_eni_target: 1,
-            warm_prefix_target: 1,
-            prefix_delegation: true,
-            ..m4_4xlarge()
-        };
-        // One prefix, 3 pods: 13 free < 16: another prefix.
-        let one = PoolStats {
-            total_ips: 16,
-            assigned_ips: 3,
-            total_prefixes: 1,
-            free_prefixes: 0,
-        };
-        assert!(t.pool_too_low(&one));
-        let two = PoolStats {
-            total_ips: 32,
-            assigned_ips: 3,
-            total_prefixes: 2,
-            free_prefixes: 1,
-        };
-        assert!(!t.pool_too_low(&two));
-        assert!(!t.pool_too_high(&two));
-        let three = PoolStats {
-            total_ips: 48,
-            assigned_ips: 3,
-            total_prefixes: 3,
-            free_prefixes: 2,
-        };
-        assert!(t.pool_too_high(&three));
+    #[rustfmt::skip]
+    fn should_remove_extra_enis() {
+        let (m4, m4_pods) = M4_4XLARGE;
+        let (m5, m5_pods) = M5_LARGE;
+        let rows: &[Row<bool>] = &[
+            // Secondary-IP mode: (WARM_ENI_TARGET + 1) ENIs' worth free.
+            ("WARM_ENI_TARGET 1, two ENIs' worth minus pods", ips(1, 0, 0, m4, m4_pods), st(58, 9, 0), false,
+             "49 free < 58"),
+            ("WARM_ENI_TARGET 1, three ENIs", ips(1, 0, 0, m4, m4_pods), st(87, 9, 0), true,
+             "78 free >= 58"),
+            ("WARM_ENI_TARGET 1, exactly two ENIs free", ips(1, 0, 0, m4, m4_pods), st(58, 0, 0), true,
+             "the +1 keeps WARM_ENI_TARGET: >= is enough"),
+            ("WARM_ENI_TARGET 0, one ENI free", ips(0, 0, 0, m5, m5_pods), st(9, 0, 0), true,
+             "9 >= 9"),
+            ("WARM_ENI_TARGET 0, one pod", ips(0, 0, 0, m5, m5_pods), st(9, 1, 0), false,
+             "8 < 9"),
+            ("WARM_IP_TARGET set", ips(1, 1, 12, m5, m5_pods), st(12, 9, 0), true,
+             "always: getDeletableENI checks the targets ENI by ENI"),
+            ("MINIMUM_IP_TARGET alone", ips(1, 0, 10, m5, m5_pods), st(10, 10, 0), true,
+             "always, as with WARM_IP_TARGET"),
+            ("cooldown: cooling counts as available", ips(1, 0, 0, m4, m4_pods), st(87, 9, 29), true,
+             "78 available; an ENI with a cooling address is not the one chosen (hasIPInCooling)"),
+            // Prefix mode: (WARM_PREFIX_TARGET + 1) ENIs' worth, an ENI's worth
+            // being 9 slots x 16 = 144 addresses on an m5.large.
+            ("PD WARM_PREFIX_TARGET 1, 3 prefixes", pd(1, 0, 0, m5, 110), pfx(3, 2, 3, 0), false,
+             "45 free < 2 x 144, no freeable ENI"),
+            ("PD WARM_PREFIX_TARGET 1, two ENIs' worth free", pd(1, 0, 0, m5, 110), pfx(18, 18, 0, 0), true,
+             "288 free >= 2 x 144"),
+            ("PD WARM_PREFIX_TARGET 0, one ENI's worth free", pd(0, 0, 0, m5, 110), pfx(9, 9, 0, 0), true,
+             "144 >= 144"),
+            ("PD WARM_PREFIX_TARGET 0, one pod", pd(0, 0, 0, m5, 110), pfx(9, 8, 1, 0), false,
+             "143 < 144, no freeable ENI"),
+            ("PD WARM_IP_TARGET set", pd(1, 5, 0, m5, 110), pfx(1, 0, 1, 0), true,
+             "always, as in secondary-IP mode"),
+        ];
+        check("shouldRemoveExtraENIs", rows, |t, s| t.should_remove_extra_enis(s, false));
 
-        // `WARM_IP_TARGET`=16 with prefixes: 1 assigned needs 2 prefixes.
-        let t = PoolTargets {
-            warm_ip_target: 16,
-            ..t
-        };
-        let s = PoolStats {
-            total_ips: 16,
-            assigned_ips: 1,
-            total_prefixes: 1,
-            free_prefixes: 0,
-        };
-        assert_eq!(t.target_state(&s), Some(TargetState { short: 1, over: 0 }));
-        let s = PoolStats {
-            total_ips: 48,
-            assigned_ips: 1,
-            total_prefixes: 3,
-            free_prefixes: 2,
-        };
-        assert_eq!(t.target_state(&s), Some(TargetState { short: 0, over: 1 }));
+        // With a freeable ENI (CheckFreeableENIexists): prefix mode only.
+        let rows: &[Row<bool>] = &[
+            ("PD freeable ENI, 3 prefixes", pd(1, 0, 0, m5, 110), pfx(3, 2, 3, 0), true,
+             "prefixes went below the threshold after WARM_PREFIX_TARGET dropped, an empty ENI is left"),
+            ("PD freeable ENI, one pod", pd(0, 0, 0, m5, 110), pfx(9, 8, 1, 0), true,
+             "the ENI without pods may go"),
+            ("freeable ENI ignored without prefixes", ips(1, 0, 0, m4, m4_pods), st(58, 9, 0), false,
+             "secondary-IP mode looks at the addresses only"),
+        ];
+        check("shouldRemoveExtraENIs (freeable ENI)", rows, |t, s| t.should_remove_extra_enis(s, true));
     }
 }
