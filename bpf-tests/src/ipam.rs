@@ -176,7 +176,7 @@ impl IpamLab {
         }
     }
 
-    /// ADDs pods `from..` until the node is full (RESOURCE_EXHAUSTED), with
+    /// ADDs pods `from..` until the node is full (`RESOURCE_EXHAUSTED`), with
     /// no other error; returns the addresses in order and the time the last
     /// one took to arrive.
     pub fn fill(&mut self, from: usize, limit: usize) -> (Vec<Ipv4Addr>, Duration) {

@@ -169,3 +169,44 @@ fn leaked_enis_are_deleted_but_not_fresh_or_no_manage_ones() {
     );
     drop(lab);
 }
+
+/// The datapath's VPC CIDRs, as `vpcnet-agent config` prints them.
+fn datapath_vpc_cidrs() -> Vec<String> {
+    vpcnet_bpf_tests::agent_cli(&["config"])
+        .lines()
+        .filter(|l| l.starts_with("cidr") && l.ends_with("(Vpc)"))
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_cidr_associated_with_the_vpc_reaches_the_datapath() {
+    let _lock = lab_lock();
+    let lab = IpamLab::up("m5.large", &[]);
+    assert_eq!(
+        datapath_vpc_cidrs(),
+        ["10.20.0.0/16", "100.64.0.0/16"],
+        "the VPC's CIDRs from IMDS at start"
+    );
+    let added: Ipv4Net = "100.65.0.0/16".parse().expect("CIDR");
+    lab.emulator()
+        .admin()
+        .associate_vpc_cidr(added)
+        .expect("associating a CIDR");
+    // The agent re-reads IMDS every second here (`--vpc-cidr-interval`);
+    // nothing tells this test when, so it looks, for at most 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let cidrs = datapath_vpc_cidrs();
+        if cidrs.contains(&added.to_string()) {
+            println!("VPC CIDRs in the datapath after the association: {cidrs:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{added} never reached the datapath: {cidrs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(lab);
+}

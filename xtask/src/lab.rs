@@ -121,6 +121,9 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             target_port: args.node_port_target,
         }),
         filler_pods: args.filler_pods,
+        // The address manager's labs are the tests' for now (the emulator
+        // does not outlive the process that starts it).
+        ipam: None,
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.

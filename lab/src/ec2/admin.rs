@@ -36,6 +36,15 @@ pub const OCCUPY: &str = "/occupy";
 pub const LEAKED_ENI: &str = "/leaked-eni";
 /// `POST` [`RunInstanceRequest`]: [`RunInstanceResponse`].
 pub const RUN_INSTANCE: &str = "/run-instance";
+/// `POST` [`VpcCidrRequest`]: the state. A CIDR associated with the VPC
+/// (what `AssociateVpcCidrBlock` does), seen in IMDS at once.
+pub const VPC_CIDR: &str = "/vpc-cidr";
+
+/// A CIDR to associate with the VPC.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VpcCidrRequest {
+    pub cidr: Ipv4Net,
+}
 
 /// Calls and injected faults per action, and the run-time settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,6 +199,12 @@ impl AdminClient {
         let reply: LeakedEniResponse =
             self.call("POST", LEAKED_ENI, Some(serde_json::to_vec(&request)?))?;
         Ok(reply.network_interface_id)
+    }
+
+    /// Associates another CIDR with the VPC.
+    pub fn associate_vpc_cidr(&self, cidr: Ipv4Net) -> Result<StateSnapshot, EmulatorError> {
+        let request = VpcCidrRequest { cidr };
+        self.call("POST", VPC_CIDR, Some(serde_json::to_vec(&request)?))
     }
 
     /// Launches an instance; its id.

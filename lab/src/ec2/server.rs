@@ -511,6 +511,15 @@ fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Res
                 },
             ))
         }
+        ("POST", admin::VPC_CIDR) => {
+            let request: admin::VpcCidrRequest = parse(body)?;
+            let mut state = lock(&shared.state);
+            if !state.vpc.cidrs.contains(&request.cidr) {
+                state.vpc.cidrs.push(request.cidr);
+                info!(cidr = %request.cidr, "CIDR associated with the VPC");
+            }
+            Ok(json_response(200, &state.snapshot()))
+        }
         ("POST", admin::RUN_INSTANCE) => {
             let request: RunInstanceRequest = parse(body)?;
             let id = shared.run_instance(&request).map_err(ec2)?;
