@@ -45,7 +45,7 @@ fn prefix_delegation_falls_back_to_addresses_when_no_28_is_free() {
         .iter()
         .flat_map(|e| {
             e.addresses()
-                .chain(e.prefixes.iter().flat_map(|p| p.hosts()))
+                .chain(e.prefixes.iter().flat_map(Ipv4Net::hosts))
                 .collect::<Vec<_>>()
         })
         .collect();

@@ -52,13 +52,64 @@ fn agent_gone(status: &tonic::Status) -> bool {
     ) && !status.message().contains("failed to assign")
 }
 
-/// Restarts a killed agent and reconnects.
-fn restart(lab: &mut IpamLab, pid: &AtomicI32, restarts: &mut usize) {
-    lab.lab.kill_agent().expect("reaping the killed agent");
-    lab.lab.start_agent().expect("restarting the agent");
-    lab.connect();
-    pid.store(agent_pid(lab), Ordering::SeqCst);
-    *restarts += 1;
+/// The agent under test and what it takes to keep it running: the
+/// killer thread's view of its pid, and the restarts so far.
+struct Crashing {
+    lab: IpamLab,
+    pid: Arc<AtomicI32>,
+    restarts: usize,
+}
+
+impl Crashing {
+    /// Restarts a killed agent and reconnects.
+    fn restart(&mut self) {
+        self.lab.lab.kill_agent().expect("reaping the killed agent");
+        self.lab.lab.start_agent().expect("restarting the agent");
+        self.lab.connect();
+        self.pid.store(agent_pid(&self.lab), Ordering::SeqCst);
+        self.restarts += 1;
+    }
+
+    /// ADD, retried across kills as the kubelet retries it.
+    fn add(&mut self, id: usize) -> Ipv4Addr {
+        loop {
+            match self.lab.add(id) {
+                Ok(reply) => return reply.ipv4_addr.parse().expect("an address"),
+                Err(status) if agent_gone(&status) => self.restart(),
+                Err(status) => panic!("ADD of pod {id}: {status}"),
+            }
+        }
+    }
+
+    /// DEL, retried across kills.
+    fn del(&mut self, id: usize) -> Option<Ipv4Addr> {
+        loop {
+            match self.lab.del(id) {
+                Ok(released) => return released,
+                Err(status) if agent_gone(&status) => self.restart(),
+                Err(status) => panic!("DEL of pod {id}: {status}"),
+            }
+        }
+    }
+}
+
+/// Kills the agent whose pid `pid` holds at random moments until `stop`;
+/// returns how many times it did.
+fn killer(pid: Arc<AtomicI32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut kills = 0;
+        while !stop.load(Ordering::SeqCst) {
+            // A random point in time: requests, checkpoint writes and EC2
+            // calls are all in flight somewhere in between.
+            std::thread::park_timeout(Duration::from_millis(150 + fastrand::u64(0..600)));
+            let victim = pid.swap(0, Ordering::SeqCst);
+            if victim > 0 && !stop.load(Ordering::SeqCst) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(victim), Signal::SIGKILL);
+                kills += 1;
+            }
+        }
+        kills
+    })
 }
 
 #[test]
@@ -66,85 +117,51 @@ fn sigkill_during_churn_never_hands_an_address_out_twice_nor_loses_one() {
     let _lock = lab_lock();
     // No cooldown: a released address is handed out again at once, the
     // hardest case for double assignment.
-    let mut lab = IpamLab::up("m5.large", &[("IP_COOLDOWN_PERIOD", "0")]);
+    let lab = IpamLab::up("m5.large", &[("IP_COOLDOWN_PERIOD", "0")]);
     let instance = lab.emulator().instance_id().to_owned();
     let pid = Arc::new(AtomicI32::new(agent_pid(&lab)));
     let stop = Arc::new(AtomicBool::new(false));
-    let killer = {
-        let (pid, stop) = (Arc::clone(&pid), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let mut kills = 0;
-            while !stop.load(Ordering::SeqCst) {
-                // A random point in time: requests, checkpoint writes and
-                // EC2 calls are all in flight somewhere in between.
-                std::thread::park_timeout(Duration::from_millis(150 + fastrand::u64(0..600)));
-                let victim = pid.swap(0, Ordering::SeqCst);
-                if victim > 0 && !stop.load(Ordering::SeqCst) {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(victim), Signal::SIGKILL);
-                    kills += 1;
-                }
-            }
-            kills
-        })
+    let killer = killer(Arc::clone(&pid), Arc::clone(&stop));
+    let mut node = Crashing {
+        lab,
+        pid: Arc::clone(&pid),
+        restarts: 0,
     };
 
     // The model: which pod holds which address, by the agent's answers.
+    // Pod `cycle` is added in cycle `cycle`.
     let mut held: BTreeMap<usize, Ipv4Addr> = BTreeMap::new();
-    let mut restarts = 0;
-    let mut next_pod = 0;
     let started = Instant::now();
     for cycle in 0..CYCLES {
-        let id = next_pod;
-        next_pod += 1;
-        let addr = loop {
-            match lab.add(id) {
-                Ok(reply) => break reply.ipv4_addr.parse::<Ipv4Addr>().expect("an address"),
-                Err(status) if agent_gone(&status) => restart(&mut lab, &pid, &mut restarts),
-                Err(status) => panic!("cycle {cycle}: ADD of pod {id}: {status}"),
-            }
-        };
+        let addr = node.add(cycle);
         if let Some((other, _)) = held.iter().find(|(_, a)| **a == addr) {
-            panic!("cycle {cycle}: {addr} handed to pod {id} while pod {other} holds it");
+            panic!("cycle {cycle}: {addr} handed to pod {cycle} while pod {other} holds it");
         }
-        held.insert(id, addr);
+        held.insert(cycle, addr);
         // A retried ADD (the kubelet does it) gets the same address, also
         // across a restart.
         if cycle % 50 == 0 {
             let (&old, &old_addr) = held.iter().next().expect("a pod");
-            let again = loop {
-                match lab.add(old) {
-                    Ok(reply) => break reply.ipv4_addr.parse::<Ipv4Addr>().expect("an address"),
-                    Err(status) if agent_gone(&status) => restart(&mut lab, &pid, &mut restarts),
-                    Err(status) => panic!("cycle {cycle}: repeated ADD of pod {old}: {status}"),
-                }
-            };
-            assert_eq!(again, old_addr, "cycle {cycle}: pod {old}'s address moved");
+            assert_eq!(
+                node.add(old),
+                old_addr,
+                "cycle {cycle}: pod {old}'s address moved"
+            );
         }
-        if held.len() > LIVE_PODS || cycle == CYCLES - 1 {
-            let victims: Vec<usize> = if cycle == CYCLES - 1 {
-                held.keys().copied().collect()
-            } else {
-                let keys: Vec<usize> = held.keys().copied().collect();
-                vec![keys[fastrand::usize(0..keys.len())]]
-            };
-            for victim in victims {
-                loop {
-                    match lab.del(victim) {
-                        // None: the DEL before a kill had released it.
-                        Ok(released) => {
-                            if let Some(released) = released {
-                                assert_eq!(released, held[&victim], "DEL released another address");
-                            }
-                            break;
-                        }
-                        Err(status) if agent_gone(&status) => {
-                            restart(&mut lab, &pid, &mut restarts);
-                        }
-                        Err(status) => panic!("cycle {cycle}: DEL of pod {victim}: {status}"),
-                    }
-                }
-                held.remove(&victim);
+        let victims: Vec<usize> = if cycle == CYCLES - 1 {
+            held.keys().copied().collect()
+        } else if held.len() > LIVE_PODS {
+            let keys: Vec<usize> = held.keys().copied().collect();
+            vec![keys[fastrand::usize(0..keys.len())]]
+        } else {
+            Vec::new()
+        };
+        for victim in victims {
+            // None: the DEL before a kill had released it already.
+            if let Some(released) = node.del(victim) {
+                assert_eq!(released, held[&victim], "DEL released another address");
             }
+            held.remove(&victim);
         }
     }
     stop.store(true, Ordering::SeqCst);
@@ -152,8 +169,11 @@ fn sigkill_during_churn_never_hands_an_address_out_twice_nor_loses_one() {
     let kills = killer.join().expect("the killer thread");
     // The killer may have taken the last pid (and killed it) after the last call.
     if pid.load(Ordering::SeqCst) == 0 {
-        restart(&mut lab, &pid, &mut restarts);
+        node.restart();
     }
+    let Crashing {
+        mut lab, restarts, ..
+    } = node;
     let elapsed = started.elapsed();
 
     // Nothing held, on disk and in the agent.

@@ -98,13 +98,13 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
     let enis_left: usize = if custom { 2 } else { 1 };
     let settled = lab.wait_status(
         "scaling back to the warm pool",
-        Duration::from_secs(120),
+        Duration::from_mins(2),
         |s| s.enis as usize == enis_left && s.total_addrs as usize == warm && s.assigned_addrs == 0,
     );
     // Freed ENIs are detached and deleted after they leave the pool.
     let ec2 = lab.wait_ec2(
         "freed ENIs detached and deleted",
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         |state| {
             let ec2 = holdings(state, &instance);
             ec2.attached_enis == enis_left && ec2.detached_enis.is_empty()

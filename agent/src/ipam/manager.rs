@@ -213,6 +213,8 @@ struct TrackedEni {
     device_number: u32,
     attachment_id: Option<String>,
     subnet: Ipv4Net,
+    /// The ENI's own address: never a pod's.
+    primary_addr: Option<Ipv4Addr>,
     /// Tagged `no_manage`: holds a device, gives no address.
     no_manage: bool,
     attached_at: Instant,
@@ -477,6 +479,7 @@ impl Manager {
                 device_number,
                 attachment_id: eni.attachment_id.clone(),
                 subnet,
+                primary_addr: eni.primary_addr,
                 no_manage: eni.no_manage(),
                 attached_at: Instant::now(),
             },
@@ -853,8 +856,14 @@ impl Manager {
             bump(&me.counters.prefixes_allocated, got.len());
             info!(eni, prefixes = ?got, "prefixes assigned");
         } else {
-            let got = me.cloud.assign_addrs(eni, n).await?;
-            me.state.lock().await.datastore.add_addrs(eni, &got)?;
+            let mut got = me.cloud.assign_addrs(eni, n).await?;
+            let mut st = me.state.lock().await;
+            // EC2 answers with the new addresses; an EC2-alike (moto)
+            // answers with all of them, the ENI's own among them.
+            let primary = st.enis.get(eni).and_then(|e| e.primary_addr);
+            got.retain(|a| Some(*a) != primary);
+            st.datastore.add_addrs(eni, &got)?;
+            drop(st);
             bump(&me.counters.addrs_allocated, got.len());
             info!(eni, addrs = got.len(), "secondary addresses assigned");
         }
