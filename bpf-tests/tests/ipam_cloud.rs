@@ -210,3 +210,88 @@ fn a_cidr_associated_with_the_vpc_reaches_the_datapath() {
     }
     drop(lab);
 }
+
+#[test]
+fn a_no_manage_eni_gives_no_address_to_pods() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    let instance = lab.emulator().instance_id().to_owned();
+    let tags: BTreeMap<String, String> = [(TAG_NO_MANAGE, "true"), ("team", "storage")]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let operators = lab
+        .emulator()
+        .admin()
+        .create_leaked_eni(LAB_NODE_SUBNET_ID, &tags, 3)
+        .expect("the operator's ENI");
+    // The operator attaches it at device 2, through EC2 as the node sees it.
+    vpcnet_lab::run_in(vpcnet_lab::addrs::NS_NODE, {
+        let (eni, instance) = (operators.clone(), instance.clone());
+        move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(async {
+                    let cloud = vpcnet_agent::cloud::Cloud::connect_with(
+                        vpcnet_agent::cloud::CloudOptions {
+                            region: Some("us-west-2".into()),
+                            ec2_endpoint: Some(vpcnet_lab::ec2::EC2_ENDPOINT_URL.into()),
+                        },
+                    )
+                    .await
+                    .expect("EC2");
+                    cloud
+                        .attach_eni(&eni, &instance, 2)
+                        .await
+                        .expect("attaching")
+                })
+        }
+    })
+    .expect("running in the node");
+    let state = lab.wait_ec2(
+        "the operator's ENI attached",
+        Duration::from_secs(10),
+        |s| {
+            s.eni(&operators)
+                .is_some_and(vpcnet_lab::ec2::model::Eni::is_attached)
+        },
+    );
+    let theirs: Vec<Ipv4Addr> = state
+        .eni(&operators)
+        .expect("attached")
+        .secondary_ips
+        .clone();
+    // The agent learns the node's ENIs at start.
+    lab.lab.stop_agent().expect("stopping the agent");
+    lab.lab.start_agent().expect("starting the agent");
+    lab.connect();
+
+    let (addrs, _) = lab.fill(0, 40);
+    assert_eq!(
+        addrs.len(),
+        2 * 9,
+        "two ENIs' worth: the third slot is the operator's"
+    );
+    for addr in &theirs {
+        assert!(
+            !addrs.contains(addr),
+            "{addr} of the no_manage ENI went to a pod"
+        );
+    }
+    let after = holdings(&lab.ec2_state(), &instance);
+    assert_eq!(after.attached_enis, 3);
+    let still = lab.ec2_state();
+    assert_eq!(
+        still.eni(&operators).expect("kept").secondary_ips,
+        theirs,
+        "the operator's ENI is left as it was"
+    );
+    println!(
+        "no_manage ENI {operators}: kept its {} addresses; pods got {} others",
+        theirs.len(),
+        addrs.len()
+    );
+    drop(lab);
+}

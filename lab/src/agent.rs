@@ -10,6 +10,13 @@
 //! `vpcnet_api::layout::NodeLayout` as JSON; once its programs are attached it prints exactly
 //! one line `READY` on standard output and closes it. It logs to standard
 //! error, which goes to `agent.log` in the state directory. SIGTERM stops it.
+//!
+//! An address-manager lab runs `<agent> run --notify-ready --ipam
+//! --cni-socket /run/vpcnet-lab/cni.sock` instead, with the EC2 emulator's
+//! endpoints (`AWS_ENDPOINT_URL_EC2`, `AWS_EC2_METADATA_SERVICE_ENDPOINT`),
+//! `AWS_VPC_K8S_CNI_BACKING_STORE=/run/vpcnet-lab/ipam.json` and the VPC
+//! CNI's address-manager variables it was given; it learns the rest from
+//! IMDS.
 
 use std::{
     fs::{self, File},
@@ -62,11 +69,11 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
         .arg(format!("--net={}", netns_path(NS_NODE).display()))
         .arg("--")
         .arg(agent_bin)
-        .arg("run")
-        .arg("--notify-ready");
+        .arg("run");
     if let Some(ipam) = &opts.ipam {
         // Everything else from IMDS, as on EC2.
         command
+            .arg("--notify-ready")
             .arg("--ipam")
             .arg("--cni-socket")
             .arg(cni_socket_file())
@@ -79,6 +86,7 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .args(["--primary-interface", NODE_ETH0])
             .args(["--node-addr", &NODE_PRIMARY_ADDR.to_string()])
             .args(["--vpc-cidrs", &vpc_cidrs])
+            .arg("--notify-ready")
             .arg("--layout")
             .arg(layout_file());
     }
@@ -362,5 +370,33 @@ mod tests {
             .collect();
         assert!(envs.contains(&"POD_SECURITY_GROUP_ENFORCING_MODE=standard".into()));
         assert!(envs.contains(&"ENABLE_POD_ENI=true".into()));
+
+        let mut ipam = crate::IpamLabOptions::new("m5.large");
+        ipam.env = vec![("WARM_IP_TARGET".into(), "5".into())];
+        let opts = LabOptions {
+            ipam: Some(ipam),
+            ..LabOptions::ebpf(0, "/bin/agent")
+        };
+        let command = agent_command(Path::new("/bin/agent"), &opts);
+        assert_eq!(
+            describe(&command),
+            "nsenter --net=/var/run/netns/vpcnet-node -- /bin/agent run --notify-ready --ipam \
+             --cni-socket /run/vpcnet-lab/cni.sock"
+        );
+        let envs: Vec<_> = command
+            .get_envs()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.unwrap().to_string_lossy()))
+            .collect();
+        for expected in [
+            "AWS_ENDPOINT_URL_EC2=http://10.20.0.10",
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254",
+            "AWS_VPC_K8S_CNI_BACKING_STORE=/run/vpcnet-lab/ipam.json",
+            "WARM_IP_TARGET=5",
+        ] {
+            assert!(
+                envs.contains(&expected.to_owned()),
+                "{expected} in {envs:?}"
+            );
+        }
     }
 }
