@@ -54,6 +54,12 @@ enum Command {
     Nat,
     /// Print the datapath's configuration and CIDRs.
     Config,
+    /// Print the address manager's pool, counters and recent events (asks
+    /// the running agent on its CNI socket).
+    Ipam {
+        #[arg(long, default_value = vpcnet_api::DEFAULT_CNI_SOCKET)]
+        cni_socket: PathBuf,
+    },
     /// Change a datapath flag live: takes effect on the next new flow.
     Set {
         #[command(subcommand)]
@@ -141,6 +147,7 @@ fn main() -> Result<()> {
         Command::Nat => print_nat(&open(&cli.pin_dir)?),
         Command::Config => print_config(&open(&cli.pin_dir)?),
         Command::Set { flag } => set_flag(&mut open(&cli.pin_dir)?, &flag),
+        Command::Ipam { cni_socket } => print_ipam(&cni_socket),
     }
 }
 
@@ -402,6 +409,50 @@ fn notify_ready() -> Result<()> {
     stdout.flush()?;
     let devnull = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
     nix::unistd::dup2(devnull.as_raw_fd(), std::io::stdout().as_raw_fd())?;
+    Ok(())
+}
+
+fn print_ipam(socket: &std::path::Path) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let status = runtime.block_on(async {
+        let mut client = vpcnet_api::connect_cni(socket).await.with_context(|| {
+            format!(
+                "is the agent running with --ipam? no answer on {}",
+                socket.display()
+            )
+        })?;
+        anyhow::Ok(
+            client
+                .ipam_status(vpcnet_api::cni::IpamStatusRequest {})
+                .await?
+                .into_inner(),
+        )
+    })?;
+    println!(
+        "addresses {} ({} assigned), prefixes {}, ENIs {}/{}, max pods {}{}",
+        status.total_addrs,
+        status.assigned_addrs,
+        status.total_prefixes,
+        status.enis,
+        status.max_enis,
+        status.max_pods,
+        if status.prefix_fallback {
+            ", prefix delegation fell back to addresses"
+        } else {
+            ""
+        }
+    );
+    let mut counters: Vec<_> = status.counters.into_iter().collect();
+    counters.sort();
+    for (name, value) in counters {
+        println!("{name:<44} {value:>10}");
+    }
+    for event in status.events {
+        println!("event {} {}: {}", event.time, event.reason, event.message);
+    }
     Ok(())
 }
 

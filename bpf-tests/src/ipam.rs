@@ -40,6 +40,18 @@ pub struct IpamLab {
     client: Option<CniBackendClient<Channel>>,
 }
 
+/// The lab for this test alone: root checked, the lab lock taken, a lab
+/// left by an earlier run removed.
+pub fn lab_lock() -> vpcnet_lab::LabLock {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the address-manager tests need root (network namespaces, eBPF)"
+    );
+    let lock = vpcnet_lab::serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    lock
+}
+
 /// A pod's IPAM key for container `id`.
 #[must_use]
 pub fn pod(id: usize) -> PodKey {

@@ -10,18 +10,8 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use ipnet::Ipv4Net;
 use vpcnet_agent::cloud::{TAG_CREATED_AT, TAG_INSTANCE_ID, TAG_NO_MANAGE};
-use vpcnet_bpf_tests::ipam::{IpamLab, holdings};
+use vpcnet_bpf_tests::ipam::{IpamLab, holdings, lab_lock};
 use vpcnet_lab::ec2::config::LAB_NODE_SUBNET_ID;
-
-fn lab_lock() -> vpcnet_lab::LabLock {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the address-manager tests need root (network namespaces, eBPF)"
-    );
-    let lock = vpcnet_lab::serial();
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    lock
-}
 
 #[test]
 fn prefix_delegation_falls_back_to_addresses_when_no_28_is_free() {
@@ -86,6 +76,14 @@ fn prefix_delegation_falls_back_to_addresses_when_no_28_is_free() {
         event.message.contains("InsufficientCidrBlocks"),
         "{}",
         event.message
+    );
+    // What an operator sees on the node.
+    let socket = vpcnet_lab::cni_socket_file();
+    let printed = vpcnet_bpf_tests::agent_cli(&["ipam", "--cni-socket", &socket.to_string_lossy()]);
+    assert!(
+        printed.contains("prefix delegation fell back to addresses")
+            && printed.contains("PrefixDelegationFallback"),
+        "vpcnet-agent ipam printed:\n{printed}"
     );
     let ec2 = lab.ec2_state();
     let secondaries: usize = ec2

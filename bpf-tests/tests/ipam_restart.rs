@@ -19,7 +19,7 @@ use std::{
 
 use nix::{sys::signal::Signal, unistd::Pid};
 use tonic::Code;
-use vpcnet_bpf_tests::ipam::{IpamLab, holdings, pod};
+use vpcnet_bpf_tests::ipam::{IpamLab, holdings, lab_lock, pod};
 use vpcnet_lab::ipam_checkpoint_file;
 
 /// Released addresses rest one second: churn reuses them.
@@ -28,16 +28,6 @@ const ENV: &[(&str, &str)] = &[("IP_COOLDOWN_PERIOD", "1")];
 const CYCLES: usize = 1000;
 /// Live pods at most (m5.large holds 27).
 const LIVE_PODS: usize = 15;
-
-fn lab_lock() -> vpcnet_lab::LabLock {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the address-manager tests need root (network namespaces, eBPF)"
-    );
-    let lock = vpcnet_lab::serial();
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    lock
-}
 
 /// The agent's pid, 0 while it is down.
 fn agent_pid(lab: &IpamLab) -> i32 {

@@ -11,8 +11,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vpcnet_bpf_tests::ipam::{IpamLab, holdings};
-use vpcnet_lab::ec2::config::{FaultRule, LAB_CUSTOM_SUBNET_ID};
+use vpcnet_agent::cloud::{TAG_CREATED_AT, TAG_INSTANCE_ID};
+use vpcnet_bpf_tests::ipam::{IpamLab, holdings, lab_lock};
+use vpcnet_lab::{
+    addrs::NS_NODE,
+    ec2::{
+        config::{FaultRule, LAB_CUSTOM_SUBNET_ID, LAB_NODE_SUBNET_ID},
+        model::StateSnapshot,
+    },
+};
 
 /// Released addresses rest one second, so the scale-down is quick.
 const ENV: &[(&str, &str)] = &[("IP_COOLDOWN_PERIOD", "1")];
@@ -24,16 +31,67 @@ const CUSTOM_NETWORKING: &[(&str, &str)] = &[
     ("IP_COOLDOWN_PERIOD", "1"),
     ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
     ("VPCNET_ENI_CONFIG_SUBNET", LAB_CUSTOM_SUBNET_ID),
+    ("VPCNET_ENI_CONFIG_SECURITY_GROUPS", PODS_SG),
 ];
 
-fn lab_lock() -> vpcnet_lab::LabLock {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the address-manager tests need root (network namespaces, eBPF)"
-    );
-    let lock = vpcnet_lab::serial();
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    lock
+/// The security group custom networking gives pods' ENIs.
+const PODS_SG: &str = "sg-0a5e1ab0000000002";
+
+/// The ENIs the agent attached, as an operator checks them: aws-node's
+/// description and tags, the configured subnet, and in the node a link with
+/// the ENI's MAC, up, MTU 9001, the ENI's address and no subnet route.
+fn check_new_enis(state: &StateSnapshot, instance: &str, custom: bool) {
+    let subnet = if custom {
+        LAB_CUSTOM_SUBNET_ID
+    } else {
+        LAB_NODE_SUBNET_ID
+    };
+    let routes = vpcnet_lab::exec_ok(NS_NODE, &["ip", "-4", "route", "show", "table", "main"])
+        .expect("the node's routes");
+    for eni in &state.enis {
+        let Some(attachment) = &eni.attachment else {
+            continue;
+        };
+        if attachment.instance_id != instance || attachment.device_index == 0 {
+            continue;
+        }
+        assert_eq!(eni.description, format!("aws-K8S-{instance}"), "{}", eni.id);
+        assert_eq!(
+            eni.tags.get(TAG_INSTANCE_ID).map(String::as_str),
+            Some(instance)
+        );
+        assert!(
+            eni.tags.contains_key(TAG_CREATED_AT),
+            "{} has no createdAt",
+            eni.id
+        );
+        assert_eq!(eni.subnet_id, subnet, "{} is in the wrong subnet", eni.id);
+        if custom {
+            assert_eq!(eni.groups, [PODS_SG], "{}'s security groups", eni.id);
+        }
+        let link = format!("eth{}", attachment.device_index);
+        let json = vpcnet_lab::exec_ok(NS_NODE, &["ip", "-j", "addr", "show", "dev", &link])
+            .expect("the ENI's link");
+        let info: serde_json::Value = serde_json::from_str(&json).expect("ip -j");
+        let info = &info[0];
+        assert_eq!(info["address"], eni.mac.as_str(), "{link}'s MAC");
+        assert_eq!(info["mtu"], 9001, "{link}'s MTU");
+        assert!(
+            info["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f == "UP")),
+            "{link} is up"
+        );
+        let addrs: Vec<&str> = info["addr_info"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|a| a["local"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(addrs, [eni.primary_ip.to_string()], "{link}'s addresses");
+        assert!(
+            !routes.lines().any(|r| r.contains(&format!("dev {link} "))),
+            "no route by {link} in main: {routes}"
+        );
+    }
 }
 
 /// Scales an empty `instance_type` node to max pods and back to the warm
@@ -68,7 +126,9 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
     let status = lab.status();
     assert_eq!(status.assigned_addrs as usize, capacity);
     assert_eq!(status.enis as usize, max_enis);
-    let ec2 = holdings(&lab.ec2_state(), &instance);
+    let state = lab.ec2_state();
+    check_new_enis(&state, &instance, custom);
+    let ec2 = holdings(&state, &instance);
     assert_eq!(ec2.attached_enis, max_enis, "ENIs EC2 has attached");
     assert_eq!(
         ec2.pod_addrs, unique,
