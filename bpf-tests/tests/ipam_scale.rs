@@ -94,42 +94,53 @@ fn check_new_enis(state: &StateSnapshot, instance: &str, custom: bool) {
     }
 }
 
-/// Scales an empty `instance_type` node to max pods and back to the warm
-/// pool; checks every address is handed out once and EC2 ends holding
-/// exactly what the agent holds.
-fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool, custom: bool) {
-    let _lock = lab_lock();
-    let mut lab = IpamLab::up(instance_type, if custom { CUSTOM_NETWORKING } else { ENV });
-    let instance = lab.emulator().instance_id().to_owned();
-    if faults {
-        lab.emulator()
-            .admin()
-            .set_faults(&[FaultRule {
-                action: "*".into(),
-                throttle: 0.1,
-                unavailable: 0.1,
-                internal: 0.1,
-            }])
-            .expect("injecting faults");
-    }
-    let pod_enis = if custom { max_enis - 1 } else { max_enis };
-    let capacity = pod_enis * (ips_per_eni - 1);
+/// The node under test: its instance, limits and mode.
+struct Node<'a> {
+    instance_type: &'a str,
+    instance: String,
+    max_enis: usize,
+    ips_per_eni: usize,
+    custom: bool,
+}
 
-    let (addrs, to_max_pods) = lab.fill(0, capacity + 10);
+impl Node<'_> {
+    /// Pod addresses at most: every secondary slot of every pod ENI.
+    fn capacity(&self) -> usize {
+        let pod_enis = if self.custom {
+            self.max_enis - 1
+        } else {
+            self.max_enis
+        };
+        pod_enis * (self.ips_per_eni - 1)
+    }
+}
+
+/// Fills the node with pods, checks every address is handed out once and
+/// EC2 holds exactly the pods' addresses, releases them all and waits for
+/// the pool to settle at `WARM_ENI_TARGET=1` with nothing leaked. Returns
+/// the time to max pods, the time back to the warm pool, and the counters.
+fn up_and_down(
+    lab: &mut IpamLab,
+    node: &Node<'_>,
+    first_pod: usize,
+) -> (Duration, Duration, std::collections::HashMap<String, u64>) {
+    let (instance, capacity) = (node.instance.as_str(), node.capacity());
+    let (addrs, to_max_pods) = lab.fill(first_pod, capacity + 10);
     let unique: BTreeSet<Ipv4Addr> = addrs.iter().copied().collect();
     assert_eq!(
         addrs.len(),
         capacity,
-        "{instance_type}: pods that got an address (every secondary slot of every ENI)"
+        "{}: pods that got an address (every secondary slot of every ENI)",
+        node.instance_type
     );
     assert_eq!(unique.len(), addrs.len(), "an address was handed out twice");
     let status = lab.status();
     assert_eq!(status.assigned_addrs as usize, capacity);
-    assert_eq!(status.enis as usize, max_enis);
+    assert_eq!(status.enis as usize, node.max_enis);
     let state = lab.ec2_state();
-    check_new_enis(&state, &instance, custom);
-    let ec2 = holdings(&state, &instance);
-    assert_eq!(ec2.attached_enis, max_enis, "ENIs EC2 has attached");
+    check_new_enis(&state, instance, node.custom);
+    let ec2 = holdings(&state, instance);
+    assert_eq!(ec2.attached_enis, node.max_enis, "ENIs EC2 has attached");
     assert_eq!(
         ec2.pod_addrs, unique,
         "EC2's secondary addresses are the pods'"
@@ -141,21 +152,21 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
     );
 
     let started = Instant::now();
-    for id in 0..capacity {
+    for id in first_pod..first_pod + capacity {
         assert!(
             lab.del(id).expect("DEL").is_some(),
             "pod {id} held an address"
         );
     }
     assert_eq!(
-        lab.del(0).expect("DEL twice"),
+        lab.del(first_pod).expect("DEL twice"),
         None,
         "a second DEL is a no-op"
     );
     // WARM_ENI_TARGET=1: back to one ENI's worth of free addresses (with
     // custom networking on a second ENI: the primary serves no pod).
-    let warm = ips_per_eni - 1;
-    let enis_left: usize = if custom { 2 } else { 1 };
+    let warm = node.ips_per_eni - 1;
+    let enis_left: usize = if node.custom { 2 } else { 1 };
     let settled = lab.wait_status(
         "scaling back to the warm pool",
         Duration::from_mins(2),
@@ -166,12 +177,12 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
         "freed ENIs detached and deleted",
         Duration::from_mins(1),
         |state| {
-            let ec2 = holdings(state, &instance);
+            let ec2 = holdings(state, instance);
             ec2.attached_enis == enis_left && ec2.detached_enis.is_empty()
         },
     );
     let to_warm_pool = started.elapsed();
-    let ec2 = holdings(&ec2, &instance);
+    let ec2 = holdings(&ec2, instance);
     assert_eq!(ec2.attached_enis, enis_left, "ENIs still attached");
     assert_eq!(
         ec2.pod_addrs.len(),
@@ -183,25 +194,62 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
         "leaked ENIs: {:?}",
         ec2.detached_enis
     );
+    (to_max_pods, to_warm_pool, settled.counters)
+}
 
-    let calls = lab.emulator().admin().calls().expect("calls");
-    let injected: u64 = calls
-        .actions
-        .values()
-        .map(|c| c.throttled + c.unavailable + c.internal)
-        .sum();
-    let total_calls: u64 = calls.actions.values().map(|c| c.calls).sum();
+/// Scales an empty `instance_type` node to max pods and back to the warm
+/// pool (three times, the agent restarted first, when EC2 fails 30 % of
+/// the calls).
+fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool, custom: bool) {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up(instance_type, if custom { CUSTOM_NETWORKING } else { ENV });
+    let node = Node {
+        instance_type,
+        instance: lab.emulator().instance_id().to_owned(),
+        max_enis,
+        ips_per_eni,
+        custom,
+    };
+    let rounds = if faults { 3 } else { 1 };
     if faults {
-        assert!(injected > 0, "faults were injected");
+        lab.emulator()
+            .admin()
+            .set_faults(&[FaultRule {
+                action: "*".into(),
+                throttle: 0.1,
+                unavailable: 0.1,
+                internal: 0.1,
+            }])
+            .expect("injecting faults");
+        // The start-up (IMDS, instance type, subnet, ENIs) under faults too.
+        lab.lab.stop_agent().expect("stopping the agent");
+        lab.lab
+            .start_agent()
+            .expect("starting the agent while EC2 fails");
+        lab.connect();
     }
-    println!(
-        "{instance_type:<12} {:<6} faults {:<3} max pods {capacity:>4} ({max_enis} ENIs): empty -> max {:>6.2} s, back to warm pool {:>6.2} s; EC2 calls {total_calls}, injected faults {injected}, leaked ENIs 0, leaked addresses 0, double assignments 0; counters {:?}",
-        if custom { "custom" } else { "node" },
-        if faults { "30%" } else { "no" },
-        to_max_pods.as_secs_f64(),
-        to_warm_pool.as_secs_f64(),
-        settled.counters,
-    );
+    for round in 0..rounds {
+        let (to_max_pods, to_warm_pool, counters) = up_and_down(&mut lab, &node, round * 1000);
+        let calls = lab.emulator().admin().calls().expect("calls");
+        let injected: u64 = calls
+            .actions
+            .values()
+            .map(|c| c.throttled + c.unavailable + c.internal)
+            .sum();
+        let total_calls: u64 = calls.actions.values().map(|c| c.calls).sum();
+        if faults {
+            assert!(injected > 0, "faults were injected");
+        }
+        println!(
+            "{instance_type:<12} {:<6} faults {:<3} round {} max pods {:>4} ({max_enis} ENIs): empty -> max {:>6.2} s, back to warm pool {:>6.2} s; EC2 calls {total_calls}, injected faults {injected}, leaked ENIs 0, leaked addresses 0, double assignments 0; counters {counters:?}",
+            if custom { "custom" } else { "node" },
+            if faults { "30%" } else { "no" },
+            round + 1,
+            node.capacity(),
+            to_max_pods.as_secs_f64(),
+            to_warm_pool.as_secs_f64(),
+        );
+    }
     lab.lab.down().expect("taking the lab down");
 }
 
