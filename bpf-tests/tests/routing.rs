@@ -64,6 +64,23 @@ fn harness() -> Harness {
     h
 }
 
+/// [`harness`] with POD on its own branch ENI in strict mode.
+fn strict_harness() -> Harness {
+    let mut h = harness();
+    h.add_eni(BRANCH, GATEWAY, 0);
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: BRANCH,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    h
+}
+
 #[test]
 fn pod_to_pod_goes_straight_into_the_other_pod() {
     let h = harness();
@@ -175,18 +192,7 @@ fn a_pod_cannot_send_with_another_address_or_mac() {
 
 #[test]
 fn strict_security_group_pods_use_their_branch_eni_for_everything() {
-    let mut h = harness();
-    h.add_eni(BRANCH, GATEWAY, 0);
-    h.add_endpoint(
-        POD,
-        &Endpoint {
-            ifindex: TEST_RUN_IFINDEX,
-            eni_ifindex: BRANCH,
-            mac: POD_MAC,
-            host_mac: HOST_VETH_MAC,
-            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
-        },
-    );
+    let h = strict_harness();
     for dst in [POD2, PEER, INET, NODE] {
         let out = h.run(
             maps::PROG_POD_EGRESS,
@@ -396,18 +402,7 @@ fn replies_of_a_pods_service_flow_go_back_through_the_stack() {
 
 #[test]
 fn strict_pods_reach_services_through_the_stack_and_are_never_snated() {
-    let mut h = harness();
-    h.add_eni(BRANCH, GATEWAY, 0);
-    h.add_endpoint(
-        POD,
-        &Endpoint {
-            ifindex: TEST_RUN_IFINDEX,
-            eni_ifindex: BRANCH,
-            mac: POD_MAC,
-            host_mac: HOST_VETH_MAC,
-            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
-        },
-    );
+    let h = strict_harness();
     let (out, mark) = h.run_with_mark(
         maps::PROG_POD_EGRESS,
         &from_pod(packets::tcp(
