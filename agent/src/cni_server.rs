@@ -1,20 +1,26 @@
 //! The CNI backend on a Unix socket: the plugin's ADD and DEL become the
-//! address manager's assign and release.
+//! address manager's assign and release plus the pod's datapath entry
+//! ([`crate::pods`]); CHECK, GC and STATUS ask about them. The socket is
+//! root's alone (mode 0600): whoever can talk to it can take addresses.
 
-use std::path::Path;
+use std::{os::unix::fs::PermissionsExt, path::Path};
 
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vpcnet_api::cni::{
-    AddNetworkReply, AddNetworkRequest, DelNetworkReply, DelNetworkRequest, IpamEvent,
-    IpamStatusReply, IpamStatusRequest, PodKey,
+    AddNetworkReply, AddNetworkRequest, Attachment, CheckNetworkReply, CheckNetworkRequest,
+    DelNetworkReply, DelNetworkRequest, IpamEvent, IpamStatusReply, IpamStatusRequest,
+    ListAttachmentsReply, ListAttachmentsRequest, PodKey, StatusReply, StatusRequest,
     cni_backend_server::{CniBackend, CniBackendServer},
 };
 
-use crate::ipam::{
-    checkpoint::{DEFAULT_NETWORK_NAME, IpamKey, IpamMetadata},
-    manager::{Manager, ManagerError},
+use crate::{
+    ipam::{
+        checkpoint::{DEFAULT_NETWORK_NAME, IpamKey, IpamMetadata},
+        manager::ManagerError,
+    },
+    pods::{PodError, Pods},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +36,7 @@ pub enum ServeError {
 }
 
 struct Backend {
-    manager: Manager,
+    pods: Pods,
 }
 
 fn key_of(pod: Option<PodKey>) -> Result<(IpamKey, IpamMetadata), Status> {
@@ -59,10 +65,29 @@ fn key_of(pod: Option<PodKey>) -> Result<(IpamKey, IpamMetadata), Status> {
     Ok((key, metadata))
 }
 
-fn status_of(e: &ManagerError) -> Status {
+fn status_of(e: &PodError) -> Status {
+    let chain = anyhow_chain(e);
+    let message = if chain.is_empty() {
+        e.to_string()
+    } else {
+        format!("{e}: {chain}")
+    };
     match e {
-        ManagerError::NoAddress(_) => Status::resource_exhausted(e.to_string()),
-        _ => Status::internal(format!("{e}: {}", anyhow_chain(e))),
+        PodError::Manager(ManagerError::NoAddress(_)) => Status::resource_exhausted(message),
+        PodError::NoHostVeth(_) | PodError::BadMac(_) | PodError::BranchEni(_) => {
+            Status::invalid_argument(message)
+        }
+        _ => Status::internal(message),
+    }
+}
+
+fn pod_key_of(key: IpamKey, metadata: IpamMetadata) -> PodKey {
+    PodKey {
+        network_name: key.network_name,
+        container_id: key.container_id,
+        if_name: key.if_name,
+        k8s_pod_namespace: metadata.k8s_pod_namespace,
+        k8s_pod_name: metadata.k8s_pod_name,
     }
 }
 
@@ -83,10 +108,17 @@ impl CniBackend for Backend {
         &self,
         request: Request<AddNetworkRequest>,
     ) -> Result<Response<AddNetworkReply>, Status> {
-        let (key, metadata) = key_of(request.into_inner().pod)?;
+        let request = request.into_inner();
+        let (key, metadata) = key_of(request.pod)?;
         let pod = self
-            .manager
-            .assign(&key, &metadata)
+            .pods
+            .add(
+                &key,
+                &metadata,
+                &request.host_veth,
+                &request.pod_mac,
+                &request.annotations,
+            )
             .await
             .map_err(|e| status_of(&e))?;
         Ok(Response::new(AddNetworkReply {
@@ -95,7 +127,8 @@ impl CniBackend for Backend {
             device_number: pod.device_number,
             subnet_prefix_len: u32::from(pod.subnet.prefix_len()),
             subnet_gateway: pod.gateway.to_string(),
-            mtu: self.manager.eni_mtu(),
+            mtu: self.pods.manager().eni_mtu(),
+            branch_eni: false,
         }))
     }
 
@@ -103,10 +136,11 @@ impl CniBackend for Backend {
         &self,
         request: Request<DelNetworkRequest>,
     ) -> Result<Response<DelNetworkReply>, Status> {
-        let (key, _) = key_of(request.into_inner().pod)?;
+        let request = request.into_inner();
+        let (key, _) = key_of(request.pod)?;
         let released = self
-            .manager
-            .release(&key)
+            .pods
+            .del(&key, &request.host_veth)
             .await
             .map_err(|e| status_of(&e))?;
         Ok(Response::new(DelNetworkReply {
@@ -114,11 +148,55 @@ impl CniBackend for Backend {
         }))
     }
 
+    async fn check_network(
+        &self,
+        request: Request<CheckNetworkRequest>,
+    ) -> Result<Response<CheckNetworkReply>, Status> {
+        let (key, _) = key_of(request.into_inner().pod)?;
+        let reply = match self.pods.check(&key).await.map_err(|e| status_of(&e))? {
+            None => CheckNetworkReply::default(),
+            Some((addr, host_veth, problem)) => CheckNetworkReply {
+                ipv4_addr: addr.to_string(),
+                host_veth: host_veth.unwrap_or_default(),
+                problem: problem.unwrap_or_default(),
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn list_attachments(
+        &self,
+        _: Request<ListAttachmentsRequest>,
+    ) -> Result<Response<ListAttachmentsReply>, Status> {
+        let attachments = self
+            .pods
+            .attachments()
+            .await
+            .map_err(|e| status_of(&e))?
+            .into_iter()
+            .map(|a| Attachment {
+                pod: Some(pod_key_of(a.key, a.metadata)),
+                ipv4_addr: a.addr.to_string(),
+                host_veth: a.host_veth.unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(ListAttachmentsReply { attachments }))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        let (ready, reason, available) = self.pods.status().await;
+        Ok(Response::new(StatusReply {
+            ready,
+            reason,
+            available_addrs: u32::try_from(available).unwrap_or(u32::MAX),
+        }))
+    }
+
     async fn ipam_status(
         &self,
         _: Request<IpamStatusRequest>,
     ) -> Result<Response<IpamStatusReply>, Status> {
-        let status = self.manager.status().await;
+        let status = self.pods.manager().status().await;
         let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         Ok(Response::new(IpamStatusReply {
             total_addrs: n(status.stats.total_ips),
@@ -164,17 +242,20 @@ pub fn bind(socket: &Path) -> Result<UnixListener, ServeError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(listen_err(e)),
     }
-    UnixListener::bind(socket).map_err(listen_err)
+    let listener = UnixListener::bind(socket).map_err(listen_err)?;
+    // connect(2) on a Unix socket needs write permission on its file.
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
+    Ok(listener)
 }
 
 /// Serves the backend on `listener` until `shutdown` completes.
 pub async fn serve(
-    manager: Manager,
+    pods: Pods,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
     tonic::transport::Server::builder()
-        .add_service(CniBackendServer::new(Backend { manager }))
+        .add_service(CniBackendServer::new(Backend { pods }))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
     Ok(())

@@ -8,5 +8,8 @@ pub mod config;
 pub mod datapath;
 pub mod ipam;
 pub mod layout;
-pub mod netlink;
 pub mod node;
+pub mod pods;
+
+/// Link setup through rtnetlink (its own crate: the CNI plugin uses it too).
+pub use vpcnet_netlink as netlink;

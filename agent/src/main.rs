@@ -19,6 +19,7 @@ use vpcnet_agent::{
     layout,
     netlink::NetlinkHandle,
     node::{NodeLinks, cidr_entries},
+    pods::{ENV_VETH_PREFIX, Pods},
 };
 use vpcnet_api::layout::NodeLayout;
 use vpcnet_common::{
@@ -115,6 +116,14 @@ struct RunArgs {
     /// Seconds between two reads of the VPC's CIDRs from IMDS.
     #[arg(long, default_value_t = 30.0)]
     vpc_cidr_interval: f64,
+    /// Seconds between two sweeps for pods gone without a DEL (their host
+    /// veth vanished): their entries go and their addresses are released.
+    #[arg(long, default_value_t = 5.0)]
+    pod_sweep_interval: f64,
+    /// Seconds an address may stay with a pod the datapath never got before
+    /// a sweep takes it back.
+    #[arg(long, default_value_t = 60.0)]
+    orphan_grace: f64,
     /// The node's ENIs and pods (JSON, see `vpcnet_api::layout`): every ENI
     /// and pod veth gets its programs, and the maps their entries.
     #[arg(long)]
@@ -322,6 +331,7 @@ async fn run_node(
     let datapath = Arc::new(std::sync::Mutex::new(datapath));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
+    let mut cni_task = None;
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
         let network = Arc::new(NodeLinks {
             netlink,
@@ -339,25 +349,75 @@ async fn run_node(
         };
         let manager = start_manager(&cloud, &opts, network).await?;
         tasks.spawn(manager.clone().run());
+        let pods = Pods::new(
+            manager,
+            Arc::clone(&datapath),
+            NetlinkHandle::new()?,
+            std::env::var(ENV_VETH_PREFIX)
+                .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+            seconds("--orphan-grace", args.orphan_grace)?,
+        );
+        tasks.spawn(sweep_pods(
+            pods.clone(),
+            seconds("--pod-sweep-interval", args.pod_sweep_interval)?,
+        ));
         let listener = cni_server::bind(&args.cni_socket)?;
         let mut stop = shutdown_rx.clone();
-        tasks.spawn(async move {
+        cni_task = Some(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop.wait_for(|stop| *stop).await;
             };
-            if let Err(e) = cni_server::serve(manager, listener, shutdown).await {
+            if let Err(e) = cni_server::serve(pods, listener, shutdown).await {
                 error!(error = %e, "CNI backend stopped");
             }
-        });
+        }));
         info!(socket = %args.cni_socket.display(), "CNI backend serving");
     }
     if args.notify_ready {
         notify_ready()?;
     }
     let result = serve(&datapath, Duration::from_secs(args.gc_interval.max(1))).await;
+    // Requests under way finish (an ADD half-served would leave the plugin
+    // to clean up); new ones find no socket and the plugin says so.
     let _ = shutdown_tx.send(true);
+    if let Some(cni_task) = cni_task {
+        if tokio::time::timeout(SHUTDOWN_GRACE, cni_task)
+            .await
+            .is_err()
+        {
+            warn!(grace = ?SHUTDOWN_GRACE, "CNI requests still running at exit");
+        }
+        if let Err(e) = std::fs::remove_file(&args.cni_socket)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(socket = %args.cni_socket.display(), error = %e, "removing the CNI socket");
+        }
+    }
     tasks.abort_all();
     result
+}
+
+/// How long requests under way may take to finish at SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// Sweeps for pods that went away without a DEL, every `interval`.
+async fn sweep_pods(pods: Pods, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match pods.sweep().await {
+            Ok(stats) if stats.gone + stats.never_attached > 0 => {
+                info!(
+                    gone = stats.gone,
+                    never_attached = stats.never_attached,
+                    "pod sweep released addresses"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "pod sweep failed"),
+        }
+    }
 }
 
 fn seconds(flag: &str, value: f64) -> Result<Duration> {
@@ -389,7 +449,7 @@ async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> 
             }
         }
     }
-    info!("stopping: programs detach, pinned maps stay for the next start");
+    info!("stopping: programs stay attached and maps pinned for the next agent");
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! plugin's gRPC API (`proto/cni.proto`).
 
 pub mod layout;
+pub mod pod;
 
 /// The CNI backend service (generated from `proto/cni.proto`).
 pub mod cni {

@@ -168,23 +168,14 @@ pub fn host_veth_name(k8s_namespace: &str, pod_name: &str) -> String {
     host_veth_name_with_prefix(VETH_PREFIX, k8s_namespace, pod_name)
 }
 
-/// The host-side veth name with another prefix: `GeneratePodHostVethName`
-/// in the VPC CNI's `pkg/networkutils/names.go` (prefix, then the first 11
-/// hex digits of sha1("<namespace>.<pod name>")).
+/// The host-side veth name with another prefix (the VPC CNI's rule, see
+/// [`vpcnet_api::pod::host_veth_name`]).
 pub fn host_veth_name_with_prefix(prefix: &str, k8s_namespace: &str, pod_name: &str) -> String {
-    use std::fmt::Write;
-
-    use sha1::{Digest, Sha1};
-    let digest = Sha1::digest(format!("{k8s_namespace}.{pod_name}").as_bytes());
-    let hex = digest.iter().fold(String::new(), |mut hex, byte| {
-        let _ = write!(hex, "{byte:02x}");
-        hex
-    });
-    format!("{prefix}{}", &hex[..11])
+    vpcnet_api::pod::host_veth_name(prefix, k8s_namespace, pod_name)
 }
 
 /// The VPC CNI's default host veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
-pub const VETH_PREFIX: &str = "eni";
+pub const VETH_PREFIX: &str = vpcnet_api::pod::DEFAULT_VETH_PREFIX;
 /// The host veth prefix of branch-ENI pods in strict mode: the VPC CNI's
 /// `sgpp.BuildHostVethNamePrefix` (`pkg/sgpp/utils.go`) gives them `vlan`
 /// so that neither its SNAT/connmark rules (`-i eni+`) nor Calico touch

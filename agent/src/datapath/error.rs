@@ -46,6 +46,18 @@ pub enum DatapathError {
     },
     #[error("interface {0} not found")]
     NoInterface(String),
+    #[error("link pin {path}")]
+    LinkPin {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("pinned link {path}")]
+    PinnedLink {
+        path: PathBuf,
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
 }
 
 impl DatapathError {

@@ -13,6 +13,7 @@ use vpcnet_common::{
     endpoint::{Endpoint, Eni},
     maps,
     nat::{FlowKey, NatEntry},
+    raw_to_addr,
 };
 
 use super::DatapathError;
@@ -89,6 +90,35 @@ impl DatapathMaps {
         self.endpoints
             .insert(addr_to_raw(addr.octets()), *endpoint, 0)
             .map_err(DatapathError::map(maps::ENDPOINTS))
+    }
+
+    /// Removes the local pod at `addr` (absent: nothing to do).
+    pub fn remove_endpoint(&mut self, addr: Ipv4Addr) -> Result<(), DatapathError> {
+        match self.endpoints.remove(&addr_to_raw(addr.octets())) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(DatapathError::map(maps::ENDPOINTS)(e)),
+        }
+    }
+
+    /// The local pod at `addr`.
+    pub fn endpoint(&self, addr: Ipv4Addr) -> Result<Option<Endpoint>, DatapathError> {
+        match self.endpoints.get(&addr_to_raw(addr.octets()), 0) {
+            Ok(endpoint) => Ok(Some(endpoint)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(DatapathError::map(maps::ENDPOINTS)(e)),
+        }
+    }
+
+    /// Every local pod, by address.
+    pub fn endpoints(&self) -> Result<Vec<(Ipv4Addr, Endpoint)>, DatapathError> {
+        self.endpoints
+            .iter()
+            .map(|entry| {
+                entry
+                    .map(|(addr, endpoint)| (Ipv4Addr::from(raw_to_addr(addr)), endpoint))
+                    .map_err(DatapathError::map(maps::ENDPOINTS))
+            })
+            .collect()
     }
 
     /// Adds or replaces the ENI (or branch link) with link index `ifindex`.

@@ -12,11 +12,16 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{SchedClassifier, TcAttachType, tc::SchedClassifierLinkId},
+    programs::{
+        SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+        tc::SchedClassifierLink,
+    },
 };
 pub use error::DatapathError;
 pub use maps::DatapathMaps;
 pub use nat::{Flow, GcStats, monotonic_now_ns};
+use tracing::{info, warn};
 use vpcnet_common::maps as names;
 
 /// The compiled programs (see build.rs); empty when built without bpf-linker.
@@ -42,13 +47,24 @@ impl Default for LoadOptions {
     }
 }
 
+/// Every program, in the order they are loaded.
+const PROGRAMS_BY_NAME: [&str; 4] = [
+    names::PROG_ENI_EGRESS,
+    names::PROG_ENI_INGRESS,
+    names::PROG_POD_EGRESS,
+    names::PROG_POD_INGRESS,
+];
+
 /// The loaded programs and their maps.
 pub struct Datapath {
     ebpf: Ebpf,
     pub maps: DatapathMaps,
     pin_dir: PathBuf,
-    /// Attachments per interface: (egress, ingress).
-    links: BTreeMap<String, (SchedClassifierLinkId, SchedClassifierLinkId)>,
+    /// Interfaces the programs are attached to: ifindex to name.
+    attached: BTreeMap<u32, String>,
+    /// Links that cannot be pinned (tc netlink filters, kernels without
+    /// TCX): held here, so they last as long as this process.
+    unpinned: Vec<SchedClassifierLink>,
 }
 
 impl Datapath {
@@ -68,24 +84,85 @@ impl Datapath {
             .map_max_entries(names::NAT_FWD, opts.nat_entries)
             .map_max_entries(names::NAT_REV, opts.nat_entries)
             .load(PROGRAMS)?;
-        for name in [
-            names::PROG_ENI_EGRESS,
-            names::PROG_ENI_INGRESS,
-            names::PROG_POD_EGRESS,
-            names::PROG_POD_INGRESS,
-        ] {
+        for name in PROGRAMS_BY_NAME {
             let program = classifier_mut(&mut ebpf, name)?;
             program
                 .load()
                 .map_err(|source| DatapathError::Program { name, source })?;
         }
         let maps = DatapathMaps::from_ebpf(&mut ebpf)?;
-        Ok(Self {
+        let mut datapath = Self {
             ebpf,
             maps,
             pin_dir: opts.pin_dir.clone(),
-            links: BTreeMap::new(),
-        })
+            attached: BTreeMap::new(),
+            unpinned: Vec::new(),
+        };
+        datapath.adopt_pinned_links()?;
+        Ok(datapath)
+    }
+
+    fn links_dir(&self) -> PathBuf {
+        self.pin_dir.join(names::LINKS_DIR)
+    }
+
+    /// Takes over the links a previous agent pinned: each gets this
+    /// agent's program in one atomic swap (`bpf_link_update`), so packets
+    /// never meet an interface without one. Links of interfaces that are
+    /// gone, and of programs this build no longer has, are dropped.
+    fn adopt_pinned_links(&mut self) -> Result<(), DatapathError> {
+        let links_dir = self.links_dir();
+        let entries = match std::fs::read_dir(&links_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(DatapathError::LinkPin {
+                    path: links_dir,
+                    source,
+                });
+            }
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let Some((ifindex, iface)) = parse_link_dir(&entry.file_name().to_string_lossy())
+            else {
+                remove_link_dir(&dir);
+                continue;
+            };
+            if interface_index(&iface) != Some(ifindex) {
+                info!(interface = %iface, ifindex, "interface gone: its pinned links go too");
+                remove_link_dir(&dir);
+                continue;
+            }
+            let mut adopted = 0;
+            for pin in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = pin.path();
+                let program = PROGRAMS_BY_NAME
+                    .into_iter()
+                    .find(|name| *name == pin.file_name().to_string_lossy());
+                let Some(program) = program else {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                };
+                match swap_pinned(&mut self.ebpf, program, &path) {
+                    Ok(()) => adopted += 1,
+                    Err(e) => {
+                        warn!(pin = %path.display(), error = %e, "pinned link not taken over: dropped");
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+            if adopted == 2 {
+                self.attached.insert(ifindex, iface);
+            } else {
+                // Half an attachment is worse than none: attach again whole.
+                remove_link_dir(&dir);
+            }
+        }
+        if !self.attached.is_empty() {
+            info!(interfaces = ?self.attached.values().collect::<Vec<_>>(), "took over the pinned links");
+        }
+        Ok(())
     }
 
     pub fn pin_dir(&self) -> &Path {
@@ -102,7 +179,8 @@ impl Datapath {
     }
 
     /// Attaches the ENI programs to `iface` (tc egress and ingress, TCX where
-    /// the kernel has it). Attaching twice is a no-op.
+    /// the kernel has it), their links pinned so they outlive this process.
+    /// Attaching twice is a no-op.
     pub fn attach_eni(&mut self, iface: &str) -> Result<(), DatapathError> {
         self.attach_pair(iface, names::PROG_ENI_EGRESS, names::PROG_ENI_INGRESS)
     }
@@ -114,34 +192,106 @@ impl Datapath {
         self.attach_pair(iface, names::PROG_POD_INGRESS, names::PROG_POD_EGRESS)
     }
 
-    /// Attaches `on_egress` to tc egress and `on_ingress` to tc ingress.
+    /// Attaches `on_egress` to tc egress and `on_ingress` to tc ingress and
+    /// pins both links under `links/<ifindex>-<iface>/`.
     fn attach_pair(
         &mut self,
         iface: &str,
         on_egress: &'static str,
         on_ingress: &'static str,
     ) -> Result<(), DatapathError> {
-        if self.links.contains_key(iface) {
+        let ifindex =
+            interface_index(iface).ok_or_else(|| DatapathError::NoInterface(iface.to_owned()))?;
+        if self
+            .attached
+            .get(&ifindex)
+            .is_some_and(|name| name == iface)
+        {
             return Ok(());
         }
-        if nix::net::if_::if_nametoindex(iface).is_err() {
-            return Err(DatapathError::NoInterface(iface.to_owned()));
-        }
-        let egress = attach(&mut self.ebpf, on_egress, iface, TcAttachType::Egress)?;
-        let ingress = match attach(&mut self.ebpf, on_ingress, iface, TcAttachType::Ingress) {
-            Ok(link) => link,
-            Err(e) => {
-                let _ = classifier_mut(&mut self.ebpf, on_egress).map(|p| p.detach(egress));
-                return Err(e);
+        // An ifindex the kernel gave a new interface: the old one's pins go.
+        self.detach_ifindex(ifindex);
+        let dir = self.links_dir().join(format!("{ifindex}-{iface}"));
+        std::fs::create_dir_all(&dir).map_err(|source| DatapathError::LinkPin {
+            path: dir.clone(),
+            source,
+        })?;
+        let pinned = [
+            (on_egress, TcAttachType::Egress),
+            (on_ingress, TcAttachType::Ingress),
+        ]
+        .into_iter()
+        .try_for_each(|(program, direction)| {
+            let link = attach(&mut self.ebpf, program, iface, direction)?;
+            if <&FdLink>::try_from(&link).is_err() {
+                // A tc netlink filter (no TCX): it cannot be pinned.
+                warn!(
+                    interface = iface,
+                    program, "tc link cannot be pinned (no TCX): it detaches when the agent exits"
+                );
+                self.unpinned.push(link);
+                return Ok(());
             }
-        };
-        self.links.insert(iface.to_owned(), (egress, ingress));
+            let path = dir.join(program);
+            FdLink::try_from(link)
+                .map_err(|e| DatapathError::PinnedLink {
+                    path: path.clone(),
+                    source: e,
+                })?
+                .pin(&path)
+                .map_err(|e| DatapathError::LinkPin {
+                    path,
+                    source: std::io::Error::other(e),
+                })
+                .map(drop)
+        });
+        if let Err(e) = pinned {
+            remove_link_dir(&dir);
+            return Err(e);
+        }
+        self.attached.insert(ifindex, iface.to_owned());
         Ok(())
+    }
+
+    /// Detaches the programs from interface `ifindex` (its pins go, and
+    /// with them the links). Nothing attached there: nothing to do.
+    pub fn detach_ifindex(&mut self, ifindex: u32) {
+        self.attached.remove(&ifindex);
+        let prefix = format!("{ifindex}-");
+        for entry in std::fs::read_dir(self.links_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                remove_link_dir(&entry.path());
+            }
+        }
+    }
+
+    /// Drops the attachments of interfaces that are gone (a pod's veth
+    /// goes with its namespace): returns their ifindexes.
+    pub fn prune_attachments(&mut self) -> Vec<u32> {
+        let gone: Vec<u32> = self
+            .attached
+            .iter()
+            .filter(|(ifindex, name)| interface_index(name) != Some(**ifindex))
+            .map(|(ifindex, _)| *ifindex)
+            .collect();
+        for ifindex in &gone {
+            self.detach_ifindex(*ifindex);
+        }
+        gone
     }
 
     /// Interfaces the programs are attached to.
     pub fn attached(&self) -> impl Iterator<Item = &str> {
-        self.links.keys().map(String::as_str)
+        self.attached.values().map(String::as_str)
+    }
+
+    /// Whether the programs are attached to interface `ifindex`.
+    pub fn is_attached(&self, ifindex: u32) -> bool {
+        self.attached.contains_key(&ifindex)
     }
 
     /// Removes the pins: the maps live on only while this process holds them.
@@ -150,8 +300,14 @@ impl Datapath {
     }
 }
 
-/// Removes every map pin in `pin_dir`, then the directory if empty.
+/// Removes every pin in `pin_dir` (links first: that detaches the
+/// programs), then the directory if empty.
 pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(pin_dir.join(names::LINKS_DIR)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     for name in names::ALL {
         match std::fs::remove_file(pin_dir.join(name)) {
             Ok(()) => {}
@@ -176,16 +332,53 @@ fn classifier_mut<'a>(
         .map_err(|source| DatapathError::Program { name, source })
 }
 
+/// Attaches program `name` and takes its link out of aya's hands (whose
+/// drop would detach it).
 fn attach(
     ebpf: &mut Ebpf,
     name: &'static str,
     iface: &str,
     direction: TcAttachType,
-) -> Result<SchedClassifierLinkId, DatapathError> {
+) -> Result<SchedClassifierLink, DatapathError> {
     let program = classifier_mut(ebpf, name)?;
-    program
-        .attach(iface, direction)
-        .map_err(|source| DatapathError::Program { name, source })
+    let err = |source| DatapathError::Program { name, source };
+    let id = program.attach(iface, direction).map_err(err)?;
+    program.take_link(id).map_err(err)
+}
+
+/// Puts program `name` into the link pinned at `path`, atomically.
+fn swap_pinned(ebpf: &mut Ebpf, name: &'static str, path: &Path) -> Result<(), DatapathError> {
+    let pinned_err = |source| DatapathError::PinnedLink {
+        path: path.to_owned(),
+        source,
+    };
+    let pinned = PinnedLink::from_pin(path).map_err(pinned_err)?;
+    let link = SchedClassifierLink::try_from(FdLink::from(pinned)).map_err(pinned_err)?;
+    let program = classifier_mut(ebpf, name)?;
+    let err = |source| DatapathError::Program { name, source };
+    let id = program.attach_to_link(link).map_err(err)?;
+    // The pin keeps the link; our descriptor of it can go.
+    drop(program.take_link(id).map_err(err)?);
+    Ok(())
+}
+
+/// `<ifindex>-<ifname>`, a link directory's name.
+fn parse_link_dir(name: &str) -> Option<(u32, String)> {
+    let (ifindex, iface) = name.split_once('-')?;
+    Some((ifindex.parse().ok()?, iface.to_owned()))
+}
+
+fn interface_index(iface: &str) -> Option<u32> {
+    nix::net::if_::if_nametoindex(iface).ok()
+}
+
+/// Removes a link directory: unpinning detaches the links in it.
+fn remove_link_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(dir = %dir.display(), error = %e, "removing pinned links");
+    }
 }
 
 /// Mounts bpffs at /sys/fs/bpf when `pin_dir` is under it and it is not

@@ -70,6 +70,17 @@ pub struct Assignment {
     pub eni: String,
 }
 
+/// An assigned address and whose it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssignedAddr {
+    pub key: IpamKey,
+    pub metadata: IpamMetadata,
+    pub addr: Ipv4Addr,
+    pub eni: String,
+    /// Nanoseconds since the epoch.
+    pub since_unix_ns: i64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Datastore {
     enis: BTreeMap<String, EniRecord>,
@@ -240,6 +251,31 @@ impl Datastore {
             }
         }
         None
+    }
+
+    /// Every assignment: key, metadata, address, ENI and since when
+    /// (nanoseconds since the epoch).
+    pub fn assignments(&self) -> Vec<AssignedAddr> {
+        let mut all = Vec::new();
+        for (id, eni) in &self.enis {
+            for (addr, a) in &eni.addrs {
+                if let AddrState::Assigned {
+                    key,
+                    metadata,
+                    since_unix_ns,
+                } = &a.state
+                {
+                    all.push(AssignedAddr {
+                        key: key.clone(),
+                        metadata: metadata.clone(),
+                        addr: *addr,
+                        eni: id.clone(),
+                        since_unix_ns: *since_unix_ns,
+                    });
+                }
+            }
+        }
+        all
     }
 
     /// The address `key` holds.

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     checkpoint::{Checkpoint, CheckpointError, IpamKey, IpamMetadata},
-    datastore::{Datastore, DatastoreError, EniRecord},
+    datastore::{AssignedAddr, Datastore, DatastoreError, EniRecord},
     pool::{IPS_PER_PREFIX, PoolStats, PoolTargets},
     settings::IpamSettings,
 };
@@ -145,6 +145,8 @@ impl ManagerError {
 pub struct PodAddress {
     pub addr: Ipv4Addr,
     pub eni_id: String,
+    /// The ENI's MAC: how the node finds its link.
+    pub eni_mac: String,
     pub device_number: u32,
     pub subnet: Ipv4Net,
     pub gateway: Ipv4Addr,
@@ -211,6 +213,7 @@ struct Node {
 #[derive(Clone, Debug)]
 struct TrackedEni {
     device_number: u32,
+    mac: String,
     attachment_id: Option<String>,
     subnet: Ipv4Net,
     /// The ENI's own address: never a pod's.
@@ -294,7 +297,8 @@ struct Inner {
     events: std::sync::Mutex<VecDeque<IpamEvent>>,
 }
 
-fn unix_ns() -> i64 {
+/// Now, in nanoseconds since the epoch (the checkpoint's clock).
+pub fn unix_ns() -> i64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
@@ -477,6 +481,7 @@ impl Manager {
             eni.id.clone(),
             TrackedEni {
                 device_number,
+                mac: eni.mac.clone(),
                 attachment_id: eni.attachment_id.clone(),
                 subnet,
                 primary_addr: eni.primary_addr,
@@ -570,6 +575,7 @@ impl Manager {
                         let reply = PodAddress {
                             addr: assignment.addr,
                             device_number: eni.device_number,
+                            eni_mac: eni.mac.clone(),
                             subnet: eni.subnet,
                             gateway: gateway_of(eni.subnet),
                             eni_id: assignment.eni,
@@ -625,6 +631,30 @@ impl Manager {
         bump(&me.counters.released, 1);
         me.wake.notify_one();
         Ok(Some(released.addr))
+    }
+
+    /// Every pod's address, with the MAC of the ENI that owns it.
+    pub async fn assignments(&self) -> Vec<(AssignedAddr, String)> {
+        let st = self.inner.state.lock().await;
+        st.datastore
+            .assignments()
+            .into_iter()
+            .map(|a| {
+                let mac = st
+                    .enis
+                    .get(&a.eni)
+                    .map(|e| e.mac.clone())
+                    .unwrap_or_default();
+                (a, mac)
+            })
+            .collect()
+    }
+
+    /// Addresses an ADD could take now (out of their cooldown).
+    pub async fn available(&self) -> usize {
+        let st = self.inner.state.lock().await;
+        let stats = st.datastore.stats(Instant::now());
+        stats.available().saturating_sub(stats.cooling_ips)
     }
 
     /// The MTU pods get (`AWS_VPC_ENI_MTU`).

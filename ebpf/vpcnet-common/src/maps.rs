@@ -3,8 +3,12 @@
 //! The programs crate names its maps with these same strings; the agent's
 //! tests check that every name here exists in the built object.
 
-/// Where the agent pins maps (and later links) by default.
+/// Where the agent pins maps and links by default.
 pub const PIN_DIR: &str = "/sys/fs/bpf/vpcnet";
+/// The subdirectory of the pin directory holding the programs' tc links:
+/// `<ifindex>-<ifname>/<program>`. A pinned link keeps its program attached
+/// while no agent runs, and the next agent swaps its own program in.
+pub const LINKS_DIR: &str = "links";
 
 /// `Array<Config>`, one entry: the flags read per packet.
 pub const CONFIG: &str = "VPCNET_CONFIG";

@@ -1,0 +1,379 @@
+//! Pods in the datapath: what the CNI backend does on ADD and DEL beyond
+//! the address (the pod's endpoint entry and the programs on its host
+//! veth), what CHECK and GC ask about, and the sweep that gives back the
+//! addresses of pods that went away without a DEL the agent saw (the agent
+//! was down, the runtime lost track, the namespace was deleted).
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tracing::{info, warn};
+use vpcnet_common::endpoint::Endpoint;
+
+use crate::{
+    datapath::{Datapath, DatapathError},
+    ipam::{
+        checkpoint::{IpamKey, IpamMetadata},
+        datastore::AssignedAddr,
+        manager::{Manager, ManagerError, PodAddress},
+    },
+    netlink::{MacAddr, NetlinkError, NetlinkHandle},
+};
+
+/// The VPC CNI's host veth prefix variable (the plugin's `vethPrefix`).
+pub const ENV_VETH_PREFIX: &str = "AWS_VPC_K8S_CNI_VETHPREFIX";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    #[error(transparent)]
+    Manager(#[from] ManagerError),
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error("the pod's host veth {0} does not exist")]
+    NoHostVeth(String),
+    #[error("the pod's MAC {0:?} is not a MAC address")]
+    BadMac(String),
+    #[error("no link has the MAC {mac} of ENI {eni}")]
+    NoEniLink { eni: String, mac: String },
+    #[error("branch-ENI pods are not supported yet (annotation {0})")]
+    BranchEni(&'static str),
+}
+
+/// A pod as `ListAttachments` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub key: IpamKey,
+    pub metadata: IpamMetadata,
+    pub addr: Ipv4Addr,
+    /// Its host veth, if the datapath has an entry for it.
+    pub host_veth: Option<String>,
+}
+
+/// What the sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Pods whose host veth is gone: entry removed, address released.
+    pub gone: usize,
+    /// Addresses held past the grace period by a pod the datapath never saw.
+    pub never_attached: usize,
+}
+
+/// The pods of this node: the address manager and the datapath together.
+#[derive(Clone)]
+pub struct Pods {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    manager: Manager,
+    datapath: Arc<Mutex<Datapath>>,
+    netlink: NetlinkHandle,
+    veth_prefix: String,
+    /// How long an address may be held by a pod with no datapath entry
+    /// before the sweep takes it back: longer than any ADD takes.
+    orphan_grace: Duration,
+    /// ADD's datapath step, DEL and the sweep one at a time, so the sweep
+    /// never judges a pod that is being added or deleted. Address
+    /// assignment (which may wait for the pool) happens outside it.
+    ops: tokio::sync::Mutex<()>,
+}
+
+impl Pods {
+    pub fn new(
+        manager: Manager,
+        datapath: Arc<Mutex<Datapath>>,
+        netlink: NetlinkHandle,
+        veth_prefix: String,
+        orphan_grace: Duration,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                manager,
+                datapath,
+                netlink,
+                veth_prefix,
+                orphan_grace,
+                ops: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    pub fn manager(&self) -> &Manager {
+        &self.inner.manager
+    }
+
+    fn datapath(&self) -> std::sync::MutexGuard<'_, Datapath> {
+        // A panic elsewhere leaves the maps as they were: usable.
+        self.inner
+            .datapath
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// ADD: an address for `key`, and, when the plugin names the pod's host
+    /// veth, the pod's endpoint entry and the programs on that veth. If the
+    /// datapath step fails the address goes back: nothing is left half-done.
+    pub async fn add(
+        &self,
+        key: &IpamKey,
+        metadata: &IpamMetadata,
+        host_veth: &str,
+        pod_mac: &str,
+        annotations: &HashMap<String, String>,
+    ) -> Result<PodAddress, PodError> {
+        if annotations.contains_key(vpcnet_api::pod::POD_ENI_ANNOTATION) {
+            return Err(PodError::BranchEni(vpcnet_api::pod::POD_ENI_ANNOTATION));
+        }
+        let pod = self.inner.manager.assign(key, metadata).await?;
+        if host_veth.is_empty() {
+            return Ok(pod);
+        }
+        let _op = self.inner.ops.lock().await;
+        if let Err(e) = self.attach(&pod, host_veth, pod_mac).await {
+            warn!(container = %key.container_id, addr = %pod.addr, error = %e, "datapath step of ADD failed: address released");
+            if let Err(release) = self.inner.manager.release(key).await {
+                warn!(container = %key.container_id, error = %release, "releasing after a failed ADD");
+            }
+            return Err(e);
+        }
+        Ok(pod)
+    }
+
+    async fn attach(
+        &self,
+        pod: &PodAddress,
+        host_veth: &str,
+        pod_mac: &str,
+    ) -> Result<(), PodError> {
+        let mac: MacAddr = pod_mac
+            .parse()
+            .map_err(|_| PodError::BadMac(pod_mac.to_owned()))?;
+        let netlink = &self.inner.netlink;
+        let veth = netlink
+            .link_by_name(host_veth)
+            .await?
+            .ok_or_else(|| PodError::NoHostVeth(host_veth.to_owned()))?;
+        let host_mac = veth
+            .mac
+            .ok_or_else(|| PodError::NoHostVeth(host_veth.to_owned()))?;
+        let eni_mac: MacAddr = pod.eni_mac.parse().map_err(|_| PodError::NoEniLink {
+            eni: pod.eni_id.clone(),
+            mac: pod.eni_mac.clone(),
+        })?;
+        let eni = netlink
+            .link_by_mac(eni_mac)
+            .await?
+            .ok_or_else(|| PodError::NoEniLink {
+                eni: pod.eni_id.clone(),
+                mac: pod.eni_mac.clone(),
+            })?;
+        let entry = Endpoint {
+            ifindex: veth.index,
+            eni_ifindex: eni.index,
+            mac: mac.0,
+            host_mac: host_mac.0,
+            flags: 0,
+        };
+        let mut datapath = self.datapath();
+        // The entry before the programs: the pod's first packet must not be
+        // taken for a spoofed one.
+        datapath.maps.set_endpoint(pod.addr, &entry)?;
+        if let Err(e) = datapath.attach_pod(host_veth) {
+            let _ = datapath.maps.remove_endpoint(pod.addr);
+            return Err(e.into());
+        }
+        info!(addr = %pod.addr, veth = host_veth, ifindex = veth.index, eni = %pod.eni_id, "pod in the datapath");
+        Ok(())
+    }
+
+    /// DEL: the pod out of the datapath, then its address back to the pool.
+    /// Returns the address released (none held: `None`).
+    pub async fn del(&self, key: &IpamKey, host_veth: &str) -> Result<Option<Ipv4Addr>, PodError> {
+        let _op = self.inner.ops.lock().await;
+        let held = self
+            .inner
+            .manager
+            .assignments()
+            .await
+            .into_iter()
+            .find(|(a, _)| a.key == *key)
+            .map(|(a, _)| a.addr);
+        {
+            let mut datapath = self.datapath();
+            if let Some(addr) = held
+                && let Some(entry) = datapath.maps.endpoint(addr)?
+            {
+                datapath.detach_ifindex(entry.ifindex);
+                datapath.maps.remove_endpoint(addr)?;
+            }
+            if let Ok(ifindex) = nix::net::if_::if_nametoindex(host_veth) {
+                datapath.detach_ifindex(ifindex);
+            }
+        }
+        Ok(self.inner.manager.release(key).await?)
+    }
+
+    /// CHECK: the pod's address, its host veth, and the first thing wrong
+    /// with its datapath state (`None`: all is well).
+    pub async fn check(
+        &self,
+        key: &IpamKey,
+    ) -> Result<Option<(Ipv4Addr, Option<String>, Option<String>)>, PodError> {
+        let Some((assigned, eni_mac)) = self
+            .inner
+            .manager
+            .assignments()
+            .await
+            .into_iter()
+            .find(|(a, _)| a.key == *key)
+        else {
+            return Ok(None);
+        };
+        let addr = assigned.addr;
+        let entry = self.datapath().maps.endpoint(addr)?;
+        let Some(entry) = entry else {
+            return Ok(Some((
+                addr,
+                None,
+                Some(format!("no datapath entry for {addr}")),
+            )));
+        };
+        let Some(veth) = interface_name(entry.ifindex) else {
+            return Ok(Some((
+                addr,
+                None,
+                Some(format!(
+                    "the datapath entry of {addr} names interface {} , which is gone",
+                    entry.ifindex
+                )),
+            )));
+        };
+        let problem = if self.datapath().is_attached(entry.ifindex) {
+            let eni_link = match eni_mac.parse::<MacAddr>() {
+                Ok(mac) => self.inner.netlink.link_by_mac(mac).await?,
+                Err(_) => None,
+            };
+            match eni_link {
+                Some(link) if link.index == entry.eni_ifindex => None,
+                Some(link) => Some(format!(
+                    "{addr} leaves by ifindex {} but its ENI {} is {} (ifindex {})",
+                    entry.eni_ifindex, assigned.eni, link.name, link.index
+                )),
+                None => Some(format!(
+                    "the link of ENI {} ({eni_mac}) is gone",
+                    assigned.eni
+                )),
+            }
+        } else {
+            Some(format!("the datapath programs are not attached to {veth}"))
+        };
+        Ok(Some((addr, Some(veth), problem)))
+    }
+
+    /// Every pod the agent holds an address for.
+    pub async fn attachments(&self) -> Result<Vec<Attachment>, PodError> {
+        let assignments = self.inner.manager.assignments().await;
+        let datapath = self.datapath();
+        assignments
+            .into_iter()
+            .map(|(a, _)| {
+                let host_veth = datapath
+                    .maps
+                    .endpoint(a.addr)?
+                    .and_then(|entry| interface_name(entry.ifindex));
+                Ok(Attachment {
+                    key: a.key,
+                    metadata: a.metadata,
+                    addr: a.addr,
+                    host_veth,
+                })
+            })
+            .collect()
+    }
+
+    /// Gives back what pods that are gone still hold: entries whose host
+    /// veth no longer exists (with its address), and addresses held past
+    /// the grace period by a pod the datapath never got (unless a veth of
+    /// that pod's name exists: a pod an earlier CNI wired).
+    pub async fn sweep(&self) -> Result<SweepStats, PodError> {
+        let _op = self.inner.ops.lock().await;
+        let mut stats = SweepStats::default();
+        let assignments = self.inner.manager.assignments().await;
+        let by_addr: HashMap<Ipv4Addr, &AssignedAddr> =
+            assignments.iter().map(|(a, _)| (a.addr, a)).collect();
+        let mut release = Vec::new();
+        let mut in_datapath = HashSet::new();
+        {
+            let mut datapath = self.datapath();
+            datapath.prune_attachments();
+            for (addr, entry) in datapath.maps.endpoints()? {
+                if interface_name(entry.ifindex).is_some() {
+                    in_datapath.insert(addr);
+                    continue;
+                }
+                datapath.detach_ifindex(entry.ifindex);
+                datapath.maps.remove_endpoint(addr)?;
+                if let Some(assigned) = by_addr.get(&addr) {
+                    info!(addr = %addr, container = %assigned.key.container_id, "pod's host veth is gone: address released");
+                    release.push(assigned.key.clone());
+                    stats.gone += 1;
+                }
+            }
+        }
+        let now = crate::ipam::manager::unix_ns();
+        let grace = i64::try_from(self.inner.orphan_grace.as_nanos()).unwrap_or(i64::MAX);
+        for (assigned, _) in &assignments {
+            if in_datapath.contains(&assigned.addr)
+                || release.contains(&assigned.key)
+                || now.saturating_sub(assigned.since_unix_ns) < grace
+            {
+                continue;
+            }
+            let veth = vpcnet_api::pod::host_veth_name(
+                &self.inner.veth_prefix,
+                &assigned.metadata.k8s_pod_namespace,
+                &assigned.metadata.k8s_pod_name,
+            );
+            if nix::net::if_::if_nametoindex(veth.as_str()).is_ok() {
+                continue;
+            }
+            info!(addr = %assigned.addr, container = %assigned.key.container_id, "address held with no pod in the datapath past the grace period: released");
+            release.push(assigned.key.clone());
+            stats.never_attached += 1;
+        }
+        for key in release {
+            self.inner.manager.release(&key).await?;
+        }
+        Ok(stats)
+    }
+
+    /// STATUS: whether an ADD can be served now, and if not why.
+    pub async fn status(&self) -> (bool, String, usize) {
+        let available = self.inner.manager.available().await;
+        if available > 0 {
+            (true, String::new(), available)
+        } else {
+            let status = self.inner.manager.status().await;
+            (
+                false,
+                format!(
+                    "no free address: {} of {} assigned",
+                    status.stats.assigned_ips, status.stats.total_ips
+                ),
+                0,
+            )
+        }
+    }
+}
+
+fn interface_name(ifindex: u32) -> Option<String> {
+    nix::net::if_::if_indextoname(ifindex)
+        .ok()
+        .map(|name| name.to_string_lossy().into_owned())
+}

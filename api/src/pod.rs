@@ -1,0 +1,91 @@
+//! What the plugin, the agent and the lab must agree on about a pod: the
+//! name of its host veth and the branch ENI its annotations may give it.
+
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+/// The VPC CNI's default host veth prefix (`AWS_VPC_K8S_CNI_VETHPREFIX`).
+pub const DEFAULT_VETH_PREFIX: &str = "eni";
+
+/// The annotation the VPC resource controller puts on a pod that has
+/// security groups: the branch ENI it got on the node's trunk.
+pub const POD_ENI_ANNOTATION: &str = "vpc.amazonaws.com/pod-eni";
+
+/// The host-side veth name the VPC CNI gives a pod: `prefix` followed by
+/// the first 11 hex digits of sha1("<namespace>.<pod name>")
+/// (`GeneratePodHostVethName` in its `pkg/networkutils/names.go`).
+pub fn host_veth_name(prefix: &str, k8s_namespace: &str, pod_name: &str) -> String {
+    use std::fmt::Write;
+
+    use sha1::{Digest, Sha1};
+    let digest = Sha1::digest(format!("{k8s_namespace}.{pod_name}").as_bytes());
+    let hex = digest.iter().fold(String::new(), |mut hex, byte| {
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    });
+    format!("{prefix}{}", &hex[..11])
+}
+
+/// One branch ENI of the `vpc.amazonaws.com/pod-eni` annotation (the
+/// resource controller's JSON names).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchEni {
+    #[serde(rename = "eniId")]
+    pub eni_id: String,
+    /// The branch ENI's MAC.
+    #[serde(rename = "ifAddress")]
+    pub mac: String,
+    #[serde(rename = "privateIp")]
+    pub private_ip: Ipv4Addr,
+    #[serde(rename = "vlanId")]
+    pub vlan_id: u16,
+    #[serde(rename = "subnetCidr")]
+    pub subnet_cidr: ipnet::Ipv4Net,
+}
+
+/// The branch ENI of a pod's annotations: `Ok(None)` for an ordinary pod.
+pub fn branch_eni(
+    annotations: &std::collections::HashMap<String, String>,
+) -> Result<Option<BranchEni>, serde_json::Error> {
+    let Some(value) = annotations.get(POD_ENI_ANNOTATION) else {
+        return Ok(None);
+    };
+    let enis: Vec<BranchEni> = serde_json::from_str(value)?;
+    // A pod has one branch ENI; the annotation is a list for IPv6 and
+    // future use.
+    Ok(enis.into_iter().next())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_veth_name_matches_the_vpc_cni() {
+        // `printf default.pod-0 | sha1sum` = c220f2ba28177a355f83...
+        assert_eq!(
+            host_veth_name(DEFAULT_VETH_PREFIX, "default", "pod-0"),
+            "enic220f2ba281"
+        );
+        assert_eq!(
+            host_veth_name("vlan", "default", "pod-1"),
+            "vlan83dbd022cd5"
+        );
+    }
+
+    #[test]
+    fn branch_eni_annotation_parses() {
+        let mut annotations = std::collections::HashMap::new();
+        assert_eq!(branch_eni(&annotations).unwrap(), None);
+        annotations.insert(
+            POD_ENI_ANNOTATION.to_owned(),
+            r#"[{"eniId":"eni-0123","ifAddress":"02:ee:0a:14:0c:05","privateIp":"10.20.12.5","ipv6Addr":"","vlanId":5,"subnetCidr":"10.20.12.0/24","subnetV6Cidr":"","associationID":"trunk-assoc-1"}]"#.to_owned(),
+        );
+        let eni = branch_eni(&annotations).unwrap().unwrap();
+        assert_eq!(eni.vlan_id, 5);
+        assert_eq!(eni.private_ip, Ipv4Addr::new(10, 20, 12, 5));
+        annotations.insert(POD_ENI_ANNOTATION.to_owned(), "[{]".to_owned());
+        assert!(branch_eni(&annotations).is_err());
+    }
+}
