@@ -18,9 +18,13 @@
 //! For tests: take [`serial()`], bring a [`Lab`] up (dropping it tears it
 //! down), run probes from [`probe`] in pods and far ends, read the router's
 //! counters. Addresses and names are in [`addrs`].
+//!
+//! Pods made the way kubelet makes them, through containerd's CRI, are in
+//! [`cri`].
 
 pub mod addrs;
 pub mod agent;
+pub mod cri;
 pub mod ec2;
 mod error;
 pub mod kube_proxy;

@@ -22,7 +22,12 @@ use vpcnet_lab::moto::{MOTO_PYTHON, MOTO_REQUIREMENT, MOTO_VENV};
 
 /// Debian packages the datapath, the lab and the tests use. `util-linux`
 /// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
-/// `modprobe`, `python3-venv` the virtualenv that pip installs into.
+/// `modprobe`, `python3-venv` the virtualenv that pip installs into. The
+/// lab's container runtime (`vpcnet_lab::cri`) is `containerd` 1.6 (with
+/// `ctr`) and `runc`; `containernetworking-plugins` brings the reference
+/// CNI plugins (`loopback`, `ptp`, `host-local`, `portmap`) to
+/// /usr/lib/cni; `busybox-static` the static /bin/busybox the lab's pause
+/// image is made of.
 pub const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "iptables",
@@ -35,6 +40,10 @@ pub const APT_PACKAGES: &[&str] = &[
     "util-linux",
     "kmod",
     "python3-venv",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
 ];
 
 /// Python packages to install with pip into [`PYPI_VENV`]: requirement
