@@ -3,9 +3,16 @@
 //! ([`crate::pods`]); CHECK, GC and STATUS ask about them. The socket is
 //! root's alone (mode 0600): whoever can talk to it can take addresses.
 
-use std::{os::unix::fs::PermissionsExt, path::Path};
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
-use tokio::net::UnixListener;
+use tokio::{net::UnixListener, sync::Notify};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use vpcnet_api::cni::{
@@ -37,6 +44,50 @@ pub enum ServeError {
 
 struct Backend {
     pods: Pods,
+    in_flight: Arc<InFlight>,
+}
+
+/// Requests being served: at SIGTERM the agent lets them finish (an ADD
+/// cut short would leave the plugin to undo it) but does not wait for idle
+/// connections.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+/// One request being served; dropping it ends it.
+struct Serving(Arc<InFlight>);
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> Serving {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Serving(Arc::clone(self))
+    }
+
+    /// Waits until no request is being served, at most `timeout`; whether
+    /// that happened.
+    pub async fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        tokio::time::timeout(timeout, async {
+            loop {
+                let idle = self.idle.notified();
+                if self.count.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 fn key_of(pod: Option<PodKey>) -> Result<(IpamKey, IpamMetadata), Status> {
@@ -108,6 +159,7 @@ impl CniBackend for Backend {
         &self,
         request: Request<AddNetworkRequest>,
     ) -> Result<Response<AddNetworkReply>, Status> {
+        let _serving = self.in_flight.enter();
         let request = request.into_inner();
         let (key, metadata) = key_of(request.pod)?;
         let pod = self
@@ -136,6 +188,7 @@ impl CniBackend for Backend {
         &self,
         request: Request<DelNetworkRequest>,
     ) -> Result<Response<DelNetworkReply>, Status> {
+        let _serving = self.in_flight.enter();
         let request = request.into_inner();
         let (key, _) = key_of(request.pod)?;
         let released = self
@@ -152,6 +205,7 @@ impl CniBackend for Backend {
         &self,
         request: Request<CheckNetworkRequest>,
     ) -> Result<Response<CheckNetworkReply>, Status> {
+        let _serving = self.in_flight.enter();
         let (key, _) = key_of(request.into_inner().pod)?;
         let reply = match self.pods.check(&key).await.map_err(|e| status_of(&e))? {
             None => CheckNetworkReply::default(),
@@ -168,6 +222,7 @@ impl CniBackend for Backend {
         &self,
         _: Request<ListAttachmentsRequest>,
     ) -> Result<Response<ListAttachmentsReply>, Status> {
+        let _serving = self.in_flight.enter();
         let attachments = self
             .pods
             .attachments()
@@ -184,6 +239,7 @@ impl CniBackend for Backend {
     }
 
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        let _serving = self.in_flight.enter();
         let (ready, reason, available) = self.pods.status().await;
         Ok(Response::new(StatusReply {
             ready,
@@ -196,6 +252,7 @@ impl CniBackend for Backend {
         &self,
         _: Request<IpamStatusRequest>,
     ) -> Result<Response<IpamStatusReply>, Status> {
+        let _serving = self.in_flight.enter();
         let status = self.pods.manager().status().await;
         let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         Ok(Response::new(IpamStatusReply {
@@ -248,15 +305,16 @@ pub fn bind(socket: &Path) -> Result<UnixListener, ServeError> {
     Ok(listener)
 }
 
-/// Serves the backend on `listener` until `shutdown` completes.
+/// Serves the backend on `listener`, counting the requests under way in
+/// `in_flight`, until the task is dropped.
 pub async fn serve(
     pods: Pods,
     listener: UnixListener,
-    shutdown: impl std::future::Future<Output = ()>,
+    in_flight: Arc<InFlight>,
 ) -> Result<(), ServeError> {
     tonic::transport::Server::builder()
-        .add_service(CniBackendServer::new(Backend { pods }))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .add_service(CniBackendServer::new(Backend { pods, in_flight }))
+        .serve_with_incoming(UnixListenerStream::new(listener))
         .await?;
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use vpcnet_common::endpoint::Endpoint;
 
 use crate::{
@@ -326,6 +326,12 @@ impl Pods {
                 }
             }
         }
+        debug!(
+            assignments = assignments.len(),
+            in_datapath = in_datapath.len(),
+            gone = stats.gone,
+            "pod sweep"
+        );
         let now = crate::ipam::manager::unix_ns();
         let grace = i64::try_from(self.inner.orphan_grace.as_nanos()).unwrap_or(i64::MAX);
         for (assigned, _) in &assignments {
@@ -372,8 +378,11 @@ impl Pods {
     }
 }
 
+/// The name of interface `ifindex`, if it exists (nix answers an empty
+/// name rather than an error for one that does not).
 fn interface_name(ifindex: u32) -> Option<String> {
     nix::net::if_::if_indextoname(ifindex)
         .ok()
         .map(|name| name.to_string_lossy().into_owned())
+        .filter(|name| !name.is_empty())
 }

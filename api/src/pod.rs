@@ -45,8 +45,8 @@ pub struct BranchEni {
 }
 
 /// The branch ENI of a pod's annotations: `Ok(None)` for an ordinary pod.
-pub fn branch_eni(
-    annotations: &std::collections::HashMap<String, String>,
+pub fn branch_eni<S: std::hash::BuildHasher>(
+    annotations: &std::collections::HashMap<String, String, S>,
 ) -> Result<Option<BranchEni>, serde_json::Error> {
     let Some(value) = annotations.get(POD_ENI_ANNOTATION) else {
         return Ok(None);

@@ -68,12 +68,21 @@ impl IpamLab {
     /// Brings up a lab whose node is an `instance_type`, the agent running
     /// with the VPC CNI variables `env`.
     pub fn up(instance_type: &str, env: &[(&str, &str)]) -> Self {
+        Self::up_with_args(instance_type, env, &[])
+    }
+
+    /// [`IpamLab::up`] with more `vpcnet-agent run` arguments.
+    pub fn up_with_args(instance_type: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
         let mut ipam = IpamLabOptions::new(instance_type);
         ipam.env = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        ipam.agent_args = FAST_AGENT_ARGS.iter().map(|a| (*a).to_owned()).collect();
+        ipam.agent_args = FAST_AGENT_ARGS
+            .iter()
+            .chain(args)
+            .map(|a| (*a).to_owned())
+            .collect();
         let opts = LabOptions {
             ipam: Some(ipam),
             ..LabOptions::ebpf(0, agent_binary())
@@ -101,17 +110,25 @@ impl IpamLab {
         self.client = Some(client);
     }
 
-    fn client(&mut self) -> CniBackendClient<Channel> {
+    /// A client of the agent's CNI backend (connected).
+    pub fn client(&mut self) -> CniBackendClient<Channel> {
         self.client.clone().expect("connected")
     }
 
-    /// CNI ADD.
+    /// Runs `call` (a backend call) to completion.
+    pub fn block_on<F: std::future::Future>(&self, call: F) -> F::Output {
+        self.runtime.block_on(call)
+    }
+
+    /// CNI ADD of the address alone: no host veth, so no datapath entry
+    /// (the address-manager tests need pods by the hundred, not veths).
     pub fn add(&mut self, id: usize) -> Result<AddNetworkReply, tonic::Status> {
         let mut client = self.client();
         self.runtime
             .block_on(client.add_network(AddNetworkRequest {
                 pod: Some(pod(id)),
                 netns: format!("/var/run/netns/test-{id}"),
+                ..AddNetworkRequest::default()
             }))
             .map(tonic::Response::into_inner)
     }
@@ -121,7 +138,10 @@ impl IpamLab {
         let mut client = self.client();
         let reply = self
             .runtime
-            .block_on(client.del_network(DelNetworkRequest { pod: Some(pod(id)) }))?
+            .block_on(client.del_network(DelNetworkRequest {
+                pod: Some(pod(id)),
+                ..DelNetworkRequest::default()
+            }))?
             .into_inner();
         Ok((!reply.ipv4_addr.is_empty()).then(|| reply.ipv4_addr.parse().expect("an address")))
     }
@@ -163,7 +183,8 @@ impl IpamLab {
             }
             assert!(
                 Instant::now() < deadline,
-                "{what}: not within {timeout:?}; last status {status:?}"
+                "{what}: not within {timeout:?}; last status {status:?}\nagent log (tail):\n{}",
+                agent_log_tail()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -247,4 +268,12 @@ pub fn holdings(state: &StateSnapshot, instance: &str) -> Ec2Holdings {
             .map(|e| e.id.clone())
             .collect(),
     }
+}
+
+/// The last lines of the lab agent's log, for failure messages.
+#[must_use]
+pub fn agent_log_tail() -> String {
+    let log = std::fs::read_to_string(vpcnet_lab::agent_log_file()).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
