@@ -69,6 +69,8 @@ pub enum LabError {
     #[error("a thread in namespace {ns} panicked")]
     ThreadPanicked { ns: String },
 
+    #[error("the container runtime: {0}")]
+    Cri(#[source] Box<crate::cri::CriError>),
     #[error("tearing the lab down left something behind: {0}")]
     Teardown(String),
 }
@@ -98,5 +100,11 @@ impl<T> Context<T> for Result<T, nix::Error> {
             context: context(),
             source,
         })
+    }
+}
+
+impl From<crate::cri::CriError> for LabError {
+    fn from(err: crate::cri::CriError) -> Self {
+        Self::Cri(Box::new(err))
     }
 }

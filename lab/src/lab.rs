@@ -15,6 +15,8 @@ use tracing::{info, warn};
 use crate::{
     addrs::{BPF_PIN_DIR, NS_NODE},
     agent,
+    cri::{self, Containerd, CriClient},
+    cri_pods,
     ec2::{EmulatorOptions, EmulatorProcess},
     error::{Context, LabError, Result},
     kube_proxy, layout,
@@ -35,6 +37,8 @@ pub struct Lab {
     agent: Option<Child>,
     /// The EC2 emulator of an address-manager lab (killed when dropped).
     emulator: Option<EmulatorProcess>,
+    /// The container runtime of a lab whose pods come through CRI.
+    containerd: Option<Containerd>,
     teardown_on_drop: bool,
 }
 
@@ -62,6 +66,7 @@ impl Lab {
             },
             agent: None,
             emulator: None,
+            containerd: None,
             teardown_on_drop: true,
         };
         match lab.build() {
@@ -77,8 +82,7 @@ impl Lab {
             Err(err) => {
                 warn!(%err, "building the lab failed; removing what was built");
                 lab.teardown_on_drop = false;
-                drop(lab.emulator.take());
-                if let Err(teardown_err) = teardown(lab.agent.take()) {
+                if let Err(teardown_err) = teardown(lab.take_processes()) {
                     warn!(%teardown_err, "removing the half-built lab failed too");
                 }
                 Err(err)
@@ -88,7 +92,9 @@ impl Lab {
 
     fn build(&mut self) -> Result<()> {
         let opts = self.state.options.clone();
-        self.state.pods = (0..opts.pods)
+        // Pods through the runtime come after the agent; static ones now.
+        let static_pods = if opts.cri().is_some() { 0 } else { opts.pods };
+        self.state.pods = (0..static_pods)
             .map(|index| PodInfo::in_lab(index, &opts))
             .collect::<Result<_>>()?;
         self.state.namespaces = topology::namespaces(&self.state.pods);
@@ -122,8 +128,32 @@ impl Lab {
             self.state.agent = Some(info);
             self.state.save()?;
         }
+        if let Some(cri) = opts.cri() {
+            let containerd = cri_pods::start_containerd(&cri.cni_plugin)?;
+            let client = containerd.client()?;
+            self.containerd = Some(containerd);
+            for index in 0..opts.pods {
+                let pod = cri_pods::run_pod(&client, index, &cri_pods::pod_spec(index))?;
+                info!(pod = %pod.k8s_name, addr = %pod.addr, eni = %pod.eni, "pod running");
+                self.state.pods.push(pod);
+                self.state.save()?;
+            }
+        }
         self.state.ready = true;
         self.state.save()
+    }
+
+    fn take_processes(&mut self) -> Processes {
+        Processes {
+            agent: self.agent.take(),
+            emulator: self.emulator.take(),
+            containerd: self.containerd.take(),
+        }
+    }
+
+    /// A client of the lab's container runtime (CRI).
+    pub fn cri(&self) -> Result<CriClient> {
+        Ok(CriClient::connect(cri::CONTAINERD_SOCKET)?)
     }
 
     /// Attaches to the lab that is running (brought up by this or another
@@ -134,6 +164,7 @@ impl Lab {
             state,
             agent: None,
             emulator: None,
+            containerd: None,
             teardown_on_drop: false,
         })
     }
@@ -145,6 +176,14 @@ impl Lab {
         // The agent keeps running; its handle is simply forgotten (it is in
         // its own process group and is stopped through its pid file).
         drop(self.agent.take());
+        // The emulator and containerd too: `lab down` finds them through
+        // their pid files.
+        if let Some(emulator) = self.emulator.take() {
+            emulator.leave_running();
+        }
+        if let Some(containerd) = self.containerd.take() {
+            containerd.leave_running();
+        }
         self.state.clone()
     }
 
@@ -152,8 +191,7 @@ impl Lab {
     /// the state directory.
     pub fn down(mut self) -> Result<()> {
         self.teardown_on_drop = false;
-        drop(self.emulator.take());
-        teardown(self.agent.take())
+        teardown(self.take_processes())
     }
 
     /// The EC2 emulator, in an address-manager lab this process started.
@@ -288,7 +326,7 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         if self.teardown_on_drop
-            && let Err(err) = teardown(self.agent.take())
+            && let Err(err) = teardown(self.take_processes())
         {
             warn!(%err, "tearing the lab down on drop failed; run `cargo xtask lab down`");
         }
@@ -328,12 +366,37 @@ pub fn down_all() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         return Err(LabError::NotRoot);
     }
-    teardown(None)
+    teardown(Processes::default())
 }
 
-fn teardown(mut agent_child: Option<Child>) -> Result<()> {
+/// The lab's processes this process started (others are found through
+/// their pid files).
+#[derive(Default)]
+struct Processes {
+    agent: Option<Child>,
+    emulator: Option<EmulatorProcess>,
+    containerd: Option<Containerd>,
+}
+
+fn teardown(processes: Processes) -> Result<()> {
+    let Processes {
+        agent: mut agent_child,
+        emulator,
+        containerd,
+    } = processes;
     let mut problems = Vec::new();
 
+    // The pods first, as kubelet takes them down: their CNI DELs need the
+    // agent and the node. Then the runtime, whoever started it.
+    let runtime_down = match containerd {
+        Some(containerd) => containerd.stop(),
+        None => cri::teardown_leftovers(),
+    };
+    if let Err(err) = runtime_down {
+        problems.push(err.to_string());
+    }
+
+    drop(emulator);
     // An emulator some earlier process left (its owner was killed).
     kill_recorded_emulator();
 

@@ -25,6 +25,7 @@
 pub mod addrs;
 pub mod agent;
 pub mod cri;
+pub mod cri_pods;
 pub mod ec2;
 mod error;
 pub mod kube_proxy;
@@ -44,8 +45,8 @@ pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
 pub use options::{
-    Datapath, EnforcingMode, IpamLabOptions, LabOptions, NodePortService, RandomizeSnat,
-    parse_cidr_list, parse_enforcing_mode, parse_index_list,
+    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, LabOptions, NodePortService,
+    RandomizeSnat, parse_cidr_list, parse_enforcing_mode, parse_index_list,
 };
 pub use probe::{
     Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,

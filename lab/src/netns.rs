@@ -24,9 +24,14 @@ use crate::{
 /// Where `ip netns` keeps its namespaces.
 pub const NETNS_RUN_DIR: &str = "/var/run/netns";
 
-/// The bind mount that names namespace `ns`.
+/// The bind mount that names namespace `ns`: a lab namespace's name, or
+/// the path of a pod namespace the lab's container runtime made.
 pub fn netns_path(ns: &str) -> PathBuf {
-    PathBuf::from(NETNS_RUN_DIR).join(ns)
+    if ns.starts_with('/') {
+        PathBuf::from(ns)
+    } else {
+        PathBuf::from(NETNS_RUN_DIR).join(ns)
+    }
 }
 
 /// Every lab namespace that exists now, sorted.
@@ -47,6 +52,19 @@ pub fn lab_namespaces() -> Result<Vec<String>> {
     }
     names.sort();
     Ok(names)
+}
+
+/// A namespace commands and threads may enter: a lab namespace, or a pod
+/// namespace of the lab's containerd (under its state directory).
+fn check_usable(ns: &str) -> Result<()> {
+    let path = std::path::Path::new(ns);
+    if path.is_absolute()
+        && path.starts_with(crate::cri::CONTAINERD_STATE_DIR)
+        && !ns.contains("/../")
+    {
+        return Ok(());
+    }
+    check_lab_name(ns)
 }
 
 fn check_lab_name(ns: &str) -> Result<()> {
@@ -107,7 +125,7 @@ pub fn delete_namespaces(names: &[String]) -> Result<()> {
 /// Runs `argv` inside namespace `ns` (through `nsenter`) and returns its
 /// output whatever its exit status.
 pub fn exec(ns: &str, argv: &[&str]) -> Result<Output> {
-    check_lab_name(ns)?;
+    check_usable(ns)?;
     let (program, program_args) = argv
         .split_first()
         .ok_or_else(|| LabError::InvalidOption("exec needs a command".into()))?;
@@ -258,7 +276,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    check_lab_name(ns)?;
+    check_usable(ns)?;
     let path = netns_path(ns);
     let netns = File::open(&path).context(|| format!("opening namespace {}", path.display()))?;
     let (entered_tx, entered_rx) = mpsc::sync_channel::<nix::Result<()>>(1);
@@ -295,7 +313,7 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    check_lab_name(ns)?;
+    check_usable(ns)?;
     let path = netns_path(ns);
     let netns = File::open(&path).context(|| format!("opening namespace {}", path.display()))?;
     // A scoped thread lets `f` borrow from the caller.

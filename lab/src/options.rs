@@ -215,6 +215,18 @@ pub struct IpamLabOptions {
     /// More `vpcnet-agent run` arguments (shorter intervals in tests).
     #[serde(default)]
     pub agent_args: Vec<String>,
+    /// Pods through a container runtime: containerd's CRI in the node runs
+    /// the plugin binary for every pod ([`LabOptions::pods`] of them),
+    /// as kubelet makes it do on EKS.
+    #[serde(default)]
+    pub cri: Option<CriLabOptions>,
+}
+
+/// The container runtime of a lab whose pods are made through CRI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CriLabOptions {
+    /// The `vpcnet-cni` binary.
+    pub cni_plugin: PathBuf,
 }
 
 impl IpamLabOptions {
@@ -224,6 +236,7 @@ impl IpamLabOptions {
             instance_type: instance_type.to_owned(),
             env: Vec::new(),
             agent_args: Vec::new(),
+            cri: None,
         }
     }
 }
@@ -278,15 +291,34 @@ impl LabOptions {
     }
 
     /// Checks everything that can be checked before anything is built.
+    /// The container runtime's options, when pods come through CRI.
+    pub fn cri(&self) -> Option<&CriLabOptions> {
+        self.ipam.as_ref().and_then(|ipam| ipam.cri.as_ref())
+    }
+
     pub fn validate(&self) -> Result<()> {
         self.validate_settings()?;
-        if self.ipam.is_some()
-            && (self.datapath != Datapath::Ebpf || self.pods != 0 || self.enis != 1)
-        {
-            return Err(LabError::InvalidOption(
-                "the address manager runs with the ebpf datapath, no static pods and one ENI"
-                    .into(),
-            ));
+        if let Some(ipam) = &self.ipam {
+            let static_pods = if ipam.cri.is_some() { 0 } else { self.pods };
+            if self.datapath != Datapath::Ebpf
+                || static_pods != 0
+                || self.enis != 1
+                || !self.branch_pods.is_empty()
+                || self.node_port.is_some()
+            {
+                return Err(LabError::InvalidOption(
+                    "the address manager runs with the ebpf datapath and one ENI; its pods come only through CRI"
+                        .into(),
+                ));
+            }
+            if let Some(cri) = &ipam.cri
+                && !cri.cni_plugin.is_file()
+            {
+                return Err(LabError::InvalidOption(format!(
+                    "the CNI plugin {} does not exist (build it with `cargo build -p vpcnet-cni`)",
+                    cri.cni_plugin.display()
+                )));
+            }
         }
         if self.datapath == Datapath::Ebpf {
             let Some(agent) = &self.agent_bin else {

@@ -134,6 +134,21 @@ impl Assignments {
     }
 }
 
+/// The MAC of the ENI the router delivers `addr` to (its permanent
+/// neighbour entry), if any ENI owns `addr`.
+pub fn owner_mac(addr: Ipv4Addr) -> Result<Option<String>> {
+    let addr = addr.to_string();
+    let out = crate::netns::exec_ok(NS_VPC, &["ip", "-j", "neigh", "show", &addr])?;
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_str(&out).map_err(|err| crate::error::LabError::BadOutput {
+            command: format!("ip -j neigh show {addr}"),
+            reason: err.to_string(),
+        })?;
+    Ok(entries
+        .iter()
+        .find_map(|entry| entry["lladdr"].as_str().map(str::to_owned)))
+}
+
 /// Every address of `prefix`, network and broadcast included (a delegated
 /// prefix's addresses are all usable by pods).
 pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {

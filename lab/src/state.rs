@@ -63,6 +63,9 @@ pub struct PodInfo {
     /// pod's permanent neighbour for 169.254.1.1).
     pub host_veth: String,
     pub host_veth_mac: String,
+    /// Its pod sandbox, for a pod made through the container runtime.
+    #[serde(default)]
+    pub sandbox: Option<String>,
 }
 
 fn eth0() -> String {
@@ -90,6 +93,7 @@ impl PodInfo {
             ifname: "eth0".to_owned(),
             mac: addrs::pod_mac(index),
             host_veth_mac: addrs::pod_host_veth_mac(index),
+            sandbox: None,
         })
     }
 

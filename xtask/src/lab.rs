@@ -10,8 +10,9 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use vpcnet_lab::{
-    Datapath, EnforcingMode, Lab, LabOptions, LabState, NodePortService, RandomizeSnat,
-    WhoamiServer, addrs, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
+    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, Lab, LabOptions, LabState,
+    NodePortService, RandomizeSnat, WhoamiServer, addrs, icmp_echo, send_spoofed_udp, tcp_whoami,
+    udp_whoami,
 };
 
 #[derive(clap::Args)]
@@ -82,6 +83,29 @@ struct UpArgs {
     /// datapath) before the lab's own pods, for addresses in 100.64.32.0/19.
     #[arg(long, default_value_t = 0)]
     filler_pods: usize,
+    /// With the ebpf datapath, wire the pods from the lab's static layout
+    /// instead of through containerd, the CNI plugin and the agent's
+    /// address manager (implied by --enis, --branch-pods, --node-port and
+    /// --filler-pods, which only the static layout has).
+    #[arg(long)]
+    static_pods: bool,
+    /// The node's EC2 instance type (its ENI and address limits), for pods
+    /// through containerd.
+    #[arg(long, default_value = "m5.large")]
+    instance_type: String,
+}
+
+impl UpArgs {
+    /// Whether the pods come through containerd's CRI and the CNI plugin,
+    /// with the agent's address manager against the EC2 emulator.
+    fn through_cri(&self) -> bool {
+        self.datapath == Datapath::Ebpf
+            && !self.static_pods
+            && self.enis == 1
+            && self.branch_pods.is_empty()
+            && self.node_port.is_none()
+            && self.filler_pods == 0
+    }
 }
 
 fn enforcing_mode(value: &str) -> Result<EnforcingMode, String> {
@@ -121,8 +145,6 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             target_port: args.node_port_target,
         }),
         filler_pods: args.filler_pods,
-        // The address manager's labs are the tests' for now (the emulator
-        // does not outlive the process that starts it).
         ipam: None,
     };
     // Refuse bad input, or a lab that exists already, before building the
@@ -140,6 +162,16 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             crate::build::agent_binary(false).context("building the agent")?
         };
         opts.agent_bin = Some(agent_bin);
+    }
+    if args.through_cri() {
+        println!("building vpcnet-cni and the EC2 emulator...");
+        let cni_plugin =
+            crate::build::cni_plugin_binary(false).context("building the CNI plugin")?;
+        crate::build::binary("vpcnet-lab", vpcnet_lab::ec2::EMULATOR_BIN, false)
+            .context("building the EC2 emulator")?;
+        let mut ipam = IpamLabOptions::new(&args.instance_type);
+        ipam.cri = Some(CriLabOptions { cni_plugin });
+        opts.ipam = Some(ipam);
     }
     opts.validate()?;
     Ok(opts)

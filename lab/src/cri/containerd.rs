@@ -339,6 +339,12 @@ impl Containerd {
     }
 
     /// The daemon's pid.
+    /// Lets containerd outlive this value and this process (a lab left
+    /// running); [`teardown_leftovers`] removes it later.
+    pub fn leave_running(self) {
+        std::mem::forget(self);
+    }
+
     pub fn pid(&self) -> u32 {
         self.pid
     }

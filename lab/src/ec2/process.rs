@@ -12,6 +12,7 @@ use std::{
     fs::{self, File},
     io::{BufRead, BufReader, Read, Seek, SeekFrom},
     net::SocketAddr,
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
@@ -147,7 +148,10 @@ impl EmulatorProcess {
             .args(["--fabric", if opts.fabric { "lab" } else { "none" }])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log);
+            .stderr(log)
+            // Its own process group: a Ctrl-C meant for whoever started it
+            // does not take a lab left running down with it.
+            .process_group(0);
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "vpcnet_lab=info");
         }
@@ -197,6 +201,12 @@ impl EmulatorProcess {
     /// The emulator's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Lets the emulator outlive this value and this process (a lab left
+    /// running); it is then killed through its pid file.
+    pub fn leave_running(self) {
+        std::mem::forget(self);
     }
 
     /// The emulator's log.

@@ -1,0 +1,210 @@
+//! Pods the way a cluster makes them: containerd's CRI in `vpcnet-node`
+//! runs the real CNI plugin (`vpcnet-cni`, then Debian's `portmap`, the
+//! conflist of `deploy/`) for each pod sandbox, the plugin asks the agent,
+//! the agent hands out an address from the EC2 emulator's ENIs.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::{IpAddr, Ipv4Addr},
+    path::{Path, PathBuf},
+};
+
+use serde_json::Value;
+use tracing::info;
+
+use crate::{
+    addrs::{self, NS_NODE},
+    cri::{self, Containerd, ContainerdOptions, CriClient, PodSpec, PortMapping},
+    error::{Context, LabError, Result},
+    netns,
+    state::{PodInfo, cni_socket_file, state_dir},
+};
+
+/// The conflist the project ships: the lab runs exactly it, with the
+/// agent's socket and the plugin's log in the lab's state directory.
+const DEPLOY_CONFLIST: &str = include_str!("../../deploy/10-vpcnet.conflist");
+
+/// Debian's plugins the conflist chains (and `loopback`, which containerd
+/// runs for every sandbox's `lo`).
+const DEBIAN_PLUGINS: [&str; 2] = ["portmap", "loopback"];
+
+/// The plugins containerd may run (one directory: containerd 1.6 takes one).
+pub fn cni_bin_dir() -> PathBuf {
+    state_dir().join("cni").join("bin")
+}
+
+/// The network configuration containerd reads.
+pub fn cni_conf_dir() -> PathBuf {
+    state_dir().join("cni").join("net.d")
+}
+
+/// The plugin's log file in the lab.
+pub fn cni_plugin_log() -> PathBuf {
+    state_dir().join("cni-plugin.log")
+}
+
+/// The conflist of `deploy/` pointed at the lab's agent socket and log.
+pub fn lab_conflist() -> Result<Value> {
+    let mut conflist: Value = serde_json::from_str(DEPLOY_CONFLIST).map_err(|err| {
+        LabError::InvalidOption(format!("deploy/10-vpcnet.conflist is not JSON: {err}"))
+    })?;
+    let plugin = conflist["plugins"]
+        .as_array_mut()
+        .and_then(|plugins| {
+            plugins
+                .iter_mut()
+                .find(|p| p["type"].as_str() == Some("vpcnet-cni"))
+        })
+        .ok_or_else(|| {
+            LabError::InvalidOption("deploy/10-vpcnet.conflist has no vpcnet-cni plugin".into())
+        })?;
+    plugin["agentSocket"] = Value::from(cni_socket_file().display().to_string());
+    plugin["logFile"] = Value::from(cni_plugin_log().display().to_string());
+    Ok(conflist)
+}
+
+/// Writes the CNI configuration and plugin directory, then starts
+/// containerd in the node.
+pub fn start_containerd(cni_plugin: &Path) -> Result<Containerd> {
+    let debian: Vec<PathBuf> = DEBIAN_PLUGINS
+        .iter()
+        .map(|name| Path::new(cri::DEBIAN_CNI_BIN_DIR).join(name))
+        .collect();
+    let plugins: Vec<&Path> = std::iter::once(cni_plugin)
+        .chain(debian.iter().map(PathBuf::as_path))
+        .collect();
+    cri::link_cni_plugins(&cni_bin_dir(), &plugins)?;
+    let conf_dir = cni_conf_dir();
+    fs::create_dir_all(&conf_dir).context(|| format!("creating {}", conf_dir.display()))?;
+    let conflist = lab_conflist()?;
+    let path = conf_dir.join("10-vpcnet.conflist");
+    fs::write(
+        &path,
+        serde_json::to_vec_pretty(&conflist).expect("JSON values serialize"),
+    )
+    .context(|| format!("writing {}", path.display()))?;
+    let containerd = Containerd::start(&ContainerdOptions::new(
+        NS_NODE,
+        cni_bin_dir(),
+        cni_conf_dir(),
+    ))?;
+    info!(pid = containerd.pid(), "containerd is up in the node");
+    Ok(containerd)
+}
+
+/// The Kubernetes identity of lab pod `index`.
+pub fn pod_spec(index: usize) -> PodSpec {
+    PodSpec::new(
+        addrs::POD_K8S_NAMESPACE,
+        addrs::pod_name(index),
+        format!("00000000-0000-4000-8000-{index:012}"),
+    )
+}
+
+/// A pod with `hostPort`s (portmap's work).
+pub fn pod_spec_with_ports(index: usize, ports: &[PortMapping]) -> PodSpec {
+    PodSpec {
+        port_mappings: ports.to_vec(),
+        ..pod_spec(index)
+    }
+}
+
+/// Runs `spec`'s sandbox (kubelet's `RunPodSandbox`) and describes the pod
+/// it made: its address, namespace, veth and the ENI its address is on.
+pub fn run_pod(client: &CriClient, index: usize, spec: &PodSpec) -> Result<PodInfo> {
+    let sandbox = client.run_pod_sandbox(spec)?;
+    describe_pod(client, index, &sandbox)
+}
+
+/// What the runtime and the node say about sandbox `sandbox`.
+pub fn describe_pod(client: &CriClient, index: usize, sandbox: &str) -> Result<PodInfo> {
+    let status = client.pod_sandbox_status(sandbox)?;
+    let addr = match status.ip {
+        Some(IpAddr::V4(addr)) => addr,
+        other => {
+            return Err(LabError::BadOutput {
+                command: format!("PodSandboxStatus {sandbox}"),
+                reason: format!("the pod has no IPv4 address ({other:?})"),
+            });
+        }
+    };
+    let netns_path = status.netns.ok_or_else(|| LabError::BadOutput {
+        command: format!("PodSandboxStatus {sandbox}"),
+        reason: "no network namespace".into(),
+    })?;
+    let netns = netns_path.display().to_string();
+    let host_veth = addrs::host_veth_name(&status.namespace, &status.name);
+    let pod_link = link_of(&netns, "eth0")?;
+    let host_link = link_of(NS_NODE, &host_veth)?;
+    let eni = eni_link_of(addr)?;
+    Ok(PodInfo {
+        index,
+        netns,
+        k8s_namespace: status.namespace,
+        k8s_name: status.name,
+        addr,
+        eni_device: eni
+            .strip_prefix("eth")
+            .and_then(|device| device.parse().ok()),
+        eni,
+        branch: None,
+        ifname: "eth0".to_owned(),
+        mac: pod_link.mac,
+        host_veth,
+        host_veth_mac: host_link.mac,
+        sandbox: Some(sandbox.to_owned()),
+    })
+}
+
+/// Stops and removes a pod's sandbox, as kubelet does when a pod goes.
+pub fn remove_pod(client: &CriClient, sandbox: &str) -> Result<()> {
+    client.stop_pod_sandbox(sandbox)?;
+    client.remove_pod_sandbox(sandbox)?;
+    Ok(())
+}
+
+struct Link {
+    mac: String,
+}
+
+/// `ip -j link show` of `name` in namespace (or namespace path) `ns`.
+fn link_of(ns: &str, name: &str) -> Result<Link> {
+    let out = netns::exec_ok(ns, &["ip", "-j", "link", "show", name])?;
+    let links: Value = serde_json::from_str(&out).map_err(|err| LabError::BadOutput {
+        command: format!("ip -j link show {name}"),
+        reason: err.to_string(),
+    })?;
+    let mac = links[0]["address"]
+        .as_str()
+        .ok_or_else(|| LabError::BadOutput {
+            command: format!("ip -j link show {name}"),
+            reason: "no address".into(),
+        })?;
+    Ok(Link {
+        mac: mac.to_owned(),
+    })
+}
+
+/// The node's link of the ENI that owns `addr`: the link with the MAC of
+/// the ENI the VPC router delivers `addr` to.
+fn eni_link_of(addr: Ipv4Addr) -> Result<String> {
+    let out = netns::exec_ok(NS_NODE, &["ip", "-j", "link", "show"])?;
+    let links: Vec<Value> = serde_json::from_str(&out).map_err(|err| LabError::BadOutput {
+        command: "ip -j link show".into(),
+        reason: err.to_string(),
+    })?;
+    let by_mac: BTreeMap<String, String> = links
+        .iter()
+        .filter_map(|link| {
+            Some((
+                link["address"].as_str()?.to_owned(),
+                link["ifname"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let owner = crate::router::owner_mac(addr)?;
+    Ok(owner
+        .and_then(|mac| by_mac.get(&mac).cloned())
+        .unwrap_or_default())
+}
