@@ -1,5 +1,7 @@
 //! `vpcnet-agent`: the node daemon (`run`) and the operator's commands on
-//! the node (`counters`, `nat`, `config`, `set`).
+//! the node (`counters`, `nat`, `config`, `set`, `ipam`, `pods`, `enis`).
+
+mod cli;
 
 use std::{io::Write, net::Ipv4Addr, os::fd::AsRawFd, path::PathBuf, sync::Arc, time::Duration};
 
@@ -12,6 +14,7 @@ use vpcnet_agent::{
     cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
     datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns},
+    introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
         settings::IpamSettings,
@@ -65,6 +68,21 @@ enum Command {
     Set {
         #[command(subcommand)]
         flag: SetFlag,
+    },
+    /// Print the pods the running agent holds addresses for, with their
+    /// datapath entries (asks its introspection endpoint).
+    Pods {
+        #[command(flatten)]
+        endpoint: cli::IntrospectionEndpoint,
+    },
+    /// Print the node's ENIs, their addresses and which pod holds each
+    /// (asks the running agent's introspection endpoint).
+    Enis {
+        #[command(flatten)]
+        endpoint: cli::IntrospectionEndpoint,
+        /// Also list the free addresses.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -137,6 +155,14 @@ struct RunArgs {
     /// Flows each NAT map holds.
     #[arg(long, default_value_t = vpcnet_common::maps::NAT_DEFAULT_ENTRIES)]
     nat_entries: u32,
+    /// Serve introspection here (`address:port` or `unix:/path`), whatever
+    /// `INTROSPECTION_BIND_ADDRESS` and `DISABLE_INTROSPECTION` say.
+    #[arg(long)]
+    introspection_address: Option<String>,
+    /// Serve Prometheus metrics here (default 0.0.0.0:61678), whatever
+    /// `DISABLE_METRICS` says.
+    #[arg(long)]
+    metrics_address: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -157,6 +183,8 @@ fn main() -> Result<()> {
         Command::Config => print_config(&open(&cli.pin_dir)?),
         Command::Set { flag } => set_flag(&mut open(&cli.pin_dir)?, &flag),
         Command::Ipam { cni_socket } => print_ipam(&cni_socket),
+        Command::Pods { endpoint } => cli::print_pods(&endpoint),
+        Command::Enis { endpoint, all } => cli::print_enis(&endpoint, all),
     }
 }
 
@@ -178,11 +206,22 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
     } else {
         None
     };
+    let endpoints = introspect::Endpoints::from_env(
+        args.introspection_address.as_deref(),
+        args.metrics_address.as_deref(),
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(run_node(pin_dir, args, snat, service_cidrs, ipam))
+    runtime.block_on(run_node(
+        pin_dir,
+        args,
+        snat,
+        service_cidrs,
+        ipam,
+        &endpoints,
+    ))
 }
 
 /// What the node is: from the command line, or from IMDS with `--ipam`.
@@ -261,12 +300,14 @@ async fn start_manager(
     }
 }
 
+#[allow(clippy::too_many_lines)] // the node's start, step by step
 async fn run_node(
     pin_dir: &std::path::Path,
     args: &RunArgs,
     snat: SnatSettings,
     service_cidrs: Vec<Ipv4Net>,
     ipam: Option<IpamSettings>,
+    endpoints: &introspect::Endpoints,
 ) -> Result<()> {
     let netlink = NetlinkHandle::new()?;
     let cloud = match &ipam {
@@ -332,6 +373,7 @@ async fn run_node(
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let mut cni_task = None;
+    let (ipam_settings, mut introspected_pods) = (ipam.clone(), None);
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
         let network = Arc::new(NodeLinks {
             netlink,
@@ -357,6 +399,7 @@ async fn run_node(
                 .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
             seconds("--orphan-grace", args.orphan_grace)?,
         );
+        introspected_pods = Some(pods.clone());
         tasks.spawn(sweep_pods(
             pods.clone(),
             seconds("--pod-sweep-interval", args.pod_sweep_interval)?,
@@ -373,6 +416,18 @@ async fn run_node(
         }));
         info!(socket = %args.cni_socket.display(), "CNI backend serving");
     }
+    // Without --ipam: the datapath's own entries, the IPAM parts empty.
+    introspect::start(
+        endpoints,
+        introspect::Sources {
+            datapath: Arc::clone(&datapath),
+            pods: introspected_pods,
+            ipam_settings,
+            primary_interface: node.primary_interface.clone(),
+        },
+        &shutdown_rx,
+        &mut tasks,
+    )?;
     if args.notify_ready {
         notify_ready()?;
     }

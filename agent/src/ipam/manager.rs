@@ -672,6 +672,7 @@ impl Manager {
             enis: st.enis.len(),
             max_enis: me.node.max_enis,
             max_pods: me.node.max_pods,
+            max_ips: self.max_ips(),
             prefix_fallback: st.prefix_fallback,
             counters: me.counters.snapshot(),
             events: me
@@ -680,6 +681,55 @@ impl Manager {
                 .map(|e| e.iter().cloned().collect())
                 .unwrap_or_default(),
         }
+    }
+
+    /// Addresses the node could hold for pods at most: every secondary
+    /// slot of every ENI it may attach, 16 per slot with prefixes (ipamd's
+    /// `maxIPsPerENI * maxENI`, its `awscni_ip_max`).
+    fn max_ips(&self) -> usize {
+        let node = &self.inner.node;
+        let per_eni = node.limits.ips_per_eni.saturating_sub(1);
+        let per_slot = if self.inner.opts.settings.prefix_delegation {
+            IPS_PER_PREFIX
+        } else {
+            1
+        };
+        node.max_enis * per_eni * per_slot
+    }
+
+    /// The node's ENIs as introspection shows them, in device order: what
+    /// each holds and which pod holds which of its addresses.
+    pub async fn enis(&self) -> Vec<EniDetail> {
+        let me = &self.inner;
+        let st = me.state.lock().await;
+        let mut assigned: BTreeMap<&str, Vec<AssignedAddr>> = BTreeMap::new();
+        let assignments = st.datastore.assignments();
+        for a in &assignments {
+            assigned.entry(a.eni.as_str()).or_default().push(a.clone());
+        }
+        let mut enis: Vec<EniDetail> = st
+            .enis
+            .iter()
+            .map(|(id, tracked)| {
+                let record = st.datastore.eni(id);
+                EniDetail {
+                    id: id.clone(),
+                    device_number: tracked.device_number,
+                    mac: tracked.mac.clone(),
+                    attachment_id: tracked.attachment_id.clone(),
+                    subnet: tracked.subnet,
+                    primary_addr: tracked.primary_addr,
+                    primary: tracked.mac == me.node.instance.primary_mac,
+                    no_manage: tracked.no_manage,
+                    excluded_for_pods: record.is_some_and(|r| r.excluded_for_pods),
+                    secondary_addrs: record.map(EniRecord::secondary_addrs).unwrap_or_default(),
+                    prefixes: record.map(EniRecord::prefixes).unwrap_or_default(),
+                    assigned: assigned.remove(id.as_str()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        enis.sort_by_key(|e| e.device_number);
+        enis
     }
 
     fn event(&self, reason: &'static str, message: String) {
@@ -1200,9 +1250,33 @@ pub struct IpamStatus {
     pub enis: usize,
     pub max_enis: usize,
     pub max_pods: usize,
+    /// Addresses the node could hold for pods at most (`awscni_ip_max`).
+    pub max_ips: usize,
     pub prefix_fallback: bool,
     pub counters: Vec<(&'static str, u64)>,
     pub events: Vec<IpamEvent>,
+}
+
+/// One attached ENI as introspection shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EniDetail {
+    pub id: String,
+    pub device_number: u32,
+    pub mac: String,
+    pub attachment_id: Option<String>,
+    pub subnet: Ipv4Net,
+    /// The ENI's own address: never a pod's.
+    pub primary_addr: Option<Ipv4Addr>,
+    /// The instance's primary ENI.
+    pub primary: bool,
+    /// Tagged `no_manage`: none of its addresses go to pods.
+    pub no_manage: bool,
+    /// Custom networking's primary ENI: in the pool, serving no pod.
+    pub excluded_for_pods: bool,
+    pub secondary_addrs: Vec<Ipv4Addr>,
+    pub prefixes: Vec<Ipv4Net>,
+    /// Its addresses held by pods.
+    pub assigned: Vec<AssignedAddr>,
 }
 
 #[cfg(test)]

@@ -230,6 +230,46 @@ impl IpamSettings {
         Ok(())
     }
 
+    /// The settings in force, keyed by the variable each comes from (what
+    /// introspection's `/v1/config` shows, as ipamd's
+    /// `/v1/ipamd-env-settings` does): unset ones are `null`.
+    #[must_use]
+    pub fn env_view(&self) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::{Value, json};
+        let unset_if_zero = |n: usize| if n == 0 { Value::Null } else { json!(n) };
+        [
+            (ENV_WARM_ENI_TARGET, json!(self.warm_eni_target)),
+            (ENV_WARM_IP_TARGET, unset_if_zero(self.warm_ip_target)),
+            (ENV_MINIMUM_IP_TARGET, unset_if_zero(self.minimum_ip_target)),
+            (ENV_WARM_PREFIX_TARGET, json!(self.warm_prefix_target)),
+            (ENV_ENABLE_PREFIX_DELEGATION, json!(self.prefix_delegation)),
+            (ENV_MAX_ENI, json!(self.max_eni)),
+            (ENV_IP_COOLDOWN_PERIOD, json!(self.ip_cooldown.as_secs())),
+            (ENV_CUSTOM_NETWORK_CFG, json!(self.custom_network)),
+            (ENV_ENI_MTU, json!(self.eni_mtu)),
+            (
+                ENV_DISABLE_LEAKED_ENI_CLEANUP,
+                json!(!self.leaked_eni_cleanup),
+            ),
+            (ENV_BACKING_STORE, json!(self.backing_store)),
+            (ENV_ENABLE_POD_ENI, json!(self.pod_eni)),
+            (
+                ENV_SG_ENFORCING_MODE,
+                json!(self.sg_enforcing_mode.env_value()),
+            ),
+            (ENV_CLUSTER_NAME, json!(self.cluster_name)),
+            (ENV_ENI_CONFIG_SUBNET, json!(self.eni_config_subnet)),
+            (
+                ENV_ENI_CONFIG_SECURITY_GROUPS,
+                json!(self.eni_config_security_groups),
+            ),
+            (ENV_MAX_PODS, json!(self.max_pods)),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect()
+    }
+
     /// The pool targets for an instance type whose ENIs hold
     /// `max_ips_per_eni` secondary addresses, on a node with `max_pods`.
     #[must_use]
@@ -351,5 +391,44 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn env_view_read_back_gives_the_same_settings() {
+        let original = settings(&[
+            (ENV_WARM_IP_TARGET, "5"),
+            (ENV_MAX_ENI, "2"),
+            (ENV_ENABLE_PREFIX_DELEGATION, "true"),
+            (ENV_IP_COOLDOWN_PERIOD, "7"),
+            (ENV_CUSTOM_NETWORK_CFG, "true"),
+            (ENV_ENI_CONFIG_SUBNET, "subnet-1"),
+            (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1,sg-2"),
+            (ENV_DISABLE_LEAKED_ENI_CLEANUP, "true"),
+            (ENV_CLUSTER_NAME, "prod"),
+        ])
+        .unwrap();
+        let view = original.env_view();
+        assert_eq!(view[ENV_WARM_IP_TARGET], 5);
+        assert!(view[ENV_MINIMUM_IP_TARGET].is_null(), "unset is null");
+        assert_eq!(view[ENV_SG_ENFORCING_MODE], "strict");
+        // Every value, written back as the variable, reads as it was.
+        let vars: HashMap<String, String> = view
+            .iter()
+            .filter_map(|(name, value)| {
+                let text = match value {
+                    serde_json::Value::Null => return None,
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Array(items) => items
+                        .iter()
+                        .map(|i| i.as_str().unwrap().to_owned())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    other => other.to_string(),
+                };
+                Some((name.clone(), text))
+            })
+            .collect();
+        let read_back = IpamSettings::from_lookup(|name| vars.get(name).cloned()).unwrap();
+        assert_eq!(read_back, original);
     }
 }

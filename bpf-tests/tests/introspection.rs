@@ -1,0 +1,626 @@
+//! The running agent's introspection (127.0.0.1:61679) and Prometheus
+//! metrics (:61678) as an operator on the node uses them: the pool and the
+//! ENIs they show are what the CNI backend handed out and what EC2 holds,
+//! every metric line parses, and `vpcnet-agent pods` / `enis` print it.
+//!
+//! Run: `cargo build -p vpcnet-agent --bins && cargo test -p
+//! vpcnet-bpf-tests --test introspection -- --test-threads=1 --nocapture`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use vpcnet_bpf_tests::{
+    agent_cli,
+    ipam::{IpamLab, holdings, lab_lock},
+};
+use vpcnet_lab::addrs::{INET_ADDR, NODE_PRIMARY_ADDR, NS_NODE, NS_PEER};
+
+const INTROSPECTION: &str = "127.0.0.1:61679";
+const METRICS: &str = "127.0.0.1:61678";
+/// ADDs the test makes.
+const PODS: usize = 5;
+
+/// An answer: status, headers (lower-case names), body.
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+/// `GET path` from `addr` with a plain HTTP/1.1 client written here (what
+/// curl sends), from a thread in namespace `ns`.
+fn get_in(ns: &str, addr: &str, path: &str) -> std::io::Result<Answer> {
+    let addr: SocketAddr = addr.parse().expect("address:port");
+    let path = path.to_owned();
+    vpcnet_lab::run_in(ns, move || {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: vpcnet-test\r\nAccept: */*\r\n\r\n"
+        )?;
+        // The server closes the connection after one answer.
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw)?;
+        let text = String::from_utf8(raw).expect("UTF-8 answer");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().expect("status line");
+        let mut parts = status_line.splitn(3, ' ');
+        assert_eq!(parts.next(), Some("HTTP/1.1"), "{status_line}");
+        let status = parts.next().and_then(|s| s.parse().ok()).expect("status");
+        let headers: BTreeMap<String, String> = lines
+            .map(|l| {
+                let (k, v) = l.split_once(':').expect("header");
+                (k.trim().to_ascii_lowercase(), v.trim().to_owned())
+            })
+            .collect();
+        assert_eq!(
+            headers.get("content-length").map(String::as_str),
+            Some(body.len().to_string().as_str()),
+            "Content-Length of {path}"
+        );
+        Ok(Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        })
+    })
+    .expect("a thread in the namespace")
+}
+
+fn get(addr: &str, path: &str) -> Answer {
+    get_in(NS_NODE, addr, path).unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
+/// `GET path` on the introspection endpoint: 200 and JSON.
+fn get_json(path: &str) -> Value {
+    let answer = get(INTROSPECTION, path);
+    assert_eq!(answer.status, 200, "GET {path}: {}", answer.body);
+    assert_eq!(
+        answer.headers.get("content-type").map(String::as_str),
+        Some("application/json"),
+        "{path}"
+    );
+    serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", answer.body))
+}
+
+/// A scrape, read strictly: every family has `# HELP` then `# TYPE` before
+/// its samples, names and label names are valid, label values quoted with
+/// `\\`, `\"`, `\n` the only escapes, every value a number. Returns the
+/// types by family and the samples (name, labels, value).
+type Samples = Vec<(String, BTreeMap<String, String>, String)>;
+
+fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Samples) {
+    let metric_name = |n: &str| {
+        !n.is_empty()
+            && !n.starts_with(|c: char| c.is_ascii_digit())
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let label_name = |n: &str| {
+        !n.is_empty()
+            && !n.starts_with(|c: char| c.is_ascii_digit())
+            && !n.starts_with("__")
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let mut help = BTreeSet::new();
+    let mut types = BTreeMap::new();
+    let mut samples = Vec::new();
+    assert!(text.ends_with('\n'), "the last line ends with a line feed");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, doc) = rest.split_once(' ').expect("HELP name doc");
+            assert!(metric_name(name), "{line}");
+            assert!(!doc.trim().is_empty(), "empty help: {line}");
+            assert!(help.insert(name.to_owned()), "second HELP: {line}");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("TYPE name type");
+            assert!(help.contains(name), "TYPE before HELP: {line}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "{line}"
+            );
+            assert!(
+                types.insert(name.to_owned(), kind.to_owned()).is_none(),
+                "second TYPE: {line}"
+            );
+            continue;
+        }
+        assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
+        let (series, value) = line.rsplit_once(' ').expect("series value");
+        assert!(value.parse::<f64>().is_ok(), "value: {line}");
+        let (name, labels) = match series.split_once('{') {
+            None => (series, BTreeMap::new()),
+            Some((name, rest)) => {
+                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("{line}"));
+                let mut labels = BTreeMap::new();
+                let mut chars = body.chars().peekable();
+                while chars.peek().is_some() {
+                    let label: String = chars.by_ref().take_while(|c| *c != '=').collect();
+                    assert!(label_name(&label), "label {label:?}: {line}");
+                    assert_eq!(chars.next(), Some('"'), "{line}");
+                    let mut value = String::new();
+                    loop {
+                        match chars
+                            .next()
+                            .unwrap_or_else(|| panic!("unterminated: {line}"))
+                        {
+                            '\\' => match chars.next() {
+                                Some('\\') => value.push('\\'),
+                                Some('"') => value.push('"'),
+                                Some('n') => value.push('\n'),
+                                other => panic!("escape {other:?}: {line}"),
+                            },
+                            '"' => break,
+                            c => value.push(c),
+                        }
+                    }
+                    assert!(labels.insert(label, value).is_none(), "{line}");
+                    if chars.peek() == Some(&',') {
+                        chars.next();
+                    }
+                }
+                (name, labels)
+            }
+        };
+        assert!(metric_name(name), "{line}");
+        assert!(types.contains_key(name), "sample before its TYPE: {line}");
+        samples.push((name.to_owned(), labels, value.to_owned()));
+    }
+    (types, samples)
+}
+
+/// The sample `name{labels}`, a whole number.
+fn sample(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> u64 {
+    let value = &samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && l.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
+        .2;
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}{labels:?} = {value}: not a count"))
+}
+
+fn n(count: usize) -> u64 {
+    u64::try_from(count).expect("a count")
+}
+
+/// The agent's ENIs and EC2's for this instance agree (the pool may still
+/// be moving just after the ADDs: both are read again until they do).
+fn settled_enis(lab: &IpamLab, instance: &str) -> (Value, vpcnet_lab::ec2::model::StateSnapshot) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let enis = get_json("/v1/enis");
+        let ec2 = lab.ec2_state();
+        let theirs: BTreeSet<String> = ec2
+            .enis
+            .iter()
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance)
+            })
+            .map(|e| e.id.clone())
+            .collect();
+        let ours: BTreeSet<String> = enis["enis"]
+            .as_array()
+            .expect("enis")
+            .iter()
+            .map(|e| e["id"].as_str().expect("id").to_owned())
+            .collect();
+        let held = holdings(&ec2, instance).pod_addrs.len();
+        if ours == theirs && enis["total_addresses"] == held {
+            return (enis, ec2);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent's ENIs {ours:?} ({} addresses) never matched EC2's {theirs:?} ({held})",
+            enis["total_addresses"]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one operator's session, endpoint by endpoint
+fn introspection_and_metrics_show_what_the_agent_holds() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    let instance = lab.emulator().instance_id().to_owned();
+    let mut added = BTreeMap::new();
+    for id in 0..PODS {
+        let reply = lab.add(id).expect("ADD");
+        let addr: Ipv4Addr = reply.ipv4_addr.parse().expect("an address");
+        added.insert(format!("pod-{id}"), addr);
+    }
+    // WARM_ENI_TARGET=1 on an m5.large (9 secondary addresses an ENI):
+    // with 5 assigned, a second ENI comes, 18 addresses in all.
+    lab.wait_status("the warm pool", Duration::from_secs(30), |s| {
+        s.total_addrs >= s.assigned_addrs + 9
+    });
+    let status = lab.status();
+
+    // /v1/enis: the ENIs EC2 has attached to this instance, each with its
+    // link, datapath entry, addresses, and the pods holding them.
+    let (enis, ec2) = settled_enis(&lab, &instance);
+    assert_eq!(enis["ipam"], true);
+    assert_eq!(enis["max_enis"], 3, "an m5.large takes 3 ENIs");
+    assert_eq!(enis["assigned_addresses"], PODS);
+    let mut assigned_seen = BTreeMap::new();
+    for eni in enis["enis"].as_array().expect("enis") {
+        let id = eni["id"].as_str().expect("id");
+        let theirs = ec2.eni(id).expect("the ENI in EC2");
+        let attachment = theirs.attachment.as_ref().expect("attached");
+        assert_eq!(eni["device_number"], attachment.device_index, "{id}");
+        assert_eq!(eni["mac"], theirs.mac.as_str(), "{id}");
+        assert_eq!(
+            eni["primary_address"],
+            theirs.primary_ip.to_string(),
+            "{id}"
+        );
+        let addresses: BTreeSet<Ipv4Addr> = eni["addresses"]
+            .as_array()
+            .expect("addresses")
+            .iter()
+            .map(|a| {
+                a["address"]
+                    .as_str()
+                    .expect("address")
+                    .parse()
+                    .expect("IPv4")
+            })
+            .collect();
+        let ec2_addresses: BTreeSet<Ipv4Addr> = theirs.secondary_ips.iter().copied().collect();
+        assert_eq!(addresses, ec2_addresses, "addresses of {id}");
+        assert_eq!(eni["total_addresses"], addresses.len());
+        let link = &eni["link"];
+        assert!(link["ifindex"].as_u64().is_some(), "{id} has a link: {eni}");
+        if eni["primary"] == true {
+            assert_eq!(link["name"], "eth0");
+            assert_eq!(eni["primary_address"], NODE_PRIMARY_ADDR.to_string());
+        }
+        assert_eq!(
+            eni["datapath"]["programs_attached"], true,
+            "{id}: the ENI programs are on its link: {eni}"
+        );
+        assert_eq!(eni["datapath"]["gateway"], eni["gateway"], "{id}");
+        for a in eni["addresses"].as_array().expect("addresses") {
+            if let Some(pod) = a["pod"].as_object() {
+                assigned_seen.insert(
+                    pod["name"].as_str().expect("name").to_owned(),
+                    a["address"]
+                        .as_str()
+                        .expect("address")
+                        .parse::<Ipv4Addr>()
+                        .expect("IPv4"),
+                );
+            }
+        }
+    }
+    assert_eq!(assigned_seen, added, "who holds what, as the ADDs said");
+
+    // /v1/pods: the five pods. The test's ADDs name no host veth, so the
+    // datapath has no entry for them, and says so.
+    let pods = get_json("/v1/pods");
+    assert_eq!(pods["ipam"], true);
+    assert_eq!(pods["count"], PODS);
+    let listed: BTreeMap<String, Ipv4Addr> = pods["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .map(|p| {
+            assert_eq!(p["namespace"], "default");
+            assert_eq!(p["ifname"], "eth0");
+            assert_eq!(p["network"], "aws-cni");
+            assert_eq!(p["container_id"].as_str().map(str::len), Some(64));
+            assert!(
+                p["eni"].as_str().is_some_and(|e| e.starts_with("eni-")),
+                "{p}"
+            );
+            assert!(p["endpoint"].is_null() && p["host_veth"].is_null(), "{p}");
+            (
+                p["name"].as_str().expect("name").to_owned(),
+                p["address"]
+                    .as_str()
+                    .expect("address")
+                    .parse()
+                    .expect("IPv4"),
+            )
+        })
+        .collect();
+    assert_eq!(listed, added);
+    assert_eq!(pods["datapath_only"], serde_json::json!([]));
+
+    // /v1/config: the datapath's flags and CIDRs, the IPAM settings.
+    let config = get_json("/v1/config");
+    let datapath = &config["datapath"];
+    assert_eq!(datapath["node_address"], NODE_PRIMARY_ADDR.to_string());
+    assert_eq!(datapath["external_snat"], false);
+    assert_eq!(datapath["randomize_snat"], "prng");
+    assert_eq!(datapath["port_min"], 1024);
+    assert_eq!(datapath["port_max"], 65535);
+    assert_eq!(
+        datapath["cidrs"]["vpc"],
+        serde_json::json!(["10.20.0.0/16", "100.64.0.0/16"])
+    );
+    assert!(
+        datapath["cidrs"]["local"]
+            .as_array()
+            .is_some_and(|l| l.contains(&Value::from(format!("{NODE_PRIMARY_ADDR}/32")))),
+        "{datapath}"
+    );
+    assert_eq!(config["primary_interface"], "eth0");
+    assert_eq!(config["ipam"]["WARM_ENI_TARGET"], 1);
+    assert_eq!(config["ipam"]["WARM_IP_TARGET"], Value::Null);
+    assert_eq!(config["introspection_address"], INTROSPECTION);
+    assert_eq!(config["metrics_address"], "0.0.0.0:61678");
+
+    // /v1/nat: a flow of the node's own (UDP to the lab's internet host)
+    // is in the table, with its port reserved.
+    let local_port = vpcnet_lab::run_in(NS_NODE, || {
+        let socket = UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+        socket
+            .send_to(b"introspection", (INET_ADDR, 9))
+            .expect("sending");
+        socket.local_addr().expect("bound").port()
+    })
+    .expect("a thread in the node");
+    let nat = get_json("/v1/nat");
+    let total = nat["total"].as_u64().expect("total");
+    assert!(total >= 1, "{nat}");
+    assert_eq!(nat["limit"], 1000);
+    assert_eq!(nat["table_size"], vpcnet_common::maps::NAT_DEFAULT_ENTRIES);
+    let flow = nat["flows"]
+        .as_array()
+        .expect("flows")
+        .iter()
+        .find(|f| f["remote"] == format!("{INET_ADDR}:9"))
+        .unwrap_or_else(|| panic!("the node's UDP flow in {nat}"));
+    assert_eq!(flow["proto"], "udp");
+    assert_eq!(flow["kind"], "host");
+    assert_eq!(
+        flow["original"],
+        format!("{NODE_PRIMARY_ADDR}:{local_port}")
+    );
+    let none = get_json("/v1/nat?limit=0");
+    assert_eq!(none["returned"], 0);
+    assert_eq!(none["truncated"], true);
+    assert!(none["total"].as_u64() >= Some(1));
+    let bad = get(INTROSPECTION, "/v1/nat?limit=many");
+    assert_eq!(bad.status, 400);
+    let missing = get(INTROSPECTION, "/v1/nothing");
+    assert_eq!(missing.status, 404);
+    let error: Value = serde_json::from_str(&missing.body).expect("a JSON error");
+    assert!(
+        error["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("/v1/pods"))
+    );
+
+    // /metrics: every line parses; the pool's figures are the ones above.
+    let scrape = get(METRICS, "/metrics");
+    assert_eq!(scrape.status, 200);
+    assert_eq!(
+        scrape.headers.get("content-type").map(String::as_str),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let (types, samples) = parse_exposition(&scrape.body);
+    let value = |name: &str| sample(&samples, name, &[]);
+    let pod_addrs = holdings(&ec2, &instance).pod_addrs.len();
+    assert_eq!(value("awscni_assigned_ip_addresses"), n(PODS));
+    assert_eq!(value("awscni_total_ip_addresses"), n(pod_addrs));
+    assert_eq!(
+        value("awscni_total_ip_addresses"),
+        u64::from(status.total_addrs)
+    );
+    assert_eq!(
+        value("awscni_eni_allocated"),
+        enis["count"].as_u64().expect("count")
+    );
+    assert_eq!(value("awscni_eni_max"), 3);
+    assert_eq!(
+        value("awscni_ip_max"),
+        27,
+        "3 ENIs of 9 secondary addresses"
+    );
+    assert_eq!(value("awscni_total_ipv4_prefixes"), 0);
+    assert_eq!(value("awscni_add_ip_req_count"), n(PODS));
+    assert_eq!(value("vpcnet_ipam_assigned_total"), n(PODS));
+    assert_eq!(value("vpcnet_ipam_released_total"), 0);
+    let per_eni: u64 = samples
+        .iter()
+        .filter(|(name, _, _)| name == "awscni_assigned_ip_per_eni")
+        .map(|(_, labels, _)| {
+            let eni = &labels["eni"];
+            sample(&samples, "awscni_assigned_ip_per_eni", &[("eni", eni)])
+        })
+        .sum();
+    assert_eq!(per_eni, n(PODS));
+    assert_eq!(
+        value("vpcnet_nat_table_size"),
+        u64::from(vpcnet_common::maps::NAT_DEFAULT_ENTRIES)
+    );
+    assert!(value("vpcnet_nat_flows") >= 1);
+    assert!(
+        sample(
+            &samples,
+            "vpcnet_datapath_verdicts_total",
+            &[("verdict", "egress_host_new")]
+        ) >= 1,
+        "the UDP flow counted"
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "vpcnet_datapath_drops_total",
+            &[("reason", "nat_table_full")]
+        ),
+        0
+    );
+    for (name, kind) in [
+        ("awscni_add_ip_req_count", "counter"),
+        ("awscni_assigned_ip_addresses", "gauge"),
+        ("vpcnet_datapath_drops_total", "counter"),
+        ("vpcnet_nat_port_alloc_retries_total", "counter"),
+        ("vpcnet_nat_flows", "gauge"),
+    ] {
+        assert_eq!(types[name], kind, "{name}");
+    }
+    assert_eq!(
+        get(METRICS, "/v1/pods").status,
+        404,
+        "metrics port: /metrics only"
+    );
+
+    // A Prometheus elsewhere in the VPC scrapes the node's address; the
+    // introspection endpoint stays on the node's loopback.
+    let node_metrics = format!("{NODE_PRIMARY_ADDR}:61678");
+    let remote = get_in(NS_PEER, &node_metrics, "/metrics").expect("scraping from the peer");
+    assert_eq!(remote.status, 200);
+    let refused = get_in(NS_PEER, &format!("{NODE_PRIMARY_ADDR}:61679"), "/v1/pods");
+    assert!(
+        refused.is_err(),
+        "introspection must not answer outside the node"
+    );
+
+    // The operator's commands, in the node.
+    let printed = agent_cli(&["pods"]);
+    println!("vpcnet-agent pods:\n{printed}");
+    for (name, addr) in &added {
+        assert!(
+            printed
+                .lines()
+                .any(|l| l.contains(&format!(" {name} ")) && l.contains(&addr.to_string())),
+            "{name} {addr} in:\n{printed}"
+        );
+    }
+    assert!(printed.contains(&format!("{PODS} pods")), "{printed}");
+    let printed = agent_cli(&["enis"]);
+    println!("vpcnet-agent enis:\n{printed}");
+    for eni in enis["enis"].as_array().expect("enis") {
+        assert!(
+            printed.contains(eni["id"].as_str().expect("id")),
+            "{printed}"
+        );
+    }
+    assert!(printed.contains("eth0 ("), "{printed}");
+    assert!(
+        printed.contains(&format!("{PODS} of {pod_addrs} addresses assigned")),
+        "{printed}"
+    );
+    for (name, addr) in &added {
+        assert!(
+            printed.lines().any(|l| {
+                let fields: Vec<&str> = l.split_whitespace().collect();
+                fields == [addr.to_string().as_str(), &format!("default/{name}")]
+            }),
+            "{printed}"
+        );
+    }
+    let all = agent_cli(&["enis", "--all"]);
+    assert_eq!(
+        all.lines().filter(|l| l.contains(" free")).count(),
+        pod_addrs - PODS,
+        "{all}"
+    );
+    println!(
+        "GET /metrics: {} families, {} samples; /v1/nat: {total} flows",
+        types.len(),
+        samples.len()
+    );
+    lab.lab.down().expect("taking the lab down");
+}
+
+/// Without `--ipam` (the lab's layout gives the node its pods): no pool to
+/// show, but the datapath's entries, and the metrics of the datapath.
+#[test]
+fn without_the_address_manager_the_datapath_is_shown() {
+    let _lock = lab_lock();
+    let lab = vpcnet_lab::Lab::up(&vpcnet_lab::LabOptions {
+        enis: 2,
+        ..vpcnet_lab::LabOptions::ebpf(2, vpcnet_bpf_tests::agent_binary())
+    })
+    .expect("bringing up the lab");
+
+    let pods = get_json("/v1/pods");
+    assert_eq!(pods["ipam"], false);
+    assert_eq!(pods["count"], 0);
+    let entries = pods["datapath_only"].as_array().expect("entries");
+    assert_eq!(entries.len(), lab.pods().len(), "{pods}");
+    for pod in lab.pods() {
+        let entry = entries
+            .iter()
+            .find(|e| e["address"] == pod.addr.to_string())
+            .unwrap_or_else(|| panic!("{} in {pods}", pod.addr));
+        assert_eq!(entry["interface"], pod.host_veth.as_str(), "{entry}");
+        assert_eq!(entry["eni_interface"], pod.eni.as_str(), "{entry}");
+        assert_eq!(entry["mac"], pod.mac.as_str(), "{entry}");
+        assert_eq!(entry["host_mac"], pod.host_veth_mac.as_str(), "{entry}");
+        assert_eq!(entry["programs_attached"], true, "{entry}");
+    }
+
+    let enis = get_json("/v1/enis");
+    assert_eq!(enis["ipam"], false);
+    assert_eq!(enis["enis"], serde_json::json!([]));
+    let links: BTreeSet<&str> = enis["datapath_only"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            assert_eq!(e["programs_attached"], true, "{e}");
+            e["interface"].as_str().expect("a link name")
+        })
+        .collect();
+    assert!(links.contains("eth0") && links.contains("eth1"), "{enis}");
+
+    let config = get_json("/v1/config");
+    assert_eq!(config["ipam"], Value::Null);
+    assert_eq!(
+        config["datapath"]["node_address"],
+        NODE_PRIMARY_ADDR.to_string()
+    );
+
+    let scrape = get(METRICS, "/metrics");
+    assert_eq!(scrape.status, 200);
+    let (types, samples) = parse_exposition(&scrape.body);
+    assert!(
+        !types.contains_key("awscni_total_ip_addresses"),
+        "no pool without the address manager"
+    );
+    assert_eq!(
+        sample(&samples, "vpcnet_datapath_endpoints", &[]),
+        n(lab.pods().len())
+    );
+
+    let printed = agent_cli(&["pods"]);
+    println!("vpcnet-agent pods (no --ipam):\n{printed}");
+    assert!(printed.contains("without --ipam"), "{printed}");
+    for pod in lab.pods() {
+        assert!(
+            printed.contains(&pod.addr.to_string()) && printed.contains(&pod.host_veth),
+            "{printed}"
+        );
+    }
+    let printed = agent_cli(&["enis"]);
+    println!("vpcnet-agent enis (no --ipam):\n{printed}");
+    assert!(
+        printed.contains("eth0") && printed.contains("primary"),
+        "{printed}"
+    );
+    lab.down().expect("taking the lab down");
+}
