@@ -21,7 +21,10 @@ pub mod addr;
 pub mod eni;
 pub mod link;
 pub mod neigh;
+pub mod netns;
+pub mod pod;
 pub mod route;
+pub mod veth;
 
 use std::{fmt, net::Ipv4Addr, str::FromStr, time::Duration};
 

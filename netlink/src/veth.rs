@@ -1,0 +1,164 @@
+//! A pod's veth pair: created from the node's namespace with its peer put
+//! straight into the pod's (`IFLA_NET_NS_FD`), so the pod's end never
+//! exists under its name in the node's namespace; found again by name, with
+//! its peer's index, to tell whose pair a host veth is; and deleted, which
+//! takes the peer, the addresses and the routes through it along.
+
+use std::os::fd::AsRawFd;
+
+use futures_util::TryStreamExt;
+use rtnetlink::{
+    LinkMessageBuilder, LinkUnspec,
+    packet_route::link::{
+        InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as PacketLinkInfo,
+        LinkMessage,
+    },
+};
+use tracing::{debug, info};
+
+use crate::{
+    LinkInfo, MacAddr, NetlinkError, NetlinkHandle, OperState, errno, netns::Netns,
+    pod::PodNetError,
+};
+
+/// What the pair is made of: a name and a MAC for each end, one MTU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VethSpec {
+    /// The end that stays in the node's namespace.
+    pub host_name: String,
+    pub host_mac: MacAddr,
+    /// The end that goes into the pod's namespace (`CNI_IFNAME`).
+    pub peer_name: String,
+    pub peer_mac: MacAddr,
+    pub mtu: u32,
+}
+
+/// A link with what tells a veth and its peer apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkDetails {
+    pub link: LinkInfo,
+    /// The link is a veth.
+    pub veth: bool,
+    /// The index of the other end (`IFLA_LINK`), in the other end's
+    /// namespace; `None` for links without a peer.
+    pub peer_index: Option<u32>,
+}
+
+impl LinkDetails {
+    fn from_message(message: &LinkMessage) -> Self {
+        let mut link = LinkInfo {
+            index: message.header.index,
+            name: String::new(),
+            mac: None,
+            mtu: 0,
+            up: message.header.flags.contains(LinkFlags::Up),
+            oper_state: OperState::Unknown,
+        };
+        let mut veth = false;
+        let mut peer_index = None;
+        for attribute in &message.attributes {
+            match attribute {
+                LinkAttribute::IfName(name) => link.name.clone_from(name),
+                LinkAttribute::Address(bytes) => link.mac = MacAddr::from_bytes(bytes),
+                LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
+                LinkAttribute::OperState(state) => link.oper_state = (*state).into(),
+                LinkAttribute::Link(index) => peer_index = Some(*index),
+                LinkAttribute::LinkInfo(infos) => {
+                    veth = infos
+                        .iter()
+                        .any(|info| matches!(info, PacketLinkInfo::Kind(InfoKind::Veth)));
+                }
+                _ => {}
+            }
+        }
+        Self {
+            link,
+            veth,
+            peer_index,
+        }
+    }
+}
+
+impl NetlinkHandle {
+    /// Creates the veth pair `spec` with its peer end in `peer_netns`, both
+    /// ends down. Either name being taken is [`PodNetError::LinkExists`]
+    /// (the kernel does not say which); nothing is created then.
+    pub async fn create_veth(
+        &self,
+        spec: &VethSpec,
+        peer_netns: &Netns,
+    ) -> Result<(), PodNetError> {
+        let peer = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(spec.peer_name.clone())
+            .address(spec.peer_mac.0.to_vec())
+            .mtu(spec.mtu)
+            .setns_by_fd(peer_netns.file().as_raw_fd())
+            .build();
+        let message = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
+            .name(spec.host_name.clone())
+            .address(spec.host_mac.0.to_vec())
+            .mtu(spec.mtu)
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        match self.handle.link().add(message).execute().await {
+            Ok(()) => {
+                info!(
+                    host = %spec.host_name,
+                    peer = %spec.peer_name,
+                    netns = %peer_netns.path().display(),
+                    "veth pair created"
+                );
+                Ok(())
+            }
+            Err(err) if errno(&err) == Some(libc::EEXIST) => Err(PodNetError::LinkExists {
+                host: spec.host_name.clone(),
+                peer: spec.peer_name.clone(),
+            }),
+            Err(source) => Err(PodNetError::CreateVeth {
+                host: spec.host_name.clone(),
+                peer: spec.peer_name.clone(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// The link named `name` with its kind and peer, if there is one.
+    pub async fn link_details(&self, name: &str) -> Result<Option<LinkDetails>, PodNetError> {
+        let mut answers = self.handle.link().get().match_name(name).execute();
+        match answers.try_next().await {
+            Ok(Some(message)) => Ok(Some(LinkDetails::from_message(&message))),
+            Ok(None) => Ok(None),
+            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
+            Err(err) => Err(NetlinkError::ListLinks(Box::new(err)).into()),
+        }
+    }
+
+    /// Deletes the link with `index` (`name` is for the log and errors). A
+    /// link that is already gone is not an error: returns whether this call
+    /// deleted it.
+    pub async fn delete_link(&self, index: u32, name: &str) -> Result<bool, PodNetError> {
+        match self.handle.link().del(index).execute().await {
+            Ok(()) => {
+                info!(link = %name, index, "link deleted");
+                Ok(true)
+            }
+            Err(err) if errno(&err) == Some(libc::ENODEV) => {
+                debug!(link = %name, index, "link already gone");
+                Ok(false)
+            }
+            Err(source) => Err(PodNetError::DeleteLink {
+                name: name.to_owned(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// Deletes the link named `name` if there is one; returns whether there
+    /// was.
+    pub async fn delete_link_named(&self, name: &str) -> Result<bool, PodNetError> {
+        match self.link_details(name).await? {
+            Some(details) => self.delete_link(details.link.index, name).await,
+            None => Ok(false),
+        }
+    }
+}
