@@ -372,7 +372,7 @@ async fn run_node(
     let datapath = Arc::new(std::sync::Mutex::new(datapath));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    let mut cni_task = None;
+    let in_flight = Arc::new(cni_server::InFlight::default());
     let (ipam_settings, mut introspected_pods) = (ipam.clone(), None);
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
         let network = Arc::new(NodeLinks {
@@ -405,15 +405,12 @@ async fn run_node(
             seconds("--pod-sweep-interval", args.pod_sweep_interval)?,
         ));
         let listener = cni_server::bind(&args.cni_socket)?;
-        let mut stop = shutdown_rx.clone();
-        cni_task = Some(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|stop| *stop).await;
-            };
-            if let Err(e) = cni_server::serve(pods, listener, shutdown).await {
+        let counter = Arc::clone(&in_flight);
+        tasks.spawn(async move {
+            if let Err(e) = cni_server::serve(pods, listener, counter).await {
                 error!(error = %e, "CNI backend stopped");
             }
-        }));
+        });
         info!(socket = %args.cni_socket.display(), "CNI backend serving");
     }
     // Without --ipam: the datapath's own entries, the IPAM parts empty.
@@ -432,28 +429,27 @@ async fn run_node(
         notify_ready()?;
     }
     let result = serve(&datapath, Duration::from_secs(args.gc_interval.max(1))).await;
-    // Requests under way finish (an ADD half-served would leave the plugin
-    // to clean up); new ones find no socket and the plugin says so.
     let _ = shutdown_tx.send(true);
-    if let Some(cni_task) = cni_task {
-        if tokio::time::timeout(SHUTDOWN_GRACE, cni_task)
-            .await
-            .is_err()
-        {
-            warn!(grace = ?SHUTDOWN_GRACE, "CNI requests still running at exit");
-        }
+    if args.ipam {
+        // New requests find no socket (the plugin says the agent is down);
+        // those under way finish: an ADD cut short would leave the plugin
+        // to undo it. Idle connections are not waited for.
         if let Err(e) = std::fs::remove_file(&args.cni_socket)
             && e.kind() != std::io::ErrorKind::NotFound
         {
             warn!(socket = %args.cni_socket.display(), error = %e, "removing the CNI socket");
+        }
+        if !in_flight.wait_idle(SHUTDOWN_GRACE).await {
+            warn!(grace = ?SHUTDOWN_GRACE, "CNI requests still running at exit");
         }
     }
     tasks.abort_all();
     result
 }
 
-/// How long requests under way may take to finish at SIGTERM.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+/// How long requests under way may take to finish at SIGTERM (an ADD
+/// waits up to 10 s for the pool; kubelet allows 30 s before SIGKILL).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(12);
 
 /// Sweeps for pods that went away without a DEL, every `interval`.
 async fn sweep_pods(pods: Pods, interval: Duration) {

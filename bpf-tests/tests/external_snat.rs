@@ -6,20 +6,14 @@
 //! its translation whichever way the flag goes.
 
 use std::{
-    io::{BufRead, BufReader, ErrorKind, Read, Write},
-    net::{Ipv4Addr, Shutdown, SocketAddrV4, TcpStream},
-    sync::{
-        Arc, Condvar, Mutex, PoisonError,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::{self, JoinHandle},
-    time::{Duration, Instant},
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
 };
 
-use vpcnet_bpf_tests::{agent_binary, agent_cli, lab_counter};
+use vpcnet_bpf_tests::{agent_binary, agent_cli, echo::EchoStream, lab_counter};
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
-    Lab, LabOptions, Proto, WhoamiServer, addrs, icmp_echo, run_in, serial, tcp_whoami, udp_whoami,
+    Lab, LabOptions, Proto, WhoamiServer, addrs, icmp_echo, serial, tcp_whoami, udp_whoami,
 };
 
 const PORT: u16 = 8080;
@@ -29,17 +23,9 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// TCP sends its SYN at once, so a second is plenty for the router to have
 /// counted it.
 const DROPPED_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long the long-lived connection may take to echo one message: far
-/// more than a retransmission or two, so only a broken flow trips it.
-const ECHO_TIMEOUT: Duration = Duration::from_secs(3);
-/// The pause between two messages of the long-lived connection: it keeps
-/// packets flowing while the flag flips without flooding the lab.
-const MESSAGE_PACE: Duration = Duration::from_millis(2);
 /// Echoes the long-lived connection must complete in each phase of the
 /// toggle test before the next step.
 const ECHOES_PER_PHASE: u64 = 50;
-/// How long one phase may take (50 echoes at a 2 ms pace take ~0.1 s).
-const PHASE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn inet() -> SocketAddrV4 {
     SocketAddrV4::new(addrs::INET_ADDR, PORT)
@@ -218,182 +204,4 @@ fn set_external_snat(on: bool) {
         Some(on.to_string().as_str()),
         "agent config:\n{config}"
     );
-}
-
-/// A TCP connection from a pod to a [`WhoamiServer`] (which echoes what it
-/// gets after its first line) that sends a numbered message every few
-/// milliseconds on its own thread and checks each comes back whole and in
-/// order.
-struct EchoStream {
-    /// The source the server saw when the connection opened.
-    seen_as: SocketAddrV4,
-    progress: Arc<Progress>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-#[derive(Default)]
-struct Progress {
-    state: Mutex<StreamState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct StreamState {
-    echoed: u64,
-    /// Why the connection stopped working, if it did.
-    failure: Option<String>,
-    /// Set once the connection has been closed cleanly.
-    closed: bool,
-}
-
-impl Progress {
-    fn update(&self, f: impl FnOnce(&mut StreamState)) {
-        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
-        self.changed.notify_all();
-    }
-}
-
-impl EchoStream {
-    fn open(ns: &str, server: SocketAddrV4) -> Self {
-        // The socket belongs to the pod's namespace whichever thread uses it.
-        let stream = run_in(ns, || {
-            TcpStream::connect_timeout(&server.into(), REPLY_TIMEOUT)
-        })
-        .expect("entering the pod")
-        .unwrap_or_else(|e| panic!("connecting from {ns} to {server}: {e}"));
-        stream
-            .set_read_timeout(Some(ECHO_TIMEOUT))
-            .expect("read timeout");
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        reader
-            .read_line(&mut line)
-            .unwrap_or_else(|e| panic!("reading the whoami line from {server}: {e}"));
-        let seen_as: SocketAddrV4 = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("whoami line {line:?}: {e}"));
-        let progress = Arc::new(Progress::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = thread::Builder::new()
-            .name("echo-stream".into())
-            .spawn({
-                let progress = Arc::clone(&progress);
-                let stop = Arc::clone(&stop);
-                move || exchange(reader, &progress, &stop)
-            })
-            .expect("starting the stream thread");
-        Self {
-            seen_as,
-            progress,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// Waits until `more` further messages have come back; panics, saying
-    /// during `phase`, if the connection broke or stalled.
-    fn wait_for_more_echoes(&self, more: u64, phase: &str) {
-        let deadline = Instant::now() + PHASE_TIMEOUT;
-        let mut state = self
-            .progress
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let target = state.echoed + more;
-        while state.echoed < target {
-            if let Some(failure) = &state.failure {
-                panic!("the long-lived connection broke {phase}: {failure}");
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            assert!(
-                !remaining.is_zero(),
-                "the long-lived connection stalled {phase}: {} of {target} echoes",
-                state.echoed
-            );
-            state = self
-                .progress
-                .changed
-                .wait_timeout(state, remaining)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-    }
-
-    /// Stops sending, closes the connection cleanly (the server must close
-    /// its side in turn, with no reset) and returns how many messages were
-    /// echoed.
-    fn close(mut self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("the stream thread panicked");
-        }
-        let state = self
-            .progress
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(failure) = &state.failure {
-            panic!("the long-lived connection broke: {failure}");
-        }
-        assert!(state.closed, "the long-lived connection did not close");
-        state.echoed
-    }
-}
-
-impl Drop for EchoStream {
-    fn drop(&mut self) {
-        // On a failed assertion: stop the thread before the lab goes.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The stream thread: message, echo, pause, until told to stop; then a
-/// clean close.
-fn exchange(mut reader: BufReader<TcpStream>, progress: &Progress, stop: &AtomicBool) {
-    let mut sequence: u64 = 0;
-    while !stop.load(Ordering::Relaxed) {
-        let message = format!("message {sequence:010}\n");
-        let mut echo = vec![0u8; message.len()];
-        let exchanged = reader
-            .get_mut()
-            .write_all(message.as_bytes())
-            .and_then(|()| reader.read_exact(&mut echo));
-        if let Err(err) = exchanged {
-            let failure = format!("message {sequence}: {err} ({:?})", err.kind());
-            progress.update(|state| state.failure = Some(failure));
-            return;
-        }
-        if echo != message.as_bytes() {
-            let failure = format!(
-                "message {sequence}: sent {message:?}, got back {:?}",
-                String::from_utf8_lossy(&echo)
-            );
-            progress.update(|state| state.failure = Some(failure));
-            return;
-        }
-        sequence += 1;
-        progress.update(|state| state.echoed = sequence);
-        // Pacing, not synchronisation: the next message waits for this
-        // one's echo already.
-        thread::sleep(MESSAGE_PACE);
-    }
-    // Half-close: the server sees end of file and closes too. A reset or
-    // stray bytes here would mean the connection was not what it seemed.
-    let ending = reader.get_ref().shutdown(Shutdown::Write).and_then(|()| {
-        let mut rest = Vec::new();
-        reader.read_to_end(&mut rest).map(|_| rest)
-    });
-    progress.update(|state| match ending {
-        Ok(rest) if rest.is_empty() => state.closed = true,
-        Ok(rest) => state.failure = Some(format!("{} stray bytes after the last echo", rest.len())),
-        Err(err) if err.kind() == ErrorKind::ConnectionReset => {
-            state.failure = Some("reset when closing".into());
-        }
-        Err(err) => state.failure = Some(format!("closing: {err}")),
-    });
 }

@@ -235,6 +235,26 @@ fn takes_over_aws_nodes_checkpoint_without_moving_a_pod() {
         entries.join(",")
     );
     std::fs::write(ipam_checkpoint_file(), checkpoint).expect("writing aws-node's checkpoint");
+    // Their host veths, as aws-node's plugin named them: the agent's sweep
+    // leaves an address alone while its pod's veth is there.
+    for i in 0..running.len() {
+        let veth = vpcnet_api::pod::host_veth_name("eni", "default", &format!("web-{i}"));
+        vpcnet_lab::exec_ok(
+            vpcnet_lab::addrs::NS_NODE,
+            &[
+                "ip",
+                "link",
+                "add",
+                &veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &format!("{veth}p"),
+            ],
+        )
+        .expect("an aws-node pod's veth");
+    }
     lab.lab
         .start_agent()
         .expect("starting the agent on aws-node's node");
