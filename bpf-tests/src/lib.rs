@@ -2,7 +2,9 @@
 //! its own pin directory, packets built with etherparse, and checksum checks
 //! written independently of the code under test.
 
+pub mod cri;
 pub mod differential;
+pub mod echo;
 pub mod ipam;
 pub mod packets;
 
@@ -241,16 +243,25 @@ impl Drop for Harness {
 /// The agent binary cargo built next to this test (`cargo test --workspace`
 /// builds every workspace binary; `cargo xtask test` does that).
 pub fn agent_binary() -> PathBuf {
+    workspace_binary("vpcnet-agent")
+}
+
+/// The CNI plugin binary, likewise.
+pub fn cni_plugin_binary() -> PathBuf {
+    workspace_binary("vpcnet-cni")
+}
+
+fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/<profile>/vpcnet-agent
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
     let bin = exe
         .parent()
         .and_then(std::path::Path::parent)
-        .map(|dir| dir.join("vpcnet-agent"))
+        .map(|dir| dir.join(name))
         .expect("test executable under target/<profile>/deps");
     assert!(
         bin.is_file(),
-        "{} is missing: build it first (`cargo build -p vpcnet-agent`, or run `cargo xtask test`)",
+        "{} is missing: build it first (`cargo build --workspace --bins`, or run `cargo xtask test`)",
         bin.display()
     );
     bin

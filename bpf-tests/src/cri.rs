@@ -1,0 +1,153 @@
+//! The whole node for tests: pods made by containerd's CRI, wired by the
+//! real plugin, addressed and put into the datapath by the real agent,
+//! whose ENIs come from the EC2 emulator.
+
+use std::{
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use vpcnet_agent::datapath::DatapathMaps;
+use vpcnet_api::cni::{IpamStatusReply, IpamStatusRequest};
+use vpcnet_common::maps::{LINKS_DIR, PIN_DIR};
+use vpcnet_lab::{
+    CriLabOptions, IpamLabOptions, Lab, LabOptions, addrs::NS_NODE, cni_socket_file, cri,
+    cri::CriClient, exec_ok,
+};
+
+use crate::{agent_binary, cni_plugin_binary, ipam::FAST_AGENT_ARGS};
+
+/// Released addresses rest two seconds; sweeps run every 200 ms.
+pub const CRI_ENV: &[(&str, &str)] = &[("IP_COOLDOWN_PERIOD", "2")];
+pub const CRI_AGENT_ARGS: &[&str] = &["--pod-sweep-interval", "0.2", "--orphan-grace", "5"];
+
+/// Brings up a lab of `pods` pods made through CRI on an `instance_type`.
+pub fn up(pods: usize, instance_type: &str) -> Lab {
+    let mut ipam = IpamLabOptions::new(instance_type);
+    ipam.env = CRI_ENV
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    ipam.agent_args = FAST_AGENT_ARGS
+        .iter()
+        .chain(CRI_AGENT_ARGS)
+        .map(|a| (*a).to_owned())
+        .collect();
+    ipam.cri = Some(CriLabOptions {
+        cni_plugin: cni_plugin_binary(),
+    });
+    let opts = LabOptions {
+        ipam: Some(ipam),
+        ..LabOptions::ebpf(pods, agent_binary())
+    };
+    Lab::up(&opts).unwrap_or_else(|e| panic!("bringing up the CRI lab: {e}"))
+}
+
+/// The agent's pool, through its CNI backend.
+pub fn ipam_status() -> IpamStatusReply {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut client = vpcnet_api::connect_cni(cni_socket_file())
+            .await
+            .expect("connecting to the agent");
+        client
+            .ipam_status(IpamStatusRequest {})
+            .await
+            .expect("IpamStatus")
+            .into_inner()
+    })
+}
+
+/// Polls `done` on the agent's pool (bounded): the pool has no events.
+pub fn wait_ipam(
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&IpamStatusReply) -> bool,
+) -> IpamStatusReply {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = ipam_status();
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {timeout:?}; last {status:?}\nagent log (tail):\n{}",
+            crate::ipam::agent_log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What a node holds for its pods, as an operator would look: host veths,
+/// endpoint entries, pinned pod links, pod namespaces, CNI result caches.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct NodeTraces {
+    pub host_veths: BTreeSet<String>,
+    pub endpoints: BTreeSet<Ipv4Addr>,
+    pub pod_link_pins: BTreeSet<String>,
+    pub pod_netns: BTreeSet<String>,
+    pub cni_results: BTreeSet<String>,
+}
+
+impl NodeTraces {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Reads [`NodeTraces`] now.
+pub fn node_traces() -> NodeTraces {
+    let links = exec_ok(NS_NODE, &["ip", "-o", "link", "show", "type", "veth"])
+        .expect("listing the node's veths");
+    let host_veths = links
+        .lines()
+        .filter_map(|line| line.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_owned())
+        .filter(|name| name.starts_with(vpcnet_api::pod::DEFAULT_VETH_PREFIX))
+        .collect();
+    let endpoints = DatapathMaps::open_pinned(Path::new(PIN_DIR))
+        .and_then(|maps| maps.endpoints())
+        .expect("reading the endpoint map")
+        .into_iter()
+        .map(|(addr, _)| addr)
+        .collect();
+    let list = |dir: &Path, keep: &dyn Fn(&str) -> bool| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| keep(name))
+            .collect()
+    };
+    NodeTraces {
+        host_veths,
+        endpoints,
+        // ENIs keep theirs; pod veths' (eni<hash>) must go.
+        pod_link_pins: list(&Path::new(PIN_DIR).join(LINKS_DIR), &|name| {
+            name.split_once('-')
+                .is_some_and(|(_, iface)| iface.starts_with(vpcnet_api::pod::DEFAULT_VETH_PREFIX))
+        }),
+        pod_netns: list(
+            &Path::new(cri::CONTAINERD_STATE_DIR).join("io.containerd.grpc.v1.cri/netns"),
+            &|_| true,
+        ),
+        cni_results: list(Path::new("/var/lib/cni/results"), &|name| {
+            name.starts_with("aws-cni-")
+        }),
+    }
+}
+
+/// Every sandbox of the runtime, stopped and removed (kubelet's way).
+pub fn remove_all_pods(client: &CriClient) {
+    for sandbox in client.list_pod_sandboxes().expect("ListPodSandbox") {
+        vpcnet_lab::cri_pods::remove_pod(client, &sandbox.id)
+            .unwrap_or_else(|e| panic!("removing sandbox {}: {e}", sandbox.id));
+    }
+}
