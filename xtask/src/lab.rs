@@ -194,6 +194,13 @@ fn status() -> Result<()> {
 
 fn print_state(state: &LabState) {
     let opts = &state.options;
+    if let Some(ipam) = &opts.ipam {
+        println!(
+            "pods through containerd's CRI (vpcnet-cni, then portmap) in {}; the agent's address manager on a {} of the lab's EC2 emulator",
+            addrs::NS_NODE,
+            ipam.instance_type
+        );
+    }
     println!(
         "lab: datapath {}, {} pod(s), {} ENI(s), external SNAT {}, randomize SNAT {}, SNAT exclusions [{}]",
         opts.datapath,
@@ -239,14 +246,25 @@ fn print_state(state: &LabState) {
                 branch.mode.env_value()
             )
         });
-        println!(
-            "  {:<16} {} on {}{branch} (host veth {} in {})",
-            pod.netns,
-            pod.addr,
-            pod.eni,
-            pod.host_veth,
-            addrs::NS_NODE
-        );
+        match &pod.sandbox {
+            Some(sandbox) => println!(
+                "  {:<16} {} on {} (host veth {} in {}, sandbox {})",
+                format!("{}/{}", pod.k8s_namespace, pod.k8s_name),
+                pod.addr,
+                pod.eni,
+                pod.host_veth,
+                addrs::NS_NODE,
+                &sandbox[..sandbox.len().min(12)]
+            ),
+            None => println!(
+                "  {:<16} {} on {}{branch} (host veth {} in {})",
+                pod.netns,
+                pod.addr,
+                pod.eni,
+                pod.host_veth,
+                addrs::NS_NODE
+            ),
+        }
     }
     if let Some(service) = &opts.node_port {
         let backend = &state.pods[service.pod];
@@ -304,9 +322,10 @@ fn demo(args: &UpArgs) -> Result<()> {
         .context("starting the far ends' whoami servers")?;
 
     let pod = lab.pod(0).clone();
+    print_pod_to_pod(&lab)?;
     println!(
         "\nfrom {} ({}), what each far end sees as the source:",
-        pod.netns, pod.addr
+        pod.k8s_name, pod.addr
     );
     for ((label, _, addr), server) in far_ends.iter().zip(&servers) {
         let target = SocketAddrV4::new(*addr, PROBE_PORT);
@@ -369,7 +388,7 @@ fn demo(args: &UpArgs) -> Result<()> {
     );
 
     if let Some(agent) = &opts.agent_bin {
-        print_datapath(&lab, agent)?;
+        print_datapath(&lab, agent, opts.ipam.is_some())?;
     }
 
     println!("\ntaking the lab down...");
@@ -378,17 +397,47 @@ fn demo(args: &UpArgs) -> Result<()> {
     Ok(())
 }
 
+/// From the first pod to the second, when there are two: what the second
+/// saw.
+fn print_pod_to_pod(lab: &Lab) -> Result<()> {
+    let [from, to, ..] = lab.pods() else {
+        return Ok(());
+    };
+    let server = WhoamiServer::start(&to.netns, SocketAddrV4::new(to.addr, PROBE_PORT))
+        .context("starting a whoami server in the second pod")?;
+    let tcp = tcp_whoami(&from.netns, server.addr(), PROBE_TIMEOUT);
+    println!(
+        "\n{} ({}) -> {} ({}), pod to pod on the node:\n       tcp:  {}",
+        from.k8s_name,
+        from.addr,
+        to.k8s_name,
+        to.addr,
+        describe(tcp.map(|seen| seen.map(|s| s.to_string())))
+    );
+    Ok(())
+}
+
 /// What the eBPF datapath did: its NAT table and counters, read from the
 /// pinned maps by the agent's own CLI, as an operator on the node would.
-fn print_datapath(lab: &Lab, agent: &std::path::Path) -> Result<()> {
+fn print_datapath(lab: &Lab, agent: &std::path::Path, ipam: bool) -> Result<()> {
     let agent = agent.to_string_lossy();
-    for (title, args) in [
-        ("NAT table (vpcnet-agent nat)", ["nat"].as_slice()),
+    let socket = vpcnet_lab::cni_socket_file().display().to_string();
+    let mut views = vec![
+        ("NAT table (vpcnet-agent nat)", vec!["nat"]),
         (
             "datapath counters (vpcnet-agent counters)",
-            ["counters"].as_slice(),
+            vec!["counters"],
         ),
-    ] {
+    ];
+    if ipam {
+        views.insert(0, ("pods (vpcnet-agent pods)", vec!["pods"]));
+        views.insert(1, ("ENIs (vpcnet-agent enis)", vec!["enis"]));
+        views.push((
+            "address pool (vpcnet-agent ipam)",
+            vec!["ipam", "--cni-socket", socket.as_str()],
+        ));
+    }
+    for (title, args) in views {
         let argv: Vec<&str> = std::iter::once(agent.as_ref())
             .chain(args.iter().copied())
             .collect();
