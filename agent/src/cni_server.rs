@@ -125,9 +125,11 @@ fn status_of(e: &PodError) -> Status {
     };
     match e {
         PodError::Manager(ManagerError::NoAddress(_)) => Status::resource_exhausted(message),
-        PodError::NoHostVeth(_) | PodError::BadMac(_) | PodError::BranchEni(_) => {
-            Status::invalid_argument(message)
-        }
+        PodError::NoHostVeth(_)
+        | PodError::BadMac(_)
+        | PodError::BadAnnotation { .. }
+        | PodError::PodEniDisabled
+        | PodError::NoBranchLink { .. } => Status::invalid_argument(message),
         _ => Status::internal(message),
     }
 }
@@ -180,7 +182,7 @@ impl CniBackend for Backend {
             subnet_prefix_len: u32::from(pod.subnet.prefix_len()),
             subnet_gateway: pod.gateway.to_string(),
             mtu: self.pods.manager().eni_mtu(),
-            branch_eni: false,
+            branch_eni: pod.branch,
         }))
     }
 

@@ -22,7 +22,7 @@ use vpcnet_agent::{
     layout,
     netlink::NetlinkHandle,
     node::{NodeLinks, cidr_entries},
-    pods::{ENV_VETH_PREFIX, Pods},
+    pods::{ENV_VETH_PREFIX, Pods, PodsOptions},
 };
 use vpcnet_api::layout::NodeLayout;
 use vpcnet_common::{
@@ -375,6 +375,8 @@ async fn run_node(
     let in_flight = Arc::new(cni_server::InFlight::default());
     let (ipam_settings, mut introspected_pods) = (ipam.clone(), None);
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
+        // Pods with a branch ENI are served with ENABLE_POD_ENI only.
+        let branch_mode = settings.pod_eni.then_some(settings.sg_enforcing_mode);
         let network = Arc::new(NodeLinks {
             netlink,
             datapath: Arc::clone(&datapath),
@@ -395,9 +397,12 @@ async fn run_node(
             manager,
             Arc::clone(&datapath),
             NetlinkHandle::new()?,
-            std::env::var(ENV_VETH_PREFIX)
-                .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
-            seconds("--orphan-grace", args.orphan_grace)?,
+            PodsOptions {
+                veth_prefix: std::env::var(ENV_VETH_PREFIX)
+                    .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+                orphan_grace: seconds("--orphan-grace", args.orphan_grace)?,
+                branch_mode,
+            },
         );
         introspected_pods = Some(pods.clone());
         tasks.spawn(sweep_pods(

@@ -12,14 +12,21 @@ use std::{
 };
 
 use tracing::{debug, info, warn};
-use vpcnet_common::endpoint::Endpoint;
+use vpcnet_api::{
+    layout::EnforcingMode,
+    pod::{BranchEni, branch_eni},
+};
+use vpcnet_common::{
+    addr_to_raw,
+    endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, Endpoint, Eni},
+};
 
 use crate::{
     datapath::{Datapath, DatapathError},
     ipam::{
         checkpoint::{IpamKey, IpamMetadata},
         datastore::AssignedAddr,
-        manager::{Manager, ManagerError, PodAddress},
+        manager::{Manager, ManagerError, PodAddress, gateway_of},
     },
     netlink::{MacAddr, NetlinkError, NetlinkHandle},
 };
@@ -41,8 +48,37 @@ pub enum PodError {
     BadMac(String),
     #[error("no link has the MAC {mac} of ENI {eni}")]
     NoEniLink { eni: String, mac: String },
-    #[error("branch-ENI pods are not supported yet (annotation {0})")]
-    BranchEni(&'static str),
+    #[error("the pod's {annotation} annotation is not the resource controller's JSON")]
+    BadAnnotation {
+        annotation: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "the pod has a branch ENI but security groups for pods are off on this node (ENABLE_POD_ENI)"
+    )]
+    PodEniDisabled,
+    #[error(
+        "no link has the MAC {mac} of branch ENI {eni} (VLAN {vlan_id}): the trunk's vlan.eth.{vlan_id} is missing"
+    )]
+    NoBranchLink {
+        eni: String,
+        mac: String,
+        vlan_id: u16,
+    },
+}
+
+/// What the pods of this node are set up with.
+#[derive(Clone, Debug)]
+pub struct PodsOptions {
+    /// `AWS_VPC_K8S_CNI_VETHPREFIX`.
+    pub veth_prefix: String,
+    /// How long an address may be held by a pod with no datapath entry
+    /// before the sweep takes it back: longer than any ADD takes.
+    pub orphan_grace: Duration,
+    /// `POD_SECURITY_GROUP_ENFORCING_MODE` when `ENABLE_POD_ENI` is on:
+    /// pods with a branch ENI are served only then.
+    pub branch_mode: Option<EnforcingMode>,
 }
 
 /// A pod as `ListAttachments` shows it.
@@ -74,10 +110,7 @@ struct Inner {
     manager: Manager,
     datapath: Arc<Mutex<Datapath>>,
     netlink: NetlinkHandle,
-    veth_prefix: String,
-    /// How long an address may be held by a pod with no datapath entry
-    /// before the sweep takes it back: longer than any ADD takes.
-    orphan_grace: Duration,
+    opts: PodsOptions,
     /// ADD's datapath step, DEL and the sweep one at a time, so the sweep
     /// never judges a pod that is being added or deleted. Address
     /// assignment (which may wait for the pool) happens outside it.
@@ -89,16 +122,14 @@ impl Pods {
         manager: Manager,
         datapath: Arc<Mutex<Datapath>>,
         netlink: NetlinkHandle,
-        veth_prefix: String,
-        orphan_grace: Duration,
+        opts: PodsOptions,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 manager,
                 datapath,
                 netlink,
-                veth_prefix,
-                orphan_grace,
+                opts,
                 ops: tokio::sync::Mutex::new(()),
             }),
         }
@@ -127,15 +158,25 @@ impl Pods {
         pod_mac: &str,
         annotations: &HashMap<String, String>,
     ) -> Result<PodAddress, PodError> {
-        if annotations.contains_key(vpcnet_api::pod::POD_ENI_ANNOTATION) {
-            return Err(PodError::BranchEni(vpcnet_api::pod::POD_ENI_ANNOTATION));
+        let branch = branch_eni(annotations).map_err(|source| PodError::BadAnnotation {
+            annotation: vpcnet_api::pod::POD_ENI_ANNOTATION,
+            source,
+        })?;
+        if let Some(branch) = branch {
+            let mode = self
+                .inner
+                .opts
+                .branch_mode
+                .ok_or(PodError::PodEniDisabled)?;
+            let _op = self.inner.ops.lock().await;
+            return self.attach_branch(&branch, mode, host_veth, pod_mac).await;
         }
         let pod = self.inner.manager.assign(key, metadata).await?;
         if host_veth.is_empty() {
             return Ok(pod);
         }
         let _op = self.inner.ops.lock().await;
-        if let Err(e) = self.attach(&pod, host_veth, pod_mac).await {
+        if let Err(e) = self.attach(&pod, host_veth, pod_mac, 0).await {
             warn!(container = %key.container_id, addr = %pod.addr, error = %e, "datapath step of ADD failed: address released");
             if let Err(release) = self.inner.manager.release(key).await {
                 warn!(container = %key.container_id, error = %release, "releasing after a failed ADD");
@@ -145,11 +186,68 @@ impl Pods {
         Ok(pod)
     }
 
+    /// A pod with a branch ENI (security groups for pods): its address is
+    /// the branch ENI's, from the resource controller, not the pool's; its
+    /// packets leave by the branch ENI's link, every one of them in strict
+    /// mode.
+    async fn attach_branch(
+        &self,
+        branch: &BranchEni,
+        mode: EnforcingMode,
+        host_veth: &str,
+        pod_mac: &str,
+    ) -> Result<PodAddress, PodError> {
+        let no_link = || PodError::NoBranchLink {
+            eni: branch.eni_id.clone(),
+            mac: branch.mac.clone(),
+            vlan_id: branch.vlan_id,
+        };
+        let branch_mac: MacAddr = branch.mac.parse().map_err(|_| no_link())?;
+        let link = self
+            .inner
+            .netlink
+            .link_by_mac(branch_mac)
+            .await?
+            .ok_or_else(no_link)?;
+        let gateway = gateway_of(branch.subnet_cidr);
+        self.inner
+            .netlink
+            .keep_gateway_resolved(&link.link_ref(), gateway)
+            .await?;
+        {
+            let mut datapath = self.datapath();
+            datapath.maps.set_eni(
+                link.index,
+                &Eni {
+                    gateway: addr_to_raw(gateway.octets()),
+                    flags: ENI_BRANCH,
+                },
+            )?;
+            datapath.attach_eni(&link.name)?;
+        }
+        let pod = PodAddress {
+            addr: branch.private_ip,
+            eni_id: branch.eni_id.clone(),
+            eni_mac: branch.mac.clone(),
+            device_number: 0,
+            subnet: branch.subnet_cidr,
+            gateway,
+            branch: true,
+        };
+        let flags = match mode {
+            EnforcingMode::Strict => ENDPOINT_BRANCH | ENDPOINT_STRICT,
+            EnforcingMode::Standard => ENDPOINT_BRANCH,
+        };
+        self.attach(&pod, host_veth, pod_mac, flags).await?;
+        Ok(pod)
+    }
+
     async fn attach(
         &self,
         pod: &PodAddress,
         host_veth: &str,
         pod_mac: &str,
+        flags: u32,
     ) -> Result<(), PodError> {
         let mac: MacAddr = pod_mac
             .parse()
@@ -178,7 +276,7 @@ impl Pods {
             eni_ifindex: eni.index,
             mac: mac.0,
             host_mac: host_mac.0,
-            flags: 0,
+            flags,
         };
         let mut datapath = self.datapath();
         // The entry before the programs: the pod's first packet must not be
@@ -213,6 +311,13 @@ impl Pods {
                 datapath.maps.remove_endpoint(addr)?;
             }
             if let Ok(ifindex) = nix::net::if_::if_nametoindex(host_veth) {
+                // A branch-ENI pod holds no pool address: its entry is
+                // found by its veth.
+                for (addr, entry) in datapath.maps.endpoints()? {
+                    if entry.ifindex == ifindex && entry.flags & ENDPOINT_BRANCH != 0 {
+                        datapath.maps.remove_endpoint(addr)?;
+                    }
+                }
                 datapath.detach_ifindex(ifindex);
             }
         }
@@ -333,7 +438,7 @@ impl Pods {
             "pod sweep"
         );
         let now = crate::ipam::manager::unix_ns();
-        let grace = i64::try_from(self.inner.orphan_grace.as_nanos()).unwrap_or(i64::MAX);
+        let grace = i64::try_from(self.inner.opts.orphan_grace.as_nanos()).unwrap_or(i64::MAX);
         for (assigned, _) in &assignments {
             if in_datapath.contains(&assigned.addr)
                 || release.contains(&assigned.key)
@@ -342,7 +447,7 @@ impl Pods {
                 continue;
             }
             let veth = vpcnet_api::pod::host_veth_name(
-                &self.inner.veth_prefix,
+                &self.inner.opts.veth_prefix,
                 &assigned.metadata.k8s_pod_namespace,
                 &assigned.metadata.k8s_pod_name,
             );

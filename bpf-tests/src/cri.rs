@@ -25,9 +25,15 @@ pub const CRI_AGENT_ARGS: &[&str] = &["--pod-sweep-interval", "0.2", "--orphan-g
 
 /// Brings up a lab of `pods` pods made through CRI on an `instance_type`.
 pub fn up(pods: usize, instance_type: &str) -> Lab {
+    up_with_env(pods, instance_type, &[])
+}
+
+/// [`up`], the agent with more of the VPC CNI's variables.
+pub fn up_with_env(pods: usize, instance_type: &str, env: &[(&str, &str)]) -> Lab {
     let mut ipam = IpamLabOptions::new(instance_type);
     ipam.env = CRI_ENV
         .iter()
+        .chain(env)
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
     ipam.agent_args = FAST_AGENT_ARGS

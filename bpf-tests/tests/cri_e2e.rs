@@ -136,3 +136,68 @@ fn pods_through_cri_reach_every_far_end_and_leave_nothing_behind() {
     remove_all_pods(&client);
     lab.down().expect("taking the lab down");
 }
+
+#[test]
+fn a_branch_eni_pod_through_cri_leaves_by_its_branch_eni() {
+    let _lock = serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    // Security groups for pods on, strict (the VPC CNI's default).
+    let lab = cri::up_with_env(0, "m5.large", &[("ENABLE_POD_ENI", "true")]);
+    let client = lab.cri().expect("a CRI client");
+    let branch_addr = Ipv4Addr::new(10, 20, 11, 250);
+    let vlan_id = 5;
+    let annotation = lab
+        .add_branch_eni(vlan_id, branch_addr)
+        .expect("a branch ENI on the trunk");
+    let mut spec = cri_pods::pod_spec(0);
+    spec.annotations
+        .insert(vpcnet_api::pod::POD_ENI_ANNOTATION.to_owned(), annotation);
+    let pod = cri_pods::run_pod(&client, 0, &spec).expect("a pod with a branch ENI");
+    assert_eq!(pod.addr, branch_addr, "the branch ENI's address");
+    assert_eq!(pod.eni, addrs::branch_link(vlan_id));
+    assert_eq!(
+        pod.host_veth,
+        vpcnet_api::pod::host_veth_name("vlan", &pod.k8s_namespace, &pod.k8s_name),
+        "strict mode names the host veth vlan<hash>"
+    );
+    assert_eq!(
+        cri::ipam_status().assigned_addrs,
+        0,
+        "no pool address taken"
+    );
+
+    let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))
+        .expect("whoami in peer");
+    let branch_link = addrs::vpc_branch_link(vlan_id);
+    let before = lab.packets_from(&branch_link).expect("router counter");
+    let seen = tcp_whoami(&pod.netns, peer.addr(), REPLY_TIMEOUT).expect("tcp probe");
+    assert_eq!(
+        seen.map(|s| *s.ip()),
+        Some(branch_addr),
+        "peer saw the branch pod as"
+    );
+    let after = lab.packets_from(&branch_link).expect("router counter");
+    assert!(
+        after > before,
+        "nothing came in by the branch ENI ({before} -> {after})"
+    );
+    println!(
+        "branch pod {branch_addr} (VLAN {vlan_id}, strict) -> peer: seen as {branch_addr}, {} packets by {branch_link}",
+        after - before
+    );
+    drop(peer);
+
+    remove_all_pods(&client);
+    let traces = node_traces();
+    assert!(
+        traces.endpoints.is_empty() && traces.pod_link_pins.is_empty(),
+        "left behind: {traces:?}"
+    );
+    assert!(
+        !exec_ok(addrs::NS_NODE, &["ip", "-o", "link"])
+            .expect("links")
+            .contains(&pod.host_veth),
+        "the branch pod's veth is left"
+    );
+    lab.down().expect("taking the lab down");
+}

@@ -134,9 +134,17 @@ pub fn describe_pod(client: &CriClient, index: usize, sandbox: &str) -> Result<P
         reason: "no network namespace".into(),
     })?;
     let netns = netns_path.display().to_string();
-    let host_veth = addrs::host_veth_name(&status.namespace, &status.name);
+    // `eni<hash>`, or `vlan<hash>` for a strict branch-ENI pod.
+    let host_veths = [addrs::VETH_PREFIX, addrs::STRICT_BRANCH_VETH_PREFIX]
+        .map(|prefix| addrs::host_veth_name_with_prefix(prefix, &status.namespace, &status.name));
+    let (host_veth, host_link) = host_veths
+        .iter()
+        .find_map(|veth| link_of(NS_NODE, veth).ok().map(|link| (veth.clone(), link)))
+        .ok_or_else(|| LabError::BadOutput {
+            command: "ip -j link show".into(),
+            reason: format!("no host veth {host_veths:?} for sandbox {sandbox}"),
+        })?;
     let pod_link = link_of(&netns, "eth0")?;
-    let host_link = link_of(NS_NODE, &host_veth)?;
     let eni = eni_link_of(addr)?;
     Ok(PodInfo {
         index,

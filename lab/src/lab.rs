@@ -151,6 +151,39 @@ impl Lab {
         }
     }
 
+    /// Gives the node a branch ENI (security groups for pods) with VLAN id
+    /// `vlan_id` that owns `addr`: its `vlan.eth.<id>` link in the node and
+    /// the router's side, which delivers `addr` to it and checks sources
+    /// against it. In a lab with the EC2 emulator, `addr` is marked used in
+    /// the node subnet, as the branch ENI holds it. Returns the
+    /// `vpc.amazonaws.com/pod-eni` annotation a pod on it carries.
+    pub fn add_branch_eni(&self, vlan_id: u16, addr: std::net::Ipv4Addr) -> Result<String> {
+        if let Some(emulator) = &self.emulator {
+            emulator
+                .admin()
+                .occupy(crate::ec2::config::LAB_NODE_SUBNET_ID, &[addr], &[])
+                .map_err(|err| LabError::InvalidOption(format!("occupying {addr}: {err}")))?;
+        }
+        let branch = state::BranchEni {
+            vlan_id,
+            link: crate::addrs::branch_link(vlan_id),
+            mac: crate::addrs::branch_eni_mac(vlan_id),
+            vpc_link: crate::addrs::vpc_branch_link(vlan_id),
+            route_table: crate::addrs::branch_route_table(vlan_id),
+            mode: self.state.options.sg_enforcing_mode,
+        };
+        topology::build_branch_links(&[(&branch, addr)])?;
+        Ok(serde_json::json!([{
+            "eniId": format!("eni-0b0000000000{vlan_id:05}"),
+            "ifAddress": branch.mac,
+            "privateIp": addr.to_string(),
+            "vlanId": vlan_id,
+            "subnetCidr": crate::addrs::NODE_SUBNET.to_string(),
+            "associationID": format!("trunk-assoc-{vlan_id:05}"),
+        }])
+        .to_string())
+    }
+
     /// A client of the lab's container runtime (CRI).
     pub fn cri(&self) -> Result<CriClient> {
         Ok(CriClient::connect(cri::CONTAINERD_SOCKET)?)

@@ -24,7 +24,7 @@ use crate::{
     netns::{ip_batch, set_sysctls},
     options::{Datapath, LabOptions},
     router::{self, Assignments},
-    state::PodInfo,
+    state::{BranchEni, PodInfo},
     vpc_cni,
 };
 
@@ -259,12 +259,18 @@ fn build_secondary_enis(enis: usize) -> Result<()> {
 /// router delivers the pod's address to it and checks sources against it.
 /// The VLAN route table is the iptables datapath's (`vpc_cni::pod_lines`).
 pub fn build_branch_enis(pods: &[PodInfo]) -> Result<()> {
+    let branches: Vec<(&BranchEni, Ipv4Addr)> = pods
+        .iter()
+        .filter_map(|pod| pod.branch.as_ref().map(|branch| (branch, pod.addr)))
+        .collect();
+    build_branch_links(&branches)
+}
+
+/// Branch ENIs, each with the one address it delivers.
+pub fn build_branch_links(branches: &[(&BranchEni, Ipv4Addr)]) -> Result<()> {
     let mut node_lines = Vec::new();
     let mut links = Vec::new();
-    for pod in pods {
-        let Some(branch) = &pod.branch else {
-            continue;
-        };
+    for (branch, addr) in branches {
         node_lines.extend([
             format!(
                 "link add {link} address {mac} mtu {VPC_MTU} type veth peer name {vpc_link} address {vpc_mac} mtu {VPC_MTU} netns {NS_VPC}",
@@ -278,7 +284,7 @@ pub fn build_branch_enis(pods: &[PodInfo]) -> Result<()> {
         links.push(EniLink {
             vpc_link: branch.vpc_link.clone(),
             mac: branch.mac.clone(),
-            addrs: vec![pod.addr],
+            addrs: vec![*addr],
         });
     }
     ip_batch(Some(NS_NODE), &node_lines)?;

@@ -211,7 +211,7 @@ impl Datapath {
         }
         // An ifindex the kernel gave a new interface: the old one's pins go.
         self.detach_ifindex(ifindex);
-        let dir = self.links_dir().join(format!("{ifindex}-{iface}"));
+        let dir = self.links_dir().join(link_dir_name(ifindex, iface));
         std::fs::create_dir_all(&dir).map_err(|source| DatapathError::LinkPin {
             path: dir.clone(),
             source,
@@ -362,10 +362,15 @@ fn swap_pinned(ebpf: &mut Ebpf, name: &'static str, path: &Path) -> Result<(), D
     Ok(())
 }
 
-/// `<ifindex>-<ifname>`, a link directory's name.
+/// `<ifindex>-<ifname>`, a link directory's name. bpffs refuses names with
+/// a dot (`vlan.eth.5`): dots become colons, which no interface name has.
+fn link_dir_name(ifindex: u32, iface: &str) -> String {
+    format!("{ifindex}-{}", iface.replace('.', ":"))
+}
+
 fn parse_link_dir(name: &str) -> Option<(u32, String)> {
     let (ifindex, iface) = name.split_once('-')?;
-    Some((ifindex.parse().ok()?, iface.to_owned()))
+    Some((ifindex.parse().ok()?, iface.replace(':', ".")))
 }
 
 fn interface_index(iface: &str) -> Option<u32> {
@@ -408,4 +413,19 @@ fn bpffs_mounted() -> bool {
             fields.next() == Some(BPFFS) && fields.next() == Some("bpf")
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_directories_name_any_interface() {
+        for iface in ["eth0", "vlan.eth.5", "enic220f2ba281"] {
+            let name = link_dir_name(7, iface);
+            assert!(!name.contains('.'), "{name}: bpffs refuses dots");
+            assert_eq!(parse_link_dir(&name), Some((7, iface.to_owned())));
+        }
+        assert_eq!(parse_link_dir("junk"), None);
+    }
 }

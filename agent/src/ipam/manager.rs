@@ -147,6 +147,8 @@ pub struct PodAddress {
     pub eni_id: String,
     /// The ENI's MAC: how the node finds its link.
     pub eni_mac: String,
+    /// A branch ENI's address (security groups for pods), not the pool's.
+    pub branch: bool,
     pub device_number: u32,
     pub subnet: Ipv4Net,
     pub gateway: Ipv4Addr,
@@ -576,6 +578,7 @@ impl Manager {
                             addr: assignment.addr,
                             device_number: eni.device_number,
                             eni_mac: eni.mac.clone(),
+                            branch: false,
                             subnet: eni.subnet,
                             gateway: gateway_of(eni.subnet),
                             eni_id: assignment.eni,
