@@ -48,14 +48,17 @@ impl fmt::Display for AgentError {
 }
 
 impl AgentError {
-    /// Whether the agent was not there to answer (down, restarting, stuck),
-    /// as opposed to having answered with an error.
+    /// Whether the agent was not there to answer (down, restarting, stuck,
+    /// or gone in the middle of the call: tonic says `Unknown` for a broken
+    /// transport and `Cancelled` for a stream cut short), as opposed to
+    /// having answered with an error.
     pub fn unavailable(&self) -> bool {
         match self {
             Self::Unreachable { .. } | Self::Timeout { .. } => true,
-            Self::Status { status, .. } => {
-                matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded)
-            }
+            Self::Status { status, .. } => matches!(
+                status.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+            ),
         }
     }
 
@@ -211,10 +214,15 @@ mod tests {
         assert_eq!(slow.to_cni().code, code::TRY_AGAIN_LATER);
         assert!(slow.outcome_unknown());
         assert!(!down.outcome_unknown());
-        assert_eq!(
-            status(Code::Unavailable).to_cni().code,
-            code::TRY_AGAIN_LATER
-        );
+        // Down before the call, or killed during it (a broken transport).
+        for gone in [Code::Unavailable, Code::Unknown, Code::Cancelled] {
+            assert_eq!(
+                status(gone).to_cni().code,
+                code::TRY_AGAIN_LATER,
+                "{gone:?}"
+            );
+            assert!(status(gone).unavailable(), "{gone:?}");
+        }
         assert_eq!(
             status(Code::ResourceExhausted).to_cni().code,
             code::NO_ADDRESS
