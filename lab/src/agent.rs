@@ -21,22 +21,15 @@
 use std::{
     fs::{self, File},
     io::{BufRead, BufReader, Read, Seek, SeekFrom},
-    os::{
-        fd::{AsFd, FromRawFd, OwnedFd},
-        unix::process::CommandExt,
-    },
+    os::{fd::OwnedFd, unix::process::CommandExt},
     path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc,
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use nix::{
-    errno::Errno,
-    poll::{PollFd, PollFlags, PollTimeout, poll},
-    sys::signal::Signal,
-};
+use nix::{errno::Errno, sys::signal::Signal};
 use tracing::{info, warn};
 
 use crate::{
@@ -45,6 +38,7 @@ use crate::{
     error::{Context, LabError, Result},
     netns::{describe, netns_path, spawn_error},
     options::LabOptions,
+    pidfd,
     state::{
         AgentInfo, agent_log_file, agent_pid_file, cni_socket_file, ipam_checkpoint_file,
         layout_file,
@@ -199,7 +193,7 @@ fn wait_ready(stdout: impl Read + Send + 'static, timeout: Duration) -> Result<(
 /// reaped); otherwise the pid is checked against the recorded start time so a
 /// reused pid is never signalled.
 pub fn stop(info: &AgentInfo, child: Option<&mut Child>) -> Result<()> {
-    let pidfd = match pidfd_open(info.pid) {
+    let pidfd = match pidfd::open(info.pid) {
         Ok(fd) => fd,
         Err(Errno::ESRCH) => return Ok(()),
         Err(err) => return Err(err).context(|| format!("opening the agent process {}", info.pid)),
@@ -231,55 +225,14 @@ pub fn stop(info: &AgentInfo, child: Option<&mut Child>) -> Result<()> {
 
 /// Sends `signal` through the pidfd and waits for the process to exit.
 fn signal_and_wait(pidfd: &OwnedFd, signal: Signal, grace: Duration) -> Result<bool> {
-    if let Err(err) = pidfd_send_signal(pidfd, signal) {
+    if let Err(err) = pidfd::send_signal(pidfd, signal) {
         if err == Errno::ESRCH {
             return Ok(true);
         }
         return Err(err).context(|| format!("sending {signal} to the agent"));
     }
     // A pidfd becomes readable when its process exits.
-    let deadline = Instant::now() + grace;
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            return Ok(false);
-        }
-        let millis = u16::try_from(remaining.as_millis().max(1)).unwrap_or(u16::MAX);
-        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(millis)) {
-            Ok(0) | Err(Errno::EINTR) => {}
-            Ok(_) => return Ok(true),
-            Err(err) => return Err(err).context(|| "waiting for the agent to exit".into()),
-        }
-    }
-}
-
-fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
-    // or -1; no memory is shared with the kernel.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    let fd = i32::try_from(fd).map_err(|_| Errno::EBADF)?;
-    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn pidfd_send_signal(pidfd: &OwnedFd, signal: Signal) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a null siginfo is allowed (the kernel fills one as kill() would);
-    // the descriptor is valid for the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal as libc::c_int,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+    pidfd::wait_exit(pidfd, grace).context(|| "waiting for the agent to exit".into())
 }
 
 /// Field 22 of /proc/PID/stat: when the process started.

@@ -35,6 +35,7 @@ pub mod moto;
 pub mod netlink;
 pub mod netns;
 mod options;
+mod pidfd;
 pub mod probe;
 pub mod router;
 mod state;

@@ -5,16 +5,14 @@
 use std::{
     fs::{self, File},
     io::{ErrorKind, Read, Seek, SeekFrom},
-    os::fd::{AsFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
     process::Output,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use nix::{
     errno::Errno,
     mount::{MntFlags, umount2},
-    poll::{PollFd, PollFlags, PollTimeout, poll},
     sys::signal::Signal,
 };
 use tracing::{debug, warn};
@@ -131,17 +129,17 @@ pub(super) fn processes_with_arg(needle: &str) -> Result<Vec<i32>> {
 /// if it is gone. A pidfd makes the wait an event, and makes the signal
 /// safe from pid reuse once it is open.
 pub(super) fn signal_and_wait(pid: i32, signal: Signal, grace: Duration) -> Result<bool> {
-    let pidfd = match pidfd_open(pid) {
+    let pidfd = match crate::pidfd::open(pid) {
         Ok(fd) => fd,
         Err(Errno::ESRCH) => return Ok(true),
         Err(err) => return Err(err).context(|| format!("opening a pidfd for {pid}")),
     };
-    match pidfd_send_signal(&pidfd, signal) {
+    match crate::pidfd::send_signal(&pidfd, signal) {
         Ok(()) => {}
         Err(Errno::ESRCH) => return Ok(true),
         Err(err) => return Err(err).context(|| format!("sending {signal} to {pid}")),
     }
-    wait_exit(&pidfd, grace).context(|| format!("waiting for {pid} to exit"))
+    crate::pidfd::wait_exit(&pidfd, grace).context(|| format!("waiting for {pid} to exit"))
 }
 
 /// SIGKILLs `pid` and waits (bounded) for it to be gone.
@@ -155,52 +153,6 @@ pub(super) fn kill_and_wait(pid: i32, what: &str) -> Result<()> {
             waited: KILL_GRACE,
         })
     }
-}
-
-/// Waits for a pidfd to become readable (its process exited).
-fn wait_exit(pidfd: &OwnedFd, grace: Duration) -> nix::Result<bool> {
-    let deadline = Instant::now() + grace;
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            return Ok(false);
-        }
-        let millis = u16::try_from(remaining.as_millis().max(1)).unwrap_or(u16::MAX);
-        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(millis)) {
-            Ok(0) | Err(Errno::EINTR) => {}
-            Ok(_) => return Ok(true),
-            Err(err) => return Err(err),
-        }
-    }
-}
-
-fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
-    // or -1; no memory is shared with the kernel.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    let fd = i32::try_from(fd).map_err(|_| Errno::EBADF)?;
-    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn pidfd_send_signal(pidfd: &OwnedFd, signal: Signal) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a null siginfo is allowed (the kernel fills one as kill() would);
-    // the descriptor is valid for the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal as libc::c_int,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
 }
 
 /// The mount points of this mount namespace, in mount order.
