@@ -61,7 +61,7 @@ pub struct LinkInfo {
 }
 
 impl LinkInfo {
-    fn from_message(message: &LinkMessage) -> Self {
+    pub(crate) fn from_message(message: &LinkMessage) -> Self {
         let mut link = Self {
             index: message.header.index,
             name: String::new(),

@@ -10,15 +10,13 @@ use futures_util::TryStreamExt;
 use rtnetlink::{
     LinkMessageBuilder, LinkUnspec,
     packet_route::link::{
-        InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo as PacketLinkInfo,
-        LinkMessage,
+        InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo as PacketLinkInfo, LinkMessage,
     },
 };
 use tracing::{debug, info};
 
 use crate::{
-    LinkInfo, MacAddr, NetlinkError, NetlinkHandle, OperState, errno, netns::Netns,
-    pod::PodNetError,
+    LinkInfo, MacAddr, NetlinkError, NetlinkHandle, errno, netns::Netns, pod::PodNetError,
 };
 
 /// What the pair is made of: a name and a MAC for each end, one MTU.
@@ -46,22 +44,11 @@ pub struct LinkDetails {
 
 impl LinkDetails {
     fn from_message(message: &LinkMessage) -> Self {
-        let mut link = LinkInfo {
-            index: message.header.index,
-            name: String::new(),
-            mac: None,
-            mtu: 0,
-            up: message.header.flags.contains(LinkFlags::Up),
-            oper_state: OperState::Unknown,
-        };
+        let link = LinkInfo::from_message(message);
         let mut veth = false;
         let mut peer_index = None;
         for attribute in &message.attributes {
             match attribute {
-                LinkAttribute::IfName(name) => link.name.clone_from(name),
-                LinkAttribute::Address(bytes) => link.mac = MacAddr::from_bytes(bytes),
-                LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
-                LinkAttribute::OperState(state) => link.oper_state = (*state).into(),
                 LinkAttribute::Link(index) => peer_index = Some(*index),
                 LinkAttribute::LinkInfo(infos) => {
                     veth = infos
