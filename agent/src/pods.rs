@@ -297,10 +297,8 @@ impl Pods {
         let held = self
             .inner
             .manager
-            .assignments()
+            .assignment(key)
             .await
-            .into_iter()
-            .find(|(a, _)| a.key == *key)
             .map(|(a, _)| a.addr);
         {
             let mut datapath = self.datapath();
@@ -330,14 +328,7 @@ impl Pods {
         &self,
         key: &IpamKey,
     ) -> Result<Option<(Ipv4Addr, Option<String>, Option<String>)>, PodError> {
-        let Some((assigned, eni_mac)) = self
-            .inner
-            .manager
-            .assignments()
-            .await
-            .into_iter()
-            .find(|(a, _)| a.key == *key)
-        else {
+        let Some((assigned, eni_mac)) = self.inner.manager.assignment(key).await else {
             return Ok(None);
         };
         let addr = assigned.addr;

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     checkpoint::{Checkpoint, CheckpointError, IpamKey, IpamMetadata},
-    datastore::{AssignedAddr, Datastore, DatastoreError, EniRecord},
+    datastore::{AssignedAddr, Assignment, Datastore, DatastoreError, EniRecord},
     pool::{IPS_PER_PREFIX, PoolStats, PoolTargets},
     settings::IpamSettings,
 };
@@ -634,6 +634,18 @@ impl Manager {
         bump(&me.counters.released, 1);
         me.wake.notify_one();
         Ok(Some(released.addr))
+    }
+
+    /// The address `key` holds, with the MAC of the ENI that owns it.
+    pub async fn assignment(&self, key: &IpamKey) -> Option<(Assignment, String)> {
+        let st = self.inner.state.lock().await;
+        let assignment = st.datastore.assignment_of(key)?;
+        let mac = st
+            .enis
+            .get(&assignment.eni)
+            .map(|e| e.mac.clone())
+            .unwrap_or_default();
+        Some((assignment, mac))
     }
 
     /// Every pod's address, with the MAC of the ENI that owns it.
