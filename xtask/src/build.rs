@@ -12,16 +12,8 @@ use anyhow::{Context, Result};
 use crate::setup::{self, run_checked, stdout_of};
 
 /// The agent's package and binary name.
-#[allow(
-    dead_code,
-    reason = "for the lab command (xtask/src/lab.rs), which is being written"
-)]
 const AGENT_PACKAGE: &str = "vpcnet-agent";
 /// The CNI plugin's package and binary name.
-#[allow(
-    dead_code,
-    reason = "for the lab command (xtask/src/lab.rs), which is being written"
-)]
 const CNI_PLUGIN_PACKAGE: &str = "vpcnet-cni";
 
 #[derive(clap::Args)]
@@ -44,28 +36,16 @@ pub fn run(args: &Args) -> Result<PathBuf> {
 }
 
 /// Builds the agent and returns the path of `target/{debug,release}/vpcnet-agent`.
-#[allow(
-    dead_code,
-    reason = "for the lab command (xtask/src/lab.rs), which is being written"
-)]
 pub fn agent_binary(release: bool) -> Result<PathBuf> {
     binary(AGENT_PACKAGE, AGENT_PACKAGE, release)
 }
 
 /// Builds the CNI plugin and returns the path of `target/{debug,release}/vpcnet-cni`.
-#[allow(
-    dead_code,
-    reason = "for the lab command (xtask/src/lab.rs), which is being written"
-)]
 pub fn cni_plugin_binary(release: bool) -> Result<PathBuf> {
     binary(CNI_PLUGIN_PACKAGE, CNI_PLUGIN_PACKAGE, release)
 }
 
 /// Builds binary `bin` of `package` (after [`setup::ensure`]) and returns its path.
-#[allow(
-    dead_code,
-    reason = "for the lab command (xtask/src/lab.rs), which is being written"
-)]
 pub fn binary(package: &str, bin: &str, release: bool) -> Result<PathBuf> {
     setup::ensure()?;
     let mut build = cargo_build(release);
