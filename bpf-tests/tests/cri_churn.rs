@@ -312,40 +312,13 @@ fn p50_p99(mut samples: Vec<Duration>) -> String {
 /// The plugin's own figures from its log: `elapsed_ms` of each ADD that
 /// succeeded, and the error of each that failed (by its CNI code).
 fn plugin_adds() -> (Vec<Duration>, BTreeMap<String, usize>) {
-    let log = cri_pods::cni_plugin_log();
-    let mut rotated = log.as_os_str().to_owned();
-    rotated.push(".1");
-    let text = [std::path::PathBuf::from(rotated), log]
-        .iter()
-        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
-        .collect::<String>();
-    let field = |line: &str, name: &str| -> Option<String> {
-        let rest = &line[line.find(&format!(" {name}="))? + name.len() + 2..];
-        let value = if let Some(quoted) = rest.strip_prefix('"') {
-            &quoted[..quoted.find('"')?]
-        } else {
-            rest.split(' ').next()?
-        };
-        Some(value.to_owned())
-    };
     let mut elapsed = Vec::new();
     let mut failed = BTreeMap::new();
-    for line in text.lines() {
-        if field(line, "command").as_deref() != Some("ADD") {
-            continue;
-        }
-        if line.contains(" INFO ") {
-            if let Some(ms) = field(line, "elapsed_ms").and_then(|v| v.parse::<f64>().ok()) {
-                elapsed.push(Duration::from_secs_f64(ms / 1e3));
-            }
-        } else if let Some(at) = line.find(" error=code ") {
-            // `error=code 11: the vpcnet agent is not available (...)`
-            let code = line[at + " error=".len()..]
-                .split(':')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            *failed.entry(code).or_insert(0) += 1;
+    for call in cri_pods::plugin_calls().into_iter().filter(|c| c.command == "ADD") {
+        match (call.elapsed, call.error_code) {
+            (_, Some(code)) => *failed.entry(code).or_insert(0) += 1,
+            (Some(elapsed_ms), None) => elapsed.push(elapsed_ms),
+            (None, None) => {}
         }
     }
     (elapsed, failed)

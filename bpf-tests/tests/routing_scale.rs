@@ -27,13 +27,13 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use vpcnet_agent::datapath::DatapathMaps;
 use vpcnet_bpf_tests::{
     KERNEL_RULES, agent_binary, agent_cli,
     differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
     lab_counter,
 };
-use vpcnet_common::{addr_to_raw, cidr::CidrKind, counters::Counter, endpoint::Endpoint};
+use vpcnet_bench::fillers::FillerEndpoints;
+use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
     Datapath, Lab, LabOptions, addrs, exec_ok,
     probe::{RouterLinkTap, WhoamiFlow},
@@ -264,108 +264,6 @@ fn probe(lab: &Lab, tap: &RouterLinkTap, servers: &WhoamiServers<End>, case: &Ca
     }
 }
 
-/// 4096 endpoints in the running agent's map, removed when dropped (also
-/// when the test fails; the lab's teardown removes the pins anyway).
-struct FillerEndpoints {
-    maps: DatapathMaps,
-    addrs: Vec<Ipv4Addr>,
-}
-
-impl FillerEndpoints {
-    /// Interface indexes no link has: nothing is ever sent to them.
-    const FIRST_FAKE_IFINDEX: u32 = 0x4000_0000;
-
-    fn insert(count: usize) -> Self {
-        let pins = Path::new(addrs::BPF_PIN_DIR);
-        let maps = DatapathMaps::open_pinned(pins)
-            .unwrap_or_else(|e| panic!("opening the agent's maps in {}: {e}", pins.display()));
-        let mut fillers = Self {
-            maps,
-            addrs: Vec::with_capacity(count),
-        };
-        for index in 0..count {
-            let addr = addrs::filler_pod_addr(index).expect("a filler address");
-            assert!(
-                fillers
-                    .maps
-                    .endpoints
-                    .get(&addr_to_raw(addr.octets()), 0)
-                    .is_err(),
-                "{addr} is already an endpoint"
-            );
-            let ifindex = Self::FIRST_FAKE_IFINDEX + u32::try_from(index).expect("small");
-            let [a, b] = u16::try_from(index).expect("small").to_be_bytes();
-            let endpoint = Endpoint {
-                ifindex,
-                eni_ifindex: ifindex,
-                mac: [0x02, 0xfe, 0, 0, a, b],
-                host_mac: [0x02, 0xfd, 0, 0, a, b],
-                flags: 0,
-            };
-            fillers
-                .maps
-                .set_endpoint(addr, &endpoint)
-                .unwrap_or_else(|e| panic!("endpoint {addr}: {e}"));
-            fillers.addrs.push(addr);
-        }
-        fillers
-    }
-
-    /// Writes `addr`'s entry again, after every filler.
-    fn rewrite_last(&mut self, addr: Ipv4Addr) {
-        let key = addr_to_raw(addr.octets());
-        let endpoint = self
-            .maps
-            .endpoints
-            .get(&key, 0)
-            .unwrap_or_else(|e| panic!("{addr} is not an endpoint: {e}"));
-        self.maps.endpoints.remove(&key).expect("removing it");
-        self.maps
-            .set_endpoint(addr, &endpoint)
-            .expect("putting it back");
-    }
-
-    /// Entries in the endpoint map.
-    fn count(&self) -> usize {
-        self.maps
-            .endpoints
-            .keys()
-            .collect::<Result<Vec<_>, _>>()
-            .expect("reading the endpoint map")
-            .len()
-    }
-
-    /// Excluded CIDRs in the CIDR trie.
-    fn exclusions(&self) -> usize {
-        let cidrs = self.maps.cidrs().expect("reading the CIDR trie");
-        cidrs
-            .iter()
-            .filter(|(_, kind)| *kind == Some(CidrKind::Excluded))
-            .count()
-    }
-
-    /// Takes the fillers out of the map again; the entries left.
-    fn remove(mut self) -> usize {
-        for addr in std::mem::take(&mut self.addrs) {
-            let key = addr_to_raw(addr.octets());
-            self.maps
-                .endpoints
-                .remove(&key)
-                .unwrap_or_else(|e| panic!("removing the endpoint {addr}: {e}"));
-        }
-        self.count()
-    }
-}
-
-impl Drop for FillerEndpoints {
-    /// When the test failed before [`FillerEndpoints::remove`].
-    fn drop(&mut self) {
-        for addr in &self.addrs {
-            let _ = self.maps.endpoints.remove(&addr_to_raw(addr.octets()));
-        }
-    }
-}
-
 /// What one datapath's run gave.
 struct Run {
     table: Vec<(Case, Outcome)>,
@@ -384,6 +282,7 @@ fn run(datapath: Datapath, agent: &Path) -> Run {
             ..LabOptions::iptables(PODS)
         },
         Datapath::Ebpf => LabOptions::ebpf(PODS, agent),
+        Datapath::Routed => unreachable!("this test compares the two NAT datapaths"),
     };
     let options = LabOptions {
         enis: ENIS,
@@ -395,11 +294,15 @@ fn run(datapath: Datapath, agent: &Path) -> Run {
     let up = started.elapsed();
     assert_eq!(lab.pod(POD).eni, "eth2");
     let fillers = (datapath == Datapath::Ebpf).then(|| {
-        let mut fillers = FillerEndpoints::insert(FILLER_PODS);
-        fillers.rewrite_last(lab.pod(POD).addr);
+        let mut fillers = FillerEndpoints::insert(FILLER_PODS).expect("the filler endpoints");
+        fillers
+            .rewrite_last(lab.pod(POD).addr)
+            .expect("the pod's entry written again");
         fillers
     });
-    let endpoints = fillers.as_ref().map(FillerEndpoints::count);
+    let endpoints = fillers
+        .as_ref()
+        .map(|fillers| fillers.count().expect("counting the endpoints"));
     let rules = lab.ip_rules().expect("ip rule show");
     match &fillers {
         None => assert_reference_state(&lab, &rules),
@@ -419,7 +322,7 @@ fn run(datapath: Datapath, agent: &Path) -> Run {
     drop(servers);
     drop(tap);
     if let Some(fillers) = fillers {
-        assert_eq!(fillers.remove(), PODS, "the lab's own endpoints are left");
+        assert_eq!(fillers.remove().expect("removing the fillers"), PODS, "the lab's own endpoints are left");
     }
     drop(lab);
     Run {
@@ -455,9 +358,9 @@ fn assert_reference_state(lab: &Lab, rules: &[String]) {
 /// map, every exclusion in the CIDR trie.
 fn assert_ebpf_state(rules: &[String], fillers: &FillerEndpoints) {
     assert_eq!(rules, KERNEL_RULES, "the eBPF node's ip rules");
-    assert_eq!(fillers.count(), FILLER_PODS + PODS, "endpoint map entries");
+    assert_eq!(fillers.count().expect("counting the endpoints"), FILLER_PODS + PODS, "endpoint map entries");
     assert_eq!(
-        fillers.exclusions(),
+        fillers.exclusions().expect("counting the exclusions"),
         EXCLUSIONS,
         "excluded CIDRs in the trie"
     );

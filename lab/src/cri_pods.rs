@@ -8,6 +8,7 @@ use std::{
     fs,
     net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -42,6 +43,62 @@ pub fn cni_conf_dir() -> PathBuf {
 /// The plugin's log file in the lab.
 pub fn cni_plugin_log() -> PathBuf {
     state_dir().join("cni-plugin.log")
+}
+
+/// One call of the plugin, as its log tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginCall {
+    /// `ADD`, `DEL`, `CHECK`...
+    pub command: String,
+    /// How long a call that succeeded took (its `elapsed_ms`).
+    pub elapsed: Option<Duration>,
+    /// The CNI error code of a call that failed (`code 11`).
+    pub error_code: Option<String>,
+}
+
+/// Every call in the plugin's log (and its rotated predecessor), oldest
+/// first.
+pub fn plugin_calls() -> Vec<PluginCall> {
+    let log = cni_plugin_log();
+    let mut rotated = log.as_os_str().to_owned();
+    rotated.push(".1");
+    let text = [PathBuf::from(rotated), log]
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect::<String>();
+    text.lines().filter_map(parse_plugin_line).collect()
+}
+
+/// A `key=value` field of a log line (values with spaces are quoted).
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let rest = &line[line.find(&format!(" {name}="))? + name.len() + 2..];
+    if let Some(quoted) = rest.strip_prefix('"') {
+        Some(&quoted[..quoted.find('"')?])
+    } else {
+        rest.split(' ').next()
+    }
+}
+
+fn parse_plugin_line(line: &str) -> Option<PluginCall> {
+    let command = log_field(line, "command")?.to_owned();
+    let elapsed = line
+        .contains(" INFO ")
+        .then(|| log_field(line, "elapsed_ms")?.parse::<f64>().ok())
+        .flatten()
+        .map(|ms| Duration::from_secs_f64(ms / 1e3));
+    // `error=code 11: the vpcnet agent is not available (...)`
+    let error_code = line.find(" error=code ").map(|at| {
+        line[at + " error=".len()..]
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    });
+    (elapsed.is_some() || error_code.is_some()).then_some(PluginCall {
+        command,
+        elapsed,
+        error_code,
+    })
 }
 
 /// The conflist of `deploy/` pointed at the lab's agent socket and log.

@@ -20,6 +20,12 @@ pub enum Datapath {
     Ebpf,
     /// The VPC CNI's own iptables and policy-routing wiring: the reference.
     Iptables,
+    /// The benchmarks' ceiling: pods routed with no NAT, no rules and no
+    /// programs (a /32 route per pod, as in the eBPF datapath). The internet
+    /// gateway passes the pods' own addresses, as if each had a public IP,
+    /// so flows to `inet` work un-NATed. Pods on secondary ENIs reach only
+    /// the node and its pods (nothing steers them to their ENI).
+    Routed,
 }
 
 impl fmt::Display for Datapath {
@@ -27,6 +33,7 @@ impl fmt::Display for Datapath {
         f.write_str(match self {
             Self::Ebpf => "ebpf",
             Self::Iptables => "iptables",
+            Self::Routed => "routed",
         })
     }
 }
@@ -38,8 +45,9 @@ impl FromStr for Datapath {
         match s {
             "ebpf" => Ok(Self::Ebpf),
             "iptables" => Ok(Self::Iptables),
+            "routed" => Ok(Self::Routed),
             other => Err(LabError::InvalidOption(format!(
-                "datapath {other:?}: expected ebpf or iptables"
+                "datapath {other:?}: expected ebpf, iptables or routed"
             ))),
         }
     }
@@ -290,12 +298,12 @@ impl LabOptions {
         }
     }
 
-    /// Checks everything that can be checked before anything is built.
     /// The container runtime's options, when pods come through CRI.
     pub fn cri(&self) -> Option<&CriLabOptions> {
         self.ipam.as_ref().and_then(|ipam| ipam.cri.as_ref())
     }
 
+    /// Checks everything that can be checked before anything is built.
     pub fn validate(&self) -> Result<()> {
         self.validate_settings()?;
         if let Some(ipam) = &self.ipam {
@@ -357,6 +365,14 @@ impl LabOptions {
             )));
         }
         self.validate_branch_pods()?;
+        if self.datapath == Datapath::Routed
+            && (!self.branch_pods.is_empty() || self.filler_pods != 0 || self.external_snat)
+        {
+            return Err(LabError::InvalidOption(
+                "the routed datapath has no policy routing and no NAT: no --branch-pods, --filler-pods or --external-snat"
+                    .into(),
+            ));
+        }
         if self.filler_pods > MAX_FILLER_PODS {
             return Err(LabError::InvalidOption(format!(
                 "--filler-pods {}: at most {MAX_FILLER_PODS}",
@@ -545,6 +561,14 @@ mod tests {
                 },
                 "--node-port 9",
             ),
+            (
+                LabOptions {
+                    datapath: Datapath::Routed,
+                    filler_pods: 10,
+                    ..ok.clone()
+                },
+                "routed datapath",
+            ),
         ] {
             let err = bad.validate().unwrap_err().to_string();
             assert!(err.contains(says), "{err}");
@@ -561,6 +585,7 @@ mod tests {
     #[test]
     fn names_parse() {
         assert_eq!("iptables".parse::<Datapath>().unwrap(), Datapath::Iptables);
+        assert_eq!("routed".parse::<Datapath>().unwrap(), Datapath::Routed);
         assert!("nft".parse::<Datapath>().is_err());
         assert_eq!(
             "none".parse::<RandomizeSnat>().unwrap(),

@@ -405,8 +405,8 @@ pub fn wire_pods(pods: &[PodInfo], datapath: Datapath) -> Result<()> {
             Datapath::Iptables => node_lines.extend(vpc_cni::pod_lines(pod)),
             // No policy routing: the route to the pod in `main` (for what
             // goes through the stack, e.g. after kube-proxy's DNAT) and
-            // nothing else; the agent does the rest.
-            Datapath::Ebpf => node_lines.push(format!(
+            // nothing else; the agent (if any) does the rest.
+            Datapath::Ebpf | Datapath::Routed => node_lines.push(format!(
                 "route replace {}/32 dev {} scope link",
                 pod.addr, pod.host_veth
             )),
@@ -414,7 +414,12 @@ pub fn wire_pods(pods: &[PodInfo], datapath: Datapath) -> Result<()> {
         router_assignments.add(&pod.vpc_link(), &pod.eni_mac(), &[pod.addr]);
     }
     ip_batch(Some(NS_NODE), &node_lines)?;
-    router_assignments.apply()
+    router_assignments.apply()?;
+    if datapath == Datapath::Routed {
+        let addrs: Vec<Ipv4Addr> = pods.iter().map(|pod| pod.addr).collect();
+        router::add_igw_addresses(&addrs)?;
+    }
+    Ok(())
 }
 
 /// Waits until every veth of the lab is up (see [`crate::netlink`]).

@@ -43,7 +43,8 @@ struct UpArgs {
     /// How many pods.
     #[arg(long, default_value_t = 2)]
     pods: usize,
-    /// The node's datapath: ebpf (the agent) or iptables (the VPC CNI's).
+    /// The node's datapath: ebpf (the agent), iptables (the VPC CNI's), or
+    /// routed (no NAT, no rules: the benchmarks' ceiling).
     #[arg(long, default_value = "ebpf")]
     datapath: Datapath,
     /// No SNAT on the node (`AWS_VPC_K8S_CNI_EXTERNALSNAT=true`).

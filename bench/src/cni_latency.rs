@@ -1,0 +1,109 @@
+//! CNI ADD and DEL as kubelet drives them: containerd's CRI runs the plugin
+//! for every sandbox, with a warm pool (the addresses are on the node
+//! before the pods come). Only vpcnet's: the VPC CNI's plugin and ipamd are
+//! Go programs this lab cannot build.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use vpcnet_api::cni::IpamStatusRequest;
+use vpcnet_lab::{
+    Datapath, cni_socket_file,
+    cri_pods::{self, plugin_calls},
+};
+
+use crate::run::{BenchOptions, Measurement, ipam_lab_options, lab_up};
+
+/// How long the pool may take to fill.
+const POOL_TIMEOUT: Duration = Duration::from_mins(2);
+/// How often the pool is read meanwhile (it has no events).
+const POOL_POLL: Duration = Duration::from_millis(100);
+
+/// Addresses the agent holds unassigned, through its CNI backend.
+pub fn available_addrs() -> Result<u32> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut client = vpcnet_api::connect_cni(cni_socket_file())
+            .await
+            .context("connecting to the agent")?;
+        let status = client
+            .ipam_status(IpamStatusRequest {})
+            .await
+            .context("IpamStatus")?
+            .into_inner();
+        Ok(status.total_addrs.saturating_sub(status.assigned_addrs))
+    })
+}
+
+/// Waits until the agent holds `wanted` unassigned addresses.
+pub fn wait_warm_pool(wanted: usize) -> Result<()> {
+    let deadline = Instant::now() + POOL_TIMEOUT;
+    loop {
+        let available = available_addrs()?;
+        if available as usize >= wanted {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the agent's pool has {available} free addresses after {POOL_TIMEOUT:?}, {wanted} wanted"
+            );
+        }
+        std::thread::sleep(POOL_POLL);
+    }
+}
+
+/// `cycles` times: `pods` `RunPodSandbox` calls, then `StopPodSandbox` and
+/// `RemovePodSandbox` of each; the wall times of the calls and the plugin's
+/// own (its log's `elapsed_ms`).
+pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
+    let lab = lab_up(&ipam_lab_options(opts, "m5.large", &[], true))?;
+    let client = lab.cri()?;
+    let calls_before = plugin_calls().len();
+    let (mut runs, mut removes) = (Vec::new(), Vec::new());
+    for _ in 0..opts.cni_cycles {
+        wait_warm_pool(opts.cni_pods)?;
+        let mut sandboxes = Vec::new();
+        for index in 0..opts.cni_pods {
+            let spec = cri_pods::pod_spec(index);
+            let started = Instant::now();
+            let sandbox = client.run_pod_sandbox(&spec)?;
+            runs.push(started.elapsed());
+            sandboxes.push(sandbox);
+        }
+        for sandbox in sandboxes {
+            let started = Instant::now();
+            cri_pods::remove_pod(&client, &sandbox)?;
+            removes.push(started.elapsed());
+        }
+    }
+    let calls = plugin_calls();
+    let plugin = |command: &str| -> Vec<Duration> {
+        calls[calls_before.min(calls.len())..]
+            .iter()
+            .filter(|call| call.command == command)
+            .filter_map(|call| call.elapsed)
+            .collect()
+    };
+    let (adds, dels) = (plugin("ADD"), plugin("DEL"));
+    if adds.len() != runs.len() {
+        bail!(
+            "{} sandboxes ran but the plugin logged {} ADDs",
+            runs.len(),
+            adds.len()
+        );
+    }
+    lab.down().context("taking the lab down")?;
+    Ok(vec![
+        Measurement::of_durations(round, Datapath::Ebpf, "cni_add", &adds),
+        Measurement::of_durations(round, Datapath::Ebpf, "cni_del", &dels),
+        Measurement::of_durations(round, Datapath::Ebpf, "cri_run_pod_sandbox", &runs),
+        Measurement::of_durations(
+            round,
+            Datapath::Ebpf,
+            "cri_stop_remove_pod_sandbox",
+            &removes,
+        ),
+    ])
+}

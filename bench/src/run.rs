@@ -1,0 +1,615 @@
+//! The benchmark run: every figure in every datapath, round after round,
+//! the datapaths interleaved within each round (and their order rotated
+//! from round to round) so that a noisy machine hits them alike.
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail};
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+use vpcnet_lab::{
+    CriLabOptions, Datapath, IpamLabOptions, Lab, LabOptions,
+    addrs::{INET_ADDR, NS_INET, NS_PEER, PEER_ADDR},
+    netns::set_sysctls,
+};
+
+use crate::{
+    agent_scale, cni_latency,
+    fillers::FillerEndpoints,
+    loadgen::LoadResult,
+    measure::{Client, ClientRun, Load, Server, Tools, iperf3_stream},
+};
+
+/// Where every load generator server listens.
+pub const PORT: u16 = 9000;
+
+/// What a run does and how long.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchOptions {
+    /// Rounds: every figure is measured once per round and per datapath.
+    pub rounds: usize,
+    /// Seconds of each RR, CRR and stream measurement.
+    pub duration_s: f64,
+    /// CRR client threads.
+    pub crr_threads: usize,
+    /// Pods' worth of routing state for the scale sweep.
+    pub scale_fillers: Vec<usize>,
+    /// SNAT exclusions for the scale sweep.
+    pub scale_exclusions: Vec<usize>,
+    /// CNI latency: pods made (then removed) per cycle, and cycles per round.
+    pub cni_pods: usize,
+    pub cni_cycles: usize,
+    /// The agent's footprint: pods given to it (once per run).
+    pub agent_pods: usize,
+    /// NAT under churn: seconds of opening connections, from this many pods.
+    pub churn_s: f64,
+    pub churn_pods: usize,
+    /// The agent, the CNI plugin and the load generator.
+    pub bin_dir: PathBuf,
+}
+
+impl BenchOptions {
+    /// The full run: three rounds.
+    pub fn full(bin_dir: PathBuf) -> Self {
+        Self {
+            rounds: 3,
+            duration_s: 5.0,
+            crr_threads: 4,
+            scale_fillers: vec![10, 1000, 4096],
+            scale_exclusions: vec![0, 64],
+            cni_pods: 8,
+            cni_cycles: 5,
+            agent_pods: 1000,
+            churn_s: 15.0,
+            churn_pods: 3,
+            bin_dir,
+        }
+    }
+
+    /// A run that only shows every part works: one short round, one scale
+    /// point, a few pods.
+    pub fn smoke(bin_dir: PathBuf) -> Self {
+        Self {
+            rounds: 1,
+            duration_s: 0.5,
+            crr_threads: 2,
+            scale_fillers: vec![10],
+            scale_exclusions: vec![64],
+            cni_pods: 2,
+            cni_cycles: 1,
+            agent_pods: 20,
+            churn_s: 1.0,
+            churn_pods: 1,
+            bin_dir,
+        }
+    }
+
+    fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_s)
+    }
+
+    fn agent(&self) -> PathBuf {
+        self.bin_dir.join("vpcnet-agent")
+    }
+
+    fn cni_plugin(&self) -> PathBuf {
+        self.bin_dir.join("vpcnet-cni")
+    }
+
+    fn tools(&self) -> Tools {
+        Tools {
+            loadgen: self.bin_dir.join("vpcnet-loadgen"),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        for bin in [self.agent(), self.cni_plugin(), self.tools().loadgen] {
+            if !bin.is_file() {
+                bail!(
+                    "{} is missing: build the workspace's binaries first",
+                    bin.display()
+                );
+            }
+        }
+        if self.rounds == 0 || self.duration_s <= 0.0 || self.churn_s <= 0.0 {
+            bail!("rounds and durations must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// One measurement: a figure's values in one datapath in one round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    pub round: usize,
+    pub datapath: Datapath,
+    /// What was measured (`snat_rr`, `scale_rr/4096/64`, ...).
+    pub name: String,
+    /// Its values by key (`p50_us`, `rate`, `gbps`, ...).
+    pub values: BTreeMap<String, f64>,
+    /// The load generator's whole result: latency distribution, timeline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadResult>,
+}
+
+impl Measurement {
+    pub fn new(round: usize, datapath: Datapath, name: impl Into<String>) -> Self {
+        Self {
+            round,
+            datapath,
+            name: name.into(),
+            values: BTreeMap::new(),
+            load: None,
+        }
+    }
+
+    #[must_use]
+    pub fn with(mut self, key: &str, value: f64) -> Self {
+        self.values.insert(key.to_owned(), value);
+        self
+    }
+
+    /// A load generator result: rate, latency percentiles and failures.
+    pub fn of_load(round: usize, datapath: Datapath, name: &str, load: LoadResult) -> Self {
+        let mut m = Self::new(round, datapath, name)
+            .with("rate", load.rate)
+            .with("transactions", load.transactions as f64)
+            .with("failures", load.failures() as f64)
+            .with("p50_us", load.latency.p50_us)
+            .with("p90_us", load.latency.p90_us)
+            .with("p99_us", load.latency.p99_us)
+            .with("p999_us", load.latency.p999_us)
+            .with("max_us", load.latency.max_us);
+        m.load = Some(load);
+        m
+    }
+
+    /// Durations of calls (CNI, CRI): percentiles in milliseconds.
+    pub fn of_durations(round: usize, datapath: Datapath, name: &str, calls: &[Duration]) -> Self {
+        let mut ns: Vec<u64> = calls.iter().map(|d| crate::stats::nanos(*d)).collect();
+        let latency = crate::stats::Latency::of(&mut ns);
+        let mut m = Self::new(round, datapath, name)
+            .with("calls", calls.len() as f64)
+            .with("p50_ms", latency.p50_us / 1e3)
+            .with("p99_ms", latency.p99_us / 1e3)
+            .with("max_ms", latency.max_us / 1e3);
+        m.load = Some(LoadResult {
+            transactions: latency.samples,
+            latency,
+            ..LoadResult::default()
+        });
+        m
+    }
+
+    pub fn value(&self, key: &str) -> Option<f64> {
+        self.values.get(key).copied()
+    }
+}
+
+/// The machine the run was on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+}
+
+impl Machine {
+    fn read() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("model name"))
+            .and_then(|rest| rest.split_once(':'))
+            .map_or_else(
+                || "unknown".to_owned(),
+                |(_, model)| model.trim().to_owned(),
+            );
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib = meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix("MemTotal:"))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0);
+        let kernel = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu_model,
+            memory_gib: memory_kib / 1024.0 / 1024.0,
+            kernel,
+        }
+    }
+}
+
+/// Everything a run produced: `target/bench/results.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub options: BenchOptions,
+    /// Unix seconds.
+    pub started: u64,
+    pub elapsed_s: f64,
+    pub measurements: Vec<Measurement>,
+}
+
+impl Results {
+    /// The median over rounds of value `key` of `name` in `datapath`.
+    pub fn median(&self, datapath: Datapath, name: &str, key: &str) -> Option<f64> {
+        let values: Vec<f64> = self
+            .of(datapath, name)
+            .filter_map(|m| m.value(key))
+            .collect();
+        crate::stats::median(&values)
+    }
+
+    /// The measurements of `name` in `datapath`.
+    pub fn of<'a>(
+        &'a self,
+        datapath: Datapath,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a Measurement> + 'a {
+        self.measurements
+            .iter()
+            .filter(move |m| m.datapath == datapath && m.name == name)
+    }
+}
+
+/// The datapaths of the flows with a ceiling, in round `round`'s order.
+fn rotated<const N: usize>(modes: [Datapath; N], round: usize) -> [Datapath; N] {
+    let mut modes = modes;
+    modes.rotate_left(round % N);
+    modes
+}
+
+/// Runs the benchmark; `progress` hears about each step.
+pub fn run(opts: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Results> {
+    opts.check()?;
+    let _lock = vpcnet_lab::serial();
+    if vpcnet_lab::exists()? {
+        bail!("a lab exists already: remove it with `cargo xtask lab down` first");
+    }
+    let started = Instant::now();
+    let mut measurements = Vec::new();
+    for round in 0..opts.rounds {
+        progress(&format!("round {} of {}", round + 1, opts.rounds));
+        for datapath in rotated(
+            [Datapath::Routed, Datapath::Iptables, Datapath::Ebpf],
+            round,
+        ) {
+            progress(&format!("  {datapath}: SNAT, pod to pod, secondary ENI"));
+            measurements.extend(base(opts, round, datapath)?);
+        }
+        for &exclusions in &opts.scale_exclusions {
+            for &fillers in &opts.scale_fillers {
+                for datapath in rotated([Datapath::Iptables, Datapath::Ebpf], round) {
+                    progress(&format!(
+                        "  {datapath}: RR at {fillers} pods' state, {exclusions} exclusions"
+                    ));
+                    measurements.push(scale(opts, round, datapath, fillers, exclusions)?);
+                }
+            }
+        }
+        for datapath in rotated([Datapath::Iptables, Datapath::Ebpf], round) {
+            progress(&format!("  {datapath}: NAT under churn"));
+            measurements.push(churn(opts, round, datapath)?);
+        }
+        progress("  ebpf: CNI ADD and DEL through CRI");
+        measurements.extend(cni_latency::run(opts, round)?);
+    }
+    progress(&format!("ebpf: the agent at {} pods", opts.agent_pods));
+    measurements.push(agent_scale::run(opts)?);
+    Ok(Results {
+        machine: Machine::read(),
+        options: opts.clone(),
+        started: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .saturating_sub(started.elapsed().as_secs()),
+        elapsed_s: started.elapsed().as_secs_f64(),
+        measurements,
+    })
+}
+
+/// The lab's options for `datapath` with `pods` pods on `enis` ENIs.
+fn lab_options(opts: &BenchOptions, datapath: Datapath, pods: usize, enis: usize) -> LabOptions {
+    let base = match datapath {
+        Datapath::Ebpf => LabOptions::ebpf(pods, opts.agent()),
+        Datapath::Iptables => LabOptions::iptables(pods),
+        Datapath::Routed => LabOptions {
+            pods,
+            datapath: Datapath::Routed,
+            ..LabOptions::default()
+        },
+    };
+    LabOptions { enis, ..base }
+}
+
+fn up(options: &LabOptions) -> Result<Lab> {
+    Lab::up(options).with_context(|| format!("bringing the {} lab up", options.datapath))
+}
+
+/// One connection, back to back, for `duration`.
+fn rr(duration: Duration) -> ClientRun {
+    ClientRun {
+        load: Load::Rr,
+        duration,
+        threads: 1,
+        timeout: Duration::from_secs(1),
+        pace: Duration::ZERO,
+    }
+}
+
+/// SNAT (pod to `inet`), pod to pod on the node, and a pod on a secondary
+/// ENI to `peer`, in a lab of three pods on two ENIs: pod-0 and pod-2 on
+/// `eth0`, pod-1 on `eth1`.
+fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Measurement>> {
+    let lab = up(&lab_options(opts, datapath, 3, 2))?;
+    let tools = opts.tools();
+    let (client, on_eth1, target) = (lab.pod(0), lab.pod(1), lab.pod(2));
+    let _servers = [
+        Server::start(&tools, NS_INET, SocketAddrV4::new(INET_ADDR, PORT))?,
+        Server::start(&tools, NS_PEER, SocketAddrV4::new(PEER_ADDR, PORT))?,
+        Server::start(&tools, &target.netns, SocketAddrV4::new(target.addr, PORT))?,
+    ];
+    let duration = opts.duration();
+    let inet = SocketAddrV4::new(INET_ADDR, PORT);
+    let mut out = Vec::new();
+    let rr_to = |ns: &str, to: SocketAddrV4| Client::run(&tools, ns, to, rr(duration));
+
+    out.push(Measurement::of_load(
+        round,
+        datapath,
+        "snat_rr",
+        rr_to(&client.netns, inet)?,
+    ));
+    out.push(Measurement::new(round, datapath, "snat_stream").with(
+        "gbps",
+        iperf3_stream(&client.netns, NS_INET, INET_ADDR, duration)?,
+    ));
+    let pod = SocketAddrV4::new(target.addr, PORT);
+    out.push(Measurement::of_load(
+        round,
+        datapath,
+        "pod_rr",
+        rr_to(&client.netns, pod)?,
+    ));
+    out.push(Measurement::new(round, datapath, "pod_stream").with(
+        "gbps",
+        iperf3_stream(&client.netns, &target.netns, target.addr, duration)?,
+    ));
+    // The routed node has no policy routing to send pod-1 out of eth1: its
+    // ceiling is the same flow from eth0.
+    let eni_client = if datapath == Datapath::Routed {
+        client
+    } else {
+        on_eth1
+    };
+    let peer = SocketAddrV4::new(PEER_ADDR, PORT);
+    out.push(Measurement::of_load(
+        round,
+        datapath,
+        "eni_rr",
+        rr_to(&eni_client.netns, peer)?,
+    ));
+
+    // A connection per request: the client may reuse its ports in
+    // TIME_WAIT (as any CRR client must, or it runs out of ports in
+    // seconds) from the whole port range.
+    set_sysctls(
+        &client.netns,
+        &[
+            ("net.ipv4.tcp_tw_reuse", "1"),
+            ("net.ipv4.ip_local_port_range", "1024 65535"),
+        ],
+    )?;
+    let crr = ClientRun {
+        load: Load::Crr,
+        duration,
+        threads: opts.crr_threads,
+        timeout: Duration::from_secs(1),
+        pace: Duration::ZERO,
+    };
+    out.push(Measurement::of_load(
+        round,
+        datapath,
+        "snat_crr",
+        Client::run(&tools, &client.netns, inet, crr)?,
+    ));
+    lab.down().context("taking the lab down")?;
+    Ok(out)
+}
+
+/// SNAT exclusions: /24s of the benchmarking range 198.18.0.0/15, none of
+/// them a lab address, so every flow to `inet` is checked against all.
+pub fn exclusions(count: usize) -> Vec<Ipv4Net> {
+    (0..count)
+        .map(|i| {
+            let [_, _, hi, lo] = u32::try_from(i).unwrap_or(0).to_be_bytes();
+            Ipv4Net::new(Ipv4Addr::new(198, 18 + (hi & 1), lo, 0), 24).expect("a /24")
+        })
+        .collect()
+}
+
+/// SNAT RR from a pod whose entries come last, with `fillers` pods' worth
+/// of routing state and `exclusion_count` SNAT exclusions.
+fn scale(
+    opts: &BenchOptions,
+    round: usize,
+    datapath: Datapath,
+    fillers: usize,
+    exclusion_count: usize,
+) -> Result<Measurement> {
+    let mut options = lab_options(opts, datapath, 1, 1);
+    options.exclude_snat_cidrs = exclusions(exclusion_count);
+    if datapath == Datapath::Iptables {
+        options.filler_pods = fillers;
+    }
+    let lab = up(&options)?;
+    let pod = lab.pod(0);
+    let endpoints = if datapath == Datapath::Ebpf {
+        let mut entries = FillerEndpoints::insert(fillers)?;
+        entries.rewrite_last(pod.addr)?;
+        Some(entries)
+    } else {
+        None
+    };
+    let tools = opts.tools();
+    let _server = Server::start(&tools, NS_INET, SocketAddrV4::new(INET_ADDR, PORT))?;
+    let load = Client::run(
+        &tools,
+        &pod.netns,
+        SocketAddrV4::new(INET_ADDR, PORT),
+        rr(opts.duration()),
+    )?;
+    let rules = lab.ip_rules()?.len();
+    let entries = endpoints.as_ref().map(FillerEndpoints::count).transpose()?;
+    drop(endpoints);
+    lab.down().context("taking the lab down")?;
+    let mut m = Measurement::of_load(round, datapath, &scale_name(fillers, exclusion_count), load)
+        .with("ip_rules", rules as f64);
+    if let Some(entries) = entries {
+        m = m.with("endpoints", entries as f64);
+    }
+    Ok(m)
+}
+
+/// The name of a scale sweep point.
+pub fn scale_name(fillers: usize, exclusions: usize) -> String {
+    format!("scale_rr/{fillers}/{exclusions}")
+}
+
+/// NAT under churn: `churn_pods` pods open connections to one `inet`
+/// address and port and keep them, until the NAT's port range for that
+/// destination is full and beyond; meanwhile one established connection
+/// from another pod keeps exchanging.
+fn churn(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Measurement> {
+    let lab = up(&lab_options(opts, datapath, opts.churn_pods + 1, 1))?;
+    let tools = opts.tools();
+    let inet = SocketAddrV4::new(INET_ADDR, PORT);
+    let _server = Server::start(&tools, NS_INET, inet)?;
+    let churn = Duration::from_secs_f64(opts.churn_s);
+    let kept_pod = lab.pod(opts.churn_pods);
+    let kept = Client::start(
+        &tools,
+        &kept_pod.netns,
+        inet,
+        ClientRun {
+            load: Load::Rr,
+            duration: churn + Duration::from_secs(1),
+            threads: 1,
+            timeout: Duration::from_secs(1),
+            // Every millisecond: it shows a stall, without taking a core.
+            pace: Duration::from_millis(1),
+        },
+    )?;
+    let holds = (0..opts.churn_pods)
+        .map(|index| {
+            Client::start(
+                &tools,
+                &lab.pod(index).netns,
+                inet,
+                ClientRun {
+                    load: Load::Hold,
+                    duration: churn,
+                    threads: 4,
+                    timeout: Duration::from_millis(500),
+                    pace: Duration::ZERO,
+                },
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let held: Vec<LoadResult> = holds
+        .into_iter()
+        .map(Client::finish)
+        .collect::<Result<_>>()?;
+    let kept = kept.finish()?;
+    lab.down().context("taking the lab down")?;
+    Ok(churn_measurement(round, datapath, &held, &kept))
+}
+
+/// The churn's figures from the holding clients' timelines and the kept
+/// connection's run.
+pub fn churn_measurement(
+    round: usize,
+    datapath: Datapath,
+    held: &[LoadResult],
+    kept: &LoadResult,
+) -> Measurement {
+    let ticks = held.iter().map(|r| r.timeline.len()).max().unwrap_or(0);
+    let mut timeline = vec![(0, 0); ticks];
+    let mut merged = LoadResult::default();
+    for result in held {
+        for (total, tick) in timeline.iter_mut().zip(&result.timeline) {
+            total.0 += tick.0;
+            total.1 += tick.1;
+        }
+        merged.transactions += result.transactions;
+        merged.elapsed_s = merged.elapsed_s.max(result.elapsed_s);
+        for (kind, n) in &result.errors {
+            *merged.errors.entry(kind.clone()).or_default() += n;
+        }
+    }
+    let per_second = 1.0 / crate::loadgen::TICK.as_secs_f64();
+    let first_failure = timeline.iter().position(|tick| tick.1 > 0);
+    let before_failure: u64 = timeline[..first_failure.unwrap_or(ticks)]
+        .iter()
+        .map(|tick| tick.0)
+        .sum();
+    let peak = timeline.iter().map(|tick| tick.0).max().unwrap_or(0);
+    merged.rate = merged.transactions as f64 / merged.elapsed_s.max(f64::MIN_POSITIVE);
+    merged.timeline = timeline;
+    let mut m = Measurement::new(round, datapath, "nat_churn")
+        .with("opened", merged.transactions as f64)
+        .with("opened_before_first_failure", before_failure as f64)
+        .with("peak_rate", peak as f64 * per_second)
+        .with("failures", merged.failures() as f64)
+        .with("kept_flow_failures", kept.failures() as f64)
+        .with("kept_flow_max_ms", kept.latency.max_us / 1000.0)
+        .with("kept_flow_exchanges", kept.transactions as f64);
+    if let Some(tick) = first_failure {
+        m = m.with("first_failure_s", tick as f64 / per_second);
+    }
+    m.load = Some(merged);
+    m
+}
+
+/// The CRI lab of the CNI figures and the agent's footprint: the agent's
+/// address manager against the EC2 emulator.
+pub fn ipam_lab_options(
+    opts: &BenchOptions,
+    instance_type: &str,
+    env: &[(&str, &str)],
+    cri: bool,
+) -> LabOptions {
+    let mut ipam = IpamLabOptions::new(instance_type);
+    ipam.env = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    ipam.cri = cri.then(|| CriLabOptions {
+        cni_plugin: opts.cni_plugin(),
+    });
+    LabOptions {
+        ipam: Some(ipam),
+        ..LabOptions::ebpf(0, opts.agent())
+    }
+}
+
+/// Brings up a lab (see [`up`]).
+pub fn lab_up(options: &LabOptions) -> Result<Lab> {
+    up(options)
+}
