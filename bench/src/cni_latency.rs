@@ -1,12 +1,12 @@
 //! CNI ADD and DEL as kubelet drives them: containerd's CRI runs the plugin
-//! for every sandbox, with a warm pool (the addresses are on the node
-//! before the pods come). Only vpcnet's: the VPC CNI's plugin and ipamd are
+//! for every sandbox, with a warm pool (`WARM_IP_TARGET`: the addresses are
+//! on the node before the pods come). Only vpcnet's: the VPC CNI's plugin and ipamd are
 //! Go programs this lab cannot build.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use vpcnet_api::cni::IpamStatusRequest;
+use vpcnet_api::cni::StatusRequest;
 use vpcnet_lab::{
     Datapath, cni_socket_file,
     cri_pods::{self, plugin_calls},
@@ -19,7 +19,8 @@ const POOL_TIMEOUT: Duration = Duration::from_mins(2);
 /// How often the pool is read meanwhile (it has no events).
 const POOL_POLL: Duration = Duration::from_millis(100);
 
-/// Addresses the agent holds unassigned, through its CNI backend.
+/// Addresses the agent can hand out now (unassigned and out of their
+/// cooldown), through its CNI backend.
 pub fn available_addrs() -> Result<u32> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -29,11 +30,11 @@ pub fn available_addrs() -> Result<u32> {
             .await
             .context("connecting to the agent")?;
         let status = client
-            .ipam_status(IpamStatusRequest {})
+            .status(StatusRequest {})
             .await
-            .context("IpamStatus")?
+            .context("Status")?
             .into_inner();
-        Ok(status.total_addrs.saturating_sub(status.assigned_addrs))
+        Ok(status.available_addrs)
     })
 }
 
@@ -58,7 +59,10 @@ pub fn wait_warm_pool(wanted: usize) -> Result<()> {
 /// `RemovePodSandbox` of each; the wall times of the calls and the plugin's
 /// own (its log's `elapsed_ms`).
 pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
-    let lab = lab_up(&ipam_lab_options(opts, "m5.large", &[], true))?;
+    // The VPC CNI's way to keep addresses ready for pods to come.
+    let warm = opts.cni_pods.to_string();
+    let env = [("WARM_IP_TARGET", warm.as_str())];
+    let lab = lab_up(&ipam_lab_options(opts, "m5.large", &env, true))?;
     let client = lab.cri()?;
     let calls_before = plugin_calls().len();
     let (mut runs, mut removes) = (Vec::new(), Vec::new());

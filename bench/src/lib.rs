@@ -18,6 +18,7 @@ pub mod fillers;
 pub mod loadgen;
 pub mod measure;
 pub mod plot;
+pub mod profile;
 pub mod report;
 pub mod run;
 pub mod stats;

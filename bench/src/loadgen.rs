@@ -3,13 +3,11 @@
 //!
 //! - RR: one connection, one request in flight, back to back: latency.
 //! - CRR: a fresh connection per request on several threads (connect,
-//!   request, response, close by the client, as netperf's `TCP_CRR`):
-//!   connections per second.
+//!   request, response, close): connections per second. Either the server
+//!   closes first, as an HTTP server answering `Connection: close` does (its
+//!   side keeps the TIME_WAIT), or the client does, as netperf's `TCP_CRR`.
 //! - Hold: open connections as fast as possible and keep them, until a
 //!   deadline or a count: how a NAT fills its port range, second by second.
-//!
-//! A client closes first, so the TIME_WAIT state is the client's (the pod's)
-//! and never the server's.
 
 use std::{
     collections::BTreeMap,
@@ -24,6 +22,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::stats::{Latency, nanos};
+
+/// The first byte of a request after which the server closes the
+/// connection (all other requests are filled with `b'q'`).
+const CLOSE_AFTER: u8 = b'c';
 
 /// The width of a [`LoadResult::timeline`] tick.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -130,7 +132,13 @@ async fn answer(mut stream: tokio::net::TcpStream, exchange: Exchange) -> io::Re
     let response = vec![b'r'; exchange.response];
     loop {
         match stream.read_exact(&mut request).await {
-            Ok(_) => stream.write_all(&response).await?,
+            Ok(_) => {
+                stream.write_all(&response).await?;
+                if request.first() == Some(&CLOSE_AFTER) {
+                    // Dropping the stream closes it: the server's FIN first.
+                    return Ok(());
+                }
+            }
             // The client closed: close too.
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
@@ -152,6 +160,8 @@ pub struct ClientOptions {
     pub max_connections: u64,
     /// RR: the pause between two exchanges (zero: back to back).
     pub pace: Duration,
+    /// CRR: the server closes each connection after its response.
+    pub server_closes: bool,
 }
 
 /// One request and its response on `stream`.
@@ -272,14 +282,30 @@ pub fn connect_request_response(opts: &ClientOptions, ready: impl FnOnce()) -> L
     ready();
     let started = Instant::now();
     let tallies = run_threads(opts.threads, |_| {
-        let request = vec![b'q'; opts.exchange.request];
+        let mut request = vec![b'q'; opts.exchange.request];
+        if opts.server_closes
+            && let Some(first) = request.first_mut()
+        {
+            *first = CLOSE_AFTER;
+        }
         let mut response = vec![0; opts.exchange.response];
         let mut tally = ThreadTally::default();
         while started.elapsed() < opts.duration {
             let begun = Instant::now();
             let outcome = connect(opts).and_then(|mut stream| {
-                transact(&mut stream, &request, &mut response)
-                // Dropping the stream closes it: the client's FIN first.
+                transact(&mut stream, &request, &mut response)?;
+                if opts.server_closes {
+                    // The server's FIN, before the client closes.
+                    let mut rest = [0; 1];
+                    if stream.read(&mut rest)? != 0 {
+                        return Err(io::Error::new(
+                            ErrorKind::InvalidData,
+                            "more than the response",
+                        ));
+                    }
+                }
+                Ok(())
+                // Dropping the stream closes it (first, unless the server did).
             });
             match outcome {
                 Ok(()) => tally.ok(started, begun.elapsed()),

@@ -122,7 +122,10 @@ impl Server {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Load {
     Rr,
+    /// CRR, the client closing first.
     Crr,
+    /// CRR, the server closing first.
+    CrrServerCloses,
     Hold,
 }
 
@@ -130,7 +133,7 @@ impl Load {
     fn subcommand(self) -> &'static str {
         match self {
             Self::Rr => "rr",
-            Self::Crr => "crr",
+            Self::Crr | Self::CrrServerCloses => "crr",
             Self::Hold => "hold",
         }
     }
@@ -170,6 +173,10 @@ impl Client {
             "--pace-ms".into(),
             run.pace.as_millis().to_string(),
         ];
+        let mut args = args.to_vec();
+        if run.load == Load::CrrServerCloses {
+            args.push("--server-closes".into());
+        }
         let mut process = NsProcess::spawn(ns, &tools.loadgen, &args)?;
         process.wait_line(READY_TIMEOUT, |line| line == "ready")?;
         Ok(Self {

@@ -6,7 +6,10 @@ use std::fmt::Write;
 
 use vpcnet_lab::Datapath;
 
-use crate::run::{Results, scale_name};
+use crate::{
+    profile::{PROGRAMS, program_key},
+    run::{Results, scale_name},
+};
 
 /// Which way is better.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +23,7 @@ pub enum Better {
 pub struct Figure {
     pub title: String,
     pub measurement: String,
-    pub key: &'static str,
+    pub key: String,
     pub unit: &'static str,
     pub better: Better,
 }
@@ -29,14 +32,14 @@ impl Figure {
     fn new(
         title: impl Into<String>,
         measurement: impl Into<String>,
-        key: &'static str,
+        key: impl Into<String>,
         unit: &'static str,
         better: Better,
     ) -> Self {
         Self {
             title: title.into(),
             measurement: measurement.into(),
-            key,
+            key: key.into(),
             unit,
             better,
         }
@@ -44,7 +47,7 @@ impl Figure {
 
     /// The median over rounds in `datapath`.
     pub fn median(&self, results: &Results, datapath: Datapath) -> Option<f64> {
-        results.median(datapath, &self.measurement, self.key)
+        results.median(datapath, &self.measurement, &self.key)
     }
 }
 
@@ -89,13 +92,22 @@ fn rr_figures(prefix: &str, measurement: &str) -> [Figure; 3] {
 #[allow(clippy::too_many_lines)] // a table of rows, one per line
 pub fn sections(results: &Results) -> Vec<Section> {
     use Better::{Higher, Lower};
-    let mut paths = vec![Figure::new(
-        "SNAT (pod → inet) CRR",
-        "snat_crr",
-        "rate",
-        "conn/s",
-        Higher,
-    )];
+    let mut paths = vec![
+        Figure::new(
+            "SNAT (pod → inet) CRR, server closes",
+            "snat_crr",
+            "rate",
+            "conn/s",
+            Higher,
+        ),
+        Figure::new(
+            "SNAT (pod → inet) CRR, client closes",
+            "snat_crr_client_closes",
+            "rate",
+            "conn/s",
+            Higher,
+        ),
+    ];
     paths.extend(rr_figures("SNAT (pod → inet)", "snat_rr"));
     paths.push(Figure::new(
         "SNAT (pod → inet) stream",
@@ -283,6 +295,41 @@ pub fn sections(results: &Results) -> Vec<Section> {
         ),
     ];
 
+    let mut profile = Vec::new();
+    for (flow, title) in [("snat_rr", "SNAT RR"), ("pod_rr", "pod → pod RR")] {
+        let name = format!("profile/{flow}");
+        profile.push(Figure::new(
+            format!("{title}: eBPF time per exchange"),
+            name.clone(),
+            "ns_per_exchange",
+            "ns",
+            Lower,
+        ));
+        profile.push(Figure::new(
+            format!("{title}: the exchange's p50 (statistics on)"),
+            name.clone(),
+            "p50_us",
+            "µs",
+            Lower,
+        ));
+        for program in PROGRAMS {
+            profile.push(Figure::new(
+                format!("{title}: {program}, per run"),
+                name.clone(),
+                program_key(program, "ns_per_run"),
+                "ns",
+                Lower,
+            ));
+            profile.push(Figure::new(
+                format!("{title}: {program}, runs per exchange"),
+                name.clone(),
+                program_key(program, "runs_per_exchange"),
+                "",
+                Lower,
+            ));
+        }
+    }
+
     vec![
         Section {
             title: "Per-packet paths (routed = no NAT, no rules: the ceiling)",
@@ -298,6 +345,11 @@ pub fn sections(results: &Results) -> Vec<Section> {
             title: "NAT under churn: connections held from pods to one inet address and port",
             datapaths: NAT,
             figures: churn,
+        },
+        Section {
+            title: "Where the time goes: vpcnet's programs (kernel run-time statistics, in separate runs)",
+            datapaths: EBPF,
+            figures: profile,
         },
         Section {
             title: "Control plane (vpcnet only: the VPC CNI's Go plugin and ipamd cannot be built here)",

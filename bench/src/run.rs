@@ -23,6 +23,7 @@ use crate::{
     fillers::FillerEndpoints,
     loadgen::LoadResult,
     measure::{Client, ClientRun, Load, Server, Tools, iperf3_stream},
+    profile::{ProgramCost, ProgramStats, program_key},
 };
 
 /// Where every load generator server listens.
@@ -51,6 +52,37 @@ pub struct BenchOptions {
     pub churn_pods: usize,
     /// The agent, the CNI plugin and the load generator.
     pub bin_dir: PathBuf,
+    /// The parts to run (all by default).
+    #[serde(default = "Part::all")]
+    pub parts: Vec<Part>,
+}
+
+/// A part of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    /// SNAT, pod to pod and secondary-ENI flows in all three datapaths.
+    Paths,
+    /// The scale sweep.
+    Scale,
+    /// NAT under churn.
+    Churn,
+    /// CNI ADD and DEL through CRI.
+    Cni,
+    /// The agent's memory and CPU with many pods.
+    Agent,
+}
+
+impl Part {
+    pub fn all() -> Vec<Self> {
+        vec![
+            Self::Agent,
+            Self::Paths,
+            Self::Scale,
+            Self::Churn,
+            Self::Cni,
+        ]
+    }
 }
 
 impl BenchOptions {
@@ -68,6 +100,7 @@ impl BenchOptions {
             churn_s: 15.0,
             churn_pods: 3,
             bin_dir,
+            parts: Part::all(),
         }
     }
 
@@ -86,6 +119,7 @@ impl BenchOptions {
             churn_s: 1.0,
             churn_pods: 1,
             bin_dir,
+            parts: Part::all(),
         }
     }
 
@@ -283,42 +317,55 @@ pub fn run(opts: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Results> {
         bail!("a lab exists already: remove it with `cargo xtask lab down` first");
     }
     let started = Instant::now();
+    let started_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let mut measurements = Vec::new();
+    let runs = |part| opts.parts.contains(&part);
+    // Once, first: the longest set-up, and the likeliest to fail on a new
+    // machine.
+    if runs(Part::Agent) {
+        progress(&format!("ebpf: the agent at {} pods", opts.agent_pods));
+        measurements.push(agent_scale::run(opts)?);
+    }
     for round in 0..opts.rounds {
         progress(&format!("round {} of {}", round + 1, opts.rounds));
-        for datapath in rotated(
-            [Datapath::Routed, Datapath::Iptables, Datapath::Ebpf],
-            round,
-        ) {
-            progress(&format!("  {datapath}: SNAT, pod to pod, secondary ENI"));
-            measurements.extend(base(opts, round, datapath)?);
+        if runs(Part::Paths) {
+            for datapath in rotated(
+                [Datapath::Routed, Datapath::Iptables, Datapath::Ebpf],
+                round,
+            ) {
+                progress(&format!("  {datapath}: SNAT, pod to pod, secondary ENI"));
+                measurements.extend(base(opts, round, datapath)?);
+            }
         }
-        for &exclusions in &opts.scale_exclusions {
-            for &fillers in &opts.scale_fillers {
-                for datapath in rotated([Datapath::Iptables, Datapath::Ebpf], round) {
-                    progress(&format!(
-                        "  {datapath}: RR at {fillers} pods' state, {exclusions} exclusions"
-                    ));
-                    measurements.push(scale(opts, round, datapath, fillers, exclusions)?);
+        if runs(Part::Scale) {
+            for &exclusions in &opts.scale_exclusions {
+                for &fillers in &opts.scale_fillers {
+                    for datapath in rotated([Datapath::Iptables, Datapath::Ebpf], round) {
+                        progress(&format!(
+                            "  {datapath}: RR at {fillers} pods' state, {exclusions} exclusions"
+                        ));
+                        measurements.push(scale(opts, round, datapath, fillers, exclusions)?);
+                    }
                 }
             }
         }
-        for datapath in rotated([Datapath::Iptables, Datapath::Ebpf], round) {
-            progress(&format!("  {datapath}: NAT under churn"));
-            measurements.push(churn(opts, round, datapath)?);
+        if runs(Part::Churn) {
+            for datapath in rotated([Datapath::Iptables, Datapath::Ebpf], round) {
+                progress(&format!("  {datapath}: NAT under churn"));
+                measurements.push(churn(opts, round, datapath)?);
+            }
         }
-        progress("  ebpf: CNI ADD and DEL through CRI");
-        measurements.extend(cni_latency::run(opts, round)?);
+        if runs(Part::Cni) {
+            progress("  ebpf: CNI ADD and DEL through CRI");
+            measurements.extend(cni_latency::run(opts, round)?);
+        }
     }
-    progress(&format!("ebpf: the agent at {} pods", opts.agent_pods));
-    measurements.push(agent_scale::run(opts)?);
     Ok(Results {
         machine: Machine::read(),
         options: opts.clone(),
-        started: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-            .saturating_sub(started.elapsed().as_secs()),
+        started: started_unix,
         elapsed_s: started.elapsed().as_secs_f64(),
         measurements,
     })
@@ -338,7 +385,8 @@ fn lab_options(opts: &BenchOptions, datapath: Datapath, pods: usize, enis: usize
     LabOptions { enis, ..base }
 }
 
-fn up(options: &LabOptions) -> Result<Lab> {
+/// Brings up a lab, saying which datapath failed.
+pub fn lab_up(options: &LabOptions) -> Result<Lab> {
     Lab::up(options).with_context(|| format!("bringing the {} lab up", options.datapath))
 }
 
@@ -357,7 +405,7 @@ fn rr(duration: Duration) -> ClientRun {
 /// ENI to `peer`, in a lab of three pods on two ENIs: pod-0 and pod-2 on
 /// `eth0`, pod-1 on `eth1`.
 fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Measurement>> {
-    let lab = up(&lab_options(opts, datapath, 3, 2))?;
+    let lab = lab_up(&lab_options(opts, datapath, 3, 2))?;
     let tools = opts.tools();
     let (client, on_eth1, target) = (lab.pod(0), lab.pod(1), lab.pod(2));
     let _servers = [
@@ -406,18 +454,20 @@ fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Mea
         rr_to(&eni_client.netns, peer)?,
     ));
 
-    // A connection per request: the client may reuse its ports in
-    // TIME_WAIT (as any CRR client must, or it runs out of ports in
-    // seconds) from the whole port range.
-    set_sysctls(
-        &client.netns,
-        &[
-            ("net.ipv4.tcp_tw_reuse", "1"),
-            ("net.ipv4.ip_local_port_range", "1024 65535"),
-        ],
-    )?;
-    let crr = ClientRun {
-        load: Load::Crr,
+    if datapath == Datapath::Ebpf {
+        // Apart from the figures above: the statistics cost every run a
+        // little.
+        for (name, to) in [("snat_rr", inet), ("pod_rr", pod)] {
+            let stats = ProgramStats::start()?;
+            let load = rr_to(&client.netns, to)?;
+            out.push(profile_measurement(round, name, &load, &stats.finish()?));
+        }
+    }
+
+    // A connection per request, the server closing first (an HTTP server
+    // answering `Connection: close`): the server keeps the TIME_WAIT.
+    let crr = |load| ClientRun {
+        load,
         duration,
         threads: opts.crr_threads,
         timeout: Duration::from_secs(1),
@@ -427,10 +477,49 @@ fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Mea
         round,
         datapath,
         "snat_crr",
-        Client::run(&tools, &client.netns, inet, crr)?,
+        Client::run(&tools, &client.netns, inet, crr(Load::CrrServerCloses))?,
+    ));
+    // The client closing first: it may reuse its ports in TIME_WAIT (as
+    // such a client must, or it runs out of ports in seconds) from the
+    // whole port range.
+    set_sysctls(
+        &client.netns,
+        &[
+            ("net.ipv4.tcp_tw_reuse", "1"),
+            ("net.ipv4.ip_local_port_range", "1024 65535"),
+        ],
+    )?;
+    out.push(Measurement::of_load(
+        round,
+        datapath,
+        "snat_crr_client_closes",
+        Client::run(&tools, &client.netns, inet, crr(Load::Crr))?,
     ));
     lab.down().context("taking the lab down")?;
     Ok(out)
+}
+
+/// What the programs cost per exchange of an RR run (`profile/<flow>`):
+/// per program, nanoseconds per run and runs per exchange; in all, eBPF
+/// nanoseconds per exchange, against the exchange's p50.
+fn profile_measurement(
+    round: usize,
+    flow: &str,
+    load: &LoadResult,
+    costs: &BTreeMap<&'static str, ProgramCost>,
+) -> Measurement {
+    let exchanges = load.transactions.max(1) as f64;
+    let mut m = Measurement::new(round, Datapath::Ebpf, format!("profile/{flow}"))
+        .with("p50_us", load.latency.p50_us);
+    let mut total_ns = 0.0;
+    for (program, cost) in costs {
+        let per_exchange = cost.runs as f64 / exchanges;
+        total_ns += per_exchange * cost.ns_per_run;
+        m = m
+            .with(&program_key(program, "ns_per_run"), cost.ns_per_run)
+            .with(&program_key(program, "runs_per_exchange"), per_exchange);
+    }
+    m.with("ns_per_exchange", total_ns)
 }
 
 /// SNAT exclusions: /24s of the benchmarking range 198.18.0.0/15, none of
@@ -458,7 +547,7 @@ fn scale(
     if datapath == Datapath::Iptables {
         options.filler_pods = fillers;
     }
-    let lab = up(&options)?;
+    let lab = lab_up(&options)?;
     let pod = lab.pod(0);
     let endpoints = if datapath == Datapath::Ebpf {
         let mut entries = FillerEndpoints::insert(fillers)?;
@@ -497,7 +586,7 @@ pub fn scale_name(fillers: usize, exclusions: usize) -> String {
 /// destination is full and beyond; meanwhile one established connection
 /// from another pod keeps exchanging.
 fn churn(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Measurement> {
-    let lab = up(&lab_options(opts, datapath, opts.churn_pods + 1, 1))?;
+    let lab = lab_up(&lab_options(opts, datapath, opts.churn_pods + 1, 1))?;
     let tools = opts.tools();
     let inet = SocketAddrV4::new(INET_ADDR, PORT);
     let _server = Server::start(&tools, NS_INET, inet)?;
@@ -607,9 +696,4 @@ pub fn ipam_lab_options(
         ipam: Some(ipam),
         ..LabOptions::ebpf(0, opts.agent())
     }
-}
-
-/// Brings up a lab (see [`up`]).
-pub fn lab_up(options: &LabOptions) -> Result<Lab> {
-    up(options)
 }

@@ -71,6 +71,11 @@ fn clients_measure_every_exchange_and_count_failures() {
         "the timeline counts every exchange"
     );
 
+    let closing = Client::run(&tools, NS, server, run(Load::CrrServerCloses, 2)).expect("crr");
+    println!("crr, the server closing: {:.0}/s", closing.rate);
+    assert!(closing.transactions > 20, "{closing:?}");
+    assert_eq!(closing.failures(), 0, "{closing:?}");
+
     let crr = Client::run(&tools, NS, server, run(Load::Crr, 2)).expect("crr");
     println!("crr: {:.0}/s, p50 {:.1} µs", crr.rate, crr.latency.p50_us);
     assert!(crr.transactions > 20, "{crr:?}");

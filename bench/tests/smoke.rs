@@ -80,7 +80,9 @@ fn smoke_run_measures_every_figure_and_writes_the_report_and_plots() {
     }
     assert_eq!(
         results.median(Datapath::Ebpf, "cni_add", "calls"),
-        Some((opts.cni_pods * opts.cni_cycles) as f64)
+        Some(f64::from(
+            u32::try_from(opts.cni_pods * opts.cni_cycles).expect("a few")
+        ))
     );
     let targets = report::targets(&results);
     assert!(

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's commands. Nothing here needs bpf-linker to
 //! compile: `setup` is what installs it.
 
+mod bench;
 mod build;
 mod lab;
 mod setup;
@@ -26,6 +27,9 @@ enum Command {
     Test(test::Args),
     /// The lab, a node in a box: `up`, `down`, or the demo when given nothing.
     Lab(lab::Args),
+    /// Benchmarks: vpcnet against the VPC CNI's iptables datapath and the
+    /// routed ceiling, in the lab; report and plots in `target/bench/`.
+    Bench(bench::Args),
 }
 
 fn main() -> Result<()> {
@@ -34,5 +38,6 @@ fn main() -> Result<()> {
         Command::Build(args) => build::run(&args).map(|_| ()),
         Command::Test(args) => test::run(&args),
         Command::Lab(args) => lab::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }

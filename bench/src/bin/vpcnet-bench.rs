@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Parser;
-use vpcnet_bench::{BenchOptions, report, write_outputs};
+use vpcnet_bench::{BenchOptions, report, run::Part, write_outputs};
 
 #[derive(Parser)]
 #[command(about = "vpcnet against the VPC CNI's iptables datapath and the routed ceiling")]
@@ -25,6 +25,12 @@ struct Cli {
     /// A tiny run that shows every part works.
     #[arg(long)]
     smoke: bool,
+    /// Only these parts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    parts: Option<Vec<Part>>,
+    /// Pods given to the agent for its footprint.
+    #[arg(long)]
+    agent_pods: Option<usize>,
 }
 
 fn main() -> Result<()> {
@@ -39,6 +45,12 @@ fn main() -> Result<()> {
     }
     if let Some(duration) = cli.duration {
         opts.duration_s = duration;
+    }
+    if let Some(parts) = cli.parts {
+        opts.parts = parts;
+    }
+    if let Some(pods) = cli.agent_pods {
+        opts.agent_pods = pods;
     }
     let results = vpcnet_bench::run::run(&opts, &|step| println!("bench: {step}"))?;
     let written = write_outputs(&results, &cli.out)?;

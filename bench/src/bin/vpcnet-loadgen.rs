@@ -72,6 +72,9 @@ struct ClientArgs {
     /// RR: milliseconds between two exchanges.
     #[arg(long, default_value_t = 0)]
     pace_ms: u64,
+    /// CRR: the server closes each connection first.
+    #[arg(long)]
+    server_closes: bool,
 }
 
 impl ClientArgs {
@@ -84,6 +87,7 @@ impl ClientArgs {
             threads: self.threads,
             max_connections: self.max_connections,
             pace: Duration::from_millis(self.pace_ms),
+            server_closes: self.server_closes,
         })
     }
 }
