@@ -106,6 +106,9 @@ pub fn serve(
     runtime.block_on(async move {
         let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
         socket.set_reuse_address(true)?;
+        // Several servers may share the port: one process holds at most
+        // RLIMIT_NOFILE connections (20000 on some machines, for root too).
+        socket.set_reuse_port(true)?;
         socket.set_nonblocking(true)?;
         socket.bind(&listen.into())?;
         // Deep enough for the connection bursts of CRR and hold runs.
@@ -186,6 +189,7 @@ fn error_kind(e: &io::Error) -> String {
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => "reset".into(),
         ErrorKind::UnexpectedEof => "closed by the server".into(),
         ErrorKind::AddrNotAvailable => "no local port".into(),
+        _ if e.raw_os_error() == Some(libc::EMFILE) => "no file descriptor".into(),
         _ => e.to_string(),
     }
 }
@@ -355,7 +359,11 @@ pub fn hold(opts: &ClientOptions, ready: impl FnOnce()) -> LoadResult {
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
                     tally.failed(started, &e);
-                    if e.kind() == ErrorKind::AddrNotAvailable {
+                    // Out of local ports, or of file descriptors: no more
+                    // connections from this process.
+                    if e.kind() == ErrorKind::AddrNotAvailable
+                        || e.raw_os_error() == Some(libc::EMFILE)
+                    {
                         break;
                     }
                 }

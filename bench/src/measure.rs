@@ -30,12 +30,37 @@ struct NsProcess {
     lines: Receiver<String>,
 }
 
+/// Which end of a flow a process is: clients run on the first CPU, servers
+/// on the second, so that the two ends of an exchange never wait for each
+/// other's CPU and the scheduler does not move them between runs (the
+/// round-to-round noise halves on two cores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Client,
+    Server,
+}
+
+impl End {
+    fn cpu(self) -> Option<usize> {
+        let cpus = thread::available_parallelism().map_or(1, usize::from);
+        (cpus >= 2).then_some(match self {
+            Self::Client => 0,
+            Self::Server => 1,
+        })
+    }
+}
+
 impl NsProcess {
-    fn spawn(ns: &str, program: &Path, args: &[String]) -> Result<Self> {
+    fn spawn(ns: &str, end: End, program: &Path, args: &[String]) -> Result<Self> {
         let what = format!("[{ns}] {} {}", program.display(), args.join(" "));
-        let mut child = Command::new("nsenter")
+        let mut command = Command::new("nsenter");
+        command
             .arg(format!("--net={}", netns_path(ns).display()))
-            .arg("--")
+            .arg("--");
+        if let Some(cpu) = end.cpu() {
+            command.args(["taskset", "--cpu-list", &cpu.to_string()]);
+        }
+        let mut child = command
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
@@ -110,6 +135,7 @@ impl Server {
     pub fn start(tools: &Tools, ns: &str, listen: SocketAddrV4) -> Result<Self> {
         let mut process = NsProcess::spawn(
             ns,
+            End::Server,
             &tools.loadgen,
             &["serve".into(), "--listen".into(), listen.to_string()],
         )?;
@@ -177,7 +203,7 @@ impl Client {
         if run.load == Load::CrrServerCloses {
             args.push("--server-closes".into());
         }
-        let mut process = NsProcess::spawn(ns, &tools.loadgen, &args)?;
+        let mut process = NsProcess::spawn(ns, End::Client, &tools.loadgen, &args)?;
         process.wait_line(READY_TIMEOUT, |line| line == "ready")?;
         Ok(Self {
             process,
@@ -215,6 +241,7 @@ pub fn iperf3_stream(
     let iperf3 = Path::new("iperf3");
     let mut server_process = NsProcess::spawn(
         server_ns,
+        End::Server,
         iperf3,
         &[
             "--server".into(),
@@ -227,6 +254,7 @@ pub fn iperf3_stream(
     server_process.wait_line(READY_TIMEOUT, |line| line.contains("Server listening"))?;
     let mut client = NsProcess::spawn(
         client_ns,
+        End::Client,
         iperf3,
         &[
             "--client".into(),

@@ -97,8 +97,10 @@ impl BenchOptions {
             cni_pods: 8,
             cni_cycles: 5,
             agent_pods: 1000,
-            churn_s: 15.0,
-            churn_pods: 3,
+            churn_s: 30.0,
+            // Each holds up to its local port range (28232) or open-file
+            // limit (20000 here): together more than the 64512 SNAT ports.
+            churn_pods: 4,
             bin_dir,
             parts: Part::all(),
         }
@@ -581,6 +583,10 @@ pub fn scale_name(fillers: usize, exclusions: usize) -> String {
     format!("scale_rr/{fillers}/{exclusions}")
 }
 
+/// Server processes of the churn, each holding up to its open-file limit
+/// (20000 here) of connections.
+const CHURN_SERVERS: usize = 5;
+
 /// NAT under churn: `churn_pods` pods open connections to one `inet`
 /// address and port and keep them, until the NAT's port range for that
 /// destination is full and beyond; meanwhile one established connection
@@ -589,7 +595,10 @@ fn churn(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Measur
     let lab = lab_up(&lab_options(opts, datapath, opts.churn_pods + 1, 1))?;
     let tools = opts.tools();
     let inet = SocketAddrV4::new(INET_ADDR, PORT);
-    let _server = Server::start(&tools, NS_INET, inet)?;
+    // Servers enough for the whole port range and more, sharing the port.
+    let _servers = (0..CHURN_SERVERS)
+        .map(|_| Server::start(&tools, NS_INET, inet))
+        .collect::<Result<Vec<_>>>()?;
     let churn = Duration::from_secs_f64(opts.churn_s);
     let kept_pod = lab.pod(opts.churn_pods);
     let kept = Client::start(
