@@ -165,7 +165,7 @@ pub fn sections(results: &Results) -> Vec<Section> {
             Higher,
         ),
         Figure::new(
-            "failed attempts once full",
+            "connection attempts that timed out",
             "nat_churn",
             "failures",
             "attempts",
@@ -359,14 +359,6 @@ pub fn sections(results: &Results) -> Vec<Section> {
     ]
 }
 
-/// `a / b`, when both exist and `b` is not zero.
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) if b != 0.0 => Some(a / b),
-        _ => None,
-    }
-}
-
 fn cell(value: Option<f64>) -> String {
     match value {
         None => "–".to_owned(),
@@ -392,8 +384,10 @@ pub struct Target {
 
 /// The targets (eBPF against iptables and the ceiling, same run).
 pub fn targets(results: &Results) -> Vec<Target> {
-    let med = |name: &str, key: &str, datapath: Datapath| results.median(datapath, name, key);
     let (e, i, r) = (Datapath::Ebpf, Datapath::Iptables, Datapath::Routed);
+    let vs = |name: &str, key: &str, other: Datapath| {
+        results.paired_ratio((e, name), (other, name), key)
+    };
     let mut out = Vec::new();
     let mut push = |what: String, measured: String, met: Option<bool>| {
         out.push(Target {
@@ -403,8 +397,7 @@ pub fn targets(results: &Results) -> Vec<Target> {
         });
     };
 
-    let crr = |d| med("snat_crr", "rate", d);
-    let (vs_ipt, vs_ceiling) = (ratio(crr(e), crr(i)), ratio(crr(e), crr(r)));
+    let (vs_ipt, vs_ceiling) = (vs("snat_crr", "rate", i), vs("snat_crr", "rate", r));
     push(
         "SNAT CRR at least 4x iptables and within 20% of routed".into(),
         format!(
@@ -414,14 +407,13 @@ pub fn targets(results: &Results) -> Vec<Target> {
         ),
         vs_ipt.zip(vs_ceiling).map(|(a, b)| a >= 4.0 && b >= 0.8),
     );
-    let p50 = |d| med("snat_rr", "p50_us", d);
+    let p50 = vs("snat_rr", "p50_us", r);
     push(
         "SNAT RR p50 at most routed's".into(),
-        format!("{} µs against {} µs", cell(p50(e)), cell(p50(r))),
-        p50(e).zip(p50(r)).map(|(a, b)| a <= b),
+        format!("{} of routed's", ratio_cell(p50)),
+        p50.map(|v| v <= 1.0),
     );
-    let stream = |d| med("snat_stream", "gbps", d);
-    let (vs_ipt, vs_ceiling) = (ratio(stream(e), stream(i)), ratio(stream(e), stream(r)));
+    let (vs_ipt, vs_ceiling) = (vs("snat_stream", "gbps", i), vs("snat_stream", "gbps", r));
     push(
         "SNAT stream at least 1.0x iptables and within 10% of routed".into(),
         format!(
@@ -431,7 +423,7 @@ pub fn targets(results: &Results) -> Vec<Target> {
         ),
         vs_ipt.zip(vs_ceiling).map(|(a, b)| a >= 1.0 && b >= 0.9),
     );
-    let pod_rr = ratio(med("pod_rr", "rate", e), med("pod_rr", "rate", i));
+    let pod_rr = vs("pod_rr", "rate", i);
     push(
         "pod-to-pod RR at least 1.3x iptables".into(),
         format!("{} of iptables (request rate)", ratio_cell(pod_rr)),
@@ -440,9 +432,10 @@ pub fn targets(results: &Results) -> Vec<Target> {
     let opts = &results.options;
     if let (Some(&fewest), Some(&most)) = (opts.scale_fillers.first(), opts.scale_fillers.last()) {
         for &exclusions in &opts.scale_exclusions {
-            let rate = |fillers, d| med(&scale_name(fillers, exclusions), "rate", d);
-            let kept = ratio(rate(most, e), rate(fewest, e));
-            let iptables_kept = ratio(rate(most, i), rate(fewest, i));
+            let (most_name, fewest_name) =
+                (scale_name(most, exclusions), scale_name(fewest, exclusions));
+            let kept_in = |d| results.paired_ratio((d, &most_name), (d, &fewest_name), "rate");
+            let (kept, iptables_kept) = (kept_in(e), kept_in(i));
             push(
                 format!("RR at {most} pods within 5% of RR at {fewest} ({exclusions} exclusions)"),
                 format!(
@@ -470,7 +463,7 @@ pub fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(
         md,
-        "Datapaths: **routed**, pods routed with no NAT and no rules (the ceiling); **iptables**, the VPC CNI's own wiring built verbatim (AWS-SNAT-CHAIN-0, connmark 0x80, ip rules 512/1024/1536, per-ENI tables); **ebpf**, vpcnet's agent and programs. Ratios are eBPF's value over the other's: above 1 is better for rates, below 1 for latencies.\n"
+        "Datapaths: **routed**, pods routed with no NAT and no rules (the ceiling); **iptables**, the VPC CNI's own wiring built verbatim (AWS-SNAT-CHAIN-0, connmark 0x80, ip rules 512/1024/1536, per-ENI tables); **ebpf**, vpcnet's agent and programs. Ratios are eBPF's value over the other's in the same round, the median over rounds (the datapaths of a round ran back to back: a drift of the machine between rounds cancels out): above 1 is better for rates, below 1 for latencies.\n"
     );
     let _ = writeln!(md, "## Targets\n");
     for target in targets(results) {
@@ -505,27 +498,22 @@ pub fn markdown(results: &Results) -> String {
             for &datapath in section.datapaths {
                 let _ = write!(row, " {} |", cell(figure.median(results, datapath)));
             }
-            let ebpf = figure.median(results, Datapath::Ebpf);
+            let vs = |other| {
+                let name = figure.measurement.as_str();
+                ratio_cell(results.paired_ratio((Datapath::Ebpf, name), (other, name), &figure.key))
+            };
             if nat {
-                let _ = write!(
-                    row,
-                    " {} |",
-                    ratio_cell(ratio(ebpf, figure.median(results, Datapath::Iptables)))
-                );
+                let _ = write!(row, " {} |", vs(Datapath::Iptables));
             }
             if ceiling {
-                let _ = write!(
-                    row,
-                    " {} |",
-                    ratio_cell(ratio(ebpf, figure.median(results, Datapath::Routed)))
-                );
+                let _ = write!(row, " {} |", vs(Datapath::Routed));
             }
             let _ = writeln!(md, "{row}");
         }
     }
     let _ = writeln!(
         md,
-        "\n## How\n\n- RR and CRR: `vpcnet-loadgen` (this workspace), {} B requests and {} B responses over TCP; RR is one connection, one request in flight; CRR opens a connection per request on {} threads, the client closing first (its namespace reuses TIME_WAIT ports: `tcp_tw_reuse=1`, ports 1024-65535). Latencies are every exchange's, percentiles by nearest rank.\n- Stream: iperf3, one TCP stream, the receiver's rate.\n- The secondary-ENI flow leaves by `eth1` (policy routing or the agent's steering); the routed ceiling has no steering, so its figure is the same flow from a pod on `eth0`.\n- Scale: iptables gets each filler pod's rules 512 and 1536 before the measured pod's; eBPF gets the fillers' endpoint entries in the agent's map and the measured pod's written last. Exclusions are /24s of 198.18.0.0/15, checked before SNAT in both.\n- NAT under churn: {} pod(s) open and keep connections to one inet address and port ({} s, 4 threads each, 500 ms connect timeout), past the 64512 ports of the SNAT range; a paced RR connection from another pod runs meanwhile.\n- Plots: `latency_*.svg` (distributions), `scale.svg`, `nat_churn.svg`, `cni.svg`.",
+        "\n## How\n\n- RR and CRR: `vpcnet-loadgen` (this workspace), {} B requests and {} B responses over TCP; RR is one connection, one request in flight; CRR opens a connection per request on {} threads, either the server closing first (as an HTTP server answering `Connection: close`: the server keeps the TIME_WAIT, which the SNAT's port choice must not land on) or the client (its namespace then reuses TIME_WAIT ports: `tcp_tw_reuse=1`, ports 1024-65535). The client runs on CPU 0, the server on CPU 1. Latencies are every exchange's, percentiles by nearest rank.\n- Stream: iperf3, one TCP stream, the receiver's rate.\n- The secondary-ENI flow leaves by `eth1` (policy routing or the agent's steering); the routed ceiling has no steering, so its figure is the same flow from a pod on `eth0`.\n- Scale: iptables gets each filler pod's rules 512 and 1536 before the measured pod's; eBPF gets the fillers' endpoint entries in the agent's map and the measured pod's written last. Exclusions are /24s of 198.18.0.0/15, checked before SNAT in both.\n- NAT under churn: {} pod(s) open and keep connections to one inet address and port ({} s, 4 threads each, 500 ms connect timeout), past the 64512 ports of the SNAT range; a paced RR connection from another pod runs meanwhile.\n- Plots: `latency_*.svg` (distributions), `scale.svg`, `nat_churn.svg`, `cni.svg`.",
         crate::loadgen::Exchange::default().request,
         crate::loadgen::Exchange::default().response,
         o.crr_threads,

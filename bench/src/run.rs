@@ -292,6 +292,29 @@ impl Results {
         crate::stats::median(&values)
     }
 
+    /// The median over rounds of `a / b` for value `key` of two
+    /// measurements (`(datapath, name)`), paired round by round: the
+    /// datapaths ran back to back within a round, so a drift of the machine
+    /// from one round to the next cancels out.
+    pub fn paired_ratio(&self, a: (Datapath, &str), b: (Datapath, &str), key: &str) -> Option<f64> {
+        let rounds: std::collections::BTreeSet<usize> =
+            self.measurements.iter().map(|m| m.round).collect();
+        let value = |round: usize, (datapath, name): (Datapath, &str)| {
+            self.measurements
+                .iter()
+                .find(|m| m.round == round && m.datapath == datapath && m.name == name)?
+                .value(key)
+        };
+        let ratios: Vec<f64> = rounds
+            .into_iter()
+            .filter_map(|round| {
+                let (x, y) = (value(round, a)?, value(round, b)?);
+                (y != 0.0).then(|| x / y)
+            })
+            .collect();
+        crate::stats::median(&ratios)
+    }
+
     /// The measurements of `name` in `datapath`.
     pub fn of<'a>(
         &'a self,

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
 use vpcnet_bench::{BenchOptions, report, run::Part, write_outputs};
 
@@ -31,6 +31,9 @@ struct Cli {
     /// Pods given to the agent for its footprint.
     #[arg(long)]
     agent_pods: Option<usize>,
+    /// Measure nothing: write the report and plots of this results.json.
+    #[arg(long)]
+    from: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -52,7 +55,13 @@ fn main() -> Result<()> {
     if let Some(pods) = cli.agent_pods {
         opts.agent_pods = pods;
     }
-    let results = vpcnet_bench::run::run(&opts, &|step| println!("bench: {step}"))?;
+    let results = match &cli.from {
+        Some(path) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))?,
+        None => vpcnet_bench::run::run(&opts, &|step| println!("bench: {step}"))?,
+    };
     let written = write_outputs(&results, &cli.out)?;
     for target in report::targets(&results) {
         let mark = match target.met {
