@@ -314,7 +314,10 @@ fn p50_p99(mut samples: Vec<Duration>) -> String {
 fn plugin_adds() -> (Vec<Duration>, BTreeMap<String, usize>) {
     let mut elapsed = Vec::new();
     let mut failed = BTreeMap::new();
-    for call in cri_pods::plugin_calls().into_iter().filter(|c| c.command == "ADD") {
+    for call in cri_pods::plugin_calls()
+        .into_iter()
+        .filter(|c| c.command == "ADD")
+    {
         match (call.elapsed, call.error_code) {
             (_, Some(code)) => *failed.entry(code).or_insert(0) += 1,
             (Some(elapsed_ms), None) => elapsed.push(elapsed_ms),

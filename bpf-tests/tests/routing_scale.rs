@@ -27,12 +27,12 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
+use vpcnet_bench::fillers::FillerEndpoints;
 use vpcnet_bpf_tests::{
     KERNEL_RULES, agent_binary, agent_cli,
     differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
     lab_counter,
 };
-use vpcnet_bench::fillers::FillerEndpoints;
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
     Datapath, Lab, LabOptions, addrs, exec_ok,
@@ -322,7 +322,11 @@ fn run(datapath: Datapath, agent: &Path) -> Run {
     drop(servers);
     drop(tap);
     if let Some(fillers) = fillers {
-        assert_eq!(fillers.remove().expect("removing the fillers"), PODS, "the lab's own endpoints are left");
+        assert_eq!(
+            fillers.remove().expect("removing the fillers"),
+            PODS,
+            "the lab's own endpoints are left"
+        );
     }
     drop(lab);
     Run {
@@ -358,7 +362,11 @@ fn assert_reference_state(lab: &Lab, rules: &[String]) {
 /// map, every exclusion in the CIDR trie.
 fn assert_ebpf_state(rules: &[String], fillers: &FillerEndpoints) {
     assert_eq!(rules, KERNEL_RULES, "the eBPF node's ip rules");
-    assert_eq!(fillers.count().expect("counting the endpoints"), FILLER_PODS + PODS, "endpoint map entries");
+    assert_eq!(
+        fillers.count().expect("counting the endpoints"),
+        FILLER_PODS + PODS,
+        "endpoint map entries"
+    );
     assert_eq!(
         fillers.exclusions().expect("counting the exclusions"),
         EXCLUSIONS,
