@@ -312,7 +312,13 @@ pub fn sections(results: &Results) -> Vec<Section> {
             "µs",
             Lower,
         ));
-        for program in PROGRAMS {
+        // The programs that ran on the flow's path.
+        let ran = |program: &str| {
+            results
+                .of(Datapath::Ebpf, &name)
+                .any(|m| m.value(&program_key(program, "ns_per_run")).is_some())
+        };
+        for program in PROGRAMS.into_iter().filter(|p| ran(p)) {
             profile.push(Figure::new(
                 format!("{title}: {program}, per run"),
                 name.clone(),

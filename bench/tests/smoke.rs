@@ -97,7 +97,10 @@ fn smoke_run_measures_every_figure_and_writes_the_report_and_plots() {
     let back: Results = serde_json::from_str(&json).expect("results.json parses");
     assert_eq!(back.measurements.len(), results.measurements.len());
     let md = fs::read_to_string(out.0.join("report.md")).expect("report.md");
-    assert!(md.contains("| SNAT (pod → inet) CRR | conn/s |"), "{md}");
+    assert!(
+        md.contains("| SNAT (pod → inet) CRR, server closes | conn/s |"),
+        "{md}"
+    );
     for plot in [
         "latency_snat_rr.svg",
         "scale.svg",
