@@ -11,8 +11,9 @@ use crate::{build, setup::run_checked};
 #[derive(clap::Args)]
 pub struct Args {
     /// Passed to `vpcnet-bench`: `--rounds N` (3), `--duration SECONDS`
-    /// (5, per RR, CRR and stream measurement), `--smoke` (one tiny round,
-    /// with debug binaries).
+    /// (5, per RR, CRR and stream measurement), `--parts LIST` (of
+    /// paths,scale,churn,cni,agent), `--from results.json` (redraw only),
+    /// `--smoke` (one tiny round, with debug binaries).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     bench_args: Vec<String>,
 }
