@@ -45,6 +45,14 @@ impl Figure {
         }
     }
 
+    /// Whether an eBPF/other ratio of this figure is in eBPF's favour.
+    pub fn ebpf_better(&self, ratio: f64) -> bool {
+        match self.better {
+            Better::Higher => ratio > 1.0,
+            Better::Lower => ratio < 1.0,
+        }
+    }
+
     /// The median over rounds in `datapath`.
     pub fn median(&self, results: &Results, datapath: Datapath) -> Option<f64> {
         results.median(datapath, &self.measurement, &self.key)
@@ -469,7 +477,7 @@ pub fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(
         md,
-        "Datapaths: **routed**, pods routed with no NAT and no rules (the ceiling); **iptables**, the VPC CNI's own wiring built verbatim (AWS-SNAT-CHAIN-0, connmark 0x80, ip rules 512/1024/1536, per-ENI tables); **ebpf**, vpcnet's agent and programs. Ratios are eBPF's value over the other's in the same round, the median over rounds (the datapaths of a round ran back to back: a drift of the machine between rounds cancels out): above 1 is better for rates, below 1 for latencies.\n"
+        "Datapaths: **routed**, pods routed with no NAT and no rules (the ceiling); **iptables**, the VPC CNI's own wiring built verbatim (AWS-SNAT-CHAIN-0, connmark 0x80, ip rules 512/1024/1536, per-ENI tables); **ebpf**, vpcnet's agent and programs. Ratios are eBPF's value over the other's in the same round, the median over rounds (the datapaths of a round ran back to back: a drift of the machine between rounds cancels out): above 1 is better for rates, below 1 for latencies; in bold where eBPF is better.\n"
     );
     let _ = writeln!(md, "## Targets\n");
     for target in targets(results) {
@@ -506,7 +514,12 @@ pub fn markdown(results: &Results) -> String {
             }
             let vs = |other| {
                 let name = figure.measurement.as_str();
-                ratio_cell(results.paired_ratio((Datapath::Ebpf, name), (other, name), &figure.key))
+                let ratio =
+                    results.paired_ratio((Datapath::Ebpf, name), (other, name), &figure.key);
+                match ratio {
+                    Some(v) if figure.ebpf_better(v) => format!("**{}**", ratio_cell(ratio)),
+                    _ => ratio_cell(ratio),
+                }
             };
             if nat {
                 let _ = write!(row, " {} |", vs(Datapath::Iptables));
