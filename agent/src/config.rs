@@ -103,7 +103,8 @@ impl SnatSettings {
             port_min: self.port_min,
             port_max: self.port_max,
             hash_seed,
-            _pad: 0,
+            // Set when the primary ENI's entry is written.
+            primary_ifindex: 0,
         }
     }
 }

@@ -631,6 +631,7 @@ fn print_config(maps: &DatapathMaps) -> Result<()> {
     println!("external_snat  {}", cfg.external_snat());
     println!("randomize_snat {}", cfg.randomize_mode().env_value());
     println!("port_range     {}-{}", cfg.port_min, cfg.port_max);
+    println!("primary_link   {}", cfg.primary_ifindex);
     for (net, kind) in maps.cidrs()? {
         println!("cidr           {net:<20} {kind:?}");
     }

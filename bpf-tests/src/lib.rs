@@ -117,7 +117,13 @@ impl Harness {
     }
 
     pub fn configure(&mut self, settings: &SnatSettings) {
-        let cfg = settings.datapath_config(NODE, 0x5eed_1234);
+        let mut cfg = settings.datapath_config(NODE, 0x5eed_1234);
+        // The primary ENI stays what `add_eni` made it.
+        cfg.primary_ifindex = self
+            .datapath
+            .maps
+            .config()
+            .map_or(0, |old| old.primary_ifindex);
         self.datapath.maps.set_config(&cfg).unwrap();
     }
 

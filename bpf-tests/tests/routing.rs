@@ -6,12 +6,14 @@
 
 use std::net::Ipv4Addr;
 
+use vpcnet_agent::config::SnatSettings;
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, NODE_LOCAL_DNS, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
     TEST_RUN_IFINDEX,
     packets::{self, TCP_ACK, TCP_SYN, parse},
 };
 use vpcnet_common::{
+    config::MARK_DECIDED,
     counters::Counter,
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_PRIMARY, Endpoint},
     maps,
@@ -111,14 +113,13 @@ fn vpc_destinations_leave_by_the_pods_own_eni() {
 }
 
 #[test]
-fn services_node_addresses_and_the_internet_go_to_the_stack() {
+fn services_and_node_addresses_go_to_the_stack() {
     let h = harness();
     let service = Ipv4Addr::new(10, 100, 0, 10);
     for (dst, verdict) in [
         (service, Counter::PodToService),
         (NODE, Counter::PodToLocal),
         (NODE_LOCAL_DNS, Counter::PodToLocal),
-        (INET, Counter::PodToSnat),
     ] {
         h.assert_untouched(
             maps::PROG_POD_EGRESS,
@@ -126,6 +127,73 @@ fn services_node_addresses_and_the_internet_go_to_the_stack() {
             verdict,
         );
     }
+}
+
+#[test]
+fn the_internet_is_snated_by_the_pods_program_and_leaves_by_the_primary_eni() {
+    let h = harness();
+    let sent = from_pod(packets::tcp(POD, 40000, INET, 443, TCP_SYN, b""));
+    let (out, mark) = h.run_with_mark(maps::PROG_POD_EGRESS, &sent, 0);
+    assert_eq!(out.action, TC_ACT_REDIRECT, "past the stack");
+    assert_eq!(h.counter(Counter::PodOutsideVpc), 1);
+    assert_eq!(h.counter(Counter::EgressSnatNew), 1);
+    let p = parse(&out.packet);
+    assert_eq!((p.src, p.dst, p.dport), (NODE, INET, 443));
+    assert!(p.ip_csum_ok && p.l4_csum_ok, "{p:?}");
+    assert_eq!(ttl(&out.packet), ttl(&sent) - 1, "routed once");
+    // The primary ENI's program passes it as it is: a second decision would
+    // take the translated source for a node socket.
+    assert_eq!(mark & MARK_DECIDED, MARK_DECIDED);
+    let (again, mark) = h.run_with_mark(maps::PROG_ENI_EGRESS, &out.packet, mark);
+    assert_eq!(again.action, TC_ACT_UNSPEC);
+    assert_eq!(again.packet, out.packet, "untouched by eni_egress");
+    assert_eq!(mark, 0, "the mark does not outlive the node");
+    assert_eq!(h.counter(Counter::EgressDecided), 1);
+    assert_eq!(h.counter(Counter::EgressHostNew), 0);
+    // The flow's next packet takes the same port; the reply goes back in.
+    let next = h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::tcp(POD, 40000, INET, 443, TCP_ACK, b"x")),
+    );
+    assert_eq!(parse(&next.packet).sport, p.sport);
+    assert_eq!(h.counter(Counter::EgressSnat), 1);
+    let reply = h.ingress(&packets::tcp(INET, 443, NODE, p.sport, TCP_ACK, b"y"));
+    assert_eq!(reply.action, TC_ACT_REDIRECT);
+    assert_eq!(parse(&reply.packet).dst, POD);
+}
+
+#[test]
+fn with_external_snat_the_internet_leaves_un_natted_by_the_pods_own_eni() {
+    let mut h = harness();
+    h.configure(&SnatSettings {
+        external_snat: true,
+        ..SnatSettings::default()
+    });
+    let sent = from_pod(packets::udp(POD, 5000, INET, 53, b"q"));
+    let out = h.run(maps::PROG_POD_EGRESS, &sent);
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::PodOutsideVpc), 1);
+    assert_eq!(h.counter(Counter::EgressExternalSnatNew), 1);
+    let p = parse(&out.packet);
+    assert_eq!((p.src, p.sport), (POD, 5000), "never SNATed");
+    assert_eq!(ttl(&out.packet), ttl(&sent) - 1);
+}
+
+#[test]
+fn other_protocols_to_the_internet_go_to_the_stack_decided() {
+    let h = harness();
+    let mut gre = from_pod(packets::udp(POD, 5000, INET, 53, b"q"));
+    gre[14 + 9] = 47;
+    gre[14 + 10] = 0;
+    gre[14 + 11] = 0;
+    let csum = packets::internet_checksum(&[&gre[14..34]]);
+    gre[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
+    let (out, mark) = h.run_with_mark(maps::PROG_POD_EGRESS, &gre, 0);
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    assert_eq!(out.packet, gre);
+    assert_eq!(h.counter(Counter::PodToSnat), 1);
+    assert_eq!(h.counter(Counter::EgressOtherProto), 1);
+    assert_eq!(mark & MARK_DECIDED, MARK_DECIDED);
 }
 
 #[test]
@@ -243,6 +311,15 @@ fn an_expiring_ttl_is_left_to_the_stack() {
     let csum = packets::internet_checksum(&[&last_hop[14..34]]);
     last_hop[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
     h.assert_untouched(maps::PROG_POD_EGRESS, &last_hop, Counter::TtlToStack);
+    // To the internet too, and before the NAT: the stack's time exceeded
+    // must reach the pod, not the node.
+    last_hop[14 + 16..14 + 20].copy_from_slice(&INET.octets());
+    last_hop[14 + 10] = 0;
+    last_hop[14 + 11] = 0;
+    let csum = packets::internet_checksum(&[&last_hop[14..34]]);
+    last_hop[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
+    h.assert_untouched(maps::PROG_POD_EGRESS, &last_hop, Counter::PodToSnat);
+    assert_eq!(h.counter(Counter::EgressSnatNew), 0, "no flow made");
 }
 
 #[test]
@@ -388,7 +465,11 @@ fn replies_of_a_pods_service_flow_go_back_through_the_stack() {
         MARK_VIA_SERVICE | 0x4000,
     );
     assert_eq!(out.action, TC_ACT_REDIRECT, "steered out of POD's own ENI");
-    assert_eq!(mark, 0x4000, "only our bit is cleared");
+    assert_eq!(
+        mark,
+        0x4000 | MARK_DECIDED,
+        "the service bit is cleared, the ENI it goes to passes it"
+    );
     assert_eq!(h.counter(Counter::EgressServiceFlow), 1);
     // PEER's reply is for the stack (to be un-DNATed), not for the pod.
     h.assert_ingress_untouched(

@@ -639,7 +639,10 @@ fn assert_ebpf_counters(lab: &Lab, mode: Mode) {
         (Counter::PodSteered, "out of the pod's own ENI"),
         (Counter::IngressToPod, "from an ENI straight into a pod"),
         (Counter::PodStackFlow, "node port replies back to the stack"),
-        (Counter::PodToSnat, "to the stack for SNAT"),
+        (
+            Counter::PodOutsideVpc,
+            "SNATed and sent out of the primary ENI",
+        ),
         (Counter::EgressSnatNew, "SNATed flows"),
         (Counter::IngressRevSnat, "replies translated back"),
         (Counter::PodToService, "to a service, to the stack"),
@@ -647,12 +650,15 @@ fn assert_ebpf_counters(lab: &Lab, mode: Mode) {
             Counter::EgressSteered,
             "from the stack out of the pod's own ENI",
         ),
+        (
+            Counter::EgressDecided,
+            "decided by the pod's program, passed by the ENI's",
+        ),
     ];
     if mode == Mode::Strict {
         // onprem is excluded from SNAT in the standard lab.
         moved.push((Counter::IngressInboundTracked, "inbound from onprem"));
         moved.push((Counter::PodStrict, "strict pod out of its branch ENI"));
-        moved.push((Counter::EgressBranchNoSnat, "never SNATed on a branch ENI"));
     }
     let stuck: Vec<String> = moved
         .iter()

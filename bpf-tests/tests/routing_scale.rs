@@ -379,7 +379,7 @@ fn assert_ebpf_counters() {
     for counter in [
         Counter::PodToPod,
         Counter::PodSteered,
-        Counter::PodToSnat,
+        Counter::PodOutsideVpc,
         Counter::EgressSnatNew,
         Counter::IngressToPod,
     ] {

@@ -10,7 +10,7 @@ use vpcnet_common::{
     cidr::{CidrKind, CidrValue},
     config::Config,
     counters::Counter,
-    endpoint::{Endpoint, Eni},
+    endpoint::{ENI_PRIMARY, Endpoint, Eni},
     maps,
     nat::{FlowKey, NatEntry},
     raw_to_addr,
@@ -122,10 +122,20 @@ impl DatapathMaps {
     }
 
     /// Adds or replaces the ENI (or branch link) with link index `ifindex`.
+    /// The primary ENI's link also goes in the configuration, after its
+    /// entry: `pod_egress` then sends SNATed packets straight out of it.
     pub fn set_eni(&mut self, ifindex: u32, eni: &Eni) -> Result<(), DatapathError> {
         self.enis
             .insert(ifindex, *eni, 0)
-            .map_err(DatapathError::map(maps::ENIS))
+            .map_err(DatapathError::map(maps::ENIS))?;
+        if eni.flags & ENI_PRIMARY != 0 {
+            let mut config = self.config()?;
+            if config.primary_ifindex != ifindex {
+                config.primary_ifindex = ifindex;
+                self.set_config(&config)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> Result<Config, DatapathError> {

@@ -12,6 +12,12 @@ pub const FLAG_EXTERNAL_SNAT: u32 = 1 << 0;
 /// common CNI mark uses; it is cleared before the packet leaves the node.
 pub const MARK_VIA_SERVICE: u32 = 0x0040_0000;
 
+/// The skb mark bit a vpcnet program sets on a packet whose fate it has
+/// already decided (translated, or left un-NATed) before it leaves by an
+/// ENI: `eni_egress` clears it and passes the packet, so no packet is
+/// decided twice (a translated source would look like a node socket's).
+pub const MARK_DECIDED: u32 = 0x0020_0000;
+
 /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: how the NAT picks a source port.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +81,11 @@ pub struct Config {
     pub port_max: u16,
     /// Key of the `hashrandom` port hash, chosen by the agent at start.
     pub hash_seed: u32,
-    pub _pad: u32,
+    /// The primary ENI's link: `pod_egress` sends a pod's SNATed packets
+    /// out of it, past the stack. Zero until that ENI is in the `ENIS` map:
+    /// the packets then go through the stack to `eni_egress`, which makes
+    /// the same decision.
+    pub primary_ifindex: u32,
 }
 
 impl Config {

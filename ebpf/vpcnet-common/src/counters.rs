@@ -94,7 +94,7 @@ counters! {
     PodStrict => "pod_strict_branch", "pod: strict security-group pod, sent out its branch ENI";
     PodToService => "pod_pass_service", "pod: to a service CIDR, passed to the stack (kube-proxy)";
     PodToLocal => "pod_pass_local", "pod: to a node address, passed to the stack";
-    PodToSnat => "pod_pass_outside_vpc", "pod: to outside the VPC, passed to the stack for the SNAT decision on the ENI";
+    PodToSnat => "pod_pass_outside_vpc", "pod: to outside the VPC, passed to the stack (no primary ENI known yet, its TTL expiring, or a protocol the NAT does not translate)";
     PodStackFlow => "pod_pass_stack_flow", "pod: reply of a flow that came through the stack (DNAT), passed back to it";
     PodFragment => "pod_pass_fragment", "pod: non-first fragment, passed to the stack";
 
@@ -111,6 +111,10 @@ counters! {
     DropSpoofedAddr => "drop_spoofed_source_addr", "dropped: a pod's packet with a source address that is not its own";
     DropSpoofedMac => "drop_spoofed_source_mac", "dropped: a pod's packet with a source MAC that is not its own";
     DropNoEni => "drop_no_eni", "dropped: a pod's ENI is not in the ENI map";
+
+    // Appended, so the indexes above keep their meaning in a pinned map.
+    PodOutsideVpc => "pod_outside_vpc", "pod: to outside the VPC, SNATed (or left un-NATed) here and sent out the ENI it must leave by";
+    EgressDecided => "egress_pass_decided", "egress: packet a vpcnet program already translated or steered, passed";
 
 }
 

@@ -4,7 +4,7 @@
 use aya_ebpf::programs::TcContext;
 use vpcnet_common::{
     cidr::CidrKind,
-    config::{Config, MARK_VIA_SERVICE},
+    config::{Config, MARK_DECIDED, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::ENI_BRANCH,
     nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
@@ -26,20 +26,34 @@ use crate::{
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
     // SAFETY: the context's skb is valid for the program's run.
     let mark = unsafe { (*ctx.skb.skb).mark };
+    if mark & MARK_DECIDED != 0 {
+        ctx.set_mark(mark & !MARK_DECIDED);
+        return Ok(Counter::EgressDecided.into());
+    }
     if mark & MARK_VIA_SERVICE != 0 {
         ctx.set_mark(mark & !MARK_VIA_SERVICE);
         remember_service_flow(ctx)?;
     }
     let decision = decide(ctx)?;
-    match decision {
-        // Leaving un-translated: a pod's address must leave by its own ENI.
-        Counter::EgressNoSnatCidr
-        | Counter::EgressExternalSnatNew
-        | Counter::EgressUntranslated
-        | Counter::EgressNotOpening
-        | Counter::EgressBranchNoSnat => steer(ctx, decision),
-        _ => Ok(decision.into()),
+    if leaves_untranslated(decision) {
+        steer(ctx, decision)
+    } else {
+        Ok(decision.into())
     }
+}
+
+/// Whether a decision leaves the packet with its pod's address, which
+/// must then leave by the pod's own ENI.
+#[inline(always)]
+pub fn leaves_untranslated(decision: Counter) -> bool {
+    matches!(
+        decision,
+        Counter::EgressNoSnatCidr
+            | Counter::EgressExternalSnatNew
+            | Counter::EgressUntranslated
+            | Counter::EgressNotOpening
+            | Counter::EgressBranchNoSnat
+    )
 }
 
 /// A pod's packet to a service, as kube-proxy DNATed it: its replies'
@@ -92,15 +106,22 @@ fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
         return Ok(Counter::EgressUnconfigured);
     }
     let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    decide_ipv4(ctx, cfg, &ip)
+}
+
+/// The SNAT decision and the NAT for an IPv4 packet, configured; the part
+/// `pod_egress` shares.
+#[inline(always)]
+pub fn decide_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> {
     if ip.fragment == Fragment::Later {
-        return later_fragment(ctx, &ip);
+        return later_fragment(ctx, ip);
     }
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(Counter::EgressOtherProto);
     };
     if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
         if icmp::is_translated_error(l4.icmp_type) {
-            return icmp::egress(ctx, &ip);
+            return icmp::egress(ctx, ip);
         }
         return Ok(Counter::EgressIcmpOther);
     }
@@ -110,13 +131,13 @@ fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
     let seen = l4.seen_bits();
     let verdict = match NAT_FWD.get_ptr_mut(key) {
         Some(entry) => known_flow(&key, entry, &l4, seen, now).map_or_else(
-            || new_flow(ctx, cfg, &ip, &l4, &key, seen, now),
-            |entry| translate(ctx, &ip, &key, entry, false),
+            || new_flow(ctx, cfg, ip, &l4, &key, seen, now),
+            |entry| translate(ctx, ip, &key, entry, false),
         ),
-        None => new_flow(ctx, cfg, &ip, &l4, &key, seen, now),
+        None => new_flow(ctx, cfg, ip, &l4, &key, seen, now),
     }?;
     if ip.fragment == Fragment::First {
-        frag::remember(&ip, &l4);
+        frag::remember(ip, &l4);
     }
     Ok(verdict)
 }

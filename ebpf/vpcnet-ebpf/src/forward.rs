@@ -12,7 +12,7 @@ use aya_ebpf::{
     helpers::{bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
-use vpcnet_common::{counters::Counter, endpoint::Endpoint};
+use vpcnet_common::{config::MARK_DECIDED, counters::Counter, endpoint::Endpoint};
 
 use crate::{
     maps::ENIS,
@@ -42,6 +42,21 @@ impl From<Counter> for Verdict {
     fn from(counter: Counter) -> Self {
         Self::pass(counter)
     }
+}
+
+/// Whether routing the packet would expire its TTL.
+#[inline(always)]
+pub fn ttl_expires(ctx: &TcContext) -> Result<bool, Counter> {
+    let ttl: u8 = load(ctx, IP_TTL_OFF)?;
+    Ok(ttl <= 1)
+}
+
+/// Marks the packet as decided: `eni_egress` passes it as it is.
+#[inline(always)]
+pub fn mark_decided(ctx: &TcContext) {
+    // SAFETY: the context's skb is valid for the program's run.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    ctx.set_mark(mark | MARK_DECIDED);
 }
 
 /// Decrements the TTL as a router does. `false`: it would expire, and the
@@ -98,6 +113,7 @@ pub fn via_eni(
     if forwarded && !decrement_ttl(ctx)? {
         return Ok(Verdict::pass(Counter::TtlToStack));
     }
+    mark_decided(ctx);
     let mut next_hop = bpf_redir_neigh {
         nh_family: AF_INET,
         __bindgen_anon_1: bpf_redir_neigh__bindgen_ty_1 {

@@ -6,19 +6,25 @@
 //! reply of a flow that reached the pod through the stack goes back through
 //! it (kube-proxy must undo its DNAT); to a local pod, straight into it; to
 //! a service CIDR or a node address, to the stack; to the VPC or an excluded
-//! CIDR, out of the pod's own ENI to its gateway; anything else to the stack,
-//! whose route leads to the primary ENI where `eni_egress` makes the SNAT
-//! decision.
+//! CIDR, out of the pod's own ENI to its gateway; anything else gets the
+//! SNAT decision here, as `eni_egress` would make it, and leaves by the
+//! primary ENI translated (or by its own ENI un-NATed), past the stack.
 
 use aya_ebpf::programs::TcContext;
-use vpcnet_common::{cidr::CidrKind, config::MARK_VIA_SERVICE, counters::Counter, nat::FlowKey};
+use vpcnet_common::{
+    cidr::CidrKind,
+    config::{Config, MARK_VIA_SERVICE},
+    counters::Counter,
+    endpoint::Endpoint,
+    nat::FlowKey,
+};
 
 use crate::{
-    cidr,
-    forward::{Verdict, to_pod, via_eni},
-    maps::{STACK_FLOWS, config, endpoint},
+    cidr, egress,
+    forward::{self, Verdict, mark_decided, to_pod, via_eni},
+    maps::{STACK_FLOWS, config, count, endpoint},
     nat::now_ns,
-    packet::{ETH_HLEN, Fragment, is_ipv4, parse_ipv4, parse_l4, src_mac},
+    packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, parse_ipv4, parse_l4, src_mac},
 };
 
 /// `pod_egress`: a packet from a pod.
@@ -74,8 +80,38 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         Some(CidrKind::Vpc | CidrKind::Excluded) => {
             via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
         }
-        None => Ok(Counter::PodToSnat.into()),
+        None => outside_vpc(ctx, cfg, &ip, &ep),
     }
+}
+
+/// A packet to outside the VPC: the SNAT decision and the NAT, then out of
+/// the ENI the packet must leave by, as the stack's route and `eni_egress`
+/// would have sent it, without the stack's cost.
+#[inline(always)]
+fn outside_vpc(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    ep: &Endpoint,
+) -> Result<Verdict, Counter> {
+    // The stack answers an expiring TTL with time exceeded to the pod; after
+    // the NAT it would answer the node.
+    if cfg.primary_ifindex == 0 || forward::ttl_expires(ctx)? {
+        return Ok(Counter::PodToSnat.into());
+    }
+    let decision = egress::decide_ipv4(ctx, cfg, ip)?;
+    count(decision);
+    let leave_by = match decision {
+        Counter::EgressSnatNew | Counter::EgressSnat => cfg.primary_ifindex,
+        _ if egress::leaves_untranslated(decision) => ep.eni_ifindex,
+        _ => {
+            // Not for the NAT (another protocol, an ICMP error): the stack
+            // routes it, and `eni_egress` must not decide it again.
+            mark_decided(ctx);
+            return Ok(Counter::PodToSnat.into());
+        }
+    };
+    via_eni(ctx, leave_by, true, Counter::PodOutsideVpc)
 }
 
 /// A packet to a service goes to the stack for kube-proxy's DNAT, marked so
