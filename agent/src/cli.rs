@@ -1,7 +1,8 @@
 //! The operator's commands that ask the running agent's introspection
-//! endpoint (`vpcnet-agent pods`, `enis`) and print readable tables.
+//! endpoint (`vpcnet-agent pods`, `enis`) and print readable tables, and
+//! the `DaemonSet`'s probe (`vpcnet-agent probe`), which asks its CNI socket.
 
-use std::fmt::Write;
+use std::{fmt::Write, path::Path, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use hyper::StatusCode;
@@ -46,6 +47,39 @@ fn fetch<T: DeserializeOwned>(endpoint: &IntrospectionEndpoint, path: &str) -> R
         bail!("{path}: {status}: {reason}");
     }
     serde_json::from_slice(&body).with_context(|| format!("reading the answer to {path}"))
+}
+
+/// Asks the agent's CNI backend for its status within `timeout`: an
+/// answer is alive; with `ready`, the agent must also be able to serve an
+/// ADD. An error (the probe's failure) says why not.
+pub fn probe(socket: &Path, ready: bool, timeout: Duration) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let status = runtime
+        .block_on(async {
+            tokio::time::timeout(timeout, async {
+                let mut client = vpcnet_api::connect_cni(socket).await?;
+                let status = client
+                    .status(vpcnet_api::cni::StatusRequest {})
+                    .await?
+                    .into_inner();
+                anyhow::Ok(status)
+            })
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within {timeout:?}"))?
+        })
+        .with_context(|| format!("the agent does not answer on {}", socket.display()))?;
+    if ready && !status.ready {
+        bail!("the agent answers but is not ready: {}", status.reason);
+    }
+    println!(
+        "{} ({} addresses free)",
+        if status.ready { "ready" } else { "alive" },
+        status.available_addrs
+    );
+    Ok(())
 }
 
 pub fn print_pods(endpoint: &IntrospectionEndpoint) -> Result<()> {

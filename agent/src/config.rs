@@ -22,10 +22,47 @@ pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
 
 /// The service CIDRs from the environment.
 pub fn service_cidrs_from_env() -> Result<Vec<Ipv4Net>, ConfigError> {
-    let value =
-        std::env::var(ENV_SERVICE_CIDRS).unwrap_or_else(|_| DEFAULT_SERVICE_CIDRS.to_owned());
+    service_cidrs_from_lookup(|name| std::env::var(name).ok())
+}
+
+/// The service CIDRs from `lookup` (set but empty: none).
+pub fn service_cidrs_from_lookup(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<Ipv4Net>, ConfigError> {
+    let value = lookup(ENV_SERVICE_CIDRS).unwrap_or_else(|| DEFAULT_SERVICE_CIDRS.to_owned());
     parse_cidrs(ENV_SERVICE_CIDRS, &value)
 }
+
+/// Every variable the agent reads: the deployment's `ConfigMap` sets each,
+/// and its documentation describes each.
+pub const VARIABLES: &[&str] = &[
+    ENV_EXTERNAL_SNAT,
+    ENV_EXCLUDE_SNAT_CIDRS,
+    ENV_RANDOMIZE_SNAT,
+    ENV_SNAT_PORT_RANGE,
+    ENV_SERVICE_CIDRS,
+    crate::ipam::settings::ENV_WARM_ENI_TARGET,
+    crate::ipam::settings::ENV_WARM_IP_TARGET,
+    crate::ipam::settings::ENV_MINIMUM_IP_TARGET,
+    crate::ipam::settings::ENV_WARM_PREFIX_TARGET,
+    crate::ipam::settings::ENV_ENABLE_PREFIX_DELEGATION,
+    crate::ipam::settings::ENV_MAX_ENI,
+    crate::ipam::settings::ENV_IP_COOLDOWN_PERIOD,
+    crate::ipam::settings::ENV_CUSTOM_NETWORK_CFG,
+    crate::ipam::settings::ENV_ENI_MTU,
+    crate::ipam::settings::ENV_DISABLE_LEAKED_ENI_CLEANUP,
+    crate::ipam::settings::ENV_BACKING_STORE,
+    crate::ipam::settings::ENV_ENABLE_POD_ENI,
+    crate::ipam::settings::ENV_SG_ENFORCING_MODE,
+    crate::ipam::settings::ENV_CLUSTER_NAME,
+    crate::ipam::settings::ENV_ENI_CONFIG_SUBNET,
+    crate::ipam::settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
+    crate::ipam::settings::ENV_MAX_PODS,
+    crate::pods::ENV_VETH_PREFIX,
+    crate::introspect::ENV_DISABLE_INTROSPECTION,
+    crate::introspect::ENV_INTROSPECTION_BIND_ADDRESS,
+    crate::introspect::ENV_DISABLE_METRICS,
+];
 
 #[derive(Debug, thiserror::Error)]
 #[error("{variable}={value:?} is invalid: {allowed}")]

@@ -6,6 +6,7 @@ pub mod cloud;
 pub mod cni_server;
 pub mod config;
 pub mod datapath;
+pub mod install;
 pub mod introspect;
 pub mod ipam;
 pub mod layout;

@@ -14,7 +14,7 @@ use vpcnet_agent::{
     cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
     datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns},
-    introspect,
+    install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
         settings::IpamSettings,
@@ -83,6 +83,28 @@ enum Command {
         /// Also list the free addresses.
         #[arg(long)]
         all: bool,
+    },
+    /// Exit 0 when the running agent answers on its CNI socket (the
+    /// daemon set's liveness probe); with `--ready`, only when it can serve
+    /// an ADD (the readiness probe).
+    Probe {
+        #[arg(long)]
+        ready: bool,
+        #[arg(long, default_value = vpcnet_api::DEFAULT_CNI_SOCKET)]
+        cni_socket: PathBuf,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 5.0)]
+        timeout: f64,
+    },
+    /// Copy the CNI plugin binaries onto the node, each replaced whole (the
+    /// daemon set's init container).
+    InstallPlugins {
+        /// The image's plugins.
+        #[arg(long, default_value = "/opt/vpcnet/cni")]
+        from: PathBuf,
+        /// The runtime's CNI binary directory, as mounted.
+        #[arg(long)]
+        to: PathBuf,
     },
 }
 
@@ -163,6 +185,10 @@ struct RunArgs {
     /// `DISABLE_METRICS` says.
     #[arg(long)]
     metrics_address: Option<String>,
+    /// Write the CNI conflist (`10-vpcnet.conflist`) here once the CNI
+    /// backend serves: the runtime's configuration directory, as mounted.
+    #[arg(long, requires = "ipam")]
+    cni_conf_dir: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -185,6 +211,17 @@ fn main() -> Result<()> {
         Command::Ipam { cni_socket } => print_ipam(&cni_socket),
         Command::Pods { endpoint } => cli::print_pods(&endpoint),
         Command::Enis { endpoint, all } => cli::print_enis(&endpoint, all),
+        Command::Probe {
+            ready,
+            cni_socket,
+            timeout,
+        } => cli::probe(&cni_socket, ready, seconds("--timeout", timeout)?),
+        Command::InstallPlugins { from, to } => {
+            for path in install::install_plugins(&from, &to)? {
+                println!("installed {}", path.display());
+            }
+            Ok(())
+        }
     }
 }
 
@@ -377,6 +414,13 @@ async fn run_node(
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
         // Pods with a branch ENI are served with ENABLE_POD_ENI only.
         let branch_mode = settings.pod_eni.then_some(settings.sg_enforcing_mode);
+        let conflist_settings = install::ConflistSettings {
+            mtu: settings.eni_mtu,
+            veth_prefix: std::env::var(ENV_VETH_PREFIX)
+                .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+            enforcing_mode: settings.sg_enforcing_mode,
+            agent_socket: args.cni_socket.clone(),
+        };
         let network = Arc::new(NodeLinks {
             netlink,
             datapath: Arc::clone(&datapath),
@@ -398,8 +442,7 @@ async fn run_node(
             Arc::clone(&datapath),
             NetlinkHandle::new()?,
             PodsOptions {
-                veth_prefix: std::env::var(ENV_VETH_PREFIX)
-                    .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+                veth_prefix: conflist_settings.veth_prefix.clone(),
                 orphan_grace: seconds("--orphan-grace", args.orphan_grace)?,
                 branch_mode,
             },
@@ -417,6 +460,11 @@ async fn run_node(
             }
         });
         info!(socket = %args.cni_socket.display(), "CNI backend serving");
+        if let Some(dir) = &args.cni_conf_dir {
+            let conflist = install::render_conflist(&conflist_settings)?;
+            let path = install::write_conflist(dir, &conflist)?;
+            info!(conflist = %path.display(), "CNI configuration written");
+        }
     }
     // Without --ipam: the datapath's own entries, the IPAM parts empty.
     introspect::start(

@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeSet,
     net::Ipv4Addr,
-    path::Path,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -30,23 +30,59 @@ pub fn up(pods: usize, instance_type: &str) -> Lab {
 
 /// [`up`], the agent with more of the VPC CNI's variables.
 pub fn up_with_env(pods: usize, instance_type: &str, env: &[(&str, &str)]) -> Lab {
-    let mut ipam = IpamLabOptions::new(instance_type);
+    up_with(&CriNode {
+        env,
+        ..CriNode::new(pods, instance_type)
+    })
+}
+
+/// What a CRI lab's node runs.
+pub struct CriNode<'a> {
+    pub pods: usize,
+    pub instance_type: &'a str,
+    /// More of the VPC CNI's variables.
+    pub env: &'a [(&'a str, &'a str)],
+    /// The agent's and the plugin's binaries.
+    pub agent: PathBuf,
+    pub cni_plugin: PathBuf,
+    /// More arguments of `vpcnet-agent run`.
+    pub agent_args: &'a [&'a str],
+}
+
+impl CriNode<'_> {
+    /// The workspace's binaries, the lab's defaults.
+    pub fn new(pods: usize, instance_type: &str) -> CriNode<'_> {
+        CriNode {
+            pods,
+            instance_type,
+            env: &[],
+            agent: agent_binary(),
+            cni_plugin: cni_plugin_binary(),
+            agent_args: &[],
+        }
+    }
+}
+
+/// Brings up a CRI lab as `node` says.
+pub fn up_with(node: &CriNode<'_>) -> Lab {
+    let mut ipam = IpamLabOptions::new(node.instance_type);
     ipam.env = CRI_ENV
         .iter()
-        .chain(env)
+        .chain(node.env)
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
     ipam.agent_args = FAST_AGENT_ARGS
         .iter()
         .chain(CRI_AGENT_ARGS)
+        .chain(node.agent_args)
         .map(|a| (*a).to_owned())
         .collect();
     ipam.cri = Some(CriLabOptions {
-        cni_plugin: cni_plugin_binary(),
+        cni_plugin: node.cni_plugin.clone(),
     });
     let opts = LabOptions {
         ipam: Some(ipam),
-        ..LabOptions::ebpf(pods, agent_binary())
+        ..LabOptions::ebpf(node.pods, node.agent.clone())
     };
     Lab::up(&opts).unwrap_or_else(|e| panic!("bringing up the CRI lab: {e}"))
 }

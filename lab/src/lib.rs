@@ -29,6 +29,7 @@ pub mod cri_pods;
 pub mod ec2;
 mod error;
 pub mod kube_proxy;
+pub mod kube_tools;
 mod lab;
 pub mod layout;
 pub mod moto;
@@ -38,6 +39,7 @@ mod options;
 mod pidfd;
 pub mod probe;
 pub mod router;
+mod scratch;
 mod state;
 mod topology;
 pub mod vpc_cni;
@@ -52,6 +54,7 @@ pub use options::{
 pub use probe::{
     Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
 };
+pub use scratch::ScratchDir;
 pub use state::{
     AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, cni_socket_file, ipam_checkpoint_file,
     layout_file, state_dir, state_file,

