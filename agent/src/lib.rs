@@ -10,6 +10,7 @@ pub mod install;
 pub mod introspect;
 pub mod ipam;
 pub mod layout;
+pub mod link_owner;
 pub mod node;
 pub mod pods;
 

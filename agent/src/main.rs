@@ -427,6 +427,7 @@ async fn run_node(
             mtu: settings.eni_mtu,
             excluded: snat.exclude_snat_cidrs.clone(),
             services: service_cidrs.clone(),
+            owners: vpcnet_agent::link_owner::LinkOwners::default(),
         });
         let opts = ManagerOptions {
             reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,

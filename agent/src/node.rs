@@ -10,12 +10,13 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use tracing::info;
+use tracing::{info, warn};
 use vpcnet_common::{addr_to_raw, cidr::CidrKind, endpoint::Eni};
 
 use crate::{
     datapath::Datapath,
-    ipam::manager::{AttachedEni, NetworkResult, NodeNetwork},
+    ipam::manager::{AttachedEni, NetworkFuture, NetworkResult, NodeNetwork},
+    link_owner::{LinkOwner, LinkOwners},
     netlink::{EniLinkConfig, MacAddr, NetlinkHandle},
 };
 
@@ -52,6 +53,8 @@ pub struct NodeLinks {
     /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
     pub excluded: Vec<Ipv4Net>,
     pub services: Vec<Ipv4Net>,
+    /// Who else claims the node's interfaces, for the log.
+    pub owners: LinkOwners,
 }
 
 impl NodeLinks {
@@ -62,18 +65,32 @@ impl NodeLinks {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn link_config(&self, eni: &AttachedEni) -> NetworkResult<EniLinkConfig> {
+        Ok(EniLinkConfig {
+            mac: eni.mac.parse()?,
+            mtu: self.mtu,
+            addr: eni.addr,
+            gateway: eni.gateway,
+        })
+    }
+
     async fn setup(&self, eni: &AttachedEni) -> NetworkResult {
-        let mac: MacAddr = eni.mac.parse()?;
-        let link = self.netlink.wait_for_link(mac, LINK_TIMEOUT).await?;
-        let ifindex = self
-            .netlink
-            .setup_eni(&EniLinkConfig {
-                mac,
-                mtu: self.mtu,
-                addr: eni.addr,
-                gateway: eni.gateway,
-            })
-            .await?;
+        let config = self.link_config(eni)?;
+        let link = self.netlink.wait_for_link(config.mac, LINK_TIMEOUT).await?;
+        let ifindex = self.netlink.setup_eni(&config).await?.ifindex;
+        match self.owners.owner(ifindex) {
+            LinkOwner::Unclaimed => {
+                info!(eni = %eni.id, link = %link.name, manager = "vpcnet", "ENI link owner");
+            }
+            other => warn!(
+                eni = %eni.id,
+                link = %link.name,
+                manager = %other,
+                "another network manager claims this ENI's link too and may rewrite it \
+                 (its configuration should match the primary ENI only); vpcnet puts its \
+                 own back on every pass"
+            ),
+        }
         let mut datapath = self.datapath();
         datapath.maps.set_eni(
             ifindex,
@@ -94,6 +111,33 @@ impl NodeNetwork for NodeLinks {
         eni: &'a AttachedEni,
     ) -> Pin<Box<dyn Future<Output = NetworkResult> + Send + 'a>> {
         Box::pin(self.setup(eni))
+    }
+
+    fn eni_link_check<'a>(
+        &'a self,
+        eni: &'a AttachedEni,
+    ) -> NetworkFuture<'a, NetworkResult<Vec<&'static str>>> {
+        Box::pin(async move {
+            let setup = self.netlink.setup_eni(&self.link_config(eni)?).await?;
+            if !setup.changed.is_empty() {
+                warn!(
+                    eni = %eni.id,
+                    ifindex = setup.ifindex,
+                    manager = %self.owners.owner(setup.ifindex),
+                    changed = ?setup.changed,
+                    "ENI link rewritten by someone else: put back"
+                );
+            }
+            Ok(setup.changed)
+        })
+    }
+
+    fn interface_owner<'a>(&'a self, mac: &'a str) -> NetworkFuture<'a, Option<(String, String)>> {
+        Box::pin(async move {
+            let mac: MacAddr = mac.parse().ok()?;
+            let link = self.netlink.link_by_mac(mac).await.ok()??;
+            Some((link.name, self.owners.owner(link.index).to_string()))
+        })
     }
 
     fn vpc_cidrs_changed(&self, cidrs: &[Ipv4Net]) -> NetworkResult {

@@ -193,13 +193,20 @@ fn eni_setup_is_what_an_operator_checks() {
     let _bed = bed();
     // The kernel's defaults for a new veth: the test must see them change.
     assert_eq!(link_json(ENI)["mtu"], 1500);
-    let ifindex = in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
+    let first = in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
+    let ifindex = first.ifindex;
     assert_set_up(ifindex, 9001);
+    assert_eq!(
+        first.changed,
+        ["mtu", "up", "address", "gateway neighbour"],
+        "what a fresh link needed"
+    );
     let before = (ipv4_addrs(ENI), gateway_entry(ENI));
 
     // The reconcile loop calls it again and again: nothing moves.
     let again = in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
-    assert_eq!(again, ifindex);
+    assert_eq!(again.ifindex, ifindex);
+    assert!(again.changed.is_empty(), "{:?}", again.changed);
     assert_set_up(ifindex, 9001);
     assert_eq!(before.0, ipv4_addrs(ENI));
     assert_eq!(
@@ -237,7 +244,9 @@ fn stale_state_is_replaced() {
     ]);
     assert_eq!(main_routes_by(ENI).len(), 2, "the stale prefix routes");
 
-    let ifindex = in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
+    let ifindex = in_node(async |nl| nl.setup_eni(&config(9001)).await)
+        .unwrap()
+        .ifindex;
     assert_set_up(ifindex, 9001);
 
     // A route the kernel added for our own address before we were in
@@ -257,7 +266,32 @@ fn stale_state_is_replaced() {
         "src",
         "10.20.11.200",
     ]);
-    in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
+    let setup = in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
+    assert_eq!(setup.changed, ["routes in main"]);
+    assert_set_up(ifindex, 9001);
+
+    // A DHCP client configuring the link as well (systemd-networkd racing
+    // for an ENI it should leave alone): its address, and its subnet and
+    // default routes in main. All of it goes.
+    ip(&["-n", NODE, "addr", "add", "10.20.11.57/24", "dev", ENI]);
+    ip(&[
+        "-n",
+        NODE,
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.20.11.1",
+        "dev",
+        ENI,
+        "onlink",
+        "proto",
+        "dhcp",
+        "metric",
+        "612",
+    ]);
+    let setup = in_node(async |nl| nl.setup_eni(&config(9001)).await).unwrap();
+    assert_eq!(setup.changed, ["address", "routes in main"]);
     assert_set_up(ifindex, 9001);
 
     // AWS_VPC_ENI_MTU changed between two runs of the agent.

@@ -209,12 +209,15 @@ fn a_cidr_associated_with_the_vpc_reaches_the_datapath() {
     drop(lab);
 }
 
-#[test]
-fn a_no_manage_eni_gives_no_address_to_pods() {
-    let _lock = lab_lock();
-    let mut lab = IpamLab::up("m5.large", &[]);
+/// Creates an ENI in the node's subnet with `tags` and 3 secondary
+/// addresses, and attaches it at device 2 as an operator would (through
+/// EC2, as the node sees it); returns its id and EC2's view once attached.
+fn attach_operators_eni(
+    lab: &IpamLab,
+    tags: &[(&str, &str)],
+) -> (String, vpcnet_lab::ec2::model::StateSnapshot) {
     let instance = lab.emulator().instance_id().to_owned();
-    let tags: BTreeMap<String, String> = [(TAG_NO_MANAGE, "true"), ("team", "storage")]
+    let tags: BTreeMap<String, String> = tags
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
@@ -223,7 +226,6 @@ fn a_no_manage_eni_gives_no_address_to_pods() {
         .admin()
         .create_leaked_eni(LAB_NODE_SUBNET_ID, &tags, 3)
         .expect("the operator's ENI");
-    // The operator attaches it at device 2, through EC2 as the node sees it.
     vpcnet_lab::run_in(vpcnet_lab::addrs::NS_NODE, {
         let (eni, instance) = (operators.clone(), instance.clone());
         move || {
@@ -256,6 +258,16 @@ fn a_no_manage_eni_gives_no_address_to_pods() {
                 .is_some_and(vpcnet_lab::ec2::model::Eni::is_attached)
         },
     );
+    (operators, state)
+}
+
+#[test]
+fn a_no_manage_eni_gives_no_address_to_pods() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    let instance = lab.emulator().instance_id().to_owned();
+    let (operators, state) =
+        attach_operators_eni(&lab, &[(TAG_NO_MANAGE, "true"), ("team", "storage")]);
     let theirs: Vec<Ipv4Addr> = state
         .eni(&operators)
         .expect("attached")
@@ -291,5 +303,108 @@ fn a_no_manage_eni_gives_no_address_to_pods() {
         theirs.len(),
         addrs.len()
     );
+    drop(lab);
+}
+
+/// `ip -j <args>` in the node, as JSON.
+fn node_ip_json(ip_args: &[&str]) -> serde_json::Value {
+    let mut command = vec!["ip", "-j"];
+    command.extend(ip_args);
+    let out = vpcnet_lab::exec_ok(vpcnet_lab::addrs::NS_NODE, &command).expect("ip in the node");
+    serde_json::from_str(&out).expect("ip's JSON")
+}
+
+/// What an operator checks of a link: MTU, state and IPv4 addresses, and
+/// the routes in main that leave by it.
+fn link_view(link: &str) -> (serde_json::Value, serde_json::Value, Vec<String>, usize) {
+    let shown = node_ip_json(&["link", "show", link]);
+    let addrs: Vec<String> = node_ip_json(&["-4", "addr", "show", "dev", link])[0]["addr_info"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]))
+        .collect();
+    let routes = node_ip_json(&["-4", "route", "show", "table", "main", "dev", link]);
+    (
+        shown[0]["mtu"].clone(),
+        shown[0]["operstate"].clone(),
+        addrs,
+        routes.as_array().map_or(0, Vec::len),
+    )
+}
+
+#[test]
+fn enis_of_others_are_left_alone_and_the_agents_own_links_are_put_back() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    // An ENI attached by someone else, untagged: neither vpcnet's nor the
+    // VPC CNI's, and not tagged no_manage either.
+    let (theirs, state) = attach_operators_eni(&lab, &[("team", "storage")]);
+    let their_addrs = state.eni(&theirs).expect("attached").secondary_ips.clone();
+    let their_link = vpcnet_lab::addrs::eni_ifname(2);
+    let before = link_view(&their_link);
+    lab.lab.stop_agent().expect("stopping the agent");
+    lab.lab.start_agent().expect("starting the agent");
+    lab.connect();
+
+    // The pods fill the primary ENI, then eth1, which the agent attaches.
+    let (addrs, _) = lab.fill(0, 40);
+    assert_eq!(addrs.len(), 2 * 9, "the primary ENI's and eth1's addresses");
+    for addr in &their_addrs {
+        assert!(!addrs.contains(addr), "{addr} of {theirs} went to a pod");
+    }
+    assert_eq!(
+        link_view(&their_link),
+        before,
+        "{their_link} (MTU, state, addresses, routes) as the agent found it"
+    );
+    let log = std::fs::read_to_string(vpcnet_lab::agent_log_file()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&theirs) && l.contains("not made by vpcnet or the VPC CNI")),
+        "the agent says whose {theirs} is:\n{log}"
+    );
+
+    // Something else rewrites the agent's own ENI link, as a DHCP client
+    // does: another MTU, its own address, a default route in main.
+    let ours = vpcnet_lab::addrs::eni_ifname(1);
+    let settled = link_view(&ours);
+    let restored = |s: &vpcnet_api::cni::IpamStatusReply| {
+        s.counters
+            .get("vpcnet_ipam_links_restored_total")
+            .copied()
+            .unwrap_or(0)
+    };
+    let restored_before = restored(&lab.status());
+    for args in [
+        &["link", "set", &ours, "mtu", "1500"][..],
+        &["addr", "add", "10.20.11.250/24", "dev", &ours],
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "10.20.11.1",
+            "dev",
+            &ours,
+            "onlink",
+            "proto",
+            "dhcp",
+            "metric",
+            "612",
+        ],
+    ] {
+        let mut argv = vec!["ip"];
+        argv.extend(args);
+        vpcnet_lab::exec_ok(vpcnet_lab::addrs::NS_NODE, &argv).expect("rewriting the link");
+    }
+    // The agent may put part of it back between two of those commands: the
+    // wait is for all of it, and for the agent to have counted it.
+    lab.wait_status(
+        &format!("{ours} put back as the agent set it up ({settled:?})"),
+        Duration::from_secs(10),
+        |s| restored(s) > restored_before && link_view(&ours) == settled,
+    );
+    println!("{theirs} ({their_link}) left alone: {before:?}; {ours} put back: {settled:?}");
     drop(lab);
 }

@@ -180,6 +180,28 @@ fn with_external_snat_the_internet_leaves_un_natted_by_the_pods_own_eni() {
 }
 
 #[test]
+fn a_pods_icmp_error_about_a_natted_flow_leaves_by_the_primary_eni_translated() {
+    let h = harness();
+    let sent = h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::udp(POD, 5000, INET, 9999, b"hello")),
+    );
+    let nat_port = parse(&sent.packet).sport;
+    let reply = h
+        .ingress(&packets::udp(INET, 9999, NODE, nat_port, b"late"))
+        .packet;
+    // The pod has no socket any more: port unreachable, about the reply.
+    let unreach = from_pod(packets::icmp_error(POD, INET, 3, 3, &reply, 1000));
+    let out = h.run(maps::PROG_POD_EGRESS, &unreach);
+    // From the node's address, the stack would drop it (a martian source):
+    // it goes straight out, like the flow's own packets.
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(parse(&out.packet).src, NODE);
+    assert_eq!(h.counter(Counter::EgressIcmpErrorNat), 1);
+    assert_eq!(h.counter(Counter::PodOutsideVpc), 2);
+}
+
+#[test]
 fn other_protocols_to_the_internet_go_to_the_stack_decided() {
     let h = harness();
     let mut gre = from_pod(packets::udp(POD, 5000, INET, 53, b"q"));

@@ -27,37 +27,63 @@ pub struct EniLinkConfig {
     pub gateway: Ipv4Addr,
 }
 
+/// What [`NetlinkHandle::setup_eni`] found to set: empty when the link was
+/// as vpcnet left it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EniLinkSetup {
+    /// The link's index, the key of the datapath's ENI map.
+    pub ifindex: u32,
+    /// What was not as it should be, and was put right.
+    pub changed: Vec<&'static str>,
+}
+
 impl NetlinkHandle {
     /// Sets up the link of the ENI with `config.mac`: MTU, up, the ENI's
-    /// address as its only IPv4 address, no subnet route in `main`, and the
-    /// gateway kept resolved. Idempotent: the agent's reconcile loop calls it
-    /// for every ENI on every pass. Returns the link's index, the key of the
-    /// datapath's ENI map.
+    /// address as its only IPv4 address, no route in `main`, and the
+    /// gateway kept resolved. Idempotent: the agent's reconcile loop calls
+    /// it for every ENI it owns on every pass, so what something else
+    /// rewrote (systemd-networkd racing for a new ENI) is put back, and
+    /// says what that was.
     ///
     /// The link must exist; after an attachment, wait for it first with
     /// [`NetlinkHandle::wait_for_link`].
-    pub async fn setup_eni(&self, config: &EniLinkConfig) -> Result<u32, NetlinkError> {
+    pub async fn setup_eni(&self, config: &EniLinkConfig) -> Result<EniLinkSetup, NetlinkError> {
         let link = self
             .link_by_mac(config.mac)
             .await?
             .ok_or(NetlinkError::NoLinkWithMac(config.mac))?;
         let link_ref = link.link_ref();
+        let mut changed = Vec::new();
         // The MTU first, as ipamd does: the link never carries a packet at
         // the wrong size.
         if link.mtu != config.mtu {
             self.set_mtu(&link_ref, config.mtu).await?;
             info!(link = %link.name, from = link.mtu, to = config.mtu, "MTU set");
+            changed.push("mtu");
         }
         if !link.up {
             self.set_up(&link_ref).await?;
             info!(link = %link.name, "link set up");
+            changed.push("up");
         }
-        self.set_only_ipv4_address(&link_ref, config.addr).await?;
-        // Not there when the address went in with noprefixroute; there when
-        // it was added by someone else (ipamd, an operator) before us.
-        self.delete_subnet_route(&link_ref, config.addr).await?;
-        self.keep_gateway_resolved(&link_ref, config.gateway)
-            .await?;
-        Ok(link.index)
+        if self.set_only_ipv4_address(&link_ref, config.addr).await? {
+            changed.push("address");
+        }
+        // The subnet route the kernel adds with an address that went in
+        // without noprefixroute (ipamd's, an operator's), and a DHCP
+        // client's routes.
+        if self.delete_main_routes(&link_ref).await? > 0 {
+            changed.push("routes in main");
+        }
+        if self
+            .keep_gateway_resolved(&link_ref, config.gateway)
+            .await?
+        {
+            changed.push("gateway neighbour");
+        }
+        Ok(EniLinkSetup {
+            ifindex: link.index,
+            changed,
+        })
     }
 }

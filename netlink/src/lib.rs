@@ -28,7 +28,7 @@ pub mod veth;
 
 use std::{fmt, net::Ipv4Addr, str::FromStr, time::Duration};
 
-pub use eni::EniLinkConfig;
+pub use eni::{EniLinkConfig, EniLinkSetup};
 use ipnet::Ipv4Net;
 pub use link::{LinkInfo, LinkWatch, OperState};
 use rtnetlink::packet_core::ErrorMessage;
@@ -156,10 +156,16 @@ pub enum NetlinkError {
         #[source]
         source: Box<rtnetlink::Error>,
     },
-    #[error("deleting the route to {subnet} by {link} from table main")]
+    #[error("listing the routes of {link}")]
+    ListRoutes {
+        link: LinkRef,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("deleting the route to {destination} by {link} from table main")]
     DelRoute {
         link: LinkRef,
-        subnet: Ipv4Net,
+        destination: String,
         #[source]
         source: Box<rtnetlink::Error>,
     },
@@ -264,6 +270,7 @@ pub fn keep_gateway_resolved_blocking(
         netlink
             .keep_gateway_resolved(&link.link_ref(), gateway)
             .await
+            .map(drop)
     })
 }
 

@@ -74,15 +74,16 @@ impl NetlinkHandle {
     /// be re-resolved through its old route and leave with that ENI's MAC.
     ///
     /// An entry that is already managed is left as it is, so a resolved one
-    /// stays resolved; any other is replaced by a managed one.
+    /// stays resolved; any other is replaced by a managed one. Returns
+    /// whether it had to write one.
     pub async fn keep_gateway_resolved(
         &self,
         link: &LinkRef,
         gateway: Ipv4Addr,
-    ) -> Result<(), NetlinkError> {
+    ) -> Result<bool, NetlinkError> {
         if self.gateway_entry_managed(link, gateway).await? == Some(true) {
             debug!(link = %link.name, %gateway, "gateway entry already managed");
-            return Ok(());
+            return Ok(false);
         }
         // `ip neigh replace <gw> dev <link> managed`: no state and no
         // address of our own, the kernel resolves it.
@@ -116,6 +117,6 @@ impl NetlinkHandle {
             }
         }
         info!(link = %link.name, %gateway, "gateway kept resolved (managed neighbour)");
-        Ok(())
+        Ok(true)
     }
 }

@@ -1,54 +1,99 @@
-//! The subnet route an ENI's address brings into table `main`.
+//! Routes in table `main` by an ENI's link: there should be none.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use futures_util::TryStreamExt;
 use rtnetlink::{
     RouteMessageBuilder,
-    packet_route::route::{RouteProtocol, RouteScope, RouteType},
+    packet_route::route::{RouteAddress, RouteAttribute, RouteMessage},
 };
-use tracing::{debug, info};
+use tracing::info;
 
 use super::{LinkRef, NetlinkError, NetlinkHandle, errno};
 
 /// Table `main` (`RT_TABLE_MAIN`).
 const MAIN_TABLE: u32 = 254;
 
+/// The table a route message is in (the header holds 8 bits; larger ids
+/// come as an attribute).
+fn table_of(message: &RouteMessage) -> u32 {
+    message
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Table(table) => Some(*table),
+            _ => None,
+        })
+        .unwrap_or_else(|| u32::from(message.header.table))
+}
+
+fn oif_of(message: &RouteMessage) -> Option<u32> {
+    message
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Oif(index) => Some(*index),
+            _ => None,
+        })
+}
+
+/// `dst/len` of a route message, for logs.
+fn destination_of(message: &RouteMessage) -> String {
+    let addr = message
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            RouteAttribute::Destination(RouteAddress::Inet(addr)) => Some(IpAddr::V4(*addr)),
+            _ => None,
+        })
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    format!("{addr}/{}", message.header.destination_prefix_length)
+}
+
 impl NetlinkHandle {
-    /// Deletes the route to `addr`'s subnet by `link` that the kernel adds
-    /// to `main` with the address (`proto kernel scope link src <addr>`),
-    /// as ipamd does: the node's own traffic to the subnet keeps leaving by
-    /// the primary ENI, and what leaves by a secondary ENI is steered there
-    /// by the datapath. Returns whether there was one.
-    pub async fn delete_subnet_route(
-        &self,
-        link: &LinkRef,
-        addr: Ipv4Net,
-    ) -> Result<bool, NetlinkError> {
-        let subnet = addr.trunc();
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .table_id(MAIN_TABLE)
-            .protocol(RouteProtocol::Kernel)
-            .scope(RouteScope::Link)
-            .kind(RouteType::Unicast)
-            .destination_prefix(subnet.network(), subnet.prefix_len())
-            .output_interface(link.index)
-            .pref_source(addr.addr())
-            .build();
-        match self.handle.route().del(route).execute().await {
-            Ok(()) => {
-                info!(link = %link.name, %subnet, "subnet route deleted from main");
-                Ok(true)
+    /// Deletes every IPv4 route in `main` that leaves by `link`, and returns
+    /// how many there were. As ipamd does for the subnet route the ENI's
+    /// address brings, and for what else lands there: a DHCP client's
+    /// subnet and default routes (systemd-networkd configuring an ENI it
+    /// should leave alone). The node's own traffic keeps leaving by the
+    /// primary ENI, and what leaves by a secondary ENI is steered there by
+    /// the datapath.
+    pub async fn delete_main_routes(&self, link: &LinkRef) -> Result<usize, NetlinkError> {
+        let list_error = |source| NetlinkError::ListRoutes {
+            link: link.clone(),
+            source: Box::new(source),
+        };
+        let routes: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute()
+            .try_filter(|message| {
+                let ours = table_of(message) == MAIN_TABLE && oif_of(message) == Some(link.index);
+                async move { ours }
+            })
+            .try_collect()
+            .await
+            .map_err(list_error)?;
+        let mut deleted = 0;
+        for route in routes {
+            let destination = destination_of(&route);
+            match self.handle.route().del(route).execute().await {
+                Ok(()) => {
+                    info!(link = %link.name, %destination, "route deleted from main");
+                    deleted += 1;
+                }
+                // Gone with its address or its link meanwhile.
+                Err(err) if errno(&err) == Some(libc::ESRCH) => {}
+                Err(source) => {
+                    return Err(NetlinkError::DelRoute {
+                        link: link.clone(),
+                        destination,
+                        source: Box::new(source),
+                    });
+                }
             }
-            Err(err) if errno(&err) == Some(libc::ESRCH) => {
-                debug!(link = %link.name, %subnet, "no subnet route in main");
-                Ok(false)
-            }
-            Err(source) => Err(NetlinkError::DelRoute {
-                link: link.clone(),
-                subnet,
-                source: Box::new(source),
-            }),
         }
+        Ok(deleted)
     }
 }

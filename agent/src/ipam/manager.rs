@@ -92,7 +92,10 @@ pub struct AttachedEni {
     pub gateway: Ipv4Addr,
 }
 
-pub type NetworkResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+pub type NetworkResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A future a [`NodeNetwork`] method returns.
+pub type NetworkFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the node does when the manager's view changes: set up an attached
 /// ENI's link and datapath entry, put new VPC CIDRs into the datapath.
@@ -101,6 +104,18 @@ pub trait NodeNetwork: Send + Sync + 'static {
         &'a self,
         eni: &'a AttachedEni,
     ) -> Pin<Box<dyn Future<Output = NetworkResult> + Send + 'a>>;
+    /// Puts an ENI's link back as `eni_attached` set it, if something else
+    /// rewrote it; returns what had to change.
+    fn eni_link_check<'a>(
+        &'a self,
+        _eni: &'a AttachedEni,
+    ) -> NetworkFuture<'a, NetworkResult<Vec<&'static str>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    /// The interface of the ENI with `mac` and who manages it, for the log.
+    fn interface_owner<'a>(&'a self, _mac: &'a str) -> NetworkFuture<'a, Option<(String, String)>> {
+        Box::pin(async { None })
+    }
     fn vpc_cidrs_changed(&self, cidrs: &[Ipv4Net]) -> NetworkResult;
 }
 
@@ -192,6 +207,7 @@ counters! {
     ec2_errors: "Reconcile passes that ended on an EC2 error.",
     ec2_throttled: "EC2 calls refused with RequestLimitExceeded.",
     subnet_exhausted: "EC2 calls refused for lack of addresses in the subnet.",
+    links_restored: "Checks that found an ENI's link rewritten by someone else (MTU, address, routes in main, gateway neighbour) and put it back.",
 }
 
 fn bump(counter: &AtomicU64, n: usize) {
@@ -220,7 +236,8 @@ struct TrackedEni {
     subnet: Ipv4Net,
     /// The ENI's own address: never a pod's.
     primary_addr: Option<Ipv4Addr>,
-    /// Tagged `no_manage`: holds a device, gives no address.
+    /// Tagged `no_manage`, or made by someone else than vpcnet or the VPC
+    /// CNI: holds a device, gives no address, its link is not touched.
     no_manage: bool,
     attached_at: Instant,
 }
@@ -458,7 +475,25 @@ impl Manager {
         } else {
             me.cloud.imds_eni(&eni.mac).await?.subnet_cidr
         };
-        if !primary && !eni.no_manage() {
+        // Only ENIs vpcnet or the VPC CNI made (their instance tag), besides
+        // the primary one, are the pool's: any other is someone else's, its
+        // link and addresses left alone, as with no_manage.
+        let foreign = !primary && !eni.tags.contains_key(TAG_INSTANCE_ID);
+        let left_alone = foreign || eni.no_manage();
+        if primary || left_alone {
+            let (interface, manager) = me
+                .network
+                .interface_owner(&eni.mac)
+                .await
+                .unwrap_or_else(|| ("(no link)".to_owned(), "unknown".to_owned()));
+            let role = match (primary, foreign) {
+                (true, _) => "the primary ENI: vpcnet attaches its programs, changes nothing else",
+                (false, true) => "not made by vpcnet or the VPC CNI: left alone",
+                (false, false) => "tagged no_manage: left alone",
+            };
+            info!(eni = %eni.id, %interface, %manager, role, "ENI link owner");
+        }
+        if !primary && !left_alone {
             let addr = eni.primary_addr.ok_or(CloudError::Incomplete {
                 action: "DescribeNetworkInterfaces",
                 field: "PrivateIpAddress",
@@ -487,12 +522,11 @@ impl Manager {
                 attachment_id: eni.attachment_id.clone(),
                 subnet,
                 primary_addr: eni.primary_addr,
-                no_manage: eni.no_manage(),
+                no_manage: left_alone,
                 attached_at: Instant::now(),
             },
         );
-        if eni.no_manage() {
-            info!(eni = %eni.id, "ENI tagged no_manage: none of its addresses go to pods");
+        if left_alone {
             return Ok(());
         }
         let excluded = primary && me.opts.settings.custom_network;
@@ -817,7 +851,8 @@ impl Manager {
         }
     }
 
-    /// One pass: finish draining, grow if too low, shrink if too high.
+    /// One pass: finish draining, grow if too low, shrink if too high, and
+    /// put back what something else rewrote on the links of the ENIs.
     async fn reconcile(&self) -> Result<(), ManagerError> {
         self.drain().await?;
         // Bounded: each step adds at least one address or an ENI.
@@ -826,7 +861,41 @@ impl Manager {
             let Some(plan) = plan else { break };
             self.grow(plan).await?;
         }
-        self.shrink().await
+        self.shrink().await?;
+        self.check_links().await;
+        Ok(())
+    }
+
+    /// The links of the pool's secondary ENIs as `track` set them up. A
+    /// failure is logged: the next pass tries again.
+    async fn check_links(&self) {
+        let me = &self.inner;
+        let owned: Vec<AttachedEni> = {
+            let st = me.state.lock().await;
+            st.enis
+                .iter()
+                .filter(|(_, e)| !e.no_manage && e.mac != me.node.instance.primary_mac)
+                .filter(|(id, _)| !st.draining.contains_key(*id))
+                .filter_map(|(id, e)| {
+                    Some(AttachedEni {
+                        id: id.clone(),
+                        mac: e.mac.clone(),
+                        device_number: e.device_number,
+                        addr: Ipv4Net::new(e.primary_addr?, e.subnet.prefix_len()).ok()?,
+                        gateway: gateway_of(e.subnet),
+                    })
+                })
+                .collect()
+        };
+        for eni in &owned {
+            match me.network.eni_link_check(eni).await {
+                Ok(changed) if !changed.is_empty() => {
+                    bump(&me.counters.links_restored, 1);
+                }
+                Ok(_) => {}
+                Err(e) => warn!(eni = %eni.id, error = %e, "checking the ENI's link"),
+            }
+        }
     }
 
     /// The targets in force: prefixes unless they fell back.

@@ -102,11 +102,15 @@ fn outside_vpc(
     let decision = egress::decide_ipv4(ctx, cfg, ip)?;
     count(decision);
     let leave_by = match decision {
-        Counter::EgressSnatNew | Counter::EgressSnat => cfg.primary_ifindex,
+        // Now from the node's address: the stack would drop it as a martian.
+        Counter::EgressSnatNew | Counter::EgressSnat | Counter::EgressIcmpErrorNat => {
+            cfg.primary_ifindex
+        }
         _ if egress::leaves_untranslated(decision) => ep.eni_ifindex,
         _ => {
-            // Not for the NAT (another protocol, an ICMP error): the stack
-            // routes it, and `eni_egress` must not decide it again.
+            // Untouched, not for the NAT (another protocol, an ICMP error
+            // about no NATed flow): the stack routes it, and `eni_egress`
+            // must not decide it again.
             mark_decided(ctx);
             return Ok(Counter::PodToSnat.into());
         }
