@@ -402,7 +402,8 @@ fn enis_of_others_are_left_alone_and_the_agents_own_links_are_put_back() {
     // wait is for all of it, and for the agent to have counted it.
     lab.wait_status(
         &format!("{ours} put back as the agent set it up ({settled:?})"),
-        Duration::from_secs(10),
+        // The links are checked every 5 s.
+        Duration::from_secs(15),
         |s| restored(s) > restored_before && link_view(&ours) == settled,
     );
     println!("{theirs} ({their_link}) left alone: {before:?}; {ours} put back: {settled:?}");

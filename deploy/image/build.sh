@@ -9,6 +9,9 @@
 #                        bpf-linker first (a fresh build image); without it
 #                        they must be there (`cargo xtask setup`).
 # VPCNET_BUILD_PROFILE: cargo profile, `release` (default) or `dev`.
+# VPCNET_BUILD_PACKAGES: what cargo builds, `-p vpcnet-agent -p vpcnet-cni`
+#   by default; the tests pass `--workspace`, as their suite built it, so
+#   cargo finds it built with the same features.
 set -euo pipefail
 
 install_toolchain=false
@@ -46,7 +49,8 @@ rustup component list --installed --toolchain nightly 2>/dev/null | grep -q '^ru
     || fail "the nightly toolchain's rust-src is missing: run with --install-toolchain"
 
 cd "$repo"
-cargo build --locked --profile "$profile" -p vpcnet-agent -p vpcnet-cni --bins
+read -r -a packages <<<"${VPCNET_BUILD_PACKAGES:--p vpcnet-agent -p vpcnet-cni}"
+cargo build --locked --profile "$profile" "${packages[@]}" --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps \
     | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 case "$profile" in

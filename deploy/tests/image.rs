@@ -6,8 +6,9 @@
 //! plugin; the pods reach the internet through the datapath, the agent
 //! writes its conflist once it serves, and the probes answer.
 //!
-//! The script builds the dev profile here (the binaries the suite built
-//! already); the image builds release, with the same steps.
+//! The script builds the dev profile of the whole workspace here (what the
+//! suite built already); the image builds release of the agent and the
+//! plugin, with the same steps.
 
 use std::{
     net::SocketAddrV4,
@@ -56,7 +57,8 @@ fn build_image_files(root: &Path) -> (PathBuf, PathBuf) {
     let printed = output_of(
         Command::new(image_dir.join("build.sh"))
             .arg(root)
-            .env("VPCNET_BUILD_PROFILE", "dev"),
+            .env("VPCNET_BUILD_PROFILE", "dev")
+            .env("VPCNET_BUILD_PACKAGES", "--workspace"),
     )
     .unwrap_or_else(|e| panic!("build.sh: {e}"));
     println!("{}", printed.trim());

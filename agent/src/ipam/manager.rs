@@ -214,6 +214,11 @@ fn bump(counter: &AtomicU64, n: usize) {
     counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
 }
 
+/// How often the links of the agent's ENIs are checked (and put back if
+/// something else rewrote them): each check dumps the node's routes, which
+/// grow with its pods, so not on every pass of a fast pool loop.
+const LINK_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
 /// What the node is: found out once at start.
 #[derive(Clone, Debug)]
 struct Node {
@@ -805,11 +810,16 @@ impl Manager {
         };
         let mut next_leak_sweep = Instant::now();
         let mut next_cidr_read = Instant::now();
+        let mut next_link_check = Instant::now();
         loop {
             let mut result = self.reconcile().await;
             if result.is_ok() && Instant::now() >= next_cidr_read {
                 result = self.refresh_vpc_cidrs().await;
                 next_cidr_read = Instant::now() + me.opts.vpc_cidr_interval;
+            }
+            if Instant::now() >= next_link_check {
+                self.check_links().await;
+                next_link_check = Instant::now() + LINK_CHECK_INTERVAL;
             }
             if result.is_ok()
                 && me.opts.settings.leaked_eni_cleanup
@@ -851,8 +861,7 @@ impl Manager {
         }
     }
 
-    /// One pass: finish draining, grow if too low, shrink if too high, and
-    /// put back what something else rewrote on the links of the ENIs.
+    /// One pass: finish draining, grow if too low, shrink if too high.
     async fn reconcile(&self) -> Result<(), ManagerError> {
         self.drain().await?;
         // Bounded: each step adds at least one address or an ENI.
@@ -861,13 +870,12 @@ impl Manager {
             let Some(plan) = plan else { break };
             self.grow(plan).await?;
         }
-        self.shrink().await?;
-        self.check_links().await;
-        Ok(())
+        self.shrink().await
     }
 
-    /// The links of the pool's secondary ENIs as `track` set them up. A
-    /// failure is logged: the next pass tries again.
+    /// The links of the pool's secondary ENIs as `track` set them up, every
+    /// [`LINK_CHECK_INTERVAL`]. A failure is logged: the next check tries
+    /// again.
     async fn check_links(&self) {
         let me = &self.inner;
         let owned: Vec<AttachedEni> = {
