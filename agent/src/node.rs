@@ -88,7 +88,7 @@ impl NodeLinks {
                 manager = %other,
                 "another network manager claims this ENI's link too and may rewrite it \
                  (its configuration should match the primary ENI only); vpcnet puts its \
-                 own back on every pass"
+                 own back every 5 s"
             ),
         }
         let mut datapath = self.datapath();
