@@ -16,17 +16,10 @@ use std::{
 };
 
 use serde_json::Value;
-use vpcnet_api::layout::EnforcingMode;
+use vpcnet_api::{conflist, layout::EnforcingMode};
 
 /// The conflist's file name in the runtime's configuration directory.
 pub const CONFLIST_NAME: &str = "10-vpcnet.conflist";
-
-/// The conflist the project ships (`deploy/`): the template whose plugin
-/// fields the agent fills from its settings.
-const CONFLIST_TEMPLATE: &str = include_str!("../../deploy/10-vpcnet.conflist");
-
-/// The plugin's `type` in the conflist.
-const PLUGIN_TYPE: &str = "vpcnet-cni";
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
@@ -38,7 +31,7 @@ pub enum InstallError {
     },
     #[error("no plugin binaries in {0}")]
     NothingToInstall(PathBuf),
-    #[error("deploy/10-vpcnet.conflist: {0}")]
+    #[error("{0}")]
     Template(String),
 }
 
@@ -67,12 +60,8 @@ pub struct ConflistSettings {
 /// The conflist for `settings`: the shipped template with the plugin's
 /// fields set.
 pub fn render_conflist(settings: &ConflistSettings) -> Result<Value, InstallError> {
-    let mut conflist: Value = serde_json::from_str(CONFLIST_TEMPLATE)
-        .map_err(|e| InstallError::Template(format!("not JSON: {e}")))?;
-    let plugin = conflist["plugins"]
-        .as_array_mut()
-        .and_then(|plugins| plugins.iter_mut().find(|p| p["type"] == PLUGIN_TYPE))
-        .ok_or_else(|| InstallError::Template(format!("no {PLUGIN_TYPE} plugin")))?;
+    let mut conflist = conflist::template().map_err(InstallError::Template)?;
+    let plugin = conflist::plugin_mut(&mut conflist).map_err(InstallError::Template)?;
     plugin["mtu"] = settings.mtu.into();
     plugin["vethPrefix"] = settings.veth_prefix.clone().into();
     plugin["podSGEnforcingMode"] = settings.enforcing_mode.env_value().into();
@@ -150,7 +139,7 @@ mod tests {
     fn the_conflist_carries_the_settings_and_keeps_the_chain() {
         let conflist = render_conflist(&settings()).unwrap();
         let plugins = conflist["plugins"].as_array().unwrap();
-        assert_eq!(plugins[0]["type"], PLUGIN_TYPE);
+        assert_eq!(plugins[0]["type"], conflist::PLUGIN_TYPE);
         assert_eq!(plugins[0]["mtu"], 1500);
         assert_eq!(plugins[0]["vethPrefix"], "vpc");
         assert_eq!(plugins[0]["podSGEnforcingMode"], "standard");

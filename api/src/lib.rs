@@ -2,6 +2,7 @@
 //! that reads it: the node layout (the lab's static nodes) and the CNI
 //! plugin's gRPC API (`proto/cni.proto`).
 
+pub mod conflist;
 pub mod layout;
 pub mod pod;
 

@@ -13,6 +13,7 @@ use std::{
 
 use serde_json::Value;
 use tracing::info;
+use vpcnet_api::conflist;
 
 use crate::{
     addrs::{self, NS_NODE},
@@ -21,10 +22,6 @@ use crate::{
     netns,
     state::{PodInfo, cni_socket_file, state_dir},
 };
-
-/// The conflist the project ships: the lab runs exactly it, with the
-/// agent's socket and the plugin's log in the lab's state directory.
-const DEPLOY_CONFLIST: &str = include_str!("../../deploy/10-vpcnet.conflist");
 
 /// Debian's plugins the conflist chains (and `loopback`, which containerd
 /// runs for every sandbox's `lo`).
@@ -103,19 +100,8 @@ fn parse_plugin_line(line: &str) -> Option<PluginCall> {
 
 /// The conflist of `deploy/` pointed at the lab's agent socket and log.
 pub fn lab_conflist() -> Result<Value> {
-    let mut conflist: Value = serde_json::from_str(DEPLOY_CONFLIST).map_err(|err| {
-        LabError::InvalidOption(format!("deploy/10-vpcnet.conflist is not JSON: {err}"))
-    })?;
-    let plugin = conflist["plugins"]
-        .as_array_mut()
-        .and_then(|plugins| {
-            plugins
-                .iter_mut()
-                .find(|p| p["type"].as_str() == Some("vpcnet-cni"))
-        })
-        .ok_or_else(|| {
-            LabError::InvalidOption("deploy/10-vpcnet.conflist has no vpcnet-cni plugin".into())
-        })?;
+    let mut conflist = conflist::template().map_err(LabError::InvalidOption)?;
+    let plugin = conflist::plugin_mut(&mut conflist).map_err(LabError::InvalidOption)?;
     plugin["agentSocket"] = Value::from(cni_socket_file().display().to_string());
     plugin["logFile"] = Value::from(cni_plugin_log().display().to_string());
     Ok(conflist)
