@@ -13,6 +13,9 @@ use vpcnet_common::{
 pub const ENV_EXTERNAL_SNAT: &str = "AWS_VPC_K8S_CNI_EXTERNALSNAT";
 pub const ENV_EXCLUDE_SNAT_CIDRS: &str = "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS";
 pub const ENV_RANDOMIZE_SNAT: &str = "AWS_VPC_K8S_CNI_RANDOMIZESNAT";
+/// The connmark aws-node's rules use: what the take-over removes and
+/// `uninstall` writes back (the datapath itself marks nothing).
+pub const ENV_CONNMARK: &str = "AWS_VPC_K8S_CNI_CONNMARK";
 /// vpcnet's own: the SNAT source port range, `MIN-MAX`.
 pub const ENV_SNAT_PORT_RANGE: &str = "VPCNET_SNAT_PORT_RANGE";
 /// vpcnet's own: the cluster's service CIDRs, whose packets go through the
@@ -39,6 +42,7 @@ pub const VARIABLES: &[&str] = &[
     ENV_EXTERNAL_SNAT,
     ENV_EXCLUDE_SNAT_CIDRS,
     ENV_RANDOMIZE_SNAT,
+    ENV_CONNMARK,
     ENV_SNAT_PORT_RANGE,
     ENV_SERVICE_CIDRS,
     crate::ipam::settings::ENV_WARM_ENI_TARGET,
@@ -80,6 +84,8 @@ pub struct SnatSettings {
     pub randomize: RandomizeMode,
     pub port_min: u16,
     pub port_max: u16,
+    /// `AWS_VPC_K8S_CNI_CONNMARK`.
+    pub connmark: u32,
 }
 
 impl Default for SnatSettings {
@@ -90,6 +96,7 @@ impl Default for SnatSettings {
             randomize: RandomizeMode::Prng,
             port_min: config::DEFAULT_PORT_MIN,
             port_max: config::DEFAULT_PORT_MAX,
+            connmark: vpcnet_api::vpc_cni::DEFAULT_CONNMARK,
         }
     }
 }
@@ -119,6 +126,9 @@ impl SnatSettings {
                         allowed: "one of none, hashrandom, prng",
                     })?;
             }
+        }
+        if let Some(value) = lookup(ENV_CONNMARK) {
+            settings.connmark = parse_mark(ENV_CONNMARK, &value)?;
         }
         if let Some(value) = lookup(ENV_SNAT_PORT_RANGE) {
             (settings.port_min, settings.port_max) = parse_port_range(ENV_SNAT_PORT_RANGE, &value)?;
@@ -175,6 +185,21 @@ pub fn parse_cidrs(variable: &'static str, value: &str) -> Result<Vec<Ipv4Net>, 
                 })
         })
         .collect()
+}
+
+/// A mark, decimal or `0x` hex (as Go's `strconv.ParseInt(v, 0, 32)` reads
+/// it in the VPC CNI); not zero.
+fn parse_mark(variable: &'static str, value: &str) -> Result<u32, ConfigError> {
+    let value_trimmed = value.trim();
+    let parsed = match value_trimmed.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => value_trimmed.parse().ok(),
+    };
+    parsed.filter(|mark| *mark != 0).ok_or_else(|| ConfigError {
+        variable,
+        value: value.to_owned(),
+        allowed: "a non-zero mark, decimal or 0x hex, e.g. 0x80",
+    })
 }
 
 fn parse_port_range(variable: &'static str, value: &str) -> Result<(u16, u16), ConfigError> {

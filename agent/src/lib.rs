@@ -13,6 +13,7 @@ pub mod layout;
 pub mod link_owner;
 pub mod node;
 pub mod pods;
+pub mod takeover;
 
 /// Link setup through rtnetlink (its own crate: the CNI plugin uses it too).
 pub use vpcnet_netlink as netlink;

@@ -17,12 +17,13 @@ use vpcnet_agent::{
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
-        settings::IpamSettings,
+        settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, IpamSettings},
     },
     layout,
     netlink::NetlinkHandle,
     node::{NodeLinks, cidr_entries},
     pods::{ENV_VETH_PREFIX, Pods, PodsOptions},
+    takeover,
 };
 use vpcnet_api::layout::NodeLayout;
 use vpcnet_common::{
@@ -95,6 +96,19 @@ enum Command {
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 5.0)]
         timeout: f64,
+    },
+    /// Hand the node back to aws-node, with the agent stopped: write back
+    /// aws-node's iptables rules, rule 1024 and every checkpointed pod's
+    /// rules 512/1536, detach the datapath (its pins go), remove vpcnet's
+    /// conflist and put aws-node's back. Pods keep their addresses.
+    Uninstall {
+        /// The runtime's CNI configuration directory, as mounted.
+        #[arg(long)]
+        cni_conf_dir: Option<PathBuf>,
+        /// The agent's socket: while it answers, the agent runs and nothing
+        /// is done.
+        #[arg(long, default_value = vpcnet_api::DEFAULT_CNI_SOCKET)]
+        cni_socket: PathBuf,
     },
     /// Copy the CNI plugin binaries onto the node, each replaced whole (the
     /// daemon set's init container).
@@ -216,6 +230,10 @@ fn main() -> Result<()> {
             cni_socket,
             timeout,
         } => cli::probe(&cni_socket, ready, seconds("--timeout", timeout)?),
+        Command::Uninstall {
+            cni_conf_dir,
+            cni_socket,
+        } => uninstall(&cli.pin_dir, cni_conf_dir, &cni_socket),
         Command::InstallPlugins { from, to } => {
             for path in install::install_plugins(&from, &to)? {
                 println!("installed {}", path.display());
@@ -223,6 +241,69 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn uninstall(
+    pin_dir: &std::path::Path,
+    cni_conf_dir: Option<PathBuf>,
+    cni_socket: &std::path::Path,
+) -> Result<()> {
+    if std::os::unix::net::UnixStream::connect(cni_socket).is_ok() {
+        bail!(
+            "the agent is running (it answers on {}): stop it first (delete vpcnet's DaemonSet); its programs stay attached until this command detaches them",
+            cni_socket.display()
+        );
+    }
+    let snat = SnatSettings::from_env()?;
+    let opts = takeover::HandBackOptions {
+        pin_dir: pin_dir.to_owned(),
+        checkpoint: std::env::var_os(ENV_BACKING_STORE)
+            .map_or_else(|| PathBuf::from(DEFAULT_BACKING_STORE), PathBuf::from),
+        cni_conf_dir,
+        connmark: snat.connmark,
+        veth_prefix: std::env::var(ENV_VETH_PREFIX)
+            .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+    };
+    if !pin_dir.join(vpcnet_common::maps::CONFIG).exists() {
+        bail!(
+            "no vpcnet datapath is pinned in {}: nothing to hand back",
+            pin_dir.display()
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let done = runtime.block_on(async {
+        let netlink = NetlinkHandle::new()?;
+        // IMDS only if a pod is on a secondary ENI (its table is the
+        // ENI's device number + 1).
+        let cloud = tokio::sync::OnceCell::new();
+        let device_number = async |mac: vpcnet_agent::netlink::MacAddr| {
+            let failed = |message: String| takeover::TakeOverError::DeviceNumber { mac, message };
+            let cloud = cloud
+                .get_or_try_init(Cloud::connect)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            Ok(cloud
+                .imds_eni(&mac.to_string())
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .device_number)
+        };
+        anyhow::Ok(takeover::hand_back(&opts, &netlink, device_number).await?)
+    })?;
+    println!(
+        "aws-node's rules written back for the node and {} pods ({} ip rules added); {} translated connections handed to conntrack; datapath detached from {}",
+        done.pods,
+        done.ip_rules_added,
+        done.flows_exported,
+        pin_dir.display()
+    );
+    if done.conflist_restored {
+        println!("aws-node's conflist {} restored", takeover::AWS_CONFLIST);
+    }
+    Ok(())
 }
 
 fn open(pin_dir: &std::path::Path) -> Result<DatapathMaps> {
@@ -438,6 +519,7 @@ async fn run_node(
         };
         let manager = start_manager(&cloud, &opts, network).await?;
         tasks.spawn(manager.clone().run());
+        let netlink_for_pods = NetlinkHandle::new()?;
         let pods = Pods::new(
             manager,
             Arc::clone(&datapath),
@@ -448,6 +530,12 @@ async fn run_node(
                 branch_mode,
             },
         );
+        // Before the plugin is served: pods aws-node left keep their
+        // addresses, connections and paths.
+        match takeover::take_over(&pods, &datapath, &netlink_for_pods, snat.connmark).await {
+            Ok(report) => report.log(),
+            Err(e) => error!(error = %e, "taking the node over from aws-node failed"),
+        }
         introspected_pods = Some(pods.clone());
         tasks.spawn(sweep_pods(
             pods.clone(),
@@ -465,6 +553,12 @@ async fn run_node(
             let conflist = install::render_conflist(&conflist_settings)?;
             let path = install::write_conflist(dir, &conflist)?;
             info!(conflist = %path.display(), "CNI configuration written");
+            if takeover::set_aside_aws_conflist(dir)? {
+                info!(
+                    set_aside = takeover::AWS_CONFLIST_SET_ASIDE,
+                    "aws-node's CNI configuration set aside"
+                );
+            }
         }
     }
     // Without --ipam: the datapath's own entries, the IPAM parts empty.

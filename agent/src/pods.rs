@@ -176,7 +176,7 @@ impl Pods {
             return Ok(pod);
         }
         let _op = self.inner.ops.lock().await;
-        if let Err(e) = self.attach(&pod, host_veth, pod_mac, 0).await {
+        if let Err(e) = self.attach(&pod.eni_of(), host_veth, pod_mac, 0).await {
             warn!(container = %key.container_id, addr = %pod.addr, error = %e, "datapath step of ADD failed: address released");
             if let Err(release) = self.inner.manager.release(key).await {
                 warn!(container = %key.container_id, error = %release, "releasing after a failed ADD");
@@ -238,13 +238,14 @@ impl Pods {
             EnforcingMode::Strict => ENDPOINT_BRANCH | ENDPOINT_STRICT,
             EnforcingMode::Standard => ENDPOINT_BRANCH,
         };
-        self.attach(&pod, host_veth, pod_mac, flags).await?;
+        self.attach(&pod.eni_of(), host_veth, pod_mac, flags)
+            .await?;
         Ok(pod)
     }
 
     async fn attach(
         &self,
-        pod: &PodAddress,
+        pod: &PodOnEni,
         host_veth: &str,
         pod_mac: &str,
         flags: u32,
@@ -288,6 +289,43 @@ impl Pods {
         }
         info!(addr = %pod.addr, veth = host_veth, ifindex = veth.index, eni = %pod.eni_id, "pod in the datapath");
         Ok(())
+    }
+
+    /// Adopts the pods another CNI (aws-node) wired: every address held
+    /// with no datapath entry whose pod's veth (named by the VPC CNI's rule
+    /// from the checkpoint's pod name) exists gets its entry and programs,
+    /// its MAC read from the veth's peer. Returns the addresses adopted and
+    /// how many pods with a veth failed.
+    pub async fn adopt(&self) -> Result<(Vec<Ipv4Addr>, usize), PodError> {
+        let _op = self.inner.ops.lock().await;
+        let (mut adopted, mut failed) = (Vec::new(), 0);
+        for (assigned, eni_mac) in self.inner.manager.assignments().await {
+            if self.datapath().maps.endpoint(assigned.addr)?.is_some() {
+                continue;
+            }
+            let veth = vpcnet_api::pod::host_veth_name(
+                &self.inner.opts.veth_prefix,
+                &assigned.metadata.k8s_pod_namespace,
+                &assigned.metadata.k8s_pod_name,
+            );
+            let Some(pod_mac) = self.inner.netlink.peer_mac(&veth).await? else {
+                debug!(addr = %assigned.addr, veth, "no veth to adopt");
+                continue;
+            };
+            let pod = PodOnEni {
+                addr: assigned.addr,
+                eni_id: assigned.eni.clone(),
+                eni_mac,
+            };
+            match self.attach(&pod, &veth, &pod_mac.to_string(), 0).await {
+                Ok(()) => adopted.push(assigned.addr),
+                Err(e) => {
+                    warn!(addr = %assigned.addr, veth, error = %e, "adopting a pod failed");
+                    failed += 1;
+                }
+            }
+        }
+        Ok((adopted, failed))
     }
 
     /// DEL: the pod out of the datapath, then its address back to the pool.
@@ -470,6 +508,23 @@ impl Pods {
                 ),
                 0,
             )
+        }
+    }
+}
+
+/// What a pod's datapath entry is made from: its address and its ENI.
+struct PodOnEni {
+    addr: Ipv4Addr,
+    eni_id: String,
+    eni_mac: String,
+}
+
+impl PodAddress {
+    fn eni_of(&self) -> PodOnEni {
+        PodOnEni {
+            addr: self.addr,
+            eni_id: self.eni_id.clone(),
+            eni_mac: self.eni_mac.clone(),
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod conflist;
 pub mod layout;
 pub mod pod;
+pub mod vpc_cni;
 
 /// The CNI backend service (generated from `proto/cni.proto`).
 pub mod cni {

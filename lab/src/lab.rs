@@ -120,6 +120,9 @@ impl Lab {
             .map_err(|err| LabError::InvalidOption(format!("starting the EC2 emulator: {err}")))?;
             fs::write(state::emulator_pid_file(), format!("{}\n", emulator.pid()))
                 .context(|| "writing the EC2 emulator's pid file".to_owned())?;
+            if opts.datapath == Datapath::Iptables {
+                crate::vpc_cni::record_aws_node_state(&emulator, &self.state.pods)?;
+            }
             self.emulator = Some(emulator);
         }
         if opts.datapath == Datapath::Ebpf {

@@ -308,14 +308,16 @@ impl LabOptions {
         self.validate_settings()?;
         if let Some(ipam) = &self.ipam {
             let static_pods = if ipam.cri.is_some() { 0 } else { self.pods };
-            if self.datapath != Datapath::Ebpf
-                || static_pods != 0
+            // With the iptables datapath: a node aws-node ran, its static
+            // pods' addresses on the primary ENI, for the agent to take over.
+            let aws_node = self.datapath == Datapath::Iptables && ipam.cri.is_none();
+            if (!aws_node && (self.datapath != Datapath::Ebpf || static_pods != 0))
                 || self.enis != 1
                 || !self.branch_pods.is_empty()
                 || self.node_port.is_some()
             {
                 return Err(LabError::InvalidOption(
-                    "the address manager runs with the ebpf datapath and one ENI; its pods come only through CRI"
+                    "the address manager runs with one ENI, and the ebpf datapath with pods through CRI, or the iptables datapath (aws-node's node) with static pods"
                         .into(),
                 ));
             }

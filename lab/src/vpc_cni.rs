@@ -1,220 +1,69 @@
 //! The VPC CNI's own node wiring (`--datapath iptables`): the reference the
 //! eBPF datapath is compared with.
 //!
-//! These are the rules `aws-node` (ipamd) installs on an IPv4 node with its
-//! defaults (node port support on, connmark 0x80, veth prefix `eni`), in the
-//! order and with the comments it uses, and the ip rules the CNI plugin adds
-//! per pod. Where each comes from in `aws/amazon-vpc-cni-k8s`:
+//! The iptables rules, rule 1024 and the per-pod rules are
+//! [`vpcnet_api::vpc_cni`]'s (one definition with the agent's take-over and
+//! uninstall); this adds what only the lab builds by hand, with the lab's
+//! addresses:
 //!
-//! - SNAT chain, mangle connmark for the primary ENI: `pkg/networkutils/
-//!   network.go`, `buildIptablesSNATRules`; the connmark chain:
-//!   `pkg/networkutils/iptables_connmark.go`, `buildRules`.
-//! - Rule 1024 (`fwmark 0x80/0x80 lookup main`) and, with security groups
-//!   for pods in strict mode, the `local` table rule moved from 0 to 20:
-//!   `network.go`, `SetupHostNetwork`.
-//! - Per secondary ENI: its address, MTU, up, the subnet route removed from
-//!   `main`, table device number + 1 with a link route to the gateway and a
-//!   default route through it, rule 32765 `from <ENI address>`:
-//!   `network.go`, `setupENINetwork`.
-//! - Per pod: route to its host veth, rule 512 `to <pod> lookup main`, and
-//!   for pods on a secondary ENI rule 1536 `from <pod> lookup <ENI table>`:
-//!   `cmd/routed-eni-cni-plugin/driver/driver.go`,
-//!   `setupIPBasedContainerRouteRules`.
+//! - With security groups for pods in strict mode, the `local` table rule
+//!   moved from 0 to 20: `pkg/networkutils/network.go`, `SetupHostNetwork`.
+//! - Per secondary ENI: table device number + 1 with a link route to the
+//!   gateway and a default route through it, rule 32765 `from <ENI
+//!   address>`: `network.go`, `setupENINetwork`.
+//! - Per pod: route to its host veth and the plugin's rules
+//!   (`cmd/routed-eni-cni-plugin/driver/driver.go`).
 //! - Per branch-ENI pod: the VLAN table (VLAN id + 100) with a link route to
 //!   the gateway and a default route (`setupVlan`, `buildRoutesForVlan`);
 //!   strict mode: the pod's route in that table and rules 10 `iif
 //!   vlan.eth.<id>` and `iif <host veth>` (`setupIIFBasedContainerRouteRules`);
 //!   standard mode: rules 512 and 1536 with the VLAN table
 //!   (`setupIPBasedContainerRouteRules`); all from `SetupBranchENIPodNetwork`.
-//!
-//! The connmark rules are the iptables flavour (the chain
-//! `AWS-CONNMARK-CHAIN-0`); recent VPC CNI releases write the same marks with
-//! an nftables table on nft-backed hosts.
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+pub use vpcnet_api::vpc_cni::{
+    FROM_ENI_PRIMARY_IP_RULE_PRIORITY, FROM_POD_RULE_PRIORITY, HOST_RULE_PRIORITY,
+    LOCAL_RULE_PRIORITY, TO_POD_RULE_PRIORITY, VLAN_RULE_PRIORITY,
+};
+use vpcnet_api::vpc_cni::{IpRule, NodeWiring};
 
 use crate::{
     addrs::{
         CONNMARK, NODE_ETH0, NODE_PRIMARY_ADDR, NODE_SUBNET_GW, NS_NODE, VETH_PREFIX, VPC_CIDRS,
         eni_ifname, eni_primary_addr, eni_route_table, filler_pod_addr,
     },
-    error::Result,
+    ec2::EmulatorProcess,
+    error::{Context, Result},
     netns::{exec_ok, ip_batch},
     options::{EnforcingMode, LabOptions},
     state::PodInfo,
 };
 
-const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
-const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
-// `ip rule` priorities the VPC CNI uses (`pkg/networkutils/network.go`).
-/// `VlanRulePriority`: branch-ENI pods in strict mode.
-pub const VLAN_RULE_PRIORITY: u32 = 10;
-/// `localRulePriority`: where strict mode moves the `local` table rule.
-pub const LOCAL_RULE_PRIORITY: u32 = 20;
-/// `ToContainerRulePriority`: `to <pod> lookup main`.
-pub const TO_POD_RULE_PRIORITY: u32 = 512;
-/// `hostRulePriority`: `fwmark 0x80/0x80 lookup main`.
-pub const HOST_RULE_PRIORITY: u32 = 1024;
-/// `FromPodRulePriority`: `from <pod> lookup <ENI table>`.
-pub const FROM_POD_RULE_PRIORITY: u32 = 1536;
-/// `FromPrimaryIPofENIRulePriority`: `from <ENI address> lookup <ENI table>`.
-pub const FROM_ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
-
-/// An iptables argument list from `spec`, split at whitespace, where the
-/// token `@comment` stands for `comment` (which has spaces of its own).
-fn rule(spec: &str, comment: &str) -> Vec<String> {
-    spec.split_whitespace()
-        .map(|token| if token == "@comment" { comment } else { token }.to_owned())
-        .collect()
-}
-
-/// `-d <cidr> ` the way the VPC CNI writes it: for 0.0.0.0/0 it leaves the
-/// match out (the kernel would strip it anyway).
-fn dest_match(cidr: Ipv4Net) -> String {
-    if cidr.prefix_len() == 0 {
-        String::new()
-    } else {
-        format!("-d {cidr} ")
+/// What aws-node's rules depend on, for the lab's node.
+pub fn node_wiring(opts: &LabOptions) -> NodeWiring {
+    NodeWiring {
+        node_addr: NODE_PRIMARY_ADDR,
+        primary_interface: NODE_ETH0.to_owned(),
+        vpc_cidrs: VPC_CIDRS.to_vec(),
+        exclude_snat_cidrs: opts.exclude_snat_cidrs.clone(),
+        external_snat: opts.external_snat,
+        randomize_flag: opts.randomize_snat.iptables_flag().map(ToOwned::to_owned),
+        connmark: CONNMARK,
+        veth_prefix: VETH_PREFIX.to_owned(),
     }
 }
 
 /// The `iptables` invocations (without the program name) that wire the node,
 /// in order.
 pub fn iptables_commands(opts: &LabOptions) -> Vec<Vec<String>> {
-    let mut commands = snat_commands(opts);
-    commands.extend(node_port_commands());
-    if !opts.external_snat {
-        commands.extend(connmark_commands(opts));
-    }
-    commands
-}
-
-/// The VPC CIDRs, then the exclusions (flagged): never translated or marked.
-fn exempt_cidrs(opts: &LabOptions) -> impl Iterator<Item = (Ipv4Net, bool)> + '_ {
-    VPC_CIDRS
-        .iter()
-        .map(|cidr| (*cidr, false))
-        .chain(opts.exclude_snat_cidrs.iter().map(|cidr| (*cidr, true)))
-}
-
-/// SNAT for traffic leaving the VPC. The chain exists even with external
-/// SNAT; only its rules go.
-fn snat_commands(opts: &LabOptions) -> Vec<Vec<String>> {
-    let mut commands = vec![rule(&format!("-t nat -N {SNAT_CHAIN}"), "")];
-    if opts.external_snat {
-        return commands;
-    }
-    commands.push(rule(
-        &format!("-t nat -A POSTROUTING -m comment --comment @comment -j {SNAT_CHAIN}"),
-        "AWS SNAT CHAIN",
-    ));
-    // Each exemption is inserted at the top, so they all end up before the
-    // SNAT rule (in reverse order, as on a real node).
-    for (cidr, excluded) in exempt_cidrs(opts) {
-        let comment = if excluded {
-            "AWS SNAT CHAIN EXCLUSION"
-        } else {
-            "AWS SNAT CHAIN"
-        };
-        commands.push(rule(
-            &format!(
-                "-t nat -I {SNAT_CHAIN} 1 {}-m comment --comment @comment -j RETURN",
-                dest_match(cidr)
-            ),
-            comment,
-        ));
-    }
-    let mut snat = rule(
-        &format!(
-            "-t nat -A {SNAT_CHAIN} ! -o vlan+ -m comment --comment @comment \
-             -m addrtype ! --dst-type LOCAL -j SNAT --to-source {NODE_PRIMARY_ADDR}"
-        ),
-        "AWS, SNAT",
-    );
-    snat.extend(opts.randomize_snat.iptables_flag().map(ToOwned::to_owned));
-    commands.push(snat);
-    commands
-}
-
-/// Node port support (on by default): connections that come in on the
-/// primary ENI to a local address are marked, and replies from pods get the
-/// mark back, so they leave by the primary ENI (ip rule 1024).
-fn node_port_commands() -> Vec<Vec<String>> {
-    let comment = "AWS, primary ENI";
-    vec![
-        rule(
-            &format!(
-                "-t mangle -A PREROUTING -m comment --comment @comment -i {NODE_ETH0} \
-                 -m addrtype --dst-type LOCAL --limit-iface-in \
-                 -j CONNMARK --set-mark {CONNMARK:#x}/{CONNMARK:#x}"
-            ),
-            comment,
-        ),
-        rule(
-            &format!(
-                "-t mangle -A PREROUTING -m comment --comment @comment -i {VETH_PREFIX}+ \
-                 -j CONNMARK --restore-mark --mask {CONNMARK:#x}"
-            ),
-            comment,
-        ),
-        rule(
-            &format!(
-                "-t mangle -A PREROUTING -m comment --comment @comment -i vlan+ \
-                 -j CONNMARK --restore-mark --mask {CONNMARK:#x}"
-            ),
-            comment,
-        ),
-    ]
-}
-
-/// Connmark for source-NATed pod connections (gone with external SNAT): pod
-/// traffic to outside the VPC and the exclusions gets the mark, so replies
-/// are routed by the main table (ip rule 1024).
-fn connmark_commands(opts: &LabOptions) -> Vec<Vec<String>> {
-    let mut commands = vec![
-        rule(&format!("-t nat -N {CONNMARK_CHAIN}"), ""),
-        rule(
-            &format!(
-                "-t nat -A PREROUTING -i {VETH_PREFIX}+ -m comment --comment @comment \
-                 -j {CONNMARK_CHAIN}"
-            ),
-            "AWS, outbound connections",
-        ),
-    ];
-    for (cidr, _) in exempt_cidrs(opts) {
-        commands.push(rule(
-            &format!(
-                "-t nat -I {CONNMARK_CHAIN} 1 {}-m comment --comment @comment -j RETURN",
-                dest_match(cidr)
-            ),
-            "AWS CONNMARK CHAIN",
-        ));
-    }
-    commands.push(rule(
-        &format!(
-            "-t nat -A PREROUTING -m comment --comment @comment \
-             -j CONNMARK --restore-mark --mask {CONNMARK:#x}"
-        ),
-        "AWS, CONNMARK",
-    ));
-    commands.push(rule(
-        &format!(
-            "-t nat -A {CONNMARK_CHAIN} -m comment --comment @comment \
-             -j CONNMARK --set-xmark {CONNMARK:#x}/{CONNMARK:#x}"
-        ),
-        "AWS, CONNMARK",
-    ));
-    commands
+    node_wiring(opts).iptables_commands()
 }
 
 /// The node-wide `ip rule`: marked traffic is routed by the main table
 /// (present whenever node port support is on, which is the default).
-pub fn host_rule_lines() -> Vec<String> {
-    vec![format!(
-        "rule add fwmark {CONNMARK:#x}/{CONNMARK:#x} priority {HOST_RULE_PRIORITY} table main"
-    )]
+pub fn host_rule_lines(opts: &LabOptions) -> Vec<String> {
+    vec![node_wiring(opts).host_rule().to_string()]
 }
 
 /// With security groups for pods (`ENABLE_POD_ENI`) in strict mode, the
@@ -249,7 +98,7 @@ pub fn eni_table_lines(device: usize) -> Vec<String> {
 
 /// The CNI plugin's per-pod rule for a pod on the primary ENI.
 pub fn pod_rule_line(pod_addr: Ipv4Addr) -> String {
-    format!("rule add to {pod_addr}/32 priority {TO_POD_RULE_PRIORITY} table main")
+    IpRule::pod_rules(pod_addr, crate::addrs::RT_TABLE_MAIN)[0].to_string()
 }
 
 /// The CNI plugin's node-side routes and rules for `pod` (after its veth
@@ -269,11 +118,13 @@ pub fn pod_lines(pod: &PodInfo) -> Vec<String> {
         format!("rule add from {addr}/32 priority {FROM_POD_RULE_PRIORITY} table {table}")
     };
     let Some(branch) = &pod.branch else {
-        let mut lines = vec![main_route, pod_rule_line(addr)];
         let table = eni_route_table(pod.eni_device.unwrap_or(0));
-        if table != crate::addrs::RT_TABLE_MAIN {
-            lines.push(from_pod_rule(table));
-        }
+        let mut lines = vec![main_route];
+        lines.extend(
+            IpRule::pod_rules(addr, table)
+                .iter()
+                .map(ToString::to_string),
+        );
         return lines;
     };
     let table = branch.route_table;
@@ -318,7 +169,7 @@ pub fn wire_node(opts: &LabOptions) -> Result<()> {
         argv.extend(command.iter().map(String::as_str));
         exec_ok(NS_NODE, &argv)?;
     }
-    let mut lines = host_rule_lines();
+    let mut lines = host_rule_lines(opts);
     if !opts.branch_pods.is_empty() && opts.sg_enforcing_mode == EnforcingMode::Strict {
         lines.extend(strict_local_rule_lines());
     }
@@ -328,6 +179,52 @@ pub fn wire_node(opts: &LabOptions) -> Result<()> {
     // Before any pod: the lab's own pods' rules come after these.
     lines.extend(filler_rule_lines(opts.filler_pods));
     ip_batch(Some(NS_NODE), &lines)
+}
+
+/// What aws-node leaves behind on its node besides the wiring, for the
+/// agent to take over: the pods' addresses assigned to the primary ENI in
+/// EC2, and its checkpoint listing them with their pods' names.
+pub fn record_aws_node_state(emulator: &EmulatorProcess, pods: &[PodInfo]) -> Result<()> {
+    let admin_error = |err: crate::ec2::EmulatorError| {
+        crate::error::LabError::InvalidOption(format!("recording aws-node's addresses: {err}"))
+    };
+    let state = emulator.admin().state().map_err(admin_error)?;
+    let primary_eni = state
+        .instances
+        .iter()
+        .find(|instance| instance.id == emulator.instance_id())
+        .map(|instance| instance.primary_eni.clone())
+        .ok_or_else(|| {
+            crate::error::LabError::InvalidOption("the emulator has no lab instance".into())
+        })?;
+    let addrs: Vec<Ipv4Addr> = pods.iter().map(|pod| pod.addr).collect();
+    emulator
+        .admin()
+        .assign(&primary_eni, &addrs)
+        .map_err(admin_error)?;
+    let allocations: Vec<serde_json::Value> = pods
+        .iter()
+        .map(|pod| {
+            serde_json::json!({
+                "networkName": "aws-cni",
+                "containerID": format!("aws-node-{}", pod.k8s_name),
+                "ifName": "eth0",
+                "ipv4": pod.addr.to_string(),
+                "allocationTimestamp": 1_700_000_000_000_000_000_i64,
+                "metadata": {
+                    "k8sPodNamespace": pod.k8s_namespace,
+                    "k8sPodName": pod.k8s_name,
+                },
+            })
+        })
+        .collect();
+    let checkpoint = serde_json::json!({
+        "version": "vpc-cni-ipam/1",
+        "allocations": allocations,
+    });
+    let path = crate::state::ipam_checkpoint_file();
+    std::fs::write(&path, checkpoint.to_string())
+        .context(|| format!("writing aws-node's checkpoint {}", path.display()))
 }
 
 #[cfg(test)]

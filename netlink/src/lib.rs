@@ -24,6 +24,7 @@ pub mod neigh;
 pub mod netns;
 pub mod pod;
 pub mod route;
+pub mod rule;
 pub mod veth;
 
 use std::{fmt, net::Ipv4Addr, str::FromStr, time::Duration};
@@ -113,6 +114,22 @@ pub enum NetlinkError {
     Thread(#[source] std::io::Error),
     #[error("listing links")]
     ListLinks(#[source] Box<rtnetlink::Error>),
+    #[error("listing the IPv4 rules")]
+    ListRules(#[source] Box<rtnetlink::Error>),
+    #[error("deleting the rule {rule}")]
+    DelRule {
+        rule: String,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("adding the rule {rule}")]
+    AddRule {
+        rule: String,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("reading the peer of {0}")]
+    PeerLink(String, #[source] Box<rtnetlink::Error>),
     #[error("no link is named {0}")]
     NoLinkNamed(String),
     #[error("no link has the MAC {0}")]

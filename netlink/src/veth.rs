@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use futures_util::TryStreamExt;
 use rtnetlink::{
     LinkMessageBuilder, LinkUnspec,
+    packet_core::DefaultNla,
     packet_route::link::{
         InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo as PacketLinkInfo, LinkMessage,
     },
@@ -117,6 +118,49 @@ impl NetlinkHandle {
             Ok(None) => Ok(None),
             Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
             Err(err) => Err(NetlinkError::ListLinks(Box::new(err)).into()),
+        }
+    }
+
+    /// The MAC of the other end of the veth `host_veth`, read in the other
+    /// end's namespace through its namespace id (`IFLA_LINK_NETNSID`, then
+    /// `RTM_GETLINK` with `IFLA_TARGET_NETNSID`): how a pod wired by
+    /// someone else is adopted without entering its namespace or sending it
+    /// a packet. `None` when `host_veth` is gone or has no peer elsewhere.
+    pub async fn peer_mac(&self, host_veth: &str) -> Result<Option<MacAddr>, NetlinkError> {
+        /// `IFLA_TARGET_NETNSID` (not in the packet crate's attributes).
+        const IFLA_TARGET_NETNSID: u16 = 46;
+        let mut answers = self.handle.link().get().match_name(host_veth).execute();
+        let message = match answers.try_next().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(None),
+            Err(err) if errno(&err) == Some(libc::ENODEV) => return Ok(None),
+            Err(err) => return Err(NetlinkError::ListLinks(Box::new(err))),
+        };
+        let (mut peer_index, mut netns_id) = (None, None);
+        for attribute in &message.attributes {
+            match attribute {
+                LinkAttribute::Link(index) => peer_index = Some(*index),
+                LinkAttribute::LinkNetNsId(id) => netns_id = Some(*id),
+                _ => {}
+            }
+        }
+        let (Some(peer_index), Some(netns_id)) = (peer_index, netns_id) else {
+            return Ok(None);
+        };
+        let mut request = self.handle.link().get().match_index(peer_index);
+        request
+            .message_mut()
+            .attributes
+            .push(LinkAttribute::Other(DefaultNla::new(
+                IFLA_TARGET_NETNSID,
+                netns_id.to_ne_bytes().to_vec(),
+            )));
+        let mut answers = request.execute();
+        match answers.try_next().await {
+            Ok(Some(peer)) => Ok(LinkInfo::from_message(&peer).mac),
+            Ok(None) => Ok(None),
+            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
+            Err(err) => Err(NetlinkError::PeerLink(host_veth.to_owned(), Box::new(err))),
         }
     }
 

@@ -35,6 +35,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "iptables",
     "nftables",
+    // The take-over from aws-node reads and writes conntrack's entries.
+    "conntrack",
     "tcpdump",
     "bpftool",
     "iperf3",

@@ -28,6 +28,9 @@ pub struct DatapathMaps {
     pub endpoints: HashMap<MapData, u32, Endpoint>,
     /// ENIs and branch links, by ifindex.
     pub enis: HashMap<MapData, u32, Eni>,
+    /// Flows whose packets the stack must see (kube-proxy's DNAT), by the
+    /// tuple of the packets that go to it.
+    pub stack_flows: HashMap<MapData, FlowKey, u64>,
 }
 
 impl DatapathMaps {
@@ -43,6 +46,7 @@ impl DatapathMaps {
             take(maps::COUNTERS)?,
             take(maps::ENDPOINTS)?,
             take(maps::ENIS)?,
+            take(maps::STACK_FLOWS)?,
         ])
     }
 
@@ -62,12 +66,22 @@ impl DatapathMaps {
             open(maps::COUNTERS)?,
             open(maps::ENDPOINTS)?,
             open(maps::ENIS)?,
+            open(maps::STACK_FLOWS)?,
         ])
     }
 
     /// From the maps in the order `from_ebpf` and `open_pinned` give them.
     fn from_maps(
-        [config, cidrs, nat_fwd, nat_rev, counters, endpoints, enis]: [Map; 7],
+        [
+            config,
+            cidrs,
+            nat_fwd,
+            nat_rev,
+            counters,
+            endpoints,
+            enis,
+            stack_flows,
+        ]: [Map; 8],
     ) -> Result<Self, DatapathError> {
         Ok(Self {
             config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
@@ -78,6 +92,8 @@ impl DatapathMaps {
                 .map_err(DatapathError::map(maps::COUNTERS))?,
             endpoints: HashMap::try_from(endpoints).map_err(DatapathError::map(maps::ENDPOINTS))?,
             enis: HashMap::try_from(enis).map_err(DatapathError::map(maps::ENIS))?,
+            stack_flows: HashMap::try_from(stack_flows)
+                .map_err(DatapathError::map(maps::STACK_FLOWS))?,
         })
     }
 

@@ -5,6 +5,29 @@ use vpcnet_common::nat::{FlowKey, FlowKind, FlowState, NatEntry, flow_expired, f
 
 use super::{DatapathError, DatapathMaps};
 
+/// `BPF_NOEXIST`: insert only if absent.
+const BPF_NOEXIST: u64 = 1;
+
+fn is_eexist(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::EEXIST))
+}
+
+/// The tuple of a node socket's packets whose replies are `reply`.
+fn alias_key(reply: &FlowKey) -> FlowKey {
+    reply.reversed()
+}
+
+/// The forward tuple a claim (reverse entry) belongs to.
+fn forward_of(reply: &FlowKey, claim: &NatEntry) -> FlowKey {
+    FlowKey::new(
+        claim.addr,
+        reply.saddr,
+        claim.port,
+        reply.sport,
+        reply.proto,
+    )
+}
+
 /// One flow: its forward entry and, for translated flows, its claim.
 #[derive(Clone, Copy, Debug)]
 pub struct Flow {
@@ -59,6 +82,105 @@ pub struct GcStats {
 const ORPHAN_GRACE_NS: u64 = 10 * vpcnet_common::nat::NS_PER_SEC;
 
 impl DatapathMaps {
+    /// Records a flow translated elsewhere (by iptables, before the agent
+    /// took the node over) as the datapath's own: `fwd` leaves as
+    /// `addr:port`, and its replies find their way back. An existing entry
+    /// for either half is left as it is: the datapath knows better.
+    /// Returns whether the flow was added.
+    pub fn import_translated_flow(
+        &mut self,
+        fwd: FlowKey,
+        addr: u32,
+        port: u16,
+        (fwd_seen, rev_seen): (u8, u8),
+        now_ns: u64,
+    ) -> Result<bool, DatapathError> {
+        let entry = NatEntry {
+            addr,
+            port,
+            kind: FlowKind::Snat as u8,
+            seen: fwd_seen,
+            last_seen_ns: now_ns,
+            created_ns: now_ns,
+        };
+        let reply = FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto);
+        let claim = NatEntry {
+            addr: fwd.saddr,
+            port: fwd.sport,
+            seen: rev_seen,
+            ..entry
+        };
+        // A packet iptables translated, seen by `eni_egress` before the
+        // pods were taken over, looked like a node socket's: that claim is
+        // this very flow, and gives way to it.
+        if let Ok(held) = self.nat_rev.get(&reply, 0) {
+            if held.kind != FlowKind::Host as u8 || held.addr != addr {
+                return Ok(false);
+            }
+            let _ = self.nat_fwd.remove(&forward_of(&reply, &held));
+            let _ = self.nat_rev.remove(&reply);
+        }
+        // The claim first, as the datapath does, so the port is never
+        // handed to another flow meanwhile.
+        match self.nat_rev.insert(reply, claim, BPF_NOEXIST) {
+            Ok(()) => {}
+            Err(e) if is_eexist(&e) => return Ok(false),
+            Err(e) => return Err(DatapathError::map(vpcnet_common::maps::NAT_REV)(e)),
+        }
+        // Until the pod's programs take the flow, iptables still translates
+        // its packets, which `eni_egress` would take for a node socket's
+        // whose port is held: an identity entry of the node's lets them
+        // pass unchanged ([`DatapathMaps::forget_stack_alias`] removes it).
+        let alias = NatEntry {
+            kind: FlowKind::Host as u8,
+            ..entry
+        };
+        let _ = self.nat_fwd.insert(alias_key(&reply), alias, BPF_NOEXIST);
+        match self.nat_fwd.insert(fwd, entry, BPF_NOEXIST) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                let _ = self.nat_rev.remove(&reply);
+                if is_eexist(&e) {
+                    Ok(false)
+                } else {
+                    Err(DatapathError::map(vpcnet_common::maps::NAT_FWD)(e))
+                }
+            }
+        }
+    }
+
+    /// Removes the identity entry [`DatapathMaps::import_translated_flow`]
+    /// gave the packets iptables translated, once the pod's programs carry
+    /// the flow.
+    pub fn forget_stack_alias(&mut self, fwd: FlowKey, addr: u32, port: u16) {
+        let reply = FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto);
+        let key = alias_key(&reply);
+        if self
+            .nat_fwd
+            .get(&key, 0)
+            .is_ok_and(|held| held.kind == FlowKind::Host as u8 && held.port == port)
+        {
+            let _ = self.nat_fwd.remove(&key);
+        }
+    }
+
+    /// Forgets that the pod flow `fwd` went through the stack, in either
+    /// direction: a flow iptables carried until the pod was adopted is
+    /// remembered by `pod_ingress` as one of the stack's, and would stay
+    /// on the stack's path, where conntrack's view of it is out of date.
+    pub fn forget_stack_flow(&mut self, fwd: FlowKey) {
+        let _ = self.stack_flows.remove(&fwd);
+        let _ = self.stack_flows.remove(&fwd.reversed());
+    }
+
+    /// Marks `key` (the tuple of packets the stack must see) as a flow of
+    /// the stack's, as the programs do for kube-proxy's flows.
+    pub fn import_stack_flow(&mut self, key: FlowKey, now_ns: u64) -> Result<(), DatapathError> {
+        self.stack_flows
+            .insert(key, now_ns, 0)
+            .map_err(DatapathError::map(vpcnet_common::maps::STACK_FLOWS))
+    }
+
     /// Every flow in the table.
     pub fn flows(&self) -> Result<Vec<Flow>, DatapathError> {
         let mut flows = Vec::new();

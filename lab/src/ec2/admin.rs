@@ -32,6 +32,7 @@ pub const FAULTS: &str = "/faults";
 pub const ATTACH_DELAY: &str = "/attach-delay";
 /// `POST` [`OccupyRequest`].
 pub const OCCUPY: &str = "/occupy";
+pub const ASSIGN: &str = "/assign";
 /// `POST` [`LeakedEniRequest`]: [`LeakedEniResponse`].
 pub const LEAKED_ENI: &str = "/leaked-eni";
 /// `POST` [`RunInstanceRequest`]: [`RunInstanceResponse`].
@@ -78,6 +79,15 @@ pub struct OccupyRequest {
     pub addresses: Vec<Ipv4Addr>,
     #[serde(default)]
     pub prefixes: Vec<Ipv4Net>,
+}
+
+/// Specific secondary addresses for an ENI, as `AssignPrivateIpAddresses`
+/// with `PrivateIpAddress.N` would give them (what another CNI assigned
+/// before the agent came).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AssignRequest {
+    pub network_interface_id: String,
+    pub addresses: Vec<Ipv4Addr>,
 }
 
 /// An available ENI, tagged as the agent tags its own.
@@ -182,6 +192,19 @@ impl AdminClient {
             prefixes: prefixes.to_vec(),
         };
         self.call("POST", OCCUPY, Some(serde_json::to_vec(&request)?))
+    }
+
+    /// Assigns `addresses` to the ENI `eni_id` as secondary addresses.
+    pub fn assign(
+        &self,
+        eni_id: &str,
+        addresses: &[Ipv4Addr],
+    ) -> Result<StateSnapshot, EmulatorError> {
+        let request = AssignRequest {
+            network_interface_id: eni_id.to_owned(),
+            addresses: addresses.to_vec(),
+        };
+        self.call("POST", ASSIGN, Some(serde_json::to_vec(&request)?))
     }
 
     /// Creates an available ENI with `tags` (a leaked one); its id.

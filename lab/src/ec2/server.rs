@@ -499,6 +499,17 @@ fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Res
                 .map_err(ec2)?;
             Ok(json_response(200, &lock(&shared.state).snapshot()))
         }
+        ("POST", admin::ASSIGN) => {
+            let request: admin::AssignRequest = parse(body)?;
+            let assign = crate::ec2::model::Assign {
+                addresses: request.addresses,
+                ..crate::ec2::model::Assign::default()
+            };
+            lock(&shared.state)
+                .assign(&request.network_interface_id, &assign)
+                .map_err(ec2)?;
+            Ok(json_response(200, &lock(&shared.state).snapshot()))
+        }
         ("POST", admin::LEAKED_ENI) => {
             let request: admin::LeakedEniRequest = parse(body)?;
             let id = lock(&shared.state)

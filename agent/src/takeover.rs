@@ -1,0 +1,766 @@
+//! Taking a node over from aws-node, and handing it back.
+//!
+//! Taking over keeps every running pod as it is: its address (from
+//! aws-node's checkpoint, which the address manager replays), its veth and
+//! its connections. In order:
+//!
+//! 1. The connections iptables translated are copied from conntrack into
+//!    the NAT table, and kube-proxy's into the stack flows, so the programs
+//!    keep each on its port and path ([`import_flows`]).
+//! 2. Each pod gets its datapath entry and programs (`Pods::adopt`).
+//! 3. Only then do aws-node's iptables rules and ip rules go
+//!    ([`remove_vpc_cni_wiring`]); a pod that could not be adopted keeps
+//!    its rules, and the node-wide ones stay while any is left.
+//! 4. aws-node's conflist is set aside, so the runtime picks vpcnet's.
+//!
+//! Handing back ([`restore_vpc_cni_wiring`], `vpcnet-agent uninstall`)
+//! writes aws-node's rules back from the checkpoint and the datapath's
+//! settings, and puts its conflist back; the translated connections are
+//! still in conntrack (the stack no longer saw their packets, so it kept
+//! their entries), and iptables picks them up again.
+
+use std::{
+    collections::BTreeSet,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{Mutex, PoisonError},
+};
+
+use tracing::{debug, info, warn};
+use vpcnet_api::vpc_cni::{
+    self, FROM_POD_RULE_PRIORITY, HOST_RULE_PRIORITY, IpRule, MAIN_TABLE, NodeWiring,
+    TO_POD_RULE_PRIORITY,
+};
+use vpcnet_common::{
+    addr_to_raw,
+    cidr::CidrKind,
+    config::RandomizeMode,
+    endpoint::{ENDPOINT_BRANCH, ENI_PRIMARY},
+    nat::{
+        FlowKey, FlowKind, FlowState, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY, SEEN_FIN, SEEN_SYN,
+    },
+    port_to_raw, raw_to_addr, raw_to_port,
+};
+use vpcnet_netlink::{MacAddr, NetlinkError, NetlinkHandle, rule::Ipv4Rule};
+
+use crate::{
+    datapath::{Datapath, DatapathError, DatapathMaps, monotonic_now_ns, remove_pins},
+    install::CONFLIST_NAME,
+    ipam::checkpoint::{Checkpoint, CheckpointError},
+    pods::{PodError, Pods},
+};
+
+/// aws-node's CNI configuration (`10-aws.conflist`).
+pub const AWS_CONFLIST: &str = "10-aws.conflist";
+/// What it is renamed to while vpcnet runs the node: a name the runtime
+/// does not load (it reads `.conf`, `.conflist` and `.json` only).
+pub const AWS_CONFLIST_SET_ASIDE: &str = "10-aws.conflist.vpcnet-takeover";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TakeOverError {
+    #[error("running {command}: {source} (is it installed?)")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed: {stderr}")]
+    Failed { command: String, stderr: String },
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Pod(#[from] PodError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("the primary ENI's link (ifindex {0}) is gone")]
+    NoPrimaryLink(u32),
+    #[error("the ENI link of ifindex {0} is gone")]
+    NoEniLink(u32),
+    #[error("asking IMDS for the device number of {mac}: {message}")]
+    DeviceNumber { mac: MacAddr, message: String },
+    #[error("removing the datapath's pins in {pin_dir}")]
+    Unpin {
+        pin_dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("renaming {from} to {to}")]
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs `program args`, returning its standard output.
+fn run(program: &str, args: &[&str]) -> Result<String, TakeOverError> {
+    let command = format!("{program} {}", args.join(" "));
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| TakeOverError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(TakeOverError::Failed {
+            command,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// One direction of a connection, as conntrack shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuple {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+impl Tuple {
+    fn flow_key(&self, proto: u8) -> FlowKey {
+        FlowKey::new(
+            addr_to_raw(self.src.octets()),
+            addr_to_raw(self.dst.octets()),
+            port_to_raw(self.sport),
+            port_to_raw(self.dport),
+            proto,
+        )
+    }
+}
+
+/// A TCP or UDP connection of conntrack's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Connection {
+    pub proto: u8,
+    /// The TCP state (`ESTABLISHED`, ...); `None` for UDP.
+    pub tcp_state: Option<String>,
+    /// Whether the reply direction has seen a packet.
+    pub replied: bool,
+    pub original: Tuple,
+    pub reply: Tuple,
+}
+
+/// A line of `conntrack -L` (`tcp 6 431999 ESTABLISHED src=... dst=...
+/// sport=... dport=... src=... ...`): the original tuple, then the reply
+/// tuple. Other protocols and malformed lines are `None`.
+#[must_use]
+pub fn parse_conntrack_line(line: &str) -> Option<Connection> {
+    let mut words = line.split_whitespace();
+    let proto = match words.next()? {
+        "tcp" => PROTO_TCP,
+        "udp" => PROTO_UDP,
+        _ => return None,
+    };
+    let mut tcp_state = None;
+    let mut replied = true;
+    let mut fields: Vec<(&str, &str)> = Vec::new();
+    for word in words.skip(2) {
+        if let Some((key, value)) = word.split_once('=') {
+            fields.push((key, value));
+        } else if word == "[UNREPLIED]" {
+            replied = false;
+        } else if proto == PROTO_TCP && fields.is_empty() {
+            tcp_state = Some(word.to_owned());
+        }
+    }
+    let tuple = |nth: usize| -> Option<Tuple> {
+        let value = |key: &str| {
+            fields
+                .iter()
+                .filter(|(k, _)| *k == key)
+                .nth(nth)
+                .map(|(_, v)| *v)
+        };
+        Some(Tuple {
+            src: value("src")?.parse().ok()?,
+            dst: value("dst")?.parse().ok()?,
+            sport: value("sport")?.parse().ok()?,
+            dport: value("dport")?.parse().ok()?,
+        })
+    };
+    Some(Connection {
+        proto,
+        tcp_state,
+        replied,
+        original: tuple(0)?,
+        reply: tuple(1)?,
+    })
+}
+
+/// Every IPv4 TCP and UDP connection conntrack holds in this namespace.
+pub fn conntrack_connections() -> Result<Vec<Connection>, TakeOverError> {
+    Ok(run("conntrack", &["-L", "-f", "ipv4"])?
+        .lines()
+        .filter_map(parse_conntrack_line)
+        .collect())
+}
+
+/// The datapath's `seen` flags of a connection's two directions.
+fn seen_flags(connection: &Connection) -> (u8, u8) {
+    let both = |flags| (SEEN_ANY | flags, SEEN_ANY | flags);
+    match connection.tcp_state.as_deref() {
+        None if connection.replied => both(0),
+        None => (SEEN_ANY, 0),
+        Some("SYN_SENT") => (SEEN_ANY | SEEN_SYN, 0),
+        Some("SYN_RECV") => (SEEN_ANY | SEEN_SYN, SEEN_ANY | SEEN_SYN | SEEN_ACK),
+        Some("FIN_WAIT" | "CLOSE_WAIT" | "LAST_ACK") => (
+            SEEN_ANY | SEEN_SYN | SEEN_ACK | SEEN_FIN,
+            SEEN_ANY | SEEN_SYN | SEEN_ACK,
+        ),
+        Some("TIME_WAIT" | "CLOSE") => both(SEEN_SYN | SEEN_ACK | SEEN_FIN),
+        Some(_) => both(SEEN_SYN | SEEN_ACK),
+    }
+}
+
+/// What to copy from conntrack into the datapath.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowImports {
+    /// A pod's connection iptables source-NATed: its tuple, the address
+    /// and port it leaves as, and the flags of its two directions.
+    pub translated: Vec<(FlowKey, Ipv4Addr, u16, (u8, u8))>,
+    /// Tuples of packets kube-proxy must keep seeing (a DNAT to or from a
+    /// pod): the pod's replies to a node port, a service's replies to it.
+    pub stack: Vec<FlowKey>,
+}
+
+/// Picks the connections of `pods` the datapath must carry on as iptables
+/// did.
+#[must_use]
+pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) -> FlowImports {
+    let mut imports = FlowImports::default();
+    for connection in connections {
+        let (original, reply) = (connection.original, connection.reply);
+        let dnat = reply.src != original.dst || reply.sport != original.dport;
+        let snat = reply.dst != original.src || reply.dport != original.sport;
+        if dnat {
+            if pods.contains(&reply.src) || pods.contains(&reply.dst) {
+                imports.stack.push(reply.flow_key(connection.proto));
+            }
+        } else if snat && pods.contains(&original.src) {
+            imports.translated.push((
+                original.flow_key(connection.proto),
+                reply.dst,
+                reply.dport,
+                seen_flags(connection),
+            ));
+        }
+    }
+    imports
+}
+
+/// Copies the connections of `pods` that iptables translated (and
+/// kube-proxy's) into the datapath's maps. Returns what was imported.
+pub fn import_flows(
+    maps: &mut DatapathMaps,
+    pods: &BTreeSet<Ipv4Addr>,
+) -> Result<FlowImports, TakeOverError> {
+    let mut imports = plan_flow_imports(&conntrack_connections()?, pods);
+    let now = monotonic_now_ns();
+    let mut imported = Vec::new();
+    for (key, addr, port, seen) in imports.translated {
+        let raw_addr = addr_to_raw(addr.octets());
+        if maps.import_translated_flow(key, raw_addr, port_to_raw(port), seen, now)? {
+            imported.push((key, addr, port, seen));
+        }
+    }
+    imports.translated = imported;
+    for key in &imports.stack {
+        maps.import_stack_flow(*key, now)?;
+    }
+    Ok(imports)
+}
+
+/// Once the pods' programs carry the imported flows, their packets no
+/// longer go through iptables: the node-socket aliases go, and so does
+/// what `pod_ingress` learnt from the replies the stack delivered meanwhile.
+fn forget_stack_aliases(maps: &mut DatapathMaps, imports: &FlowImports) {
+    for (key, addr, port, _) in &imports.translated {
+        maps.forget_stack_flow(*key);
+        maps.forget_stack_alias(*key, addr_to_raw(addr.octets()), port_to_raw(*port));
+    }
+}
+
+/// Hands the datapath's translated connections to conntrack (each as a
+/// source-NATed entry to the same address and port, with aws-node's
+/// connmark), so iptables carries them on once the programs are gone.
+/// An entry conntrack kept from before the take-over is replaced: its
+/// TCP window is long out of date. Returns how many were written.
+pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOverError> {
+    let mut exported = 0;
+    for flow in maps.flows()? {
+        if flow.kind() != Some(FlowKind::Snat) {
+            continue;
+        }
+        let (proto, state, timeout) = match (flow.key.proto, flow.state()) {
+            (_, FlowState::Closed) => continue,
+            (PROTO_TCP, FlowState::New) => ("tcp", Some("SYN_SENT"), "120"),
+            (PROTO_TCP, FlowState::Established) => ("tcp", Some("ESTABLISHED"), "432000"),
+            (PROTO_TCP, FlowState::Closing) => ("tcp", Some("FIN_WAIT"), "120"),
+            (PROTO_UDP, _) => ("udp", None, "120"),
+            _ => continue,
+        };
+        let key = flow.key;
+        let (src, dst) = (
+            Ipv4Addr::from(raw_to_addr(key.saddr)).to_string(),
+            Ipv4Addr::from(raw_to_addr(key.daddr)).to_string(),
+        );
+        let (sport, dport) = (
+            raw_to_port(key.sport).to_string(),
+            raw_to_port(key.dport).to_string(),
+        );
+        let tuple = [
+            "-p", proto, "-s", &src, "-d", &dst, "--sport", &sport, "--dport", &dport,
+        ];
+        // None there is the usual case, and conntrack says so by failing.
+        let mut delete = vec!["-D"];
+        delete.extend(tuple);
+        let _ = run("conntrack", &delete);
+        let nat = format!(
+            "{}:{}",
+            Ipv4Addr::from(raw_to_addr(flow.fwd.addr)),
+            raw_to_port(flow.fwd.port)
+        );
+        let mark = connmark.to_string();
+        let replied = flow.state() != FlowState::New;
+        let mut create = vec!["-I"];
+        create.extend(tuple);
+        create.extend(["-t", timeout, "--src-nat", &nat, "--mark", &mark]);
+        if let Some(state) = state {
+            create.extend(["--state", state]);
+        }
+        if replied {
+            create.extend(["-u", "SEEN_REPLY,ASSURED"]);
+        }
+        run("conntrack", &create)?;
+        exported += 1;
+    }
+    Ok(exported)
+}
+
+/// The iptables tables ipamd writes to.
+const TABLES: [&str; 2] = ["nat", "mangle"];
+
+/// Whether ipamd's chains are on this node.
+pub fn vpc_cni_chains_present() -> Result<bool, TakeOverError> {
+    Ok(run("iptables", &["-w", "-t", "nat", "-S"])?
+        .lines()
+        .any(|line| line.starts_with(&format!("-N {}", vpc_cni::CHAIN_PREFIX))))
+}
+
+/// Removes ipamd's iptables rules and chains (`AWS-SNAT-CHAIN-*`,
+/// `AWS-CONNMARK-CHAIN-*`, the jumps to them, the connmark rules), told
+/// apart by their `AWS` comments and chain names. Returns how many rules
+/// and chains went.
+pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
+    let mut removed = 0;
+    for table in TABLES {
+        let listing = run("iptables", &["-w", "-t", table, "-S"])?;
+        let mut chains = Vec::new();
+        for line in listing.lines() {
+            let args = vpc_cni::split_iptables_line(line);
+            match args.first().map(String::as_str) {
+                Some("-N") if args[1].starts_with(vpc_cni::CHAIN_PREFIX) => {
+                    chains.push(args[1].clone());
+                }
+                Some("-A")
+                    if !args[1].starts_with(vpc_cni::CHAIN_PREFIX)
+                        && vpc_cni::is_vpc_cni_rule(&args) =>
+                {
+                    let mut delete = vec!["-w", "-t", table, "-D"];
+                    delete.extend(args[1..].iter().map(String::as_str));
+                    run("iptables", &delete)?;
+                    debug!(table, rule = line, "aws-node's rule removed");
+                    removed += 1;
+                }
+                _ => {}
+            }
+        }
+        // Flushed first, all of them: one may jump to another.
+        for chain in &chains {
+            run("iptables", &["-w", "-t", table, "-F", chain])?;
+        }
+        for chain in &chains {
+            run("iptables", &["-w", "-t", table, "-X", chain])?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes aws-node's ip rules: rule 1024 (`fwmark <connmark>`) when
+/// `node_wide`, and rules 512 and 1536 of each of `pods`. Returns how many
+/// went.
+pub async fn remove_vpc_cni_rules(
+    netlink: &NetlinkHandle,
+    pods: &BTreeSet<Ipv4Addr>,
+    connmark: u32,
+    node_wide: bool,
+) -> Result<usize, TakeOverError> {
+    let of_pod = |prefix: Option<ipnet::Ipv4Net>| {
+        prefix.is_some_and(|net| net.prefix_len() == 32 && pods.contains(&net.addr()))
+    };
+    Ok(netlink
+        .delete_rules(|rule| match rule.priority {
+            TO_POD_RULE_PRIORITY => rule.table == MAIN_TABLE && of_pod(rule.to),
+            FROM_POD_RULE_PRIORITY => of_pod(rule.from),
+            HOST_RULE_PRIORITY => {
+                node_wide && rule.table == MAIN_TABLE && rule.fwmark == Some((connmark, connmark))
+            }
+            _ => false,
+        })
+        .await?)
+}
+
+/// Renames `from` to `to` in `dir` if `from` is there; returns whether it
+/// did.
+fn rename_in(dir: &Path, from: &str, to: &str) -> Result<bool, TakeOverError> {
+    let (from, to) = (dir.join(from), dir.join(to));
+    match std::fs::rename(&from, &to) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(TakeOverError::Rename { from, to, source }),
+    }
+}
+
+/// Sets aws-node's conflist in `dir` aside (it sorts before vpcnet's, so
+/// the runtime would keep using it); returns whether there was one.
+pub fn set_aside_aws_conflist(dir: &Path) -> Result<bool, TakeOverError> {
+    rename_in(dir, AWS_CONFLIST, AWS_CONFLIST_SET_ASIDE)
+}
+
+/// Puts aws-node's conflist back; returns whether one was set aside.
+pub fn restore_aws_conflist(dir: &Path) -> Result<bool, TakeOverError> {
+    rename_in(dir, AWS_CONFLIST_SET_ASIDE, AWS_CONFLIST)
+}
+
+/// A pod to give back to aws-node: its address and its ENI's route table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedBackPod {
+    pub addr: Ipv4Addr,
+    pub table: u32,
+}
+
+/// Writes aws-node's wiring back: its iptables rules (after removing any
+/// left), rule 1024 and each pod's rules 512 and 1536. Returns how many
+/// ip rules were added.
+pub async fn restore_vpc_cni_wiring(
+    netlink: &NetlinkHandle,
+    wiring: &NodeWiring,
+    pods: &[HandedBackPod],
+) -> Result<usize, TakeOverError> {
+    remove_vpc_cni_iptables()?;
+    for command in wiring.iptables_commands() {
+        let mut args = vec!["-w"];
+        args.extend(command.iter().map(String::as_str));
+        run("iptables", &args)?;
+    }
+    let mut rules = vec![wiring.host_rule()];
+    for pod in pods {
+        rules.extend(IpRule::pod_rules(pod.addr, pod.table));
+    }
+    let mut added = 0;
+    for rule in &rules {
+        if netlink.add_rule(&netlink_rule(rule)).await? {
+            added += 1;
+        }
+    }
+    info!(
+        iptables = wiring.iptables_commands().len(),
+        ip_rules = added,
+        pods = pods.len(),
+        "aws-node's wiring written back"
+    );
+    Ok(added)
+}
+
+/// The netlink form of one of the VPC CNI's rules.
+fn netlink_rule(rule: &IpRule) -> Ipv4Rule {
+    Ipv4Rule {
+        priority: rule.priority,
+        from: rule.from,
+        to: rule.to,
+        fwmark: rule.fwmark.map(|mark| (mark, mark)),
+        iif: rule.iif.clone(),
+        table: rule.table,
+    }
+}
+
+/// What taking the node over did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TakeOver {
+    pub adopted: usize,
+    /// Pods with a veth that could not be adopted: they keep aws-node's
+    /// rules, and so does the node.
+    pub not_adopted: usize,
+    pub translated_flows: usize,
+    pub stack_flows: usize,
+    pub iptables_removed: usize,
+    pub ip_rules_removed: usize,
+}
+
+impl TakeOver {
+    /// Logs what was done, if anything.
+    pub fn log(&self) {
+        if *self == Self::default() {
+            return;
+        }
+        if self.not_adopted > 0 {
+            warn!(
+                not_adopted = self.not_adopted,
+                "some pods of aws-node could not be adopted: aws-node's node-wide rules stay"
+            );
+        }
+        info!(
+            adopted = self.adopted,
+            translated_flows = self.translated_flows,
+            stack_flows = self.stack_flows,
+            iptables_removed = self.iptables_removed,
+            ip_rules_removed = self.ip_rules_removed,
+            "node taken over from aws-node"
+        );
+    }
+}
+
+/// Takes the node over from aws-node (see the module's doc): imports the
+/// flows of the pods it left, adopts them, then removes its rules. Does
+/// nothing on a node aws-node never ran (no pod to adopt, no chain).
+pub async fn take_over(
+    pods: &Pods,
+    datapath: &Mutex<Datapath>,
+    netlink: &NetlinkHandle,
+    connmark: u32,
+) -> Result<TakeOver, TakeOverError> {
+    let candidates: BTreeSet<Ipv4Addr> = pods
+        .attachments()
+        .await?
+        .into_iter()
+        .filter(|pod| pod.host_veth.is_none())
+        .map(|pod| pod.addr)
+        .collect();
+    let chains = vpc_cni_chains_present()?;
+    let mut report = TakeOver::default();
+    if candidates.is_empty() && !chains {
+        return Ok(report);
+    }
+    let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut imported = Vec::new();
+    if !candidates.is_empty() {
+        imported.push(import_flows(&mut lock().maps, &candidates)?);
+    }
+    let (adopted, failed) = pods.adopt().await?;
+    let adopted: BTreeSet<Ipv4Addr> = adopted.into_iter().collect();
+    report.adopted = adopted.len();
+    report.not_adopted = failed;
+    if !adopted.is_empty() {
+        // Connections opened between the first import and the programs.
+        imported.push(import_flows(&mut lock().maps, &adopted)?);
+    }
+    for imports in &imported {
+        forget_stack_aliases(&mut lock().maps, imports);
+        report.translated_flows += imports.translated.len();
+        report.stack_flows += imports.stack.len();
+    }
+    report.ip_rules_removed =
+        remove_vpc_cni_rules(netlink, &adopted, connmark, failed == 0).await?;
+    if failed == 0 && chains {
+        report.iptables_removed = remove_vpc_cni_iptables()?;
+    }
+    Ok(report)
+}
+
+/// What `vpcnet-agent uninstall` works from.
+#[derive(Clone, Debug)]
+pub struct HandBackOptions {
+    pub pin_dir: PathBuf,
+    /// aws-node's checkpoint (`AWS_VPC_K8S_CNI_BACKING_STORE`).
+    pub checkpoint: PathBuf,
+    /// The runtime's CNI configuration directory, as mounted.
+    pub cni_conf_dir: Option<PathBuf>,
+    pub connmark: u32,
+    pub veth_prefix: String,
+}
+
+/// What handing the node back did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HandBack {
+    pub pods: usize,
+    pub ip_rules_added: usize,
+    /// Translated connections handed to conntrack.
+    pub flows_exported: usize,
+    pub conflist_restored: bool,
+}
+
+/// Hands the node back to aws-node (`vpcnet-agent uninstall`, with the
+/// agent stopped): aws-node's rules written back for the node and every
+/// pod of the checkpoint, the datapath's pins removed (which detaches its
+/// programs), vpcnet's conflist removed and aws-node's put back.
+pub async fn hand_back(
+    opts: &HandBackOptions,
+    netlink: &NetlinkHandle,
+    device_number: impl AsyncFn(MacAddr) -> Result<u32, TakeOverError>,
+) -> Result<HandBack, TakeOverError> {
+    let maps = DatapathMaps::open_pinned(&opts.pin_dir)?;
+    let config = maps.config()?;
+    let primary_interface = nix::net::if_::if_indextoname(config.primary_ifindex)
+        .map_err(|_| TakeOverError::NoPrimaryLink(config.primary_ifindex))?
+        .to_string_lossy()
+        .into_owned();
+    let (mut vpc_cidrs, mut exclude_snat_cidrs) = (Vec::new(), Vec::new());
+    for (net, kind) in maps.cidrs()? {
+        match kind {
+            Some(CidrKind::Vpc) => vpc_cidrs.push(net),
+            Some(CidrKind::Excluded) => exclude_snat_cidrs.push(net),
+            _ => {}
+        }
+    }
+    let wiring = NodeWiring {
+        node_addr: Ipv4Addr::from(raw_to_addr(config.node_addr)),
+        primary_interface,
+        vpc_cidrs,
+        exclude_snat_cidrs,
+        external_snat: config.external_snat(),
+        randomize_flag: match config.randomize_mode() {
+            RandomizeMode::Prng => Some("--random-fully".to_owned()),
+            RandomizeMode::HashRandom => Some("--random".to_owned()),
+            RandomizeMode::None => None,
+        },
+        connmark: opts.connmark,
+        veth_prefix: opts.veth_prefix.clone(),
+    };
+    let allocations = Checkpoint::read(&opts.checkpoint)?.map(|c| c.allocations);
+    let mut pods = Vec::new();
+    for addr in allocations.iter().flatten().filter_map(|entry| entry.ipv4) {
+        let table = match maps.endpoint(addr)? {
+            Some(entry) if entry.flags & ENDPOINT_BRANCH != 0 => continue,
+            Some(entry) => eni_table(&maps, netlink, entry.eni_ifindex, &device_number).await?,
+            None => MAIN_TABLE,
+        };
+        pods.push(HandedBackPod { addr, table });
+    }
+    let ip_rules_added = restore_vpc_cni_wiring(netlink, &wiring, &pods).await?;
+    let flows_exported = export_flows(&maps, opts.connmark)?;
+    drop(maps);
+    remove_pins(&opts.pin_dir).map_err(|source| TakeOverError::Unpin {
+        pin_dir: opts.pin_dir.clone(),
+        source,
+    })?;
+    let mut conflist_restored = false;
+    if let Some(dir) = &opts.cni_conf_dir {
+        let ours = dir.join(CONFLIST_NAME);
+        match std::fs::remove_file(&ours) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(TakeOverError::Rename {
+                    from: ours,
+                    to: PathBuf::new(),
+                    source,
+                });
+            }
+        }
+        conflist_restored = restore_aws_conflist(dir)?;
+    }
+    Ok(HandBack {
+        pods: pods.len(),
+        ip_rules_added,
+        flows_exported,
+        conflist_restored,
+    })
+}
+
+/// The route table of the ENI at `ifindex`: `main` for the primary ENI,
+/// else its device number + 1, the device number asked of `device_number`
+/// (IMDS) by the link's MAC.
+async fn eni_table(
+    maps: &DatapathMaps,
+    netlink: &NetlinkHandle,
+    ifindex: u32,
+    device_number: &impl AsyncFn(MacAddr) -> Result<u32, TakeOverError>,
+) -> Result<u32, TakeOverError> {
+    if maps
+        .enis
+        .get(&ifindex, 0)
+        .is_ok_and(|eni| eni.flags & ENI_PRIMARY != 0)
+    {
+        return Ok(MAIN_TABLE);
+    }
+    let mac = netlink
+        .links()
+        .await?
+        .into_iter()
+        .find(|link| link.index == ifindex)
+        .and_then(|link| link.mac)
+        .ok_or(TakeOverError::NoEniLink(ifindex))?;
+    Ok(vpc_cni::eni_route_table(device_number(mac).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conntrack_lines_parse() {
+        let tcp = parse_conntrack_line(
+            "tcp      6 431999 ESTABLISHED src=10.20.11.20 dst=203.0.113.10 sport=40000 dport=5201 \
+             src=203.0.113.10 dst=10.20.11.162 sport=5201 dport=61000 [ASSURED] mark=128 use=1",
+        )
+        .unwrap();
+        assert_eq!(tcp.tcp_state.as_deref(), Some("ESTABLISHED"));
+        assert!(tcp.replied);
+        assert_eq!(tcp.original.sport, 40000);
+        assert_eq!(tcp.reply.dst, Ipv4Addr::new(10, 20, 11, 162));
+        assert_eq!(tcp.reply.dport, 61000);
+        let udp = parse_conntrack_line(
+            "udp      17 25 src=10.20.11.20 dst=203.0.113.10 sport=5353 dport=53 [UNREPLIED] \
+             src=203.0.113.10 dst=10.20.11.162 sport=53 dport=5353 mark=0 use=1",
+        )
+        .unwrap();
+        assert!(!udp.replied && udp.tcp_state.is_none());
+        assert!(
+            parse_conntrack_line(
+                "icmp     1 29 src=10.20.11.20 dst=203.0.113.10 type=8 code=0 id=7 \
+                 src=203.0.113.10 dst=10.20.11.162 type=0 code=0 id=7 mark=0 use=1"
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn pods_snat_and_kube_proxy_flows_are_imported_and_nothing_else() {
+        let pod = Ipv4Addr::new(10, 20, 11, 20);
+        let pods = BTreeSet::from([pod]);
+        let lines = [
+            // The pod's connection to the internet, source-NATed.
+            "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=203.0.113.10 sport=40000 dport=80 \
+             src=203.0.113.10 dst=10.20.11.162 sport=80 dport=61000 [ASSURED] use=1",
+            // To the VPC: untranslated.
+            "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=10.20.12.50 sport=40001 dport=80 \
+             src=10.20.12.50 dst=10.20.11.20 sport=80 dport=40001 [ASSURED] use=1",
+            // A node port to the pod, DNATed by kube-proxy.
+            "tcp 6 100 ESTABLISHED src=10.20.12.50 dst=10.20.11.162 sport=50000 dport=30080 \
+             src=10.20.11.20 dst=10.20.12.50 sport=8080 dport=50000 [ASSURED] use=1",
+            // The node's own connection.
+            "tcp 6 100 ESTABLISHED src=10.20.11.162 dst=203.0.113.10 sport=33000 dport=443 \
+             src=203.0.113.10 dst=10.20.11.162 sport=443 dport=33000 [ASSURED] use=1",
+        ];
+        let connections: Vec<_> = lines
+            .iter()
+            .map(|l| parse_conntrack_line(l).unwrap())
+            .collect();
+        let imports = plan_flow_imports(&connections, &pods);
+        assert_eq!(imports.translated.len(), 1);
+        let (key, addr, port, seen) = imports.translated[0];
+        assert_eq!(key, connections[0].original.flow_key(PROTO_TCP));
+        assert_eq!((addr, port), (Ipv4Addr::new(10, 20, 11, 162), 61000));
+        assert_eq!(seen.0 & SEEN_ACK, SEEN_ACK);
+        assert_eq!(imports.stack, [connections[2].reply.flow_key(PROTO_TCP)]);
+    }
+}

@@ -1,0 +1,445 @@
+//! The AWS VPC CNI's own node wiring, one definition for the lab's
+//! `--datapath iptables` (the reference vpcnet is compared with), the
+//! agent's take-over from aws-node (what it removes) and `vpcnet-agent
+//! uninstall` (what it writes back for aws-node).
+//!
+//! These are the rules `aws-node` (ipamd) installs on an IPv4 node (node
+//! port support on, the default), in its order and with its comments, and
+//! the ip rules its CNI plugin adds per pod. Where each comes from in
+//! `aws/amazon-vpc-cni-k8s`:
+//!
+//! - SNAT chain, mangle connmark for the primary ENI: `pkg/networkutils/
+//!   network.go`, `buildIptablesSNATRules`; the connmark chain:
+//!   `pkg/networkutils/iptables_connmark.go`, `buildRules`.
+//! - Rule 1024 (`fwmark <connmark> lookup main`): `network.go`,
+//!   `SetupHostNetwork`.
+//! - Per pod: rule 512 `to <pod> lookup main`, and for pods on a secondary
+//!   ENI rule 1536 `from <pod> lookup <ENI table>`:
+//!   `cmd/routed-eni-cni-plugin/driver/driver.go`,
+//!   `setupIPBasedContainerRouteRules`.
+//!
+//! The connmark rules are the iptables flavour (the chain
+//! `AWS-CONNMARK-CHAIN-0`); recent VPC CNI releases write the same marks with
+//! an nftables table on nft-backed hosts.
+
+use std::{fmt, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+
+/// ipamd's SNAT chain (network card 0).
+pub const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
+/// ipamd's connmark chain (network card 0).
+pub const CONNMARK_CHAIN: &str = "AWS-CONNMARK-CHAIN-0";
+/// The prefix of every chain ipamd creates (`AWS-SNAT-CHAIN-<n>`,
+/// `AWS-CONNMARK-CHAIN-<n>`).
+pub const CHAIN_PREFIX: &str = "AWS-";
+/// Every comment of ipamd's rules starts with this: what tells them from
+/// kube-proxy's and anyone else's.
+pub const COMMENT_PREFIX: &str = "AWS";
+/// `AWS_VPC_K8S_CNI_CONNMARK`'s default.
+pub const DEFAULT_CONNMARK: u32 = 0x80;
+/// Table `main`.
+pub const MAIN_TABLE: u32 = 254;
+
+// `ip rule` priorities the VPC CNI uses (`pkg/networkutils/network.go`).
+/// `VlanRulePriority`: branch-ENI pods in strict mode.
+pub const VLAN_RULE_PRIORITY: u32 = 10;
+/// `localRulePriority`: where strict mode moves the `local` table rule.
+pub const LOCAL_RULE_PRIORITY: u32 = 20;
+/// `ToContainerRulePriority`: `to <pod> lookup main`.
+pub const TO_POD_RULE_PRIORITY: u32 = 512;
+/// `hostRulePriority`: `fwmark <connmark> lookup main`.
+pub const HOST_RULE_PRIORITY: u32 = 1024;
+/// `FromPodRulePriority`: `from <pod> lookup <ENI table>`.
+pub const FROM_POD_RULE_PRIORITY: u32 = 1536;
+/// `FromPrimaryIPofENIRulePriority`: `from <ENI address> lookup <ENI table>`.
+pub const FROM_ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
+
+/// The route table of the ENI with device number `device` (ipamd's
+/// `deviceNumber + 1`; the primary ENI, device 0, uses `main`).
+#[must_use]
+pub fn eni_route_table(device: u32) -> u32 {
+    if device == 0 { MAIN_TABLE } else { device + 1 }
+}
+
+/// What ipamd's rules depend on: the node and the VPC CNI's variables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeWiring {
+    /// The primary ENI's address, SNAT's source.
+    pub node_addr: Ipv4Addr,
+    /// The primary ENI's link (node port marks come in by it).
+    pub primary_interface: String,
+    /// The VPC's CIDRs: never translated.
+    pub vpc_cidrs: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    pub exclude_snat_cidrs: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`.
+    pub external_snat: bool,
+    /// The flag `AWS_VPC_K8S_CNI_RANDOMIZESNAT` puts on the SNAT rule
+    /// (`--random-fully`, `--random` or none).
+    pub randomize_flag: Option<String>,
+    /// `AWS_VPC_K8S_CNI_CONNMARK`.
+    pub connmark: u32,
+    /// `AWS_VPC_K8S_CNI_VETHPREFIX`.
+    pub veth_prefix: String,
+}
+
+/// An iptables argument list from `spec`, split at whitespace, where the
+/// token `@comment` stands for `comment` (which has spaces of its own).
+fn rule(spec: &str, comment: &str) -> Vec<String> {
+    spec.split_whitespace()
+        .map(|token| if token == "@comment" { comment } else { token }.to_owned())
+        .collect()
+}
+
+/// `-d <cidr> ` the way the VPC CNI writes it: for 0.0.0.0/0 it leaves the
+/// match out (the kernel would strip it anyway).
+fn dest_match(cidr: Ipv4Net) -> String {
+    if cidr.prefix_len() == 0 {
+        String::new()
+    } else {
+        format!("-d {cidr} ")
+    }
+}
+
+impl NodeWiring {
+    /// The `iptables` invocations (without the program name) that wire the
+    /// node, in order.
+    #[must_use]
+    pub fn iptables_commands(&self) -> Vec<Vec<String>> {
+        let mut commands = self.snat_commands();
+        commands.extend(self.node_port_commands());
+        if !self.external_snat {
+            commands.extend(self.connmark_commands());
+        }
+        commands
+    }
+
+    /// The VPC CIDRs, then the exclusions (flagged): never translated or
+    /// marked.
+    fn exempt_cidrs(&self) -> impl Iterator<Item = (Ipv4Net, bool)> + '_ {
+        self.vpc_cidrs
+            .iter()
+            .map(|cidr| (*cidr, false))
+            .chain(self.exclude_snat_cidrs.iter().map(|cidr| (*cidr, true)))
+    }
+
+    /// SNAT for traffic leaving the VPC. The chain exists even with
+    /// external SNAT; only its rules go.
+    fn snat_commands(&self) -> Vec<Vec<String>> {
+        let mut commands = vec![rule(&format!("-t nat -N {SNAT_CHAIN}"), "")];
+        if self.external_snat {
+            return commands;
+        }
+        commands.push(rule(
+            &format!("-t nat -A POSTROUTING -m comment --comment @comment -j {SNAT_CHAIN}"),
+            "AWS SNAT CHAIN",
+        ));
+        // Each exemption is inserted at the top, so they all end up before
+        // the SNAT rule (in reverse order, as on a real node).
+        for (cidr, excluded) in self.exempt_cidrs() {
+            let comment = if excluded {
+                "AWS SNAT CHAIN EXCLUSION"
+            } else {
+                "AWS SNAT CHAIN"
+            };
+            commands.push(rule(
+                &format!(
+                    "-t nat -I {SNAT_CHAIN} 1 {}-m comment --comment @comment -j RETURN",
+                    dest_match(cidr)
+                ),
+                comment,
+            ));
+        }
+        let mut snat = rule(
+            &format!(
+                "-t nat -A {SNAT_CHAIN} ! -o vlan+ -m comment --comment @comment \
+                 -m addrtype ! --dst-type LOCAL -j SNAT --to-source {}",
+                self.node_addr
+            ),
+            "AWS, SNAT",
+        );
+        snat.extend(self.randomize_flag.clone());
+        commands.push(snat);
+        commands
+    }
+
+    /// Node port support (on by default): connections that come in on the
+    /// primary ENI to a local address are marked, and replies from pods get
+    /// the mark back, so they leave by the primary ENI (ip rule 1024).
+    fn node_port_commands(&self) -> Vec<Vec<String>> {
+        let comment = "AWS, primary ENI";
+        let mark = self.connmark;
+        vec![
+            rule(
+                &format!(
+                    "-t mangle -A PREROUTING -m comment --comment @comment -i {} \
+                     -m addrtype --dst-type LOCAL --limit-iface-in \
+                     -j CONNMARK --set-mark {mark:#x}/{mark:#x}",
+                    self.primary_interface
+                ),
+                comment,
+            ),
+            rule(
+                &format!(
+                    "-t mangle -A PREROUTING -m comment --comment @comment -i {}+ \
+                     -j CONNMARK --restore-mark --mask {mark:#x}",
+                    self.veth_prefix
+                ),
+                comment,
+            ),
+            rule(
+                &format!(
+                    "-t mangle -A PREROUTING -m comment --comment @comment -i vlan+ \
+                     -j CONNMARK --restore-mark --mask {mark:#x}"
+                ),
+                comment,
+            ),
+        ]
+    }
+
+    /// Connmark for source-NATed pod connections (gone with external SNAT):
+    /// pod traffic to outside the VPC and the exclusions gets the mark, so
+    /// replies are routed by the main table (ip rule 1024).
+    fn connmark_commands(&self) -> Vec<Vec<String>> {
+        let mark = self.connmark;
+        let mut commands = vec![
+            rule(&format!("-t nat -N {CONNMARK_CHAIN}"), ""),
+            rule(
+                &format!(
+                    "-t nat -A PREROUTING -i {}+ -m comment --comment @comment \
+                     -j {CONNMARK_CHAIN}",
+                    self.veth_prefix
+                ),
+                "AWS, outbound connections",
+            ),
+        ];
+        for (cidr, _) in self.exempt_cidrs() {
+            commands.push(rule(
+                &format!(
+                    "-t nat -I {CONNMARK_CHAIN} 1 {}-m comment --comment @comment -j RETURN",
+                    dest_match(cidr)
+                ),
+                "AWS CONNMARK CHAIN",
+            ));
+        }
+        commands.push(rule(
+            &format!(
+                "-t nat -A PREROUTING -m comment --comment @comment \
+                 -j CONNMARK --restore-mark --mask {mark:#x}"
+            ),
+            "AWS, CONNMARK",
+        ));
+        commands.push(rule(
+            &format!(
+                "-t nat -A {CONNMARK_CHAIN} -m comment --comment @comment \
+                 -j CONNMARK --set-xmark {mark:#x}/{mark:#x}"
+            ),
+            "AWS, CONNMARK",
+        ));
+        commands
+    }
+
+    /// The node-wide `ip rule`: marked traffic is routed by the main table.
+    #[must_use]
+    pub fn host_rule(&self) -> IpRule {
+        IpRule {
+            priority: HOST_RULE_PRIORITY,
+            fwmark: Some(self.connmark),
+            ..IpRule::new(HOST_RULE_PRIORITY, MAIN_TABLE)
+        }
+    }
+}
+
+/// One IPv4 policy routing rule of the VPC CNI's, with the fields it uses.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IpRule {
+    pub priority: u32,
+    pub from: Option<Ipv4Net>,
+    pub to: Option<Ipv4Net>,
+    /// `fwmark <mark>/<mark>`.
+    pub fwmark: Option<u32>,
+    pub iif: Option<String>,
+    pub table: u32,
+}
+
+impl IpRule {
+    /// A rule matching everything, `lookup table`.
+    #[must_use]
+    pub fn new(priority: u32, table: u32) -> Self {
+        Self {
+            priority,
+            from: None,
+            to: None,
+            fwmark: None,
+            iif: None,
+            table,
+        }
+    }
+
+    /// The plugin's rules for a pod at `addr` on the ENI whose route table
+    /// is `table`: 512 always, 1536 when that is not `main`.
+    #[must_use]
+    pub fn pod_rules(addr: Ipv4Addr, table: u32) -> Vec<Self> {
+        let host = Ipv4Net::from(addr);
+        let mut rules = vec![Self {
+            to: Some(host),
+            ..Self::new(TO_POD_RULE_PRIORITY, MAIN_TABLE)
+        }];
+        if table != MAIN_TABLE {
+            rules.push(Self {
+                from: Some(host),
+                ..Self::new(FROM_POD_RULE_PRIORITY, table)
+            });
+        }
+        rules
+    }
+}
+
+/// `ip rule add ...` as `ip -batch` takes it.
+impl fmt::Display for IpRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("rule add")?;
+        if let Some(from) = self.from {
+            write!(f, " from {from}")?;
+        }
+        if let Some(to) = self.to {
+            write!(f, " to {to}")?;
+        }
+        if let Some(mark) = self.fwmark {
+            write!(f, " fwmark {mark:#x}/{mark:#x}")?;
+        }
+        if let Some(iif) = &self.iif {
+            write!(f, " iif {iif}")?;
+        }
+        let table = self.table;
+        if table == MAIN_TABLE {
+            write!(f, " priority {} table main", self.priority)
+        } else {
+            write!(f, " priority {} table {table}", self.priority)
+        }
+    }
+}
+
+/// Splits a line of `iptables -S` into its arguments: words, or a double
+/// quoted string (a comment with spaces) with `\"` and `\\` escapes.
+#[must_use]
+pub fn split_iptables_line(line: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut chars = line.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+            continue;
+        }
+        let mut arg = String::new();
+        if c == '"' {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => arg.extend(chars.next()),
+                    _ => arg.push(c),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                arg.push(c);
+                chars.next();
+            }
+        }
+        args.push(arg);
+    }
+    args
+}
+
+/// Whether `args` (a rule as `iptables -S` lists it, split) is one of
+/// ipamd's: its comment says AWS, or it jumps to one of its chains.
+#[must_use]
+pub fn is_vpc_cni_rule(args: &[String]) -> bool {
+    args.windows(2).any(|pair| {
+        (pair[0] == "--comment" && pair[1].starts_with(COMMENT_PREFIX))
+            || (pair[0] == "-j" && pair[1].starts_with(CHAIN_PREFIX))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wiring() -> NodeWiring {
+        NodeWiring {
+            node_addr: Ipv4Addr::new(10, 20, 11, 162),
+            primary_interface: "eth0".into(),
+            vpc_cidrs: vec!["10.20.0.0/16".parse().unwrap()],
+            exclude_snat_cidrs: vec![],
+            external_snat: false,
+            randomize_flag: Some("--random-fully".into()),
+            connmark: DEFAULT_CONNMARK,
+            veth_prefix: "eni".into(),
+        }
+    }
+
+    #[test]
+    fn rules_print_as_ip_takes_them() {
+        assert_eq!(
+            wiring().host_rule().to_string(),
+            "rule add fwmark 0x80/0x80 priority 1024 table main"
+        );
+        let rules: Vec<String> = IpRule::pod_rules(Ipv4Addr::new(10, 20, 11, 21), 2)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                "rule add to 10.20.11.21/32 priority 512 table main",
+                "rule add from 10.20.11.21/32 priority 1536 table 2",
+            ]
+        );
+        assert_eq!(
+            IpRule::pod_rules(Ipv4Addr::new(10, 0, 0, 1), MAIN_TABLE).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn listed_rules_split_and_are_told_apart() {
+        let line = r#"-A POSTROUTING -m comment --comment "AWS SNAT CHAIN" -j AWS-SNAT-CHAIN-0"#;
+        let args = split_iptables_line(line);
+        assert_eq!(
+            args,
+            [
+                "-A",
+                "POSTROUTING",
+                "-m",
+                "comment",
+                "--comment",
+                "AWS SNAT CHAIN",
+                "-j",
+                "AWS-SNAT-CHAIN-0"
+            ]
+        );
+        assert!(is_vpc_cni_rule(&args));
+        let kube_proxy = split_iptables_line(
+            r#"-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING"#,
+        );
+        assert!(!is_vpc_cni_rule(&kube_proxy));
+        assert_eq!(
+            split_iptables_line(r#"-m comment --comment "a \"quoted\" word""#)[3],
+            r#"a "quoted" word"#
+        );
+    }
+
+    #[test]
+    fn every_written_rule_is_recognised_as_the_vpc_cni_s() {
+        for command in wiring().iptables_commands() {
+            if command.iter().any(|a| a == "-A" || a == "-I") {
+                assert!(is_vpc_cni_rule(&command), "{command:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Taking a node over from aws-node, and handing it back. The lab wires
+//! its pods as the VPC CNI does (`--datapath iptables`: aws-node's chains,
+//! connmark, rules 512/1024, its checkpoint and the addresses in EC2).
+//! The agent then starts on that node: every pod keeps its address, and
+//! connections through SNAT, to the VPC and pod to pod keep going, the
+//! SNATed one on the same port, while aws-node's rules go. `vpcnet-agent
+//! uninstall` then writes them back as they were, hands the translated
+//! connections to conntrack and detaches the datapath, and the same
+//! connections still keep going.
+//!
+//! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
+//! --test take_over -- --test-threads=1 --nocapture`.
+
+use std::{
+    collections::BTreeSet,
+    net::SocketAddrV4,
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use vpcnet_agent::datapath::DatapathMaps;
+use vpcnet_bpf_tests::{agent_binary, echo::EchoStream, ipam::FAST_AGENT_ARGS};
+use vpcnet_common::{maps::PIN_DIR, raw_to_port};
+use vpcnet_lab::{
+    IpamLabOptions, Lab, LabOptions, ScratchDir, WhoamiServer, addrs, ec2::EmulatorProcess,
+    ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
+};
+
+const PORT: u16 = 8080;
+const ECHOES: u64 = 100;
+const PODS: usize = 3;
+
+/// aws-node's conflist as it installs it (the content does not matter
+/// here, only that the runtime would pick it).
+const AWS_CONFLIST: &str =
+    r#"{"cniVersion":"1.0.0","name":"aws-cni","plugins":[{"type":"aws-cni"}]}"#;
+
+/// What aws-node wired on the node: its iptables rules (nat and mangle,
+/// as `iptables -S` lists them) and the ip rules.
+fn node_wiring(lab: &Lab) -> BTreeSet<String> {
+    let mut wiring = BTreeSet::new();
+    for table in ["nat", "mangle"] {
+        let listing = lab
+            .exec_ok(addrs::NS_NODE, &["iptables", "-w", "-t", table, "-S"])
+            .expect("iptables -S");
+        wiring.extend(listing.lines().map(|line| format!("{table} {line}")));
+    }
+    wiring.extend(lab.ip_rules().expect("ip rule"));
+    wiring
+}
+
+/// The parts of the node's wiring that are aws-node's.
+fn aws_node_parts(wiring: &BTreeSet<String>) -> Vec<&String> {
+    wiring
+        .iter()
+        .filter(|line| {
+            line.contains("AWS")
+                || line.starts_with("512:")
+                || line.starts_with("1024:")
+                || line.starts_with("1536:")
+        })
+        .collect()
+}
+
+/// The SNAT flows of the datapath: pod port to translated port.
+fn datapath_snat_ports() -> Vec<(u16, u16)> {
+    DatapathMaps::open_pinned(Path::new(PIN_DIR))
+        .and_then(|maps| maps.flows())
+        .expect("reading the NAT table")
+        .into_iter()
+        .filter(|flow| flow.kind() == Some(vpcnet_common::nat::FlowKind::Snat))
+        .map(|flow| (raw_to_port(flow.key.sport), raw_to_port(flow.fwd.port)))
+        .collect()
+}
+
+/// Runs `vpcnet-agent uninstall` in the node as an operator would, with
+/// the agent's environment; its standard output.
+fn uninstall(conf_dir: &Path) -> String {
+    let output = Command::new("nsenter")
+        .arg(format!("--net={}", netns_path(addrs::NS_NODE).display()))
+        .arg("--")
+        .arg(agent_binary())
+        .args(["uninstall", "--cni-conf-dir"])
+        .arg(conf_dir)
+        .args(["--cni-socket"])
+        .arg(vpcnet_lab::cni_socket_file())
+        .envs(EmulatorProcess::agent_env())
+        .env("AWS_VPC_K8S_CNI_BACKING_STORE", ipam_checkpoint_file())
+        .output()
+        .expect("running vpcnet-agent uninstall");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "uninstall failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+#[allow(clippy::too_many_lines, reason = "one story, told in order")]
+#[test]
+#[ignore = "issue 7, under way: the SNATed connection is reset at the take-over and the VPC one stalls after uninstall"]
+fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall() {
+    let _lock = serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
+    std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.agent_args = FAST_AGENT_ARGS
+        .iter()
+        .map(|a| (*a).to_owned())
+        .chain([
+            "--cni-conf-dir".to_owned(),
+            conf_dir.path().display().to_string(),
+        ])
+        .collect();
+    let opts = LabOptions {
+        ipam: Some(ipam),
+        agent_bin: Some(agent_binary()),
+        ..LabOptions::iptables(PODS)
+    };
+    let mut lab = Lab::up(&opts).expect("an aws-node node");
+    let pods = lab.pods().to_vec();
+    let aws_node = node_wiring(&lab);
+    let aws_parts = aws_node_parts(&aws_node);
+    assert!(
+        aws_parts.iter().any(|l| l.contains("-N AWS-SNAT-CHAIN-0"))
+            && aws_parts.iter().filter(|l| l.starts_with("512:")).count() == PODS,
+        "aws-node's wiring: {aws_parts:#?}"
+    );
+
+    let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
+        .expect("whoami in inet");
+    let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))
+        .expect("whoami in peer");
+    let pod_server = WhoamiServer::start(&pods[2].netns, SocketAddrV4::new(pods[2].addr, PORT))
+        .expect("whoami in pod-2");
+    let snat = EchoStream::open(&pods[0].netns, inet.addr());
+    assert_eq!(
+        *snat.seen_as.ip(),
+        addrs::NODE_PRIMARY_ADDR,
+        "SNATed by iptables"
+    );
+    let to_vpc = EchoStream::open(&pods[1].netns, peer.addr());
+    assert_eq!(*to_vpc.seen_as.ip(), pods[1].addr, "to the VPC, unNATed");
+    let pod_to_pod = EchoStream::open(&pods[0].netns, pod_server.addr());
+    let streams = [
+        ("SNAT", &snat),
+        ("VPC", &to_vpc),
+        ("pod to pod", &pod_to_pod),
+    ];
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} under aws-node's wiring"));
+    }
+
+    // The take-over.
+    let started = Instant::now();
+    lab.start_agent()
+        .expect("starting the agent on aws-node's node");
+    println!(
+        "agent ready on aws-node's node in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after the take-over"));
+    }
+    let maps = DatapathMaps::open_pinned(Path::new(PIN_DIR)).expect("the agent's maps");
+    for pod in &pods {
+        let entry = maps
+            .endpoint(pod.addr)
+            .expect("reading the endpoints")
+            .unwrap_or_else(|| panic!("{} ({}) was not adopted", pod.k8s_name, pod.addr));
+        let veth = vpcnet_lab::run_in(addrs::NS_NODE, || {
+            nix::net::if_::if_nametoindex(pod.host_veth.as_str())
+        })
+        .expect("entering the node")
+        .expect("the pod's veth");
+        assert_eq!(
+            entry.ifindex, veth,
+            "{} adopted on its own veth",
+            pod.k8s_name
+        );
+    }
+    drop(maps);
+    let snat_ports = datapath_snat_ports();
+    assert!(
+        snat_ports
+            .iter()
+            .any(|(_, nat)| *nat == snat.seen_as.port()),
+        "the SNAT connection kept its port {} in the datapath: {snat_ports:?}",
+        snat.seen_as.port()
+    );
+    let taken_over = node_wiring(&lab);
+    let left = aws_node_parts(&taken_over);
+    assert!(
+        left.is_empty(),
+        "aws-node's wiring left after the take-over: {left:#?}"
+    );
+    assert!(conf_dir.path().join("10-vpcnet.conflist").is_file());
+    assert!(
+        !conf_dir.path().join("10-aws.conflist").exists(),
+        "aws-node's conflist set aside"
+    );
+    let fresh = tcp_whoami(&pods[0].netns, inet.addr(), Duration::from_secs(3))
+        .expect("a new connection to the internet")
+        .expect("an answer from the internet");
+    assert_eq!(
+        *fresh.ip(),
+        addrs::NODE_PRIMARY_ADDR,
+        "SNATed by the datapath"
+    );
+    println!(
+        "taken over: {PODS} pods adopted, SNAT port {} kept, aws-node's rules removed ({} lines)",
+        snat.seen_as.port(),
+        aws_parts.len()
+    );
+
+    // The hand-back.
+    lab.stop_agent().expect("stopping the agent");
+    let said = uninstall(conf_dir.path());
+    println!("uninstall: {}", said.trim());
+    assert!(!Path::new(PIN_DIR).exists(), "the datapath's pins are gone");
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after uninstall"));
+    }
+    let handed_back = node_wiring(&lab);
+    assert_eq!(
+        aws_node_parts(&handed_back),
+        aws_parts,
+        "aws-node's wiring is back as it was"
+    );
+    assert!(conf_dir.path().join("10-aws.conflist").is_file());
+    assert!(!conf_dir.path().join("10-vpcnet.conflist").exists());
+    let fresh = tcp_whoami(&pods[0].netns, inet.addr(), Duration::from_secs(3))
+        .expect("a new connection after uninstall")
+        .expect("an answer after uninstall");
+    assert_eq!(
+        *fresh.ip(),
+        addrs::NODE_PRIMARY_ADDR,
+        "SNATed by iptables again"
+    );
+    let conntrack = lab
+        .exec_ok(
+            addrs::NS_NODE,
+            &["conntrack", "-L", "-p", "tcp", "--dport", &PORT.to_string()],
+        )
+        .expect("conntrack -L");
+    assert!(
+        conntrack.contains(&format!("dport={}", snat.seen_as.port())),
+        "the SNAT connection is conntrack's again: {conntrack}"
+    );
+    let echoed: Vec<u64> = [snat, to_vpc, pod_to_pod].map(EchoStream::close).to_vec();
+    println!(
+        "connections closed cleanly after take-over and uninstall: {echoed:?} echoes, 0 broken"
+    );
+    lab.down().expect("lab down");
+}
