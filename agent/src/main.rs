@@ -265,10 +265,17 @@ fn uninstall(
             .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
     };
     if !pin_dir.join(vpcnet_common::maps::CONFIG).exists() {
-        bail!(
-            "no vpcnet datapath is pinned in {}: nothing to hand back",
+        // Done before, or the node rebooted since: only the conflists.
+        println!(
+            "no vpcnet datapath is pinned in {}: no rules to write back",
             pin_dir.display()
         );
+        if let Some(dir) = &opts.cni_conf_dir
+            && takeover::hand_back_conflist(dir)?
+        {
+            println!("aws-node's conflist {} restored", takeover::AWS_CONFLIST);
+        }
+        return Ok(());
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -250,6 +250,27 @@ impl Pods {
         pod_mac: &str,
         flags: u32,
     ) -> Result<(), PodError> {
+        let entry = self.endpoint_of(pod, host_veth, pod_mac, flags).await?;
+        let mut datapath = self.datapath();
+        // The entry before the programs: the pod's first packet must not be
+        // taken for a spoofed one.
+        datapath.maps.set_endpoint(pod.addr, &entry)?;
+        if let Err(e) = datapath.attach_pod(host_veth) {
+            let _ = datapath.maps.remove_endpoint(pod.addr);
+            return Err(e.into());
+        }
+        info!(addr = %pod.addr, veth = host_veth, ifindex = entry.ifindex, eni = %pod.eni_id, "pod in the datapath");
+        Ok(())
+    }
+
+    /// The datapath entry of `pod` on `host_veth`.
+    async fn endpoint_of(
+        &self,
+        pod: &PodOnEni,
+        host_veth: &str,
+        pod_mac: &str,
+        flags: u32,
+    ) -> Result<Endpoint, PodError> {
         let mac: MacAddr = pod_mac
             .parse()
             .map_err(|_| PodError::BadMac(pod_mac.to_owned()))?;
@@ -272,31 +293,23 @@ impl Pods {
                 eni: pod.eni_id.clone(),
                 mac: pod.eni_mac.clone(),
             })?;
-        let entry = Endpoint {
+        Ok(Endpoint {
             ifindex: veth.index,
             eni_ifindex: eni.index,
             mac: mac.0,
             host_mac: host_mac.0,
             flags,
-        };
-        let mut datapath = self.datapath();
-        // The entry before the programs: the pod's first packet must not be
-        // taken for a spoofed one.
-        datapath.maps.set_endpoint(pod.addr, &entry)?;
-        if let Err(e) = datapath.attach_pod(host_veth) {
-            let _ = datapath.maps.remove_endpoint(pod.addr);
-            return Err(e.into());
-        }
-        info!(addr = %pod.addr, veth = host_veth, ifindex = veth.index, eni = %pod.eni_id, "pod in the datapath");
-        Ok(())
+        })
     }
 
-    /// Adopts the pods another CNI (aws-node) wired: every address held
-    /// with no datapath entry whose pod's veth (named by the VPC CNI's rule
-    /// from the checkpoint's pod name) exists gets its entry and programs,
-    /// its MAC read from the veth's peer. Returns the addresses adopted and
-    /// how many pods with a veth failed.
-    pub async fn adopt(&self) -> Result<(Vec<Ipv4Addr>, usize), PodError> {
+    /// Adopts the pods another CNI (aws-node) wired, first step: every
+    /// address held with no datapath entry whose pod's veth (named by the
+    /// VPC CNI's rule from the checkpoint's pod name) exists gets its
+    /// entry, its MAC read from the veth's peer. Replies then go straight
+    /// into the pod, while what the pod sends still goes through the stack
+    /// until [`Pods::finish_adoption`] attaches the programs. Returns the
+    /// pods with an entry, and how many with a veth failed.
+    pub async fn adopt(&self) -> Result<(Vec<Adoptee>, usize), PodError> {
         let _op = self.inner.ops.lock().await;
         let (mut adopted, mut failed) = (Vec::new(), 0);
         for (assigned, eni_mac) in self.inner.manager.assignments().await {
@@ -317,15 +330,41 @@ impl Pods {
                 eni_id: assigned.eni.clone(),
                 eni_mac,
             };
-            match self.attach(&pod, &veth, &pod_mac.to_string(), 0).await {
-                Ok(()) => adopted.push(assigned.addr),
+            let entry = match self.endpoint_of(&pod, &veth, &pod_mac.to_string(), 0).await {
+                Ok(entry) => entry,
                 Err(e) => {
                     warn!(addr = %assigned.addr, veth, error = %e, "adopting a pod failed");
                     failed += 1;
+                    continue;
                 }
-            }
+            };
+            self.datapath().maps.set_endpoint(pod.addr, &entry)?;
+            adopted.push(Adoptee {
+                addr: pod.addr,
+                host_veth: veth,
+            });
         }
         Ok((adopted, failed))
+    }
+
+    /// Adopts the pods another CNI wired, last step: their programs.
+    /// Returns the addresses adopted, and how many failed (their entries
+    /// go again).
+    pub async fn finish_adoption(&self, adoptees: &[Adoptee]) -> (Vec<Ipv4Addr>, usize) {
+        let _op = self.inner.ops.lock().await;
+        let (mut adopted, mut failed) = (Vec::new(), 0);
+        let mut datapath = self.datapath();
+        for pod in adoptees {
+            if let Err(e) = datapath.attach_pod(&pod.host_veth) {
+                warn!(addr = %pod.addr, veth = pod.host_veth, error = %e, "adopting a pod failed");
+                let _ = datapath.maps.remove_endpoint(pod.addr);
+                failed += 1;
+                continue;
+            }
+            info!(addr = %pod.addr, veth = pod.host_veth, "pod adopted into the datapath");
+            adopted.push(pod.addr);
+        }
+        (adopted, failed)
     }
 
     /// DEL: the pod out of the datapath, then its address back to the pool.
@@ -510,6 +549,13 @@ impl Pods {
             )
         }
     }
+}
+
+/// A pod being adopted: its entry is in, its programs are to come.
+#[derive(Clone, Debug)]
+pub struct Adoptee {
+    pub addr: Ipv4Addr,
+    pub host_veth: String,
 }
 
 /// What a pod's datapath entry is made from: its address and its ENI.

@@ -87,6 +87,12 @@ pub enum TakeOverError {
         #[source]
         source: std::io::Error,
     },
+    #[error("removing {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("renaming {from} to {to}")]
     Rename {
         from: PathBuf,
@@ -332,13 +338,16 @@ pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOve
         let replied = flow.state() != FlowState::New;
         let mut create = vec!["-I"];
         create.extend(tuple);
-        create.extend(["-t", timeout, "--src-nat", &nat, "--mark", &mark]);
+        create.extend(["-t", timeout, "--src-nat", &nat]);
         if let Some(state) = state {
             create.extend(["--state", state]);
         }
         if replied {
             create.extend(["-u", "SEEN_REPLY,ASSURED"]);
         }
+        // After `-u`: conntrack-tools 1.4.7 writes the status bits over a
+        // mark given before them.
+        create.extend(["--mark", &mark]);
         run("conntrack", &create)?;
         exported += 1;
     }
@@ -551,12 +560,17 @@ pub async fn take_over(
         return Ok(report);
     }
     let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
+    // Entries first: replies go straight into the pods from then on,
+    // never rewritten by a claim and handed to a stack that knows nothing
+    // of it. Then the claims, then the programs.
+    let (adoptees, entry_failures) = pods.adopt().await?;
     let mut imported = Vec::new();
     if !candidates.is_empty() {
         imported.push(import_flows(&mut lock().maps, &candidates)?);
     }
-    let (adopted, failed) = pods.adopt().await?;
+    let (adopted, attach_failures) = pods.finish_adoption(&adoptees).await;
     let adopted: BTreeSet<Ipv4Addr> = adopted.into_iter().collect();
+    let failed = entry_failures + attach_failures;
     report.adopted = adopted.len();
     report.not_adopted = failed;
     if !adopted.is_empty() {
@@ -652,28 +666,28 @@ pub async fn hand_back(
         pin_dir: opts.pin_dir.clone(),
         source,
     })?;
-    let mut conflist_restored = false;
-    if let Some(dir) = &opts.cni_conf_dir {
-        let ours = dir.join(CONFLIST_NAME);
-        match std::fs::remove_file(&ours) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(TakeOverError::Rename {
-                    from: ours,
-                    to: PathBuf::new(),
-                    source,
-                });
-            }
-        }
-        conflist_restored = restore_aws_conflist(dir)?;
-    }
+    let conflist_restored = match &opts.cni_conf_dir {
+        Some(dir) => hand_back_conflist(dir)?,
+        None => false,
+    };
     Ok(HandBack {
         pods: pods.len(),
         ip_rules_added,
         flows_exported,
         conflist_restored,
     })
+}
+
+/// Removes vpcnet's conflist from `dir` and puts aws-node's back; returns
+/// whether aws-node's was set aside.
+pub fn hand_back_conflist(dir: &Path) -> Result<bool, TakeOverError> {
+    let ours = dir.join(CONFLIST_NAME);
+    match std::fs::remove_file(&ours) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(TakeOverError::Remove { path: ours, source }),
+    }
+    restore_aws_conflist(dir)
 }
 
 /// The route table of the ENI at `ifindex`: `main` for the primary ENI,

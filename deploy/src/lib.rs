@@ -232,7 +232,13 @@ fn lost_fields(original: &Value, back: &Value, path: &str, out: &mut Vec<String>
 /// The files of `deploy/kubernetes` that its kustomization lists, as
 /// objects, and the kustomization itself.
 pub fn kubernetes_manifests() -> Result<(Objects, Value), ManifestError> {
-    let dir = Path::new(DEPLOY_DIR).join("kubernetes");
+    kustomization_manifests("kubernetes")
+}
+
+/// The objects of the kustomization in `deploy/<sub>` (its resources,
+/// paths relative to it), and the kustomization itself.
+pub fn kustomization_manifests(sub: &str) -> Result<(Objects, Value), ManifestError> {
+    let dir = Path::new(DEPLOY_DIR).join(sub);
     let read = |name: &str| {
         std::fs::read_to_string(dir.join(name)).map_err(|e| ManifestError::Yaml {
             source_name: name.to_owned(),

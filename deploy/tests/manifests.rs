@@ -15,7 +15,10 @@ use vpcnet_agent::{
     introspect::Endpoints,
     ipam::settings::IpamSettings,
 };
-use vpcnet_deploy::{DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, objects, output_of};
+use vpcnet_deploy::{
+    DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, kustomization_manifests, objects,
+    output_of,
+};
 use vpcnet_lab::kube_tools::{HELM, KUBECTL};
 
 /// Keys of the `ConfigMap` that are not the agent's variables.
@@ -167,6 +170,94 @@ fn the_manifests_are_valid_objects_that_fit_together() {
     for c in &pod_spec(all.daemon_set()).containers {
         assert_eq!(c.image.as_deref(), Some(image), "{}", c.name);
     }
+}
+
+/// The host path of each mount of `ds`'s containers, by mount path.
+fn host_mounts(ds: &DaemonSet) -> BTreeMap<String, String> {
+    let spec = pod_spec(ds);
+    let host_paths: BTreeMap<&str, &str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect();
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .map(|m| {
+            let host = host_paths.get(m.name.as_str()).copied().unwrap_or("?");
+            (m.mount_path.clone(), host.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_rollback_runs_uninstall_where_the_agent_keeps_its_state() {
+    let (agent, _) = kubernetes_manifests().unwrap();
+    let (rollback, kustomization) = kustomization_manifests("kubernetes/rollback").unwrap();
+    let kinds: Vec<&str> = rollback.0.iter().map(vpcnet_deploy::Object::kind).collect();
+    assert_eq!(kinds, ["DaemonSet"]);
+    let (agent_ds, rollback_ds) = (agent.daemon_set(), rollback.daemon_set());
+    let spec = pod_spec(rollback_ds);
+    assert_eq!(spec.host_network, Some(true));
+    // The ServiceAccount and ConfigMap are vpcnet's own, kept for it.
+    assert_eq!(
+        spec.service_account_name,
+        pod_spec(agent_ds).service_account_name
+    );
+    let init = &spec.init_containers.as_ref().expect("an init container")[0];
+    let config_map = init.env_from.as_ref().unwrap()[0]
+        .config_map_ref
+        .as_ref()
+        .unwrap()
+        .name
+        .clone();
+    assert_eq!(Some(config_map), agent.config_map().metadata.name.clone());
+    let argv = init.command.as_ref().unwrap();
+    assert_eq!(argv[..2], ["vpcnet-agent", "uninstall"]);
+    output_of(
+        Command::new(vpcnet_bpf_tests::agent_binary())
+            .args(&argv[1..])
+            .arg("--help"),
+    )
+    .unwrap_or_else(|e| panic!("the agent does not take {argv:?}: {e}"));
+    // Every path uninstall works on is where the agent keeps it.
+    let agent_mounts = host_mounts(agent_ds);
+    for (mount, host) in host_mounts(rollback_ds) {
+        assert_eq!(
+            agent_mounts.get(&mount),
+            Some(&host),
+            "the rollback mounts {host} at {mount}"
+        );
+    }
+    let conf_dir = &argv[argv.iter().position(|a| a == "--cni-conf-dir").unwrap() + 1];
+    assert!(
+        agent_mounts.contains_key(conf_dir),
+        "--cni-conf-dir {conf_dir} is not mounted"
+    );
+    let image = kustomization["images"][0]["name"].as_str().unwrap();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
+        assert_eq!(c.image.as_deref(), Some(image), "{}", c.name);
+    }
+    // kustomize renders it as it is.
+    let rendered = output_of(
+        Command::new(KUBECTL)
+            .arg("kustomize")
+            .arg(Path::new(DEPLOY_DIR).join("kubernetes/rollback")),
+    )
+    .unwrap();
+    let rendered = objects(&rendered, "kubectl kustomize rollback").unwrap();
+    assert_eq!(
+        node_setup(rendered.daemon_set()),
+        node_setup(rollback_ds).replace("Some(\"vpcnet\")", "Some(\"vpcnet:latest\")")
+    );
 }
 
 #[test]

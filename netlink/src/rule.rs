@@ -8,7 +8,7 @@ use futures_util::TryStreamExt;
 use ipnet::Ipv4Net;
 use rtnetlink::{
     IpVersion,
-    packet_route::rule::{RuleAttribute, RuleMessage},
+    packet_route::rule::{RuleAction, RuleAttribute, RuleMessage},
 };
 
 use super::{NetlinkError, NetlinkHandle, errno};
@@ -121,7 +121,10 @@ impl NetlinkHandle {
             .add()
             .v4()
             .priority(rule.priority)
-            .table_id(rule.table);
+            .table_id(rule.table)
+            // `ip rule add ... table N` is this action; unset, the kernel
+            // would answer every lookup the rule matches with EINVAL.
+            .action(RuleAction::ToTable);
         if let Some(from) = rule.from {
             request = request.source_prefix(from.addr(), from.prefix_len());
         }

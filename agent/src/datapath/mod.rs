@@ -301,9 +301,24 @@ impl Datapath {
 }
 
 /// Removes every pin in `pin_dir` (links first: that detaches the
-/// programs), then the directory if empty.
+/// programs), then the directory if empty. The ENIs' programs go before
+/// the pods': a flow then never has its pod's half on the stack's path
+/// (conntrack's) while its replies still go straight into the pod, which
+/// would leave conntrack's view of it behind.
 pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(pin_dir.join(names::LINKS_DIR)) {
+    let links = pin_dir.join(names::LINKS_DIR);
+    if let Ok(dirs) = std::fs::read_dir(&links) {
+        for dir in dirs.flatten() {
+            for program in [names::PROG_ENI_INGRESS, names::PROG_ENI_EGRESS] {
+                match std::fs::remove_file(dir.path().join(program)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    match std::fs::remove_dir_all(links) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
