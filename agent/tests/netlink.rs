@@ -396,3 +396,111 @@ fn gateway_kept_resolved_from_sync_and_async_callers() {
         in_node(async |_| netlink::keep_gateway_resolved_blocking("eth9", GATEWAY)).unwrap_err();
     assert_eq!(err.to_string(), "no link is named eth9");
 }
+
+/// The rules of the VPC CNI the take-over removes and the rollback writes
+/// back: added through netlink they are what `ip rule add` makes (a lookup
+/// through them routes), listed they read back equal, and deleting picks
+/// only them.
+#[test]
+fn rules_added_read_back_route_and_go() {
+    use vpcnet_agent::netlink::rule::Ipv4Rule;
+    let _bed = bed();
+    let pod: ipnet::Ipv4Net = "10.20.11.30/32".parse().unwrap();
+    let to_pod = Ipv4Rule {
+        priority: 512,
+        from: None,
+        to: Some(pod),
+        fwmark: None,
+        iif: None,
+        table: 254,
+    };
+    let marked = Ipv4Rule {
+        priority: 1024,
+        to: None,
+        fwmark: Some((0x80, 0x80)),
+        ..to_pod.clone()
+    };
+    let from_pod = Ipv4Rule {
+        priority: 1536,
+        from: Some(pod),
+        to: None,
+        table: 2,
+        ..to_pod.clone()
+    };
+    // The same rule as `ip` adds it, to compare with.
+    ip(&[
+        "-n",
+        NODE,
+        "rule",
+        "add",
+        "from",
+        "10.20.11.31",
+        "priority",
+        "1536",
+        "table",
+        "3",
+    ]);
+    let added = in_node(async |nl| {
+        let mut added = Vec::new();
+        for rule in [&to_pod, &marked, &from_pod, &to_pod] {
+            added.push(nl.add_rule(rule).await.unwrap());
+        }
+        added
+    });
+    assert_eq!(
+        added,
+        [true, true, true, false],
+        "an equal rule is not added twice"
+    );
+    let listed = ip(&["-n", NODE, "rule", "show"]);
+    for line in [
+        "512:\tfrom all to 10.20.11.30 lookup main",
+        "1024:\tfrom all fwmark 0x80/0x80 lookup main",
+        "1536:\tfrom 10.20.11.30 lookup 2",
+        "1536:\tfrom 10.20.11.31 lookup 3",
+    ] {
+        assert!(
+            listed.lines().any(|l| l.trim_end() == line),
+            "{line:?} not in\n{listed}"
+        );
+    }
+    // Routed through: the kernel answers a lookup the rule matches.
+    ip(&["-n", NODE, "link", "set", ENI, "up"]);
+    ip(&["-n", NODE, "route", "add", "10.20.11.30/32", "dev", ENI]);
+    let route = ip(&["-n", NODE, "route", "get", "10.20.11.30"]);
+    assert!(route.contains("dev eth1"), "{route}");
+    let (rules, deleted) = in_node(async |nl| {
+        let rules = nl.ipv4_rules().await.unwrap();
+        let deleted = nl
+            .delete_rules(|rule| rule.from == Some(pod) || rule.to == Some(pod))
+            .await
+            .unwrap();
+        (rules, deleted)
+    });
+    for rule in [&to_pod, &marked, &from_pod] {
+        assert!(rules.contains(rule), "{rule:?} not read back in {rules:?}");
+    }
+    assert_eq!(deleted, 2);
+    let left = ip(&["-n", NODE, "rule", "show"]);
+    assert!(!left.contains("10.20.11.30"), "{left}");
+    assert!(left.contains("from 10.20.11.31 lookup 3") && left.contains("fwmark 0x80/0x80"));
+}
+
+/// A veth's peer MAC is read from the node's side, the peer being in
+/// another namespace, as a pod's is when the agent adopts it.
+#[test]
+fn a_veths_peer_mac_is_read_across_namespaces() {
+    let _bed = bed();
+    let (eni, missing) = in_node(async |nl| {
+        (
+            nl.peer_mac(ENI).await.unwrap(),
+            nl.peer_mac("eth9").await.unwrap(),
+        )
+    });
+    let gw_mac = ip_json(GW, &["link", "show", "dev", GW_LINK])[0]["address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(eni.map(|m| m.to_string()), Some(gw_mac));
+    assert_eq!(missing, None);
+}
