@@ -347,6 +347,15 @@ impl Pods {
         Ok((adopted, failed))
     }
 
+    /// Undoes [`Pods::adopt`]: the entries go, the pods stay as the other
+    /// CNI wired them.
+    pub fn abandon_adoption(&self, adoptees: &[Adoptee]) {
+        let mut datapath = self.datapath();
+        for pod in adoptees {
+            let _ = datapath.maps.remove_endpoint(pod.addr);
+        }
+    }
+
     /// Adopts the pods another CNI wired, last step: their programs.
     /// Returns the addresses adopted, and how many failed (their entries
     /// go again).

@@ -1,23 +1,27 @@
 //! Taking a node over from aws-node, and handing it back.
 //!
-//! Taking over keeps every running pod as it is: its address (from
-//! aws-node's checkpoint, which the address manager replays), its veth and
-//! its connections. In order:
+//! Taking over ([`take_over`]) keeps every running pod as it is: its
+//! address (from aws-node's checkpoint, which the address manager
+//! replays), its veth and its connections. In order:
 //!
-//! 1. The connections iptables translated are copied from conntrack into
+//! 1. Each pod gets its datapath entry (`Pods::adopt`): replies to it go
+//!    straight into it from then on.
+//! 2. The connections iptables translated are copied from conntrack into
 //!    the NAT table, and kube-proxy's into the stack flows, so the programs
-//!    keep each on its port and path ([`import_flows`]).
-//! 2. Each pod gets its datapath entry and programs (`Pods::adopt`).
-//! 3. Only then do aws-node's iptables rules and ip rules go
-//!    ([`remove_vpc_cni_wiring`]); a pod that could not be adopted keeps
-//!    its rules, and the node-wide ones stay while any is left.
-//! 4. aws-node's conflist is set aside, so the runtime picks vpcnet's.
+//!    keep each on its port and path ([`import_flows`]). Until the next
+//!    step, what the pods send still goes through iptables.
+//! 3. The pods get their programs (`Pods::finish_adoption`).
+//! 4. Only then do aws-node's iptables rules and ip rules go
+//!    ([`remove_vpc_cni_iptables`], [`remove_vpc_cni_rules`]); a pod that
+//!    could not be adopted keeps its rules, and the node-wide ones stay
+//!    while any is left.
+//! 5. aws-node's conflist is set aside, so the runtime picks vpcnet's.
 //!
-//! Handing back ([`restore_vpc_cni_wiring`], `vpcnet-agent uninstall`)
-//! writes aws-node's rules back from the checkpoint and the datapath's
-//! settings, and puts its conflist back; the translated connections are
-//! still in conntrack (the stack no longer saw their packets, so it kept
-//! their entries), and iptables picks them up again.
+//! Handing back ([`hand_back`], `vpcnet-agent uninstall`) writes aws-node's
+//! rules back from the checkpoint and the datapath's settings
+//! ([`restore_vpc_cni_wiring`]), gives conntrack the connections the
+//! datapath translated ([`export_flows`]), detaches the programs and puts
+//! aws-node's conflist back.
 
 use std::{
     collections::BTreeSet,
@@ -566,7 +570,15 @@ pub async fn take_over(
     let (adoptees, entry_failures) = pods.adopt().await?;
     let mut imported = Vec::new();
     if !candidates.is_empty() {
-        imported.push(import_flows(&mut lock().maps, &candidates)?);
+        match import_flows(&mut lock().maps, &candidates) {
+            Ok(imports) => imported.push(imports),
+            Err(e) => {
+                // Without the connections the pods would lose them: they
+                // stay on aws-node's wiring, whole.
+                pods.abandon_adoption(&adoptees);
+                return Err(e);
+            }
+        }
     }
     let (adopted, attach_failures) = pods.finish_adoption(&adoptees).await;
     let adopted: BTreeSet<Ipv4Addr> = adopted.into_iter().collect();
@@ -575,7 +587,10 @@ pub async fn take_over(
     report.not_adopted = failed;
     if !adopted.is_empty() {
         // Connections opened between the first import and the programs.
-        imported.push(import_flows(&mut lock().maps, &adopted)?);
+        match import_flows(&mut lock().maps, &adopted) {
+            Ok(imports) => imported.push(imports),
+            Err(e) => warn!(error = %e, "importing the connections opened during the take-over"),
+        }
     }
     for imports in &imported {
         forget_stack_aliases(&mut lock().maps, imports);
