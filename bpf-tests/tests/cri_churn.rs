@@ -12,10 +12,11 @@
 //!
 //! `VPCNET_CHURN_SEED` replays a run's choices (the kill moments are
 //! timing, so they differ); `VPCNET_CHURN_OPS` changes the number of
-//! operations (2000 by default). On 2 cores the 2000 take about 7.5
-//! minutes (4.6 per second): a `RunPodSandbox` or a Stop+Remove takes about
-//! 120 ms, the checks after it 15 ms, and each of the ~200 restarts about
-//! 0.9 s until the agent is READY.
+//! operations (2000 by default). On 2 cores the 2000 take about 9
+//! minutes (3.8 per second): a `RunPodSandbox` or a Stop+Remove takes about
+//! 120 ms, the checks after it 15 ms, and each of the ~220 restarts about
+//! 1.1 s until the agent is READY, most of it the kernel verifying the
+//! programs (the two large ones side by side).
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test cri_churn -- --test-threads=1 --nocapture`.

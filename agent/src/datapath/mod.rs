@@ -84,12 +84,36 @@ impl Datapath {
             .map_max_entries(names::NAT_FWD, opts.nat_entries)
             .map_max_entries(names::NAT_REV, opts.nat_entries)
             .load(PROGRAMS)?;
-        for name in PROGRAMS_BY_NAME {
-            let program = classifier_mut(&mut ebpf, name)?;
-            program
-                .load()
+        // The verifier takes about a second for each of the two large
+        // programs; an agent restarting under running pods waits for it,
+        // so they are verified side by side.
+        let started = std::time::Instant::now();
+        let mut classifiers = Vec::new();
+        for (name, program) in ebpf.programs_mut() {
+            let Some(name) = PROGRAMS_BY_NAME.into_iter().find(|known| *known == name) else {
+                continue;
+            };
+            let classifier: &mut SchedClassifier = program
+                .try_into()
                 .map_err(|source| DatapathError::Program { name, source })?;
+            classifiers.push((name, classifier));
         }
+        std::thread::scope(|scope| {
+            let loads: Vec<_> = classifiers
+                .into_iter()
+                .map(|(name, classifier)| {
+                    scope.spawn(move || {
+                        classifier
+                            .load()
+                            .map_err(|source| DatapathError::Program { name, source })
+                    })
+                })
+                .collect();
+            loads
+                .into_iter()
+                .try_for_each(|load| load.join().expect("a program load panicked"))
+        })?;
+        tracing::info!(elapsed = ?started.elapsed(), "programs verified and loaded");
         let maps = DatapathMaps::from_ebpf(&mut ebpf)?;
         let mut datapath = Self {
             ebpf,
