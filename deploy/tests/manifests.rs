@@ -31,16 +31,20 @@ fn pod_spec(ds: &DaemonSet) -> &PodSpec {
         .expect("a pod template")
 }
 
+/// The host path of each `hostPath` volume, by volume name.
+fn host_paths(spec: &PodSpec) -> BTreeMap<&str, &str> {
+    spec.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect()
+}
+
 /// What a `DaemonSet` does on a node, whatever it is named: its containers'
 /// images and commands, its host paths by mount path, the probes.
 fn node_setup(ds: &DaemonSet) -> String {
     let spec = pod_spec(ds);
-    let host_paths: BTreeMap<&str, &str> = spec
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
-        .collect();
+    let host_paths = host_paths(spec);
     let mut out = String::new();
     for c in spec
         .init_containers
@@ -175,12 +179,7 @@ fn the_manifests_are_valid_objects_that_fit_together() {
 /// The host path of each mount of `ds`'s containers, by mount path.
 fn host_mounts(ds: &DaemonSet) -> BTreeMap<String, String> {
     let spec = pod_spec(ds);
-    let host_paths: BTreeMap<&str, &str> = spec
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
-        .collect();
+    let host_paths = host_paths(spec);
     spec.init_containers
         .iter()
         .flatten()
