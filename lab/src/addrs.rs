@@ -125,7 +125,7 @@ pub const LAST_POD_HOST: u8 = 254;
 pub const MAX_PODS: usize = (LAST_POD_HOST - FIRST_POD_HOST) as usize;
 
 /// The connection mark the VPC CNI uses (`AWS_VPC_K8S_CNI_CONNMARK` default).
-pub const CONNMARK: u32 = 0x80;
+pub const CONNMARK: u32 = vpcnet_api::vpc_cni::DEFAULT_CONNMARK;
 
 /// Where the agent pins its maps and links; `down` removes it.
 pub const BPF_PIN_DIR: &str = "/sys/fs/bpf/vpcnet";
@@ -251,7 +251,7 @@ pub fn eni_route_table(device: usize) -> u32 {
 }
 
 /// The kernel's main route table.
-pub const RT_TABLE_MAIN: u32 = 254;
+pub const RT_TABLE_MAIN: u32 = vpcnet_api::vpc_cni::MAIN_TABLE;
 
 // Branch ENIs (security groups for pods). On EKS a branch ENI is a VLAN on
 // the trunk ENI, `vlan.eth.<vlan id>` with the branch ENI's MAC. This
