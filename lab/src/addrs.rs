@@ -244,10 +244,7 @@ pub fn vpc_eni_link_mac(device: usize) -> String {
 /// `CalculateRouteTableId` (`pkg/networkutils/helper.go`) is device number
 /// + 1 on network card 0, and the main table for the primary ENI.
 pub fn eni_route_table(device: usize) -> u32 {
-    if device == 0 {
-        return RT_TABLE_MAIN;
-    }
-    u32::try_from(device + 1).expect("small")
+    vpcnet_api::vpc_cni::eni_route_table(u32::try_from(device).expect("small"))
 }
 
 /// The kernel's main route table.
