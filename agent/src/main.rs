@@ -22,7 +22,7 @@ use vpcnet_agent::{
     layout,
     netlink::NetlinkHandle,
     node::{NodeLinks, cidr_entries},
-    pods::{ENV_VETH_PREFIX, Pods, PodsOptions},
+    pods::{Pods, PodsOptions, veth_prefix_from_env},
     takeover,
 };
 use vpcnet_api::layout::NodeLayout;
@@ -261,8 +261,7 @@ fn uninstall(
             .map_or_else(|| PathBuf::from(DEFAULT_BACKING_STORE), PathBuf::from),
         cni_conf_dir,
         connmark: snat.connmark,
-        veth_prefix: std::env::var(ENV_VETH_PREFIX)
-            .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+        veth_prefix: veth_prefix_from_env(),
     };
     if !pin_dir.join(vpcnet_common::maps::CONFIG).exists() {
         // Done before, or the node rebooted since: only the conflists.
@@ -504,8 +503,7 @@ async fn run_node(
         let branch_mode = settings.pod_eni.then_some(settings.sg_enforcing_mode);
         let conflist_settings = install::ConflistSettings {
             mtu: settings.eni_mtu,
-            veth_prefix: std::env::var(ENV_VETH_PREFIX)
-                .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned()),
+            veth_prefix: veth_prefix_from_env(),
             enforcing_mode: settings.sg_enforcing_mode,
             agent_socket: args.cni_socket.clone(),
         };

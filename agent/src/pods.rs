@@ -34,6 +34,12 @@ use crate::{
 /// The VPC CNI's host veth prefix variable (the plugin's `vethPrefix`).
 pub const ENV_VETH_PREFIX: &str = "AWS_VPC_K8S_CNI_VETHPREFIX";
 
+/// `AWS_VPC_K8S_CNI_VETHPREFIX`, or the VPC CNI's default.
+pub fn veth_prefix_from_env() -> String {
+    std::env::var(ENV_VETH_PREFIX)
+        .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
     #[error(transparent)]

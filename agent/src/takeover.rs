@@ -39,7 +39,6 @@ use vpcnet_api::vpc_cni::{
 use vpcnet_common::{
     addr_to_raw,
     cidr::CidrKind,
-    config::RandomizeMode,
     endpoint::{ENDPOINT_BRANCH, ENI_PRIMARY},
     nat::{
         FlowKey, FlowKind, FlowState, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY, SEEN_FIN, SEEN_SYN,
@@ -656,11 +655,7 @@ pub async fn hand_back(
         vpc_cidrs,
         exclude_snat_cidrs,
         external_snat: config.external_snat(),
-        randomize_flag: match config.randomize_mode() {
-            RandomizeMode::Prng => Some("--random-fully".to_owned()),
-            RandomizeMode::HashRandom => Some("--random".to_owned()),
-            RandomizeMode::None => None,
-        },
+        randomize_snat: config.randomize_mode().env_value().to_owned(),
         connmark: opts.connmark,
         veth_prefix: opts.veth_prefix.clone(),
     };

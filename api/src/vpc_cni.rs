@@ -75,9 +75,8 @@ pub struct NodeWiring {
     pub exclude_snat_cidrs: Vec<Ipv4Net>,
     /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`.
     pub external_snat: bool,
-    /// The flag `AWS_VPC_K8S_CNI_RANDOMIZESNAT` puts on the SNAT rule
-    /// (`--random-fully`, `--random` or none).
-    pub randomize_flag: Option<String>,
+    /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT` (`prng`, `hashrandom`, `none`).
+    pub randomize_snat: String,
     /// `AWS_VPC_K8S_CNI_CONNMARK`.
     pub connmark: u32,
     /// `AWS_VPC_K8S_CNI_VETHPREFIX`.
@@ -90,6 +89,18 @@ fn rule(spec: &str, comment: &str) -> Vec<String> {
     spec.split_whitespace()
         .map(|token| if token == "@comment" { comment } else { token }.to_owned())
         .collect()
+}
+
+/// The flag `AWS_VPC_K8S_CNI_RANDOMIZESNAT` puts on the SNAT rule: `prng`
+/// (the default, and any value the VPC CNI does not know) `--random-fully`,
+/// `hashrandom` `--random`, `none` no flag.
+#[must_use]
+pub fn randomize_flag(randomize_snat: &str) -> Option<&'static str> {
+    match randomize_snat {
+        "none" => None,
+        "hashrandom" => Some("--random"),
+        _ => Some("--random-fully"),
+    }
 }
 
 /// `-d <cidr> ` the way the VPC CNI writes it: for 0.0.0.0/0 it leaves the
@@ -159,7 +170,7 @@ impl NodeWiring {
             ),
             "AWS, SNAT",
         );
-        snat.extend(self.randomize_flag.clone());
+        snat.extend(randomize_flag(&self.randomize_snat).map(ToOwned::to_owned));
         commands.push(snat);
         commands
     }
@@ -377,10 +388,17 @@ mod tests {
             vpc_cidrs: vec!["10.20.0.0/16".parse().unwrap()],
             exclude_snat_cidrs: vec![],
             external_snat: false,
-            randomize_flag: Some("--random-fully".into()),
+            randomize_snat: "prng".into(),
             connmark: DEFAULT_CONNMARK,
             veth_prefix: "eni".into(),
         }
+    }
+
+    #[test]
+    fn randomization_flags() {
+        assert_eq!(randomize_flag("prng"), Some("--random-fully"));
+        assert_eq!(randomize_flag("hashrandom"), Some("--random"));
+        assert_eq!(randomize_flag("none"), None);
     }
 
     #[test]

@@ -77,15 +77,6 @@ impl RandomizeSnat {
             Self::Sequential => "none",
         }
     }
-
-    /// The flag the VPC CNI appends to its SNAT rule.
-    pub fn iptables_flag(self) -> Option<&'static str> {
-        match self {
-            Self::Prng => Some("--random-fully"),
-            Self::HashRandom => Some("--random"),
-            Self::Sequential => None,
-        }
-    }
 }
 
 impl fmt::Display for RandomizeSnat {
@@ -593,6 +584,9 @@ mod tests {
             "none".parse::<RandomizeSnat>().unwrap(),
             RandomizeSnat::Sequential
         );
-        assert_eq!(RandomizeSnat::Prng.iptables_flag(), Some("--random-fully"));
+        assert_eq!(
+            vpcnet_api::vpc_cni::randomize_flag(RandomizeSnat::Prng.env_value()),
+            Some("--random-fully")
+        );
     }
 }

@@ -48,7 +48,7 @@ pub fn node_wiring(opts: &LabOptions) -> NodeWiring {
         vpc_cidrs: VPC_CIDRS.to_vec(),
         exclude_snat_cidrs: opts.exclude_snat_cidrs.clone(),
         external_snat: opts.external_snat,
-        randomize_flag: opts.randomize_snat.iptables_flag().map(ToOwned::to_owned),
+        randomize_snat: opts.randomize_snat.env_value().to_owned(),
         connmark: CONNMARK,
         veth_prefix: VETH_PREFIX.to_owned(),
     }

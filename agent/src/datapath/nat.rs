@@ -1,7 +1,9 @@
 //! The NAT table seen from user space: listing flows and garbage-collecting
 //! the ones that are over, a whole pair at a time.
 
-use vpcnet_common::nat::{FlowKey, FlowKind, FlowState, NatEntry, flow_expired, flow_state};
+use vpcnet_common::nat::{
+    FlowKey, FlowKind, FlowState, NatEntry, flow_expired, flow_state, forward_key, reply_key,
+};
 
 use super::{DatapathError, DatapathMaps};
 
@@ -15,17 +17,6 @@ fn is_eexist(e: &aya::maps::MapError) -> bool {
 /// The tuple of a node socket's packets whose replies are `reply`.
 fn alias_key(reply: &FlowKey) -> FlowKey {
     reply.reversed()
-}
-
-/// The forward tuple a claim (reverse entry) belongs to.
-fn forward_of(reply: &FlowKey, claim: &NatEntry) -> FlowKey {
-    FlowKey::new(
-        claim.addr,
-        reply.saddr,
-        claim.port,
-        reply.sport,
-        reply.proto,
-    )
 }
 
 /// One flow: its forward entry and, for translated flows, its claim.
@@ -50,13 +41,7 @@ impl Flow {
 
     /// The reply tuple a translated flow's claim is keyed by.
     pub fn reply_key(&self) -> FlowKey {
-        FlowKey::new(
-            self.key.daddr,
-            self.fwd.addr,
-            self.key.dport,
-            self.fwd.port,
-            self.key.proto,
-        )
+        reply_key(&self.key, self.fwd.addr, self.fwd.port)
     }
 
     fn expired(&self, now_ns: u64) -> bool {
@@ -103,7 +88,7 @@ impl DatapathMaps {
             last_seen_ns: now_ns,
             created_ns: now_ns,
         };
-        let reply = FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto);
+        let reply = reply_key(&fwd, addr, port);
         let claim = NatEntry {
             addr: fwd.saddr,
             port: fwd.sport,
@@ -117,7 +102,7 @@ impl DatapathMaps {
             if held.kind != FlowKind::Host as u8 || held.addr != addr {
                 return Ok(false);
             }
-            let _ = self.nat_fwd.remove(&forward_of(&reply, &held));
+            let _ = self.nat_fwd.remove(&forward_key(&reply, &held));
             let _ = self.nat_rev.remove(&reply);
         }
         // The claim first, as the datapath does, so the port is never
@@ -153,8 +138,7 @@ impl DatapathMaps {
     /// gave the packets iptables translated, once the pod's programs carry
     /// the flow.
     pub fn forget_stack_alias(&mut self, fwd: FlowKey, addr: u32, port: u16) {
-        let reply = FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto);
-        let key = alias_key(&reply);
+        let key = alias_key(&reply_key(&fwd, addr, port));
         if self
             .nat_fwd
             .get(&key, 0)
@@ -234,7 +218,7 @@ impl DatapathMaps {
         // Claims whose forward half never came or is gone.
         let claims: Vec<(FlowKey, NatEntry)> = self.nat_rev.iter().filter_map(Result::ok).collect();
         for (reply, rev) in claims {
-            let fwd_key = FlowKey::new(rev.addr, reply.saddr, rev.port, reply.sport, reply.proto);
+            let fwd_key = forward_key(&reply, &rev);
             let has_forward = self
                 .nat_fwd
                 .get(&fwd_key, 0)

@@ -60,6 +60,31 @@ impl FlowKey {
     }
 }
 
+/// The reply tuple of a flow whose forward tuple is `fwd` once translated to
+/// `addr:port`: the key of its claim in the reverse table.
+// Inlined into the programs as when they were the eBPF crate's own.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+#[must_use]
+pub const fn reply_key(fwd: &FlowKey, addr: u32, port: u16) -> FlowKey {
+    FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto)
+}
+
+/// The forward tuple of the flow a claim (`rev`, keyed `rev_key`) belongs
+/// to.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+#[must_use]
+pub const fn forward_key(rev_key: &FlowKey, rev: &NatEntry) -> FlowKey {
+    FlowKey::new(
+        rev.addr,
+        rev_key.saddr,
+        rev.port,
+        rev_key.sport,
+        rev_key.proto,
+    )
+}
+
 /// What a flow is.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use vpcnet_common::{
     counters::Counter,
     nat::{
         FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
-        flow_state, port_reusable,
+        flow_state, forward_key, port_reusable, reply_key,
     },
 };
 
@@ -30,25 +30,6 @@ const EEXIST: i32 = 17;
 pub fn now_ns() -> u64 {
     // SAFETY: a helper without arguments.
     unsafe { bpf_ktime_get_ns() }
-}
-
-/// The reply tuple of a flow whose forward tuple is `fwd` once translated to
-/// `addr:port`.
-#[inline(always)]
-pub const fn reply_key(fwd: &FlowKey, addr: u32, port: u16) -> FlowKey {
-    FlowKey::new(fwd.daddr, addr, fwd.dport, port, fwd.proto)
-}
-
-/// The forward tuple of the flow a reverse entry belongs to.
-#[inline(always)]
-pub const fn forward_key(rev_key: &FlowKey, rev: &NatEntry) -> FlowKey {
-    FlowKey::new(
-        rev.addr,
-        rev_key.saddr,
-        rev.port,
-        rev_key.sport,
-        rev_key.proto,
-    )
 }
 
 /// Records a packet in one direction's entry: new flags always, the time
