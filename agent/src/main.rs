@@ -1,5 +1,6 @@
 //! `vpcnet-agent`: the node daemon (`run`) and the operator's commands on
-//! the node (`counters`, `nat`, `config`, `set`, `ipam`, `pods`, `enis`).
+//! the node (`counters`, `nat`, `config`, `set`, `ipam`, `pods`, `enis`,
+//! `verifier`).
 
 mod cli;
 
@@ -13,7 +14,7 @@ use vpcnet_agent::{
     cloud::Cloud,
     cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
-    datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns},
+    datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns, verifier},
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
@@ -49,6 +50,10 @@ enum Command {
     /// Run the agent: load the datapath, attach it, keep its maps filled and
     /// its NAT table clean until SIGTERM.
     Run(RunArgs),
+    /// Load the programs into a scratch pin directory and print what each
+    /// cost this kernel's verifier (processed instructions, stack, load
+    /// time) against vpcnet's budgets; exits non-zero when one is over.
+    Verifier,
     /// Print the datapath's counters (per verdict and drop reason).
     Counters {
         /// Also print counters that are zero.
@@ -218,6 +223,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(&cli.pin_dir, &args),
+        Command::Verifier => print_verifier_budgets(),
         Command::Counters { all } => print_counters(&open(&cli.pin_dir)?, all),
         Command::Nat => print_nat(&open(&cli.pin_dir)?),
         Command::Config => print_config(&open(&cli.pin_dir)?),
@@ -241,6 +247,36 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `vpcnet-agent verifier`.
+fn print_verifier_budgets() -> Result<()> {
+    let pin_dir = PathBuf::from(format!(
+        "/sys/fs/bpf/vpcnet-verifier-{}",
+        std::process::id()
+    ));
+    let loaded = Datapath::load(&LoadOptions {
+        pin_dir: pin_dir.clone(),
+        ..LoadOptions::default()
+    });
+    let removed = vpcnet_agent::datapath::remove_pins(&pin_dir);
+    let datapath = loaded.context("loading the datapath")?;
+    removed.with_context(|| format!("removing {}", pin_dir.display()))?;
+    let release = verifier::kernel_release();
+    let budgets = verifier::budgets(
+        datapath.program_stats(),
+        vpcnet_agent::datapath::PROGRAMS,
+        &release,
+    )?;
+    println!("{}", verifier::table(&release, &budgets));
+    let overruns: Vec<String> = budgets
+        .iter()
+        .flat_map(verifier::Budget::overruns)
+        .collect();
+    if !overruns.is_empty() {
+        bail!("over budget:\n  {}", overruns.join("\n  "));
+    }
+    Ok(())
 }
 
 fn uninstall(

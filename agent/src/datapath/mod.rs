@@ -4,6 +4,7 @@
 mod error;
 mod maps;
 mod nat;
+pub mod verifier;
 
 use std::{
     collections::BTreeMap,
@@ -65,6 +66,8 @@ pub struct Datapath {
     /// Links that cannot be pinned (tc netlink filters, kernels without
     /// TCX): held here, so they last as long as this process.
     unpinned: Vec<SchedClassifierLink>,
+    /// What loading each program cost, in load order.
+    stats: Vec<verifier::ProgramStats>,
 }
 
 impl Datapath {
@@ -98,21 +101,43 @@ impl Datapath {
                 .map_err(|source| DatapathError::Program { name, source })?;
             classifiers.push((name, classifier));
         }
-        std::thread::scope(|scope| {
+        classifiers
+            .sort_by_key(|(name, _)| PROGRAMS_BY_NAME.iter().position(|known| known == name));
+        let stats = std::thread::scope(|scope| {
             let loads: Vec<_> = classifiers
                 .into_iter()
                 .map(|(name, classifier)| {
                     scope.spawn(move || {
+                        let started = std::time::Instant::now();
                         classifier
                             .load()
-                            .map_err(|source| DatapathError::Program { name, source })
+                            .map_err(|source| DatapathError::Program { name, source })?;
+                        let load_time = started.elapsed();
+                        let processed_insns = classifier
+                            .info()
+                            .ok()
+                            .and_then(|info| info.verified_instruction_count());
+                        Ok(verifier::ProgramStats {
+                            name,
+                            processed_insns,
+                            load_time,
+                        })
                     })
                 })
                 .collect();
             loads
                 .into_iter()
-                .try_for_each(|load| load.join().expect("a program load panicked"))
+                .map(|load| load.join().expect("a program load panicked"))
+                .collect::<Result<Vec<_>, DatapathError>>()
         })?;
+        for program in &stats {
+            tracing::debug!(
+                program = program.name,
+                processed_insns = program.processed_insns,
+                load_time = ?program.load_time,
+                "program verified"
+            );
+        }
         tracing::info!(elapsed = ?started.elapsed(), "programs verified and loaded");
         let maps = DatapathMaps::from_ebpf(&mut ebpf)?;
         let mut datapath = Self {
@@ -121,6 +146,7 @@ impl Datapath {
             pin_dir: opts.pin_dir.clone(),
             attached: BTreeMap::new(),
             unpinned: Vec::new(),
+            stats,
         };
         datapath.adopt_pinned_links()?;
         Ok(datapath)
@@ -191,6 +217,11 @@ impl Datapath {
 
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// What loading each program cost on this kernel, in load order.
+    pub fn program_stats(&self) -> &[verifier::ProgramStats] {
+        &self.stats
     }
 
     /// A loaded program, e.g. to run it on a crafted packet.

@@ -37,7 +37,11 @@ pub struct FlowKey {
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    pub _pad: [u8; 3],
+    // Padding as a byte and an aligned half-word, not `[u8; 3]`: the BPF
+    // backend zeroes an unaligned 3-byte array with a call to `memset`, a
+    // frame of its own that kernels before 6.9 count as 32 stack bytes.
+    pub _pad1: u8,
+    pub _pad2: u16,
 }
 
 impl FlowKey {
@@ -49,7 +53,8 @@ impl FlowKey {
             sport,
             dport,
             proto,
-            _pad: [0; 3],
+            _pad1: 0,
+            _pad2: 0,
         }
     }
 

@@ -1,5 +1,6 @@
 //! The maps, named as `vpcnet_common::maps` says (the agent checks the names
-//! against the object) and pinned by name so a restarted agent reuses them.
+//! against the object) and pinned by name so a restarted agent reuses them;
+//! and a scratch map of the programs' own, which nobody else reads.
 
 use aya_ebpf::{
     macros::map,
@@ -16,6 +17,8 @@ use vpcnet_common::{
     },
     nat::{FlowKey, FragKey, FragPorts, NatEntry},
 };
+
+use crate::nat::ClaimSearch;
 
 #[map(name = "VPCNET_CONFIG")]
 pub static CONFIG: Array<Config> = Array::pinned(1, 0);
@@ -40,6 +43,11 @@ pub static ENIS: HashMap<u32, Eni> = HashMap::pinned(ENIS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_STACK_FLOWS")]
 pub static STACK_FLOWS: LruHashMap<FlowKey, u64> = LruHashMap::pinned(STACK_FLOWS_MAX_ENTRIES, 0);
+
+/// The NAT's port search, one slot per CPU (see `nat::ClaimSearch`). Not
+/// pinned: it holds nothing between two packets.
+#[map(name = "VPCNET_PORT_SEARCH")]
+pub static PORT_SEARCH: PerCpuArray<ClaimSearch> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "VPCNET_COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);

@@ -16,7 +16,7 @@ use vpcnet_common::{
     },
 };
 
-use crate::maps::{NAT_FWD, NAT_REV, count, count_n};
+use crate::maps::{NAT_FWD, NAT_REV, PORT_SEARCH, count, count_n};
 
 /// Candidates tried before a new flow is dropped for want of a port. With
 /// independent random candidates the failure rate at a fill of `f` is `f^64`:
@@ -133,10 +133,24 @@ pub struct Claimed {
     pub took_over: bool,
 }
 
-/// State of the port search, shared with [`claim_step`] through `bpf_loop`.
-struct ClaimSearch {
+/// State of the port search, shared with [`claim_step`].
+///
+/// It lives in a per-CPU map ([`PORT_SEARCH`]), not on the searching
+/// program's stack: `bpf_loop` would otherwise need a pointer into the
+/// caller's frame, and that frame, the callback's and the kernel's
+/// rounding of each (32 bytes before 6.9) all count against the 512 bytes
+/// a call chain may use. The verifier also tracks map contents as unknown
+/// values, so iterations of the callback converge at once instead of being
+/// explored per value. A program runs to its end on its CPU before the
+/// next one there starts (softirq, or transmit with bottom halves off), so
+/// one slot per CPU is enough.
+pub struct ClaimSearch {
     picker: PortPicker,
     fwd: FlowKey,
+    /// The reply tuple of the candidate being tried, and the forward tuple
+    /// of the flow holding it.
+    rev_key: FlowKey,
+    holder_key: FlowKey,
     rev_value: NatEntry,
     nat_addr: u32,
     now: u64,
@@ -157,19 +171,22 @@ const TABLE_FULL: u8 = 3;
 /// One candidate of the port search. Runs under `bpf_loop`, so the verifier
 /// checks this body once instead of once per try. Returns 1 to stop.
 #[inline(never)]
-extern "C" fn claim_step(index: u32, ctx: *mut c_void) -> i64 {
-    // SAFETY: `ctx` is the `ClaimSearch` on `claim_port`'s stack.
-    let search = unsafe { &mut *ctx.cast::<ClaimSearch>() };
+extern "C" fn claim_step(index: u32, _ctx: *mut c_void) -> i64 {
+    let Some(search) = PORT_SEARCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's slot, which only this program uses while it runs.
+    let search = unsafe { &mut *search };
     search.tries = index + 1;
     let port = search.picker.candidate(index).to_be();
-    let rev_key = reply_key(&search.fwd, search.nat_addr, port);
-    match NAT_REV.insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST)) {
+    search.rev_key = reply_key(&search.fwd, search.nat_addr, port);
+    match NAT_REV.insert(&search.rev_key, &search.rev_value, u64::from(BPF_NOEXIST)) {
         Ok(()) => search.outcome = CLAIMED,
         Err(e) if e == -E2BIG => search.outcome = TABLE_FULL,
-        Err(_) => match take_over(&rev_key, search.now, false) {
+        Err(_) => match take_over(&search.rev_key, &mut search.holder_key, search.now, false) {
             Holder::Gone
                 if NAT_REV
-                    .insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST))
+                    .insert(&search.rev_key, &search.rev_value, u64::from(BPF_NOEXIST))
                     .is_ok() =>
             {
                 search.outcome = TOOK_OVER;
@@ -199,31 +216,32 @@ fn claim_port(
     nat_addr: u32,
     now: u64,
 ) -> Result<Claimed, Counter> {
-    let mut search = ClaimSearch {
-        picker,
-        fwd: *fwd,
-        rev_value: NatEntry {
-            addr: fwd.saddr,
-            port: fwd.sport,
-            kind: kind as u8,
-            seen: 0,
-            last_seen_ns: now,
-            created_ns: now,
-        },
-        nat_addr,
-        now,
-        tries: 0,
-        port: 0,
-        outcome: SEARCHING,
-        oldest_closed_port: 0,
-        oldest_closed_ns: 0,
+    let search = PORT_SEARCH.get_ptr_mut(0).ok_or(Counter::DropNatNoPort)?;
+    // SAFETY: this CPU's slot, which only this program uses while it runs.
+    let search = unsafe { &mut *search };
+    search.picker = picker;
+    search.fwd = *fwd;
+    search.rev_value = NatEntry {
+        addr: fwd.saddr,
+        port: fwd.sport,
+        kind: kind as u8,
+        seen: 0,
+        last_seen_ns: now,
+        created_ns: now,
     };
-    // SAFETY: the callback and its context live for the whole call.
+    search.nat_addr = nat_addr;
+    search.now = now;
+    search.tries = 0;
+    search.port = 0;
+    search.outcome = SEARCHING;
+    search.oldest_closed_port = 0;
+    search.oldest_closed_ns = 0;
+    // SAFETY: the callback takes no context; it finds the search in its map.
     unsafe {
         bpf_loop(
             ALLOC_TRIES,
             claim_step as *mut c_void,
-            (&raw mut search).cast::<c_void>(),
+            core::ptr::null_mut(),
             0,
         );
     }
@@ -236,11 +254,13 @@ fn claim_port(
         // whose flow closed longest ago: the remote has most likely let its
         // TIME_WAIT go, and at worst refuses this SYN, which the client
         // retries as it would after a drop.
-        let rev_key = reply_key(fwd, nat_addr, search.oldest_closed_port);
-        if matches!(take_over(&rev_key, now, true), Holder::Gone)
-            && NAT_REV
-                .insert(rev_key, search.rev_value, u64::from(BPF_NOEXIST))
-                .is_ok()
+        search.rev_key = reply_key(fwd, nat_addr, search.oldest_closed_port);
+        if matches!(
+            take_over(&search.rev_key, &mut search.holder_key, now, true),
+            Holder::Gone
+        ) && NAT_REV
+            .insert(&search.rev_key, &search.rev_value, u64::from(BPF_NOEXIST))
+            .is_ok()
         {
             count(Counter::AllocOldestClosed);
             search.outcome = TOOK_OVER;
@@ -273,26 +293,28 @@ enum Holder {
 }
 
 /// Removes the flow holding `rev_key` when it is over, or, with `force`,
-/// when it is a closed TCP flow even within its TIME_WAIT hold.
+/// when it is a closed TCP flow even within its TIME_WAIT hold. The
+/// holder's forward tuple is built in `fwd_key` (the search's slot, off
+/// the stack), and both entries are judged where they lie in their maps.
 #[inline(always)]
-fn take_over(rev_key: &FlowKey, now: u64, force: bool) -> Holder {
-    // SAFETY: read-only copy of a map value.
-    let Some(rev) = (unsafe { NAT_REV.get(rev_key) }).copied() else {
+fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) -> Holder {
+    // SAFETY: a map value, valid for the program's run even if deleted.
+    let Some(rev) = (unsafe { NAT_REV.get(rev_key) }) else {
         // Removed since our insert failed: free.
         return Holder::Gone;
     };
-    let fwd_key = forward_key(rev_key, &rev);
+    *fwd_key = forward_key(rev_key, rev);
     // SAFETY: as above.
-    let fwd = unsafe { NAT_FWD.get(fwd_key) }.copied();
+    let fwd = unsafe { NAT_FWD.get(&*fwd_key) };
     // A reverse entry whose forward half is not there yet is a flow being
     // created on another CPU: judge it by its own age only.
     let fwd = fwd.unwrap_or(rev);
-    if !port_reusable(rev_key.proto, &fwd, &rev, now) {
+    if !port_reusable(rev_key.proto, fwd, rev, now) {
         let closed = rev_key.proto == PROTO_TCP
             && matches!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Closed);
         if !(closed && force) {
             return if closed {
-                Holder::Closed(flow_last_seen_ns(&fwd, &rev))
+                Holder::Closed(flow_last_seen_ns(fwd, rev))
             } else {
                 Holder::Active
             };
@@ -304,12 +326,12 @@ fn take_over(rev_key: &FlowKey, now: u64, force: bool) -> Holder {
     }
     // The old flow's forward half goes with it, unless it was reopened
     // meanwhile under another claim (then it no longer points here).
-    // SAFETY: read-only copy.
-    if let Some(old) = unsafe { NAT_FWD.get(fwd_key) }
+    // SAFETY: as above.
+    if let Some(old) = unsafe { NAT_FWD.get(&*fwd_key) }
         && old.port == rev_key.dport
         && old.addr == rev_key.daddr
     {
-        let _ = NAT_FWD.remove(fwd_key);
+        let _ = NAT_FWD.remove(&*fwd_key);
     }
     Holder::Gone
 }
