@@ -3,9 +3,11 @@
 
 mod bench;
 mod build;
+mod kernels;
 mod lab;
 mod setup;
 mod test;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

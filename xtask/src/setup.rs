@@ -23,6 +23,8 @@ use vpcnet_lab::{
     moto::{MOTO_PYTHON, MOTO_REQUIREMENT, MOTO_VENV},
 };
 
+use crate::{kernels::KERNELS, vm::VIRTME_NG_REQUIREMENT};
+
 /// Debian packages the datapath, the lab and the tests use. `util-linux`
 /// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
 /// `modprobe`, `python3-venv` the virtualenv that pip installs into. The
@@ -50,12 +52,17 @@ pub const APT_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "busybox-static",
     "unzip",
+    // The kernel matrix's VMs (`crate::vm`): qemu under TCG, and udev,
+    // which virtme-ng's guest init needs to name its console ports.
+    "qemu-system-x86",
+    "udev",
 ];
 
 /// Python packages to install with pip into [`PYPI_VENV`]: requirement
 /// specifiers such as `moto[server]==5.2.5`. moto's EC2 server is the
-/// agent's independent cross-check (`agent/tests/moto_cross_check.rs`).
-pub const PYPI_PACKAGES: &[&str] = &[MOTO_REQUIREMENT];
+/// agent's independent cross-check (`agent/tests/moto_cross_check.rs`);
+/// virtme-ng boots the kernel matrix's VMs (`crate::vm`).
+pub const PYPI_PACKAGES: &[&str] = &[MOTO_REQUIREMENT, VIRTME_NG_REQUIREMENT];
 
 /// The virtualenv pip installs into: Debian's Python is externally
 /// managed (PEP 668), so pip may not install into the system. The path is
@@ -215,7 +222,8 @@ fn install_missing(reporter: Reporter) -> Result<()> {
     apt_packages(reporter)?;
     pypi_packages(reporter)?;
     kube_tools(reporter)?;
-    bpffs(reporter)
+    bpffs(reporter)?;
+    matrix_kernels(reporter)
 }
 
 /// The error for a step that could not install `what`, with the command that
@@ -743,6 +751,37 @@ fn normalize_pypi_name(name: &str) -> String {
         }
     }
     normalized
+}
+
+// ---- the kernel matrix's kernels --------------------------------------------
+
+/// Debian's kernels of the matrix, cached under
+/// [`crate::kernels::KERNELS_DIR`] (see `crate::kernels`).
+fn matrix_kernels(reporter: Reporter) -> Result<()> {
+    for kernel in &KERNELS {
+        let what = format!(
+            "kernel {} ({}, from {})",
+            kernel.name, kernel.runs_on, kernel.suite
+        );
+        if let Some(installed) = kernel.installed() {
+            reporter.present(&format!("{what}: {}", installed.release));
+            continue;
+        }
+        let by_hand = format!(
+            "fetch the suite's linux-image-amd64 dependency with apt-get download, unpack it with \
+             dpkg-deb -x, copy its modules to /usr/lib/modules and run depmod; its vmlinuz goes to \
+             {}/{}/vmlinuz",
+            crate::kernels::KERNELS_DIR,
+            kernel.name
+        );
+        require_root_for(&what, &by_hand)?;
+        say(&what, "fetching from the machine's Debian mirror");
+        let installed = kernel
+            .install()
+            .with_context(|| install_failed(&what, &by_hand))?;
+        say(&what, &format!("installed {}", installed.release));
+    }
+    Ok(())
 }
 
 // ---- bpffs -------------------------------------------------------------------

@@ -13,7 +13,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     build::workspace_root,
+    kernels::{KERNELS, Kernel},
     setup::{self, run_checked, shell_line},
+    vm,
 };
 
 /// The programs crate: its own workspace, built for the BPF target.
@@ -27,8 +29,105 @@ pub struct Args {
     /// Test (and lint) only these packages instead of the whole workspace.
     #[arg(long = "package", short = 'p', value_name = "PACKAGE")]
     packages: Vec<String>,
+    /// Only these integration test targets (cargo's `--test`), of the
+    /// packages given with `-p`.
+    #[arg(long = "test", value_name = "TARGET")]
+    tests: Vec<String>,
+    /// A named set of test targets: `matrix` (what CI runs on each kernel of
+    /// the matrix) or `datapath` (the datapath's lab suite).
+    #[arg(long, value_enum)]
+    suite: Option<Suite>,
+    /// Where to run: `host` (this machine's kernel), `6.1` or `6.12` (a VM
+    /// booting Debian's kernel), or `all`; comma-separated. Without it: every
+    /// test here, then the `matrix` suite on each kernel of the matrix.
+    #[arg(long = "kernel", value_delimiter = ',', value_name = "KERNEL")]
+    kernels: Vec<String>,
     /// Run only the tests whose name contains this (passed to cargo test).
     filter: Option<String>,
+}
+
+/// Named sets of test targets, all in [`SUITE_PACKAGE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    /// On every kernel: the programs load within their budgets, and the
+    /// `BPF_PROG_TEST_RUN` verdict tests; on 6.1, also the lab with traffic
+    /// and agent restarts under long-lived flows.
+    Matrix,
+    /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
+    /// TIME_WAIT, anti-spoofing, GC and agent restarts, with the above.
+    Datapath,
+}
+
+/// The package the suites' test targets are in.
+const SUITE_PACKAGE: &str = "vpcnet-bpf-tests";
+
+/// Programs load and decide packets as they should.
+const VERDICT_TARGETS: [&str; 4] = ["verifier", "verdicts", "routing", "port_allocation"];
+
+/// The lab with traffic: SNAT, pod to pod and VPC steering, and long flows
+/// through agent restarts.
+const TRAFFIC_TARGETS: [&str; 1] = ["node_restart"];
+
+/// The rest of the datapath's lab suite.
+const DATAPATH_TARGETS: [&str; 7] = [
+    "differential",
+    "external_snat",
+    "time_wait",
+    "anti_spoofing",
+    "gc",
+    "routing_differential",
+    "cri_restart",
+];
+
+impl Suite {
+    /// The suite's targets on `kernel` (`None`: this machine's).
+    fn targets(self, kernel: Option<&Kernel>) -> Vec<&'static str> {
+        let mut targets = VERDICT_TARGETS.to_vec();
+        match self {
+            // CI's time goes to traffic on the oldest kernel EKS runs.
+            Self::Matrix if kernel.is_some_and(|k| k.name != KERNELS[0].name) => {}
+            Self::Matrix => targets.extend(TRAFFIC_TARGETS),
+            Self::Datapath => {
+                targets.extend(TRAFFIC_TARGETS);
+                targets.extend(DATAPATH_TARGETS);
+            }
+        }
+        targets
+    }
+}
+
+/// Where tests run.
+#[derive(Clone, Copy)]
+enum Place {
+    Host,
+    Vm(&'static Kernel),
+}
+
+impl Place {
+    fn parse_all(names: &[String]) -> Result<Vec<Self>> {
+        let mut places = Vec::new();
+        for name in names {
+            match name.as_str() {
+                "host" => places.push(Self::Host),
+                "all" => {
+                    places.push(Self::Host);
+                    places.extend(KERNELS.iter().map(Self::Vm));
+                }
+                other => places.push(Self::Vm(Kernel::by_name(other).with_context(|| {
+                    let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+                    format!("--kernel {other}: not host, all or one of {known:?}")
+                })?)),
+            }
+        }
+        Ok(places)
+    }
+
+    fn label(self) -> String {
+        match self {
+            Self::Host => "host".to_owned(),
+            Self::Vm(kernel) => kernel.name.to_owned(),
+        }
+    }
 }
 
 /// One step of the run: a name for the summary and the command it runs.
@@ -56,15 +155,126 @@ pub fn run(args: &Args) -> Result<()> {
         },
         &mut passed,
     )?;
-    let tally = run_tests(test_command(args))?;
+    let mut total = TestTally::default();
+    let mut results = Vec::new();
+    for (place, selection) in plan(args)? {
+        let tally = match place {
+            Place::Host => run_tests(test_command(&selection, args.filter.as_deref()))?,
+            Place::Vm(kernel) => run_in_vm(kernel, &selection, args.filter.as_deref())?,
+        };
+        results.push(format!("{}: {}", place.label(), tally.summary_line()));
+        total.add(&tally);
+    }
     passed.push("tests");
     println!(
         "xtask test: OK: {} passed in {}",
         passed.join(", "),
         format_duration(started.elapsed())
     );
-    println!("{}", tally.summary_line());
+    for line in &results {
+        println!("  {line}");
+    }
+    println!("{}", total.summary_line());
     Ok(())
+}
+
+/// What to run at one place: cargo's package and target selection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Selection {
+    packages: Vec<String>,
+    tests: Vec<String>,
+}
+
+impl Selection {
+    fn of_suite(suite: Suite, kernel: Option<&Kernel>) -> Self {
+        Self {
+            packages: vec![SUITE_PACKAGE.to_owned()],
+            tests: suite
+                .targets(kernel)
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        }
+    }
+
+    fn cargo_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if self.packages.is_empty() {
+            args.push("--workspace".to_owned());
+        }
+        for package in &self.packages {
+            args.extend(["--package".to_owned(), package.clone()]);
+        }
+        for test in &self.tests {
+            args.extend(["--test".to_owned(), test.clone()]);
+        }
+        args
+    }
+}
+
+/// Where each test runs. Without `--kernel`: everything (or what `-p`,
+/// `--test`, `--suite` and the filter choose) on this machine's kernel,
+/// then, unless the run was narrowed, the matrix suite on each kernel of
+/// the matrix.
+fn plan(args: &Args) -> Result<Vec<(Place, Selection)>> {
+    let narrowed = !args.packages.is_empty()
+        || !args.tests.is_empty()
+        || args.suite.is_some()
+        || args.filter.is_some();
+    let places = if args.kernels.is_empty() {
+        let mut places = vec![Place::Host];
+        if !narrowed {
+            places.extend(KERNELS.iter().map(Place::Vm));
+        }
+        places
+    } else {
+        Place::parse_all(&args.kernels)?
+    };
+    Ok(places
+        .into_iter()
+        .map(|place| {
+            let kernel = match place {
+                Place::Host => None,
+                Place::Vm(kernel) => Some(kernel),
+            };
+            let selection = match args.suite {
+                Some(suite) => Selection::of_suite(suite, kernel),
+                None if !args.tests.is_empty() || !args.packages.is_empty() => Selection {
+                    packages: if args.packages.is_empty() {
+                        vec![SUITE_PACKAGE.to_owned()]
+                    } else {
+                        args.packages.clone()
+                    },
+                    tests: args.tests.clone(),
+                },
+                // A VM runs the matrix's suite unless told otherwise; the
+                // host runs everything.
+                None if kernel.is_some() => Selection::of_suite(Suite::Matrix, kernel),
+                None => Selection::default(),
+            };
+            (place, selection)
+        })
+        .collect())
+}
+
+/// Builds `selection`'s test executables and runs them in a VM booting
+/// `kernel`.
+fn run_in_vm(
+    kernel: &'static Kernel,
+    selection: &Selection,
+    filter: Option<&str>,
+) -> Result<TestTally> {
+    let installed = kernel.installed().with_context(|| {
+        format!(
+            "kernel {} is not installed: run `cargo xtask setup`",
+            kernel.name
+        )
+    })?;
+    let binaries = vm::build_tests(&selection.cargo_args())?;
+    let mut test_args = vec!["--test-threads=1".to_owned()];
+    test_args.extend(filter.map(str::to_owned));
+    vm::run_in_guest(kernel, &installed, &binaries, &test_args)
+        .with_context(|| format!("xtask test: FAILED on kernel {}", kernel.name))
 }
 
 fn require_root() -> Result<()> {
@@ -125,11 +335,11 @@ fn lint_steps(packages: &[String]) -> Vec<Step> {
     ]
 }
 
-fn test_command(args: &Args) -> Command {
+fn test_command(selection: &Selection, filter: Option<&str>) -> Command {
     let mut test = cargo(&workspace_root(), &["test"]);
-    select_packages(&mut test, &args.packages);
+    test.args(selection.cargo_args());
     test.args(["--no-fail-fast", "--", "--test-threads=1"]);
-    if let Some(filter) = &args.filter {
+    if let Some(filter) = filter {
         test.arg(filter);
     }
     test
@@ -208,7 +418,7 @@ fn run_tests(mut cargo_test: Command) -> Result<TestTally> {
 
 /// The sum of the `test result:` lines of every test binary.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct TestTally {
+pub struct TestTally {
     passed: u64,
     failed: u64,
     ignored: u64,
@@ -217,7 +427,7 @@ struct TestTally {
 impl TestTally {
     /// Adds a libtest line such as
     /// `test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s`.
-    fn add_line(&mut self, line: &str) {
+    pub fn add_line(&mut self, line: &str) {
         let Some(counts) = line.trim().strip_prefix("test result:") else {
             return;
         };
@@ -238,7 +448,13 @@ impl TestTally {
         }
     }
 
-    fn summary_line(&self) -> String {
+    pub fn add(&mut self, other: &Self) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
+    }
+
+    pub fn summary_line(&self) -> String {
         format!(
             "tests: {} passed, {} failed, {} skipped",
             self.passed, self.failed, self.ignored
@@ -290,20 +506,71 @@ mod tests {
         assert_eq!(tally, TestTally::default());
     }
 
+    fn args(kernels: &[&str], suite: Option<Suite>, packages: &[&str]) -> Args {
+        Args {
+            skip_lint: true,
+            packages: packages.iter().map(|p| (*p).to_owned()).collect(),
+            tests: Vec::new(),
+            suite,
+            kernels: kernels.iter().map(|k| (*k).to_owned()).collect(),
+            filter: None,
+        }
+    }
+
+    fn planned(args: &Args) -> Vec<(String, Vec<String>)> {
+        plan(args)
+            .unwrap()
+            .into_iter()
+            .map(|(place, selection)| (place.label(), selection.cargo_args()))
+            .collect()
+    }
+
     #[test]
     fn test_command_passes_the_filter_after_the_libtest_options() {
-        let args = Args {
-            skip_lint: true,
+        let selection = Selection {
             packages: vec!["vpcnet-common".into()],
-            filter: Some("nat".into()),
+            tests: Vec::new(),
         };
-        let line = shell_line(&test_command(&args));
+        let line = shell_line(&test_command(&selection, Some("nat")));
         assert!(
             line.ends_with(
                 "cargo test --package vpcnet-common --no-fail-fast -- --test-threads=1 nat"
             ),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_whole_run_tests_everything_here_then_the_matrix_suite_in_vms() {
+        let plan = planned(&args(&[], None, &[]));
+        let places: Vec<&str> = plan.iter().map(|(place, _)| place.as_str()).collect();
+        assert_eq!(places, ["host", "6.1", "6.12"]);
+        assert_eq!(plan[0].1, ["--workspace"]);
+        let on_6_1 = plan[1].1.join(" ");
+        let on_6_12 = plan[2].1.join(" ");
+        for target in VERDICT_TARGETS {
+            assert!(on_6_1.contains(&format!("--test {target}")), "{on_6_1}");
+            assert!(on_6_12.contains(&format!("--test {target}")), "{on_6_12}");
+        }
+        assert!(on_6_1.contains("--test node_restart"), "{on_6_1}");
+        assert!(!on_6_12.contains("node_restart"), "{on_6_12}");
+    }
+
+    #[test]
+    fn a_narrowed_run_stays_on_this_machine_unless_told() {
+        let plan = planned(&args(&[], None, &["vpcnet-common"]));
+        assert_eq!(plan.len(), 1);
+        assert_eq!(plan[0].0, "host");
+        let plan = planned(&args(&["6.1", "6.12"], Some(Suite::Datapath), &[]));
+        assert_eq!(plan.len(), 2);
+        for (_, cargo_args) in &plan {
+            let line = cargo_args.join(" ");
+            for target in DATAPATH_TARGETS.iter().chain(&TRAFFIC_TARGETS) {
+                assert!(line.contains(&format!("--test {target}")), "{line}");
+            }
+        }
+        assert!(Place::parse_all(&["5.4".into()]).is_err());
+        assert_eq!(planned(&args(&["all"], None, &[])).len(), 3);
     }
 
     #[test]

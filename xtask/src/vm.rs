@@ -1,0 +1,286 @@
+//! Tests inside a VM: virtme-ng boots one of the matrix's kernels with this
+//! machine's root filesystem (read-only, with /tmp, /var and /run writable
+//! in the guest) and runs test executables built here, one after the
+//! other. Their output comes back on the VM's standard output and is added
+//! up like a run on this machine; the VM's exit code is the tests'.
+//!
+//! qemu runs under TCG: guests hang on this machine's KVM.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use vpcnet_lab::moto::MOTO_VENV;
+
+use crate::{
+    build::workspace_root,
+    kernels::{Installed, Kernel},
+    setup::shell_line,
+    test::TestTally,
+};
+
+/// virtme-ng, from PyPI, in the project's virtualenv.
+pub const VIRTME_NG_REQUIREMENT: &str = "virtme-ng==1.42";
+
+/// Guest resources: both of the machine's cores, and memory for a lab
+/// with containerd.
+const GUEST_CPUS: &str = "2";
+const GUEST_MEMORY: &str = "4G";
+
+/// Modules the datapath and the lab need, loaded before the tests (8021q
+/// for branch ENIs as real VLAN devices).
+const GUEST_MODULES: [&str; 4] = ["veth", "sch_ingress", "cls_bpf", "8021q"];
+
+/// No VM run may take longer than this: a hung guest fails the run.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+
+/// virtme-ng's command.
+fn vng() -> PathBuf {
+    Path::new(MOTO_VENV).join("bin").join("vng")
+}
+
+/// A test executable cargo built, and the package directory cargo would
+/// run it in.
+#[derive(Clone, Debug)]
+pub struct TestBinary {
+    /// The test target's name (`verdicts`), or the package's for unit tests.
+    pub name: String,
+    pub package_dir: PathBuf,
+    pub executable: PathBuf,
+}
+
+/// Builds the tests `cargo_args` select (`--package`, `--test`) without
+/// running them, and returns their executables.
+pub fn build_tests(cargo_args: &[String]) -> Result<Vec<TestBinary>> {
+    let mut build = Command::new("cargo");
+    build
+        .args([
+            "test",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .args(cargo_args)
+        .current_dir(workspace_root())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    let line = shell_line(&build);
+    println!("==> build tests: {line}");
+    let output = build
+        .output()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    if !output.status.success() {
+        bail!("`{line}` failed ({})", output.status);
+    }
+    let binaries = test_binaries(&String::from_utf8_lossy(&output.stdout));
+    if binaries.is_empty() {
+        bail!("`{line}` built no test executable");
+    }
+    Ok(binaries)
+}
+
+/// The test executables of cargo's JSON messages.
+fn test_binaries(messages: &str) -> Vec<TestBinary> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
+        .filter_map(|m| {
+            let executable = PathBuf::from(m["executable"].as_str()?);
+            let manifest = PathBuf::from(m["manifest_path"].as_str()?);
+            Some(TestBinary {
+                name: m["target"]["name"].as_str()?.to_owned(),
+                package_dir: manifest.parent()?.to_owned(),
+                executable,
+            })
+        })
+        .collect()
+}
+
+/// The script the guest runs: mounts and modules the host has and a fresh
+/// guest lacks, then every test executable, each in its package directory
+/// as cargo runs it, with libtest's options; exits 1 when one fails.
+fn guest_script(kernel: &Kernel, tests: &[TestBinary], test_args: &[String]) -> String {
+    let mut script = String::from(
+        "#!/bin/bash\n\
+         # Written by `cargo xtask test --kernel`; runs inside the VM.\n\
+         set -u\n\
+         export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root\n\
+         mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf\n",
+    );
+    let _ = writeln!(
+        script,
+        "for module in {}; do modprobe -q \"$module\" || echo \"vm: module $module missing\"; done",
+        GUEST_MODULES.join(" ")
+    );
+    let _ = writeln!(
+        script,
+        "echo \"vm: kernel {} is $(uname -r)\"\nstatus=0",
+        kernel.name
+    );
+    let args: Vec<String> = test_args.iter().map(|a| shell_word(a)).collect();
+    for test in tests {
+        let _ = writeln!(
+            script,
+            "echo \"==> vm {}: {}\"\n(cd {} && {} {}) || status=1",
+            kernel.name,
+            test.name,
+            shell_word(&test.package_dir.to_string_lossy()),
+            shell_word(&test.executable.to_string_lossy()),
+            args.join(" ")
+        );
+    }
+    script.push_str("exit $status\n");
+    script
+}
+
+fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// Boots `kernel` and runs `tests` in it with libtest's `test_args`,
+/// echoing their output; the tally of their `test result:` lines.
+pub fn run_in_guest(
+    kernel: &Kernel,
+    installed: &Installed,
+    tests: &[TestBinary],
+    test_args: &[String],
+) -> Result<TestTally> {
+    let dir = workspace_root().join("target").join("vm").join(kernel.name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let script = dir.join("run.sh");
+    std::fs::write(&script, guest_script(kernel, tests, test_args))
+        .with_context(|| format!("write {}", script.display()))?;
+    let mut boot = Command::new(vng());
+    // vng runs its siblings (virtme-run) from PATH.
+    let venv_bin = Path::new(MOTO_VENV).join("bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(std::iter::once(venv_bin).chain(std::env::split_paths(&path)))
+        .context("PATH with the virtualenv's bin")?;
+    boot.env("PATH", path)
+        .args(["--disable-kvm", "--force-9p", "--cpus", GUEST_CPUS])
+        .args(["--memory", GUEST_MEMORY])
+        .arg("-r")
+        .arg(&installed.vmlinuz)
+        .arg("--exec")
+        .arg(format!("bash {}", script.display()))
+        .current_dir(workspace_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let line = shell_line(&boot);
+    println!("==> kernel {} ({}): {line}", kernel.name, installed.release);
+    let started = Instant::now();
+    let mut child = boot
+        .spawn()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    let stdout = child.stdout.take().context("the VM's stdout")?;
+    let (lines, received) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut buffer = Vec::new();
+        while reader.read_until(b'\n', &mut buffer).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&buffer).into_owned();
+            if lines.send(text).is_err() {
+                break;
+            }
+            buffer.clear();
+        }
+    });
+    let mut tally = TestTally::default();
+    let mut guest_release = None;
+    loop {
+        match received.recv_timeout(Duration::from_secs(1)) {
+            Ok(text) => {
+                print!("{text}");
+                if let Some(release) = text
+                    .trim()
+                    .strip_prefix(&format!("vm: kernel {} is ", kernel.name))
+                {
+                    guest_release = Some(release.to_owned());
+                }
+                tally.add_line(&text);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if started.elapsed() > GUEST_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "kernel {}: the VM ran past {GUEST_TIMEOUT:?} and was stopped; {}",
+                kernel.name,
+                tally.summary_line()
+            );
+        }
+    }
+    let _ = reader.join();
+    let status = child.wait().context("wait for the VM")?;
+    println!(
+        "<== kernel {}: {} in {:.0}s",
+        kernel.name,
+        tally.summary_line(),
+        started.elapsed().as_secs_f64()
+    );
+    if guest_release.as_deref() != Some(installed.release.as_str()) {
+        bail!(
+            "kernel {}: the guest did not report booting {} (it said {guest_release:?}); \
+             `{line}` exited with {status}",
+            kernel.name,
+            installed.release
+        );
+    }
+    if !status.success() {
+        bail!(
+            "kernel {}: tests failed ({status}); {}",
+            kernel.name,
+            tally.summary_line()
+        );
+    }
+    Ok(tally)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_executables_come_from_cargos_messages() {
+        let messages = r#"{"reason":"compiler-artifact","target":{"name":"vpcnet_bpf_tests","kind":["lib"]},"profile":{"test":false},"executable":null,"manifest_path":"/w/bpf-tests/Cargo.toml"}
+{"reason":"compiler-artifact","target":{"name":"verdicts","kind":["test"]},"profile":{"test":true},"executable":"/w/target/debug/deps/verdicts-1a2b","manifest_path":"/w/bpf-tests/Cargo.toml"}
+{"reason":"build-finished","success":true}"#;
+        let binaries = test_binaries(messages);
+        assert_eq!(binaries.len(), 1);
+        assert_eq!(binaries[0].name, "verdicts");
+        assert_eq!(binaries[0].package_dir, Path::new("/w/bpf-tests"));
+        assert_eq!(
+            binaries[0].executable,
+            Path::new("/w/target/debug/deps/verdicts-1a2b")
+        );
+    }
+
+    #[test]
+    fn the_guest_runs_each_test_in_its_package_and_fails_if_one_does() {
+        let kernel = Kernel::by_name("6.1").unwrap();
+        let tests = [TestBinary {
+            name: "verdicts".into(),
+            package_dir: "/w/bpf-tests".into(),
+            executable: "/w/target/debug/deps/verdicts-1a2b".into(),
+        }];
+        let script = guest_script(kernel, &tests, &["--test-threads=1".into(), "it's".into()]);
+        assert!(script.contains("mount -t bpf bpf /sys/fs/bpf"), "{script}");
+        assert!(script.contains("modprobe -q \"$module\""), "{script}");
+        assert!(
+            script.contains(
+                "(cd '/w/bpf-tests' && '/w/target/debug/deps/verdicts-1a2b' \
+                 '--test-threads=1' 'it'\\''s') || status=1"
+            ),
+            "{script}"
+        );
+        assert!(script.ends_with("exit $status\n"), "{script}");
+    }
+}
