@@ -14,7 +14,7 @@ use vpcnet_agent::{
     cloud::Cloud,
     cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
-    datapath::{Datapath, DatapathMaps, LoadOptions, monotonic_now_ns, verifier},
+    datapath::{AttachMode, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns, verifier},
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
@@ -478,8 +478,10 @@ async fn run_node(
     let mut datapath = Datapath::load(&LoadOptions {
         pin_dir: pin_dir.to_owned(),
         nat_entries: args.nat_entries,
+        attach_mode: AttachMode::from_env()?,
     })
     .context("loading the datapath")?;
+    info!(attach = ?datapath.attach_mode(), "datapath loaded");
     // Keep the hash key of a previous run so hashrandom ports stay stable.
     let seed = match datapath.maps.config() {
         Ok(old) if old.hash_seed != 0 => old.hash_seed,

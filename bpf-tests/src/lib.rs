@@ -5,6 +5,7 @@
 pub mod cri;
 pub mod differential;
 pub mod echo;
+pub mod hooks;
 pub mod ipam;
 pub mod packets;
 
@@ -85,6 +86,7 @@ impl Harness {
         let loaded = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             nat_entries,
+            ..LoadOptions::default()
         });
         let datapath = loaded.unwrap_or_else(|e| {
             let _ = remove_pins(&pin_dir);

@@ -105,6 +105,7 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             opts.sg_enforcing_mode.env_value(),
         );
     }
+    command.envs(opts.agent_env.iter().map(|(k, v)| (k, v)));
     // RUST_LOG and the rest of the environment pass through.
     command
 }

@@ -201,6 +201,10 @@ pub struct LabOptions {
     /// (so no pods and one ENI: the agent attaches the others).
     #[serde(default)]
     pub ipam: Option<IpamLabOptions>,
+    /// More environment for the agent (`VPCNET_TC_ATTACH=clsact`, ...),
+    /// beyond what passes through from the lab's own.
+    #[serde(default)]
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// The agent's address manager in the lab.
@@ -264,6 +268,7 @@ impl Default for LabOptions {
             node_port: None,
             filler_pods: 0,
             ipam: None,
+            agent_env: Vec::new(),
         }
     }
 }

@@ -147,6 +147,7 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         }),
         filler_pods: args.filler_pods,
         ipam: None,
+        agent_env: Vec::new(),
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.

@@ -46,6 +46,17 @@ pub enum DatapathError {
     },
     #[error("interface {0} not found")]
     NoInterface(String),
+    #[error("{var}={value:?}: not tcx or clsact", var = super::tc::ENV_TC_ATTACH, value = .0)]
+    AttachMode(String),
+    #[error(
+        "adding a clsact qdisc to {iface}: this kernel has no clsact (sch_ingress) and no TCX; \
+         vpcnet needs one of them"
+    )]
+    Clsact {
+        iface: String,
+        #[source]
+        source: aya::programs::tc::TcError,
+    },
     #[error("link pin {path}")]
     LinkPin {
         path: PathBuf,

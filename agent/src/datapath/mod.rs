@@ -4,6 +4,7 @@
 mod error;
 mod maps;
 mod nat;
+pub mod tc;
 pub mod verifier;
 
 use std::{
@@ -14,14 +15,15 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        SchedClassifier, TcAttachType,
+        LinkOrder, SchedClassifier, TcAttachType,
         links::{FdLink, PinnedLink},
-        tc::SchedClassifierLink,
+        tc::{SchedClassifierLink, TcAttachOptions},
     },
 };
 pub use error::DatapathError;
 pub use maps::DatapathMaps;
 pub use nat::{Flow, GcStats, monotonic_now_ns};
+pub use tc::AttachMode;
 use tracing::{info, warn};
 use vpcnet_common::maps as names;
 
@@ -37,6 +39,8 @@ pub struct LoadOptions {
     pub pin_dir: PathBuf,
     /// Flows each NAT map holds.
     pub nat_entries: u32,
+    /// TCX links or clsact filters.
+    pub attach_mode: AttachMode,
 }
 
 impl Default for LoadOptions {
@@ -44,6 +48,7 @@ impl Default for LoadOptions {
         Self {
             pin_dir: PathBuf::from(names::PIN_DIR),
             nat_entries: names::NAT_DEFAULT_ENTRIES,
+            attach_mode: AttachMode::of_kernel(),
         }
     }
 }
@@ -63,9 +68,7 @@ pub struct Datapath {
     pin_dir: PathBuf,
     /// Interfaces the programs are attached to: ifindex to name.
     attached: BTreeMap<u32, String>,
-    /// Links that cannot be pinned (tc netlink filters, kernels without
-    /// TCX): held here, so they last as long as this process.
-    unpinned: Vec<SchedClassifierLink>,
+    attach_mode: AttachMode,
     /// What loading each program cost, in load order.
     stats: Vec<verifier::ProgramStats>,
 }
@@ -145,7 +148,7 @@ impl Datapath {
             maps,
             pin_dir: opts.pin_dir.clone(),
             attached: BTreeMap::new(),
-            unpinned: Vec::new(),
+            attach_mode: opts.attach_mode,
             stats,
         };
         datapath.adopt_pinned_links()?;
@@ -156,10 +159,11 @@ impl Datapath {
         self.pin_dir.join(names::LINKS_DIR)
     }
 
-    /// Takes over the links a previous agent pinned: each gets this
-    /// agent's program in one atomic swap (`bpf_link_update`), so packets
-    /// never meet an interface without one. Links of interfaces that are
-    /// gone, and of programs this build no longer has, are dropped.
+    /// Takes over the links (or clsact filters) a previous agent pinned:
+    /// each gets this agent's program in one atomic swap (`bpf_link_update`,
+    /// or a filter change on the same handle), so packets never meet an
+    /// interface without one. Links of interfaces that are gone, and of
+    /// programs this build no longer has, are dropped.
     fn adopt_pinned_links(&mut self) -> Result<(), DatapathError> {
         let links_dir = self.links_dir();
         let entries = match std::fs::read_dir(&links_dir) {
@@ -194,7 +198,11 @@ impl Datapath {
                     let _ = std::fs::remove_file(&path);
                     continue;
                 };
-                match swap_pinned(&mut self.ebpf, program, &path) {
+                let swapped = match self.attach_mode {
+                    AttachMode::Tcx => swap_pinned(&mut self.ebpf, program, &path),
+                    AttachMode::Clsact => swap_filter(&mut self.ebpf, program, &iface, &path),
+                };
+                match swapped {
                     Ok(()) => adopted += 1,
                     Err(e) => {
                         warn!(pin = %path.display(), error = %e, "pinned link not taken over: dropped");
@@ -219,6 +227,10 @@ impl Datapath {
         &self.pin_dir
     }
 
+    pub fn attach_mode(&self) -> AttachMode {
+        self.attach_mode
+    }
+
     /// What loading each program cost on this kernel, in load order.
     pub fn program_stats(&self) -> &[verifier::ProgramStats] {
         &self.stats
@@ -233,8 +245,8 @@ impl Datapath {
             .map_err(|source| DatapathError::Program { name, source })
     }
 
-    /// Attaches the ENI programs to `iface` (tc egress and ingress, TCX where
-    /// the kernel has it), their links pinned so they outlive this process.
+    /// Attaches the ENI programs to `iface` (tc egress and ingress: TCX links
+    /// or clsact filters, see [`tc`]), pinned so they outlive this process.
     /// Attaching twice is a no-op.
     pub fn attach_eni(&mut self, iface: &str) -> Result<(), DatapathError> {
         self.attach_pair(iface, names::PROG_ENI_EGRESS, names::PROG_ENI_INGRESS)
@@ -248,7 +260,7 @@ impl Datapath {
     }
 
     /// Attaches `on_egress` to tc egress and `on_ingress` to tc ingress and
-    /// pins both links under `links/<ifindex>-<iface>/`.
+    /// pins both links (clsact: both programs) under `links/<ifindex>-<iface>/`.
     fn attach_pair(
         &mut self,
         iface: &str,
@@ -277,17 +289,13 @@ impl Datapath {
         ]
         .into_iter()
         .try_for_each(|(program, direction)| {
-            let link = attach(&mut self.ebpf, program, iface, direction)?;
-            if <&FdLink>::try_from(&link).is_err() {
-                // A tc netlink filter (no TCX): it cannot be pinned.
-                warn!(
-                    interface = iface,
-                    program, "tc link cannot be pinned (no TCX): it detaches when the agent exits"
-                );
-                self.unpinned.push(link);
-                return Ok(());
-            }
             let path = dir.join(program);
+            if self.attach_mode == AttachMode::Clsact {
+                let classifier = classifier_mut(&mut self.ebpf, program)?;
+                tc::attach(classifier, program, iface, direction)?;
+                return tc::pin_program(classifier, program, &path);
+            }
+            let link = attach_tcx(&mut self.ebpf, program, iface, direction)?;
             FdLink::try_from(link)
                 .map_err(|e| DatapathError::PinnedLink {
                     path: path.clone(),
@@ -356,7 +364,7 @@ impl Datapath {
 }
 
 /// Removes every pin in `pin_dir` (links first: that detaches the
-/// programs), then the directory if empty. The ENIs' programs go before
+/// programs; clsact filters are deleted), then the directory if empty. The ENIs' programs go before
 /// the pods': a flow then never has its pod's half on the stack's path
 /// (conntrack's) while its replies still go straight into the pod, which
 /// would leave conntrack's view of it behind.
@@ -364,6 +372,9 @@ pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
     let links = pin_dir.join(names::LINKS_DIR);
     if let Ok(dirs) = std::fs::read_dir(&links) {
         for dir in dirs.flatten() {
+            if dir.path().join(names::PROG_ENI_INGRESS).exists() {
+                delete_filters_of(&dir.path());
+            }
             for program in [names::PROG_ENI_INGRESS, names::PROG_ENI_EGRESS] {
                 match std::fs::remove_file(dir.path().join(program)) {
                     Ok(()) => {}
@@ -371,6 +382,11 @@ pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
                     Err(e) => return Err(e),
                 }
             }
+        }
+    }
+    if let Ok(dirs) = std::fs::read_dir(&links) {
+        for dir in dirs.flatten() {
+            delete_filters_of(&dir.path());
         }
     }
     match std::fs::remove_dir_all(links) {
@@ -402,9 +418,9 @@ fn classifier_mut<'a>(
         .map_err(|source| DatapathError::Program { name, source })
 }
 
-/// Attaches program `name` and takes its link out of aya's hands (whose
-/// drop would detach it).
-fn attach(
+/// Attaches program `name` as a TCX link and takes the link out of aya's
+/// hands (whose drop would detach it).
+fn attach_tcx(
     ebpf: &mut Ebpf,
     name: &'static str,
     iface: &str,
@@ -412,8 +428,32 @@ fn attach(
 ) -> Result<SchedClassifierLink, DatapathError> {
     let program = classifier_mut(ebpf, name)?;
     let err = |source| DatapathError::Program { name, source };
-    let id = program.attach(iface, direction).map_err(err)?;
+    let id = program
+        .attach_with_options(
+            iface,
+            direction,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        )
+        .map_err(err)?;
     program.take_link(id).map_err(err)
+}
+
+/// Puts program `name` into vpcnet's clsact filter on `iface` (the hook
+/// its pin at `path` is for), in place, and pins it there instead of the
+/// previous agent's.
+fn swap_filter(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    iface: &str,
+    path: &Path,
+) -> Result<(), DatapathError> {
+    let direction = match name {
+        names::PROG_ENI_EGRESS | names::PROG_POD_INGRESS => TcAttachType::Egress,
+        _ => TcAttachType::Ingress,
+    };
+    let program = classifier_mut(ebpf, name)?;
+    tc::attach(program, name, iface, direction)?;
+    tc::pin_program(program, name, path)
 }
 
 /// Puts program `name` into the link pinned at `path`, atomically.
@@ -443,12 +483,28 @@ fn parse_link_dir(name: &str) -> Option<(u32, String)> {
     Some((ifindex.parse().ok()?, iface.replace(':', ".")))
 }
 
+/// Deletes vpcnet's clsact filters from the interface of link directory
+/// `dir`, when that interface is still the one the directory names.
+fn delete_filters_of(dir: &Path) {
+    let Some((ifindex, iface)) = dir
+        .file_name()
+        .and_then(|name| parse_link_dir(&name.to_string_lossy()))
+    else {
+        return;
+    };
+    if interface_index(&iface) == Some(ifindex) {
+        tc::detach(&iface);
+    }
+}
+
 fn interface_index(iface: &str) -> Option<u32> {
     nix::net::if_::if_nametoindex(iface).ok()
 }
 
-/// Removes a link directory: unpinning detaches the links in it.
+/// Removes a link directory: unpinning detaches the TCX links in it, and
+/// vpcnet's clsact filters on its interface, if any, are deleted.
 fn remove_link_dir(dir: &Path) {
+    delete_filters_of(dir);
     if let Err(e) = std::fs::remove_dir_all(dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {
