@@ -210,7 +210,16 @@ struct RunArgs {
     cni_conf_dir: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run_command() {
+        // One line, every cause after a colon: what an operator reads in
+        // `kubectl logs`.
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run_command() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // Colours only for a person at a terminal, not in log files.

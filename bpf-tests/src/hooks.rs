@@ -22,10 +22,8 @@ pub fn hook_programs(ns: &str) -> BTreeMap<(String, String), Vec<HookProgram>> {
     let mut hooks: BTreeMap<(String, String), Vec<HookProgram>> = BTreeMap::new();
     let tcx = run_in(ns, || {
         let mut found = Vec::new();
-        for iface in nix::net::if_::if_nameindex()
-            .expect("listing interfaces")
-            .iter()
-        {
+        let interfaces = nix::net::if_::if_nameindex().expect("listing interfaces");
+        for iface in &interfaces {
             let name = iface.name().to_string_lossy().into_owned();
             for (hook, direction) in [
                 ("ingress", TcAttachType::Ingress),

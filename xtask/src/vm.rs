@@ -25,7 +25,7 @@ use crate::{
     test::TestTally,
 };
 
-/// virtme-ng, from PyPI, in the project's virtualenv.
+/// virtme-ng, from `PyPI`, in the project's virtualenv.
 pub const VIRTME_NG_REQUIREMENT: &str = "virtme-ng==1.42";
 
 /// Guest resources: both of the machine's cores, and memory for a lab
@@ -38,7 +38,7 @@ const GUEST_MEMORY: &str = "4G";
 const GUEST_MODULES: [&str; 4] = ["veth", "sch_ingress", "cls_bpf", "8021q"];
 
 /// No VM run may take longer than this: a hung guest fails the run.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+const GUEST_TIMEOUT: Duration = Duration::from_mins(40);
 
 /// virtme-ng's command.
 fn vng() -> PathBuf {

@@ -22,6 +22,30 @@ pub enum DatapathError {
     },
     #[error("loading the eBPF object")]
     Load(#[from] aya::EbpfError),
+    #[error(
+        "kernel {release} is too old: vpcnet needs Linux {}.{} or later",
+        super::verifier::MIN_KERNEL.0,
+        super::verifier::MIN_KERNEL.1
+    )]
+    KernelTooOld { release: String },
+    #[error(
+        "kernel {release} cannot load BTF (CONFIG_DEBUG_INFO_BTF), which the programs' \
+         callbacks need: vpcnet needs Linux {}.{} or later built with BTF",
+        super::verifier::MIN_KERNEL.0,
+        super::verifier::MIN_KERNEL.1
+    )]
+    NoBtf { release: String },
+    #[error(
+        "the verifier of kernel {release} refused program {program}: {reason}; vpcnet needs \
+         Linux {}.{} or later (the full log is at debug level: RUST_LOG=debug)",
+        super::verifier::MIN_KERNEL.0,
+        super::verifier::MIN_KERNEL.1
+    )]
+    Refused {
+        program: &'static str,
+        release: String,
+        reason: String,
+    },
     #[error("program {0} is missing from the eBPF object")]
     MissingProgram(&'static str),
     #[error("map {0} is missing from the eBPF object")]

@@ -30,6 +30,35 @@ use vpcnet_common::maps as names;
 /// The compiled programs (see build.rs); empty when built without bpf-linker.
 pub static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vpcnet.bpf.o"));
 
+/// Refuses, in one line, a kernel the programs cannot run on.
+fn check_kernel() -> Result<(), DatapathError> {
+    let release = verifier::kernel_release();
+    if verifier::release_version(&release).is_some_and(|version| version < verifier::MIN_KERNEL) {
+        return Err(DatapathError::KernelTooOld { release });
+    }
+    if aya::features().btf().is_none() {
+        return Err(DatapathError::NoBtf { release });
+    }
+    Ok(())
+}
+
+/// A program's load error; the verifier's refusal as one line, its whole
+/// log at debug level.
+fn refused(name: &'static str, source: aya::programs::ProgramError) -> DatapathError {
+    match source {
+        aya::programs::ProgramError::LoadError { verifier_log, .. } => {
+            let log = verifier_log.to_string();
+            tracing::debug!(program = name, log = %log, "the verifier's log");
+            DatapathError::Refused {
+                program: name,
+                release: verifier::kernel_release(),
+                reason: verifier::refusal_reason(&log),
+            }
+        }
+        source => DatapathError::Program { name, source },
+    }
+}
+
 /// Where bpffs is mounted.
 const BPFFS: &str = "/sys/fs/bpf";
 
@@ -80,6 +109,7 @@ impl Datapath {
         if PROGRAMS.is_empty() {
             return Err(DatapathError::NoPrograms);
         }
+        check_kernel()?;
         ensure_bpffs(&opts.pin_dir)?;
         std::fs::create_dir_all(&opts.pin_dir).map_err(|source| DatapathError::PinDir {
             path: opts.pin_dir.clone(),
@@ -112,9 +142,7 @@ impl Datapath {
                 .map(|(name, classifier)| {
                     scope.spawn(move || {
                         let started = std::time::Instant::now();
-                        classifier
-                            .load()
-                            .map_err(|source| DatapathError::Program { name, source })?;
+                        classifier.load().map_err(|source| refused(name, source))?;
                         let load_time = started.elapsed();
                         let processed_insns = classifier
                             .info()

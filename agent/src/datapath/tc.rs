@@ -3,7 +3,7 @@
 //! From 6.6 the kernel has TCX: each program is a bpf link, pinned under
 //! `links/`, that outlives the agent and takes a new program in one atomic
 //! swap. Before 6.6 (Amazon Linux 2023's 6.1) there is only the clsact
-//! qdisc with cls_bpf filters. There vpcnet creates the qdisc when the
+//! qdisc with `cls_bpf` filters. There vpcnet creates the qdisc when the
 //! interface has none, and puts one filter on each hook at a fixed priority
 //! and handle ([`FILTER_PRIORITY`], [`FILTER_HANDLE`]). A filter is not tied
 //! to the process that added it, so it stays when the agent exits, however
@@ -29,7 +29,7 @@ use super::DatapathError;
 pub enum AttachMode {
     /// TCX links (6.6 and later), pinned.
     Tcx,
-    /// A clsact qdisc and cls_bpf filters (any kernel; the only way before
+    /// A clsact qdisc and `cls_bpf` filters (any kernel; the only way before
     /// 6.6).
     Clsact,
 }

@@ -10,7 +10,7 @@
 //! combined depth is the sum of rounded frames along the deepest chain.
 //! The rounding is where kernels differ: before 6.9 every frame counts as
 //! at least 32 bytes, rounded up to 32 (`round_up(max(depth, 1), 32)`);
-//! from 6.9 a JITed frame is rounded up to 16. A chain of several frames
+//! from 6.9 a frame of a JIT-compiled program is rounded up to 16. A chain of several frames
 //! can thus fit 512 bytes on 6.18 and not on 6.1.
 
 use std::{collections::BTreeMap, fmt, time::Duration};
@@ -35,7 +35,7 @@ pub enum FrameRounding {
     /// Before 6.9: `round_up(max(depth, 1), 32)`, the interpreter's
     /// granularity, even for a frame with no stack.
     Before6_9,
-    /// From 6.9, JITed programs: `round_up(depth, 16)`.
+    /// From 6.9, JIT-compiled programs: `round_up(depth, 16)`.
     Jit16,
 }
 
@@ -258,7 +258,7 @@ impl<'a> Linked<'a> {
                         a.code == b.code
                             && a.dst_reg() == b.dst_reg()
                             && a.off == b.off
-                            && (a.imm == b.imm || a.code == LD_IMM64 || is_call(a))
+                            && (a.imm == b.imm || a.code == LD_IMM64 || is_call(*a))
                     })
             })
             .map_or_else(
@@ -285,7 +285,7 @@ fn readable_name(symbol: &str) -> &str {
     symbol
 }
 
-fn is_call(insn: &bpf_insn) -> bool {
+fn is_call(insn: bpf_insn) -> bool {
     insn.code == BPF_JMP | BPF_CALL
 }
 
@@ -293,7 +293,7 @@ fn is_call(insn: &bpf_insn) -> bool {
 /// points to.
 fn call_target(insns: &[bpf_insn], i: usize) -> Option<usize> {
     let insn = &insns[i];
-    let pseudo = (is_call(insn) && insn.src_reg() == BPF_PSEUDO_CALL)
+    let pseudo = (is_call(*insn) && insn.src_reg() == BPF_PSEUDO_CALL)
         || (insn.code == LD_IMM64 && insn.src_reg() == BPF_PSEUDO_FUNC);
     if !pseudo {
         return None;
@@ -357,6 +357,51 @@ fn frame_depth(code: &[bpf_insn]) -> u32 {
         i += if insn.code == LD_IMM64 { 2 } else { 1 };
     }
     u32::try_from(deepest).unwrap_or(u32::MAX)
+}
+
+/// The oldest kernel vpcnet runs on: the oldest EKS nodes run (Amazon
+/// Linux 2023 for Kubernetes 1.30-1.32), and the oldest the test matrix
+/// boots. `bpf_loop` needs 5.17, `bpf_redirect_peer` 5.10.
+pub const MIN_KERNEL: (u32, u32) = (6, 1);
+
+/// `major.minor` of a release such as `6.1.0-50-amd64`.
+pub fn release_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Why the verifier refused a program, in one line: the log's last line
+/// that is not one of its statistics, with the processed-instructions
+/// count when the log has it.
+pub fn refusal_reason(log: &str) -> String {
+    let is_stats = |line: &str| {
+        [
+            "processed ",
+            "stack depth",
+            "verification time",
+            "max_states_per_insn",
+        ]
+        .iter()
+        .any(|prefix| line.starts_with(prefix))
+    };
+    let lines: Vec<&str> = log
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let reason = lines
+        .iter()
+        .rev()
+        .find(|line| !is_stats(line))
+        .copied()
+        .unwrap_or("no reason in the verifier's log");
+    match lines.iter().find(|line| line.starts_with("processed ")) {
+        Some(processed) => format!(
+            "{reason} ({})",
+            processed.split(" max_states").next().unwrap_or(processed)
+        ),
+        None => reason.to_owned(),
+    }
 }
 
 /// What loading a program cost on this kernel.
@@ -448,8 +493,8 @@ pub fn table(release: &str, budgets: &[Budget]) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<12} {:>9} {:>7} {:>8} {:>10} {:>9}  {}",
-        "program", "insns", "of 1M", "stack", "pre-6.9", "load", "deepest chain (bytes per frame)"
+        "{:<12} {:>9} {:>7} {:>8} {:>10} {:>9}  deepest chain (bytes per frame)",
+        "program", "insns", "of 1M", "stack", "pre-6.9", "load"
     );
     for budget in budgets {
         let insns = budget
@@ -559,6 +604,36 @@ mod tests {
         // Before 6.9: 64 + 128 + 32; from 6.9: 48 + 128 + 0.
         assert_eq!(stack.combined(FrameRounding::Before6_9), 224);
         assert_eq!(stack.combined(FrameRounding::Jit16), 176);
+    }
+
+    #[test]
+    fn a_refusal_is_the_logs_reason_in_one_line() {
+        // The end of 6.1's log for pod_egress before the stack fix.
+        let log = "; return Ok(verdict)\n\
+                   7651: (95) exit\n\
+                   combined stack size of 3 calls is 544. Too large\n\
+                   verification time 1402133 usec\n\
+                   stack depth 360+0+128\n\
+                   processed 45095 insns (limit 1000000) max_states_per_insn 13 total_states 2386 \
+                   peak_states 1201 mark_read 146\n";
+        assert_eq!(
+            refusal_reason(log),
+            "combined stack size of 3 calls is 544. Too large \
+             (processed 45095 insns (limit 1000000))"
+        );
+        assert_eq!(refusal_reason(""), "no reason in the verifier's log");
+    }
+
+    #[test]
+    fn releases_read_as_major_and_minor() {
+        assert_eq!(release_version("6.1.0-50-amd64"), Some((6, 1)));
+        assert_eq!(release_version("6.12.95+deb12-amd64"), Some((6, 12)));
+        assert_eq!(
+            release_version("5.10.240-238.955.amzn2.x86_64"),
+            Some((5, 10))
+        );
+        assert_eq!(release_version("unknown"), None);
+        assert!(release_version("5.10.240").unwrap() < MIN_KERNEL);
     }
 
     #[test]

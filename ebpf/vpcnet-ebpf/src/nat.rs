@@ -170,6 +170,10 @@ const TABLE_FULL: u8 = 3;
 
 /// One candidate of the port search. Runs under `bpf_loop`, so the verifier
 /// checks this body once instead of once per try. Returns 1 to stop.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
+)]
 #[inline(never)]
 extern "C" fn claim_step(index: u32, _ctx: *mut c_void) -> i64 {
     let Some(search) = PORT_SEARCH.get_ptr_mut(0) else {
@@ -208,6 +212,10 @@ extern "C" fn claim_step(index: u32, _ctx: *mut c_void) -> i64 {
 /// Claims a port for the flow `fwd` (kind `kind`) translated to `nat_addr`:
 /// inserts the reverse entry, the claim, taking over the port of a flow that
 /// is over (see `port_reusable`).
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
+)]
 #[inline(always)]
 fn claim_port(
     picker: PortPicker,
@@ -296,6 +304,10 @@ enum Holder {
 /// when it is a closed TCP flow even within its TIME_WAIT hold. The
 /// holder's forward tuple is built in `fwd_key` (the search's slot, off
 /// the stack), and both entries are judged where they lie in their maps.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
+)]
 #[inline(always)]
 fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) -> Holder {
     // SAFETY: a map value, valid for the program's run even if deleted.
