@@ -20,7 +20,7 @@ fn every_program_loads_within_its_budgets() {
     // Straight to stdout, past libtest's capture: the table is the point of
     // a run on each kernel of the matrix.
     let table = verifier::table(&release, &budgets);
-    let _ = writeln!(std::io::stdout().lock(), "{table}");
+    let _ = writeln!(std::io::stdout().lock(), "\n{table}");
     let names: Vec<&str> = budgets.iter().map(|b| b.stats.name).collect();
     assert_eq!(
         names.len(),
