@@ -307,3 +307,22 @@ pub fn lab_counter(counter: Counter) -> u64 {
         })
         .unwrap_or_else(|| panic!("counter {} not printed by the agent", counter.name()))
 }
+
+/// A NAT flow as the pinned table holds it: the original tuple (source,
+/// destination, ports, protocol) and the translation (address, port).
+pub type NatTuple = (u32, u32, u16, u16, u8, u32, u16);
+
+/// The lab agent's NAT table now (its maps pinned at the default place).
+pub fn pinned_nat_table() -> std::collections::BTreeSet<NatTuple> {
+    vpcnet_agent::datapath::DatapathMaps::open_pinned(std::path::Path::new(maps::PIN_DIR))
+        .and_then(|maps| maps.flows())
+        .expect("reading the NAT table")
+        .into_iter()
+        .map(|f| {
+            let k = f.key;
+            (
+                k.saddr, k.daddr, k.sport, k.dport, k.proto, f.fwd.addr, f.fwd.port,
+            )
+        })
+        .collect()
+}

@@ -11,40 +11,20 @@
 use std::{
     collections::BTreeSet,
     net::SocketAddrV4,
-    path::Path,
     time::{Duration, Instant},
 };
 
-use vpcnet_agent::datapath::DatapathMaps;
 use vpcnet_bpf_tests::{
     cri::{self, node_traces, remove_all_pods, wait_ipam},
     echo::EchoStream,
+    pinned_nat_table,
 };
-use vpcnet_common::maps::PIN_DIR;
 use vpcnet_lab::{Lab, WhoamiServer, addrs, cri_pods, serial};
 
 const PORT: u16 = 8080;
 /// Echoes each connection must complete while the agent is down, and
 /// after it is back.
 const ECHOES: u64 = 100;
-
-/// A NAT entry: the original tuple and its translation.
-type NatEntry = (u32, u32, u16, u16, u8, u32, u16);
-
-/// The NAT table now.
-fn nat_entries() -> BTreeSet<NatEntry> {
-    DatapathMaps::open_pinned(Path::new(PIN_DIR))
-        .and_then(|maps| maps.flows())
-        .expect("reading the NAT table")
-        .into_iter()
-        .map(|f| {
-            let k = f.key;
-            (
-                k.saddr, k.daddr, k.sport, k.dport, k.proto, f.fwd.addr, f.fwd.port,
-            )
-        })
-        .collect()
-}
 
 /// The host veths of the node.
 fn host_veths() -> BTreeSet<String> {
@@ -74,7 +54,7 @@ fn agent_restarts_break_no_flow_and_lose_no_nat_entry() {
     );
     snat.wait_for_more_echoes(ECHOES, "before the restarts");
     pod_to_pod.wait_for_more_echoes(ECHOES, "before the restarts");
-    let nat_before = nat_entries();
+    let nat_before = pinned_nat_table();
     assert!(!nat_before.is_empty(), "the SNAT flow is in the NAT table");
 
     for (how, crash) in [("SIGKILL", true), ("SIGTERM", false)] {
@@ -113,7 +93,7 @@ fn agent_restarts_break_no_flow_and_lose_no_nat_entry() {
         let downtime = down_at.elapsed();
         snat.wait_for_more_echoes(ECHOES, &format!("after the restart ({how})"));
         pod_to_pod.wait_for_more_echoes(ECHOES, &format!("after the restart ({how})"));
-        let nat_after = nat_entries();
+        let nat_after = pinned_nat_table();
         let lost: Vec<_> = nat_before.difference(&nat_after).collect();
         assert!(
             lost.is_empty(),

@@ -17,18 +17,14 @@
 //! --test node_restart -- --test-threads=1 --nocapture`; on 6.1:
 //! `cargo xtask test --kernel 6.1 --test node_restart`.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    io::Write as _,
-    net::SocketAddrV4,
-    path::Path,
-};
+use std::{collections::BTreeMap, io::Write as _, net::SocketAddrV4, path::Path};
 
-use vpcnet_agent::datapath::{AttachMode, DatapathMaps, remove_pins, tc::ENV_TC_ATTACH};
+use vpcnet_agent::datapath::{AttachMode, remove_pins, tc::ENV_TC_ATTACH};
 use vpcnet_bpf_tests::{
     agent_binary,
     echo::EchoStream,
     hooks::{HookProgram, hook_programs},
+    pinned_nat_table,
 };
 use vpcnet_common::maps::{self as names, PIN_DIR};
 use vpcnet_lab::{Lab, LabOptions, WhoamiServer, addrs, run_in, serial};
@@ -36,21 +32,6 @@ use vpcnet_lab::{Lab, LabOptions, WhoamiServer, addrs, run_in, serial};
 const PORT: u16 = 8080;
 /// Echoes each connection must complete in each phase.
 const ECHOES: u64 = 100;
-
-/// The NAT table: original tuple and translation of every flow.
-fn nat_table() -> BTreeSet<(u32, u32, u16, u16, u8, u32, u16)> {
-    DatapathMaps::open_pinned(Path::new(PIN_DIR))
-        .and_then(|maps| maps.flows())
-        .expect("reading the NAT table")
-        .into_iter()
-        .map(|f| {
-            let k = f.key;
-            (
-                k.saddr, k.daddr, k.sport, k.dport, k.proto, f.fwd.addr, f.fwd.port,
-            )
-        })
-        .collect()
-}
 
 /// vpcnet's programs on the node's hooks.
 fn vpcnet_hooks() -> BTreeMap<(String, String), Vec<HookProgram>> {
@@ -161,7 +142,7 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
     for (name, stream) in streams {
         stream.wait_for_more_echoes(ECHOES, &format!("({name}) before the restarts"));
     }
-    let nat_before = nat_table();
+    let nat_before = pinned_nat_table();
     assert!(!nat_before.is_empty(), "the SNAT flow is in the NAT table");
     let mut programs = one_program_per_hook(&lab, attach, "at start");
 
@@ -192,7 +173,7 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
             );
         }
         programs = after;
-        let nat_after = nat_table();
+        let nat_after = pinned_nat_table();
         let lost: Vec<_> = nat_before.difference(&nat_after).collect();
         assert!(
             lost.is_empty(),
