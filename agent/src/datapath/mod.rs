@@ -277,23 +277,22 @@ impl Datapath {
     /// or clsact filters, see [`tc`]), pinned so they outlive this process.
     /// Attaching twice is a no-op.
     pub fn attach_eni(&mut self, iface: &str) -> Result<(), DatapathError> {
-        self.attach_pair(iface, names::PROG_ENI_EGRESS, names::PROG_ENI_INGRESS)
+        self.attach_pair(iface, [names::PROG_ENI_EGRESS, names::PROG_ENI_INGRESS])
     }
 
     /// Attaches the pod programs to a pod's host veth `iface`: what the pod
     /// sends arrives on the veth's tc ingress, what the stack hands it
     /// leaves by its tc egress.
     pub fn attach_pod(&mut self, iface: &str) -> Result<(), DatapathError> {
-        self.attach_pair(iface, names::PROG_POD_INGRESS, names::PROG_POD_EGRESS)
+        self.attach_pair(iface, [names::PROG_POD_INGRESS, names::PROG_POD_EGRESS])
     }
 
-    /// Attaches `on_egress` to tc egress and `on_ingress` to tc ingress and
-    /// pins both links (clsact: both programs) under `links/<ifindex>-<iface>/`.
+    /// Attaches `programs` each to its hook ([`hook_of`]) and pins both links
+    /// (clsact: both programs) under `links/<ifindex>-<iface>/`.
     fn attach_pair(
         &mut self,
         iface: &str,
-        on_egress: &'static str,
-        on_ingress: &'static str,
+        programs: [&'static str; 2],
     ) -> Result<(), DatapathError> {
         let ifindex =
             interface_index(iface).ok_or_else(|| DatapathError::NoInterface(iface.to_owned()))?;
@@ -311,12 +310,8 @@ impl Datapath {
             path: dir.clone(),
             source,
         })?;
-        let pinned = [
-            (on_egress, TcAttachType::Egress),
-            (on_ingress, TcAttachType::Ingress),
-        ]
-        .into_iter()
-        .try_for_each(|(program, direction)| {
+        let pinned = programs.into_iter().try_for_each(|program| {
+            let direction = hook_of(program);
             let path = dir.join(program);
             if self.attach_mode == AttachMode::Clsact {
                 let classifier = classifier_mut(&mut self.ebpf, program)?;
@@ -392,10 +387,10 @@ impl Datapath {
 }
 
 /// Removes every pin in `pin_dir` (links first: that detaches the
-/// programs; clsact filters are deleted), then the directory if empty. The ENIs' programs go before
-/// the pods': a flow then never has its pod's half on the stack's path
-/// (conntrack's) while its replies still go straight into the pod, which
-/// would leave conntrack's view of it behind.
+/// programs; clsact filters are deleted), then the directory if empty.
+/// The ENIs' programs go before the pods': a flow then never has its pod's
+/// half on the stack's path (conntrack's) while its replies still go
+/// straight into the pod, which would leave conntrack's view of it behind.
 pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
     let links = pin_dir.join(names::LINKS_DIR);
     if let Ok(dirs) = std::fs::read_dir(&links) {
@@ -466,6 +461,16 @@ fn attach_tcx(
     program.take_link(id).map_err(err)
 }
 
+/// The hook program `name` sits on: tc egress for what leaves an ENI
+/// (`eni_egress`) and what the stack hands a pod (`pod_ingress`), tc
+/// ingress for the others.
+fn hook_of(name: &str) -> TcAttachType {
+    match name {
+        names::PROG_ENI_EGRESS | names::PROG_POD_INGRESS => TcAttachType::Egress,
+        _ => TcAttachType::Ingress,
+    }
+}
+
 /// Puts program `name` into vpcnet's clsact filter on `iface` (the hook
 /// its pin at `path` is for), in place, and pins it there instead of the
 /// previous agent's.
@@ -475,12 +480,8 @@ fn swap_filter(
     iface: &str,
     path: &Path,
 ) -> Result<(), DatapathError> {
-    let direction = match name {
-        names::PROG_ENI_EGRESS | names::PROG_POD_INGRESS => TcAttachType::Egress,
-        _ => TcAttachType::Ingress,
-    };
     let program = classifier_mut(ebpf, name)?;
-    tc::attach(program, name, iface, direction)?;
+    tc::attach(program, name, iface, hook_of(name))?;
     tc::pin_program(program, name, path)
 }
 
