@@ -434,10 +434,18 @@ impl Manager {
     async fn rebuild(&self) -> Result<(), ManagerError> {
         let me = &self.inner;
         let instance_id = &me.node.instance.instance_id;
-        let mut enis = me.cloud.instance_enis(instance_id).await?;
-        for eni in &mut enis {
-            if eni.attachment_status.as_deref() != Some("attached") {
-                *eni = self.wait_attachment(&eni.id, "attached").await?;
+        let mut enis = Vec::new();
+        for eni in me.cloud.instance_enis(instance_id).await? {
+            match eni.attachment_status.as_deref() {
+                Some("attached") => enis.push(eni),
+                // An earlier run was detaching it when it stopped: it will
+                // never be attached again. Once detached, the sweep below
+                // finds it among this node's detached ENIs and deletes it.
+                Some("detaching") => {
+                    info!(eni = %eni.id, "waiting for the detach an earlier run started");
+                    self.wait_attachment(&eni.id, "detached").await?;
+                }
+                _ => enis.push(self.wait_attachment(&eni.id, "attached").await?),
             }
         }
         for eni in me.cloud.detached_agent_enis(None).await? {
