@@ -171,7 +171,11 @@ pub fn run_in_guest(
         .arg(format!("bash {}", script.display()))
         .current_dir(workspace_root())
         .stdin(Stdio::null())
-        .stdout(Stdio::piped());
+        .stdout(Stdio::piped())
+        // A pipe, not ours: qemu reopens the guest's stderr by path
+        // (`/proc/self/fd/2`) with O_TRUNC, which would empty a log file
+        // this run writes to.
+        .stderr(Stdio::piped());
     let line = shell_line(&boot);
     println!("==> kernel {} ({}): {line}", kernel.name, installed.release);
     let started = Instant::now();
@@ -179,6 +183,10 @@ pub fn run_in_guest(
         .spawn()
         .with_context(|| format!("cannot start `{line}`"))?;
     let stdout = child.stdout.take().context("the VM's stdout")?;
+    let mut stderr = child.stderr.take().context("the VM's stderr")?;
+    let forward_stderr = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut stderr, &mut std::io::stderr());
+    });
     let (lines, received) = mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut reader = BufReader::new(stdout);
@@ -219,6 +227,7 @@ pub fn run_in_guest(
         }
     }
     let _ = reader.join();
+    let _ = forward_stderr.join();
     let status = child.wait().context("wait for the VM")?;
     println!(
         "<== kernel {}: {} in {:.0}s",
