@@ -156,6 +156,53 @@ pub fn run_in_guest(
     let script = dir.join("run.sh");
     std::fs::write(&script, guest_script(kernel, tests, test_args))
         .with_context(|| format!("write {}", script.display()))?;
+    let mut run = boot(kernel, installed, &script)?;
+    if run.guest_release.is_none() {
+        // qemu failed before the guest ran anything (no test ran): once
+        // more, as a boot failure is not a test result.
+        println!(
+            "<== kernel {}: the VM did not boot ({}); once more",
+            kernel.name, run.status
+        );
+        run = boot(kernel, installed, &script)?;
+    }
+    let Run {
+        tally,
+        guest_release,
+        status,
+        line,
+    } = run;
+    if guest_release.as_deref() != Some(installed.release.as_str()) {
+        bail!(
+            "kernel {}: the guest did not report booting {} (it said {guest_release:?}); \
+             `{line}` exited with {status}",
+            kernel.name,
+            installed.release
+        );
+    }
+    if !status.success() {
+        bail!(
+            "kernel {}: tests failed ({status}); {}",
+            kernel.name,
+            tally.summary_line()
+        );
+    }
+    Ok(tally)
+}
+
+/// One boot of the guest and what came back.
+struct Run {
+    tally: TestTally,
+    /// The release the guest said it booted; `None` if it never ran the
+    /// script.
+    guest_release: Option<String>,
+    status: std::process::ExitStatus,
+    /// The command, to run by hand.
+    line: String,
+}
+
+/// Boots `kernel` with `script` as the guest's command, echoing its output.
+fn boot(kernel: &Kernel, installed: &Installed, script: &Path) -> Result<Run> {
     let mut boot = Command::new(vng());
     // vng runs its siblings (virtme-run) from PATH.
     let venv_bin = Path::new(MOTO_VENV).join("bin");
@@ -235,22 +282,12 @@ pub fn run_in_guest(
         tally.summary_line(),
         started.elapsed().as_secs_f64()
     );
-    if guest_release.as_deref() != Some(installed.release.as_str()) {
-        bail!(
-            "kernel {}: the guest did not report booting {} (it said {guest_release:?}); \
-             `{line}` exited with {status}",
-            kernel.name,
-            installed.release
-        );
-    }
-    if !status.success() {
-        bail!(
-            "kernel {}: tests failed ({status}); {}",
-            kernel.name,
-            tally.summary_line()
-        );
-    }
-    Ok(tally)
+    Ok(Run {
+        tally,
+        guest_release,
+        status,
+        line,
+    })
 }
 
 #[cfg(test)]
