@@ -34,8 +34,9 @@ pub struct Args {
     #[arg(long = "test", value_name = "TARGET")]
     tests: Vec<String>,
     /// A named set of test targets: `matrix` (what CI runs on each kernel of
-    /// the matrix) or `datapath` (the datapath's lab suite).
-    #[arg(long, value_enum)]
+    /// the matrix) or `datapath` (the datapath's lab suite). A suite is a
+    /// set of targets, so it cannot be narrowed with `--test`.
+    #[arg(long, value_enum, conflicts_with = "tests")]
     suite: Option<Suite>,
     /// Where to run: `host` (this machine's kernel), `6.1` or `6.12` (a VM
     /// booting Debian's kernel), or `all`; comma-separated. Without it: every
