@@ -3,6 +3,7 @@
 //! plugin's gRPC API (`proto/cni.proto`).
 
 pub mod conflist;
+pub mod kube_proxy;
 pub mod layout;
 pub mod pod;
 pub mod vpc_cni;

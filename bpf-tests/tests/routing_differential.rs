@@ -43,7 +43,7 @@ use vpcnet_bpf_tests::{
 };
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
-    EnforcingMode, Lab, LabOptions, NodePortService, addrs, exec_ok,
+    ClusterIpService, EnforcingMode, Lab, LabOptions, NodePortService, ServiceBackend, addrs,
     probe::{RouterLinkTap, WhoamiFlow},
     serial,
 };
@@ -71,9 +71,8 @@ const BRANCH_POD: usize = 3;
 /// The pod behind the node port, on `eth1`.
 const NODE_PORT_POD: usize = 1;
 
-/// ClusterIP-style services in the default service CIDR (10.100.0.0/16),
-/// DNATed by rules kube-proxy would install: to `peer`, and to a pod of
-/// the node.
+/// Cluster IP services in the default service CIDR (10.100.0.0/16), in
+/// kube-proxy's rules: to `peer`, and to a pod of the node.
 const SERVICE_TO_PEER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 10), 80);
 const SERVICE_TO_POD: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 11), 80);
 const SERVICE_POD: usize = 4;
@@ -117,6 +116,21 @@ impl Mode {
                 pod: NODE_PORT_POD,
                 target_port: PORT,
             }),
+            cluster_ips: vec![
+                ClusterIpService {
+                    name: "to-peer".into(),
+                    addr: SERVICE_TO_PEER,
+                    backend: ServiceBackend::Remote(SocketAddrV4::new(addrs::PEER_ADDR, PORT)),
+                },
+                ClusterIpService {
+                    name: "to-pod".into(),
+                    addr: SERVICE_TO_POD,
+                    backend: ServiceBackend::Pod {
+                        pod: SERVICE_POD,
+                        port: PORT,
+                    },
+                },
+            ],
             exclude_snat_cidrs: if self.onprem_excluded() {
                 vec![addrs::ONPREM_NET]
             } else {
@@ -575,7 +589,6 @@ fn run(mode: Mode, base: LabOptions, check: impl FnOnce(&Lab)) -> Vec<(Case, Out
         }
         assert_eq!(pod.branch.is_some(), BRANCH_PODS.contains(&index));
     }
-    install_cluster_ips();
     let tap = RouterLinkTap::install(&Link::ALL.map(Link::router_side))
         .unwrap_or_else(|e| panic!("counting the node's packets per ENI link: {e}"));
     let servers = start_servers();
@@ -589,46 +602,6 @@ fn run(mode: Mode, base: LabOptions, check: impl FnOnce(&Lab)) -> Vec<(Case, Out
     drop(tap);
     drop(lab);
     table
-}
-
-/// The services' DNAT, TCP and UDP, as kube-proxy installs it: first in
-/// nat PREROUTING (kube-proxy prepends its jump), for any input interface.
-fn install_cluster_ips() {
-    let backends = [
-        (SERVICE_TO_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT)),
-        (
-            SERVICE_TO_POD,
-            SocketAddrV4::new(End::Pod(SERVICE_POD).addr(), PORT),
-        ),
-    ];
-    for (service, backend) in backends {
-        for proto in ["tcp", "udp"] {
-            let destination = format!("{}/32", service.ip());
-            let port = service.port().to_string();
-            let to = backend.to_string();
-            let argv = [
-                "iptables",
-                "-w",
-                "-t",
-                "nat",
-                "-I",
-                "PREROUTING",
-                "1",
-                "-d",
-                &destination,
-                "-p",
-                proto,
-                "--dport",
-                &port,
-                "-j",
-                "DNAT",
-                "--to-destination",
-                &to,
-            ];
-            exec_ok(addrs::NS_NODE, &argv)
-                .unwrap_or_else(|e| panic!("installing the service {service}: {e}"));
-        }
-    }
 }
 
 /// After an eBPF run: the verdicts of every path moved, nothing was

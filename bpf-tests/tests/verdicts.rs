@@ -485,6 +485,24 @@ fn icmp_errors_about_natted_flows_are_translated_inside_and_out() {
     assert_eq!((quoted.src, quoted.sport), (POD, 99));
     assert_checksums(&quoted);
 
+    // UDP; a router finds a bad option and says parameter problem.
+    let sent = h.egress(&packets::udp(POD, 5100, INET, 9999, b"opts"));
+    let problem = packets::icmp_error(
+        Ipv4Addr::new(203, 0, 113, 1),
+        NODE,
+        12,
+        0,
+        &sent.packet,
+        1000,
+    );
+    let out = h.ingress(&problem);
+    let outer = parse(&out.packet);
+    assert_eq!(outer.dst, POD, "parameter problem translated back");
+    assert_checksums(&outer);
+    let quoted = parse_quoted(&out.packet);
+    assert_eq!((quoted.src, quoted.sport), (POD, 5100));
+    assert_checksums(&quoted);
+
     // An error about something that is not ours passes untouched.
     let stranger = packets::icmp_error(
         INET,

@@ -312,11 +312,14 @@ pub fn filler_pod_addr(index: usize) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::from(base + u32::try_from(index).ok()?))
 }
 
-// NodePort-style inbound: kube-proxy's DNAT from the node's primary address
-// to one pod (externalTrafficPolicy=Local: the client address is kept).
+// The node port service: kube-proxy's DNAT from the node's addresses to one
+// pod (externalTrafficPolicy=Local: the client address is kept).
 
 /// The node port clients connect to on 10.20.11.162 (TCP and UDP).
 pub const NODE_PORT: u16 = 30080;
+/// The node port service's cluster IP (in the default service CIDR,
+/// 10.100.0.0/16).
+pub const NODE_PORT_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 80);
 
 #[cfg(test)]
 mod tests {

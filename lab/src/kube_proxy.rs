@@ -1,65 +1,162 @@
-//! What kube-proxy would install for a `NodePort` service with
-//! `externalTrafficPolicy: Local`, reduced to its effect: connections to the
-//! node's primary address on [`NODE_PORT`] are DNATed to one pod, with no
-//! masquerade (the pod sees the client's address). kube-proxy runs whatever
-//! the CNI, so both datapaths get this.
+//! kube-proxy in the lab's node: the rules its iptables mode writes
+//! ([`vpcnet_api::kube_proxy`]) for the lab's services, installed the way it
+//! installs them, under both datapaths, as on every EKS node. With them
+//! conntrack is active in the node (so it defragments what the stack
+//! receives) and `KUBE-FORWARD` drops what conntrack calls INVALID.
+//!
+//! The lab's services: the node port in front of one pod
+//! (`externalTrafficPolicy: Local`, as [`NodePortService`] says) and the
+//! cluster IPs the options ask for.
+
+use std::{net::SocketAddrV4, process::Command};
+
+use vpcnet_api::kube_proxy::{
+    Endpoint, Options, Protocol, ROUTE_LOCALNET_SYSCTL, ServicePort, TrafficPolicy, jump_rules,
+    restore_input,
+};
 
 use crate::{
-    addrs::{NODE_PORT, NODE_PRIMARY_ADDR, NS_NODE},
+    addrs::{NODE_PORT, NODE_PORT_CLUSTER_IP, NS_NODE},
     error::Result,
-    netns::exec_ok,
-    options::NodePortService,
+    netns::{exec, exec_ok, netns_path, run_with_stdin, set_sysctls},
+    options::{ClusterIpService, LabOptions, NodePortService, ServiceBackend},
     state::PodInfo,
 };
 
-/// The `iptables` invocations (without the program name), TCP then UDP.
-pub fn node_port_commands(service: &NodePortService, backend: &PodInfo) -> Vec<Vec<String>> {
-    ["tcp", "udp"]
+/// The namespace the lab's services live in.
+const NAMESPACE: &str = "default";
+/// The node port service's name.
+const NODE_PORT_SERVICE: &str = "node-port";
+
+/// The node port service's ports, TCP and UDP, each with its own cluster IP
+/// rule and node port.
+fn node_port_ports(service: &NodePortService, backend: &PodInfo) -> Vec<ServicePort> {
+    [Protocol::Tcp, Protocol::Udp]
         .into_iter()
-        .map(|proto| {
-            format!(
-                "-t nat -A PREROUTING -d {NODE_PRIMARY_ADDR}/32 -p {proto} --dport {NODE_PORT} \
-                 -j DNAT --to-destination {}:{}",
-                backend.addr, service.target_port
-            )
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
+        .map(|protocol| ServicePort {
+            namespace: NAMESPACE.into(),
+            service: NODE_PORT_SERVICE.into(),
+            port_name: protocol.name().into(),
+            protocol,
+            cluster_ip: NODE_PORT_CLUSTER_IP,
+            port: service.target_port,
+            node_port: Some(NODE_PORT),
+            external_traffic_policy: TrafficPolicy::Local,
+            endpoints: vec![Endpoint {
+                addr: SocketAddrV4::new(backend.addr, service.target_port),
+                local: true,
+            }],
         })
         .collect()
 }
 
-/// Installs the service in the node.
-pub fn install(service: &NodePortService, backend: &PodInfo) -> Result<()> {
-    for command in node_port_commands(service, backend) {
-        let mut argv = vec!["iptables", "-w"];
-        argv.extend(command.iter().map(String::as_str));
-        exec_ok(NS_NODE, &argv)?;
+fn cluster_ip_ports(service: &ClusterIpService, pods: &[PodInfo]) -> Vec<ServicePort> {
+    let endpoint = match service.backend {
+        ServiceBackend::Pod { pod, port } => pods.get(pod).map(|info| Endpoint {
+            addr: SocketAddrV4::new(info.addr, port),
+            local: true,
+        }),
+        ServiceBackend::Remote(addr) => Some(Endpoint { addr, local: false }),
+    };
+    [Protocol::Tcp, Protocol::Udp]
+        .into_iter()
+        .map(|protocol| ServicePort {
+            namespace: NAMESPACE.into(),
+            service: service.name.clone(),
+            port_name: protocol.name().into(),
+            protocol,
+            cluster_ip: *service.addr.ip(),
+            port: service.addr.port(),
+            node_port: None,
+            external_traffic_policy: TrafficPolicy::Cluster,
+            endpoints: endpoint.into_iter().collect(),
+        })
+        .collect()
+}
+
+/// Every service port of the lab, as kube-proxy sees them.
+pub fn service_ports(opts: &LabOptions, pods: &[PodInfo]) -> Vec<ServicePort> {
+    let mut ports = Vec::new();
+    if let Some(service) = &opts.node_port
+        && let Some(backend) = pods.get(service.pod)
+    {
+        ports.extend(node_port_ports(service, backend));
+    }
+    for service in &opts.cluster_ips {
+        ports.extend(cluster_ip_ports(service, pods));
+    }
+    ports
+}
+
+/// Installs kube-proxy's rules in the node: its sysctl, the restore of its
+/// chains, then the jumps from the built-in chains (each at the head of its
+/// chain unless already there, as `EnsureRule(Prepend)` does).
+pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
+    set_sysctls(NS_NODE, &[ROUTE_LOCALNET_SYSCTL])?;
+    let input = restore_input(&service_ports(opts, pods), Options::default());
+    let mut restore = Command::new("nsenter");
+    restore
+        .arg(format!("--net={}", netns_path(NS_NODE).display()))
+        .args(["iptables-restore", "-w", "--noflush", "--counters"]);
+    let output = run_with_stdin(&mut restore, &input)?;
+    crate::netns::check_output(
+        &format!("[{NS_NODE}] iptables-restore (kube-proxy)"),
+        &output,
+    )?;
+    for jump in jump_rules() {
+        let args: Vec<&str> = jump.args.iter().map(String::as_str).collect();
+        let mut check = vec!["iptables", "-w", "-t", jump.table, "-C", jump.chain];
+        check.extend(&args);
+        if exec(NS_NODE, &check)?.status.success() {
+            continue;
+        }
+        let mut insert = vec!["iptables", "-w", "-t", jump.table, "-I", jump.chain];
+        insert.extend(&args);
+        exec_ok(NS_NODE, &insert)?;
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]
-    fn dnat_to_the_backend_without_masquerade() {
+    fn node_port_and_cluster_ips_become_kube_proxy_service_ports() {
         let backend = PodInfo::new(1).unwrap();
-        let commands = node_port_commands(
-            &NodePortService {
-                pod: 1,
+        let opts = LabOptions {
+            node_port: Some(NodePortService {
+                pod: 0,
                 target_port: 8080,
-            },
-            &backend,
-        );
-        let joined: Vec<String> = commands.iter().map(|c| c.join(" ")).collect();
+            }),
+            cluster_ips: vec![ClusterIpService {
+                name: "to-peer".into(),
+                addr: SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 10), 80),
+                backend: ServiceBackend::Remote(SocketAddrV4::new(
+                    Ipv4Addr::new(10, 20, 12, 50),
+                    8080,
+                )),
+            }],
+            ..LabOptions::default()
+        };
+        let ports = service_ports(&opts, std::slice::from_ref(&backend));
+        let names: Vec<String> = ports.iter().map(ServicePort::name).collect();
         assert_eq!(
-            joined,
-            vec![
-                "-t nat -A PREROUTING -d 10.20.11.162/32 -p tcp --dport 30080 -j DNAT --to-destination 10.20.11.21:8080",
-                "-t nat -A PREROUTING -d 10.20.11.162/32 -p udp --dport 30080 -j DNAT --to-destination 10.20.11.21:8080",
+            names,
+            [
+                "default/node-port:tcp",
+                "default/node-port:udp",
+                "default/to-peer:tcp",
+                "default/to-peer:udp"
             ]
         );
+        assert_eq!(ports[0].node_port, Some(NODE_PORT));
+        assert_eq!(
+            ports[1].endpoints[0].addr,
+            SocketAddrV4::new(backend.addr, 8080)
+        );
+        assert!(!ports[2].endpoints[0].local);
     }
 }

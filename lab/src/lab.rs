@@ -105,9 +105,7 @@ impl Lab {
         topology::build_branch_enis(&self.state.pods)?;
         topology::wire_pods(&self.state.pods, opts.datapath)?;
         topology::wait_ready(&self.state.pods, opts.enis)?;
-        if let Some(service) = &opts.node_port {
-            kube_proxy::install(service, &self.state.pods[service.pod])?;
-        }
+        kube_proxy::install(&opts, &self.state.pods)?;
         // Written for both datapaths (the eBPF agent reads it; for the
         // iptables reference it documents what was built).
         let layout = layout::write(&opts, &self.state.pods)?;

@@ -48,8 +48,9 @@ pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
 pub use options::{
-    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, LabOptions, NodePortService,
-    RandomizeSnat, parse_cidr_list, parse_enforcing_mode, parse_index_list,
+    ClusterIpService, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, LabOptions,
+    NodePortService, RandomizeSnat, ServiceBackend, parse_cidr_list, parse_enforcing_mode,
+    parse_index_list,
 };
 pub use probe::{
     Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,

@@ -1,6 +1,6 @@
 //! What `lab up` is asked to build.
 
-use std::{fmt, path::PathBuf, str::FromStr, time::Duration};
+use std::{fmt, net::SocketAddrV4, path::PathBuf, str::FromStr, time::Duration};
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -142,9 +142,9 @@ pub fn parse_index_list(list: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// A kube-proxy-like `NodePort` service in front of one pod: connections to
-/// the node's primary address on [`crate::addrs::NODE_PORT`] (TCP and UDP)
-/// are DNATed to the pod, with `externalTrafficPolicy: Local` semantics (no
+/// A `NodePort` service in front of one pod: connections to the node's
+/// addresses on [`crate::addrs::NODE_PORT`] (TCP and UDP) are DNATed by
+/// kube-proxy's rules to the pod, with `externalTrafficPolicy: Local` (no
 /// masquerade: the pod sees the client's address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodePortService {
@@ -152,6 +152,26 @@ pub struct NodePortService {
     pub pod: usize,
     /// The port the pod listens on.
     pub target_port: u16,
+}
+
+/// Where a cluster IP service sends its connections.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServiceBackend {
+    /// A pod of the lab's node (by index), on this port.
+    Pod { pod: usize, port: u16 },
+    /// An address off the node (`peer`, say).
+    Remote(SocketAddrV4),
+}
+
+/// A `ClusterIP` service of one endpoint, TCP and UDP on the same port,
+/// written by kube-proxy's rules in both datapaths.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterIpService {
+    /// The Service's name (in namespace `default`).
+    pub name: String,
+    /// Its cluster IP (in the service CIDR) and port.
+    pub addr: SocketAddrV4,
+    pub backend: ServiceBackend,
 }
 
 /// What the lab is built with.
@@ -189,6 +209,9 @@ pub struct LabOptions {
     /// datapaths (kube-proxy runs in both).
     #[serde(default)]
     pub node_port: Option<NodePortService>,
+    /// Cluster IP services, installed in both datapaths.
+    #[serde(default)]
+    pub cluster_ips: Vec<ClusterIpService>,
     /// Scale: this many pods' worth of policy routing entries, installed
     /// before the lab's own pods so that theirs sit last. In the iptables
     /// datapath each filler pod has rules 512 and 1536 (as a pod on `eth1`
@@ -266,6 +289,7 @@ impl Default for LabOptions {
             branch_pods: Vec::new(),
             sg_enforcing_mode: EnforcingMode::Strict,
             node_port: None,
+            cluster_ips: Vec::new(),
             filler_pods: 0,
             ipam: None,
             agent_env: Vec::new(),

@@ -547,7 +547,7 @@ pub fn udp_whoami(
     timeout: Duration,
 ) -> Result<Option<SocketAddrV4>> {
     run_in(ns, || {
-        let socket = connected_udp(ns, server, timeout, false)?;
+        let socket = connected_udp(ns, server, timeout, false, None)?;
         let mut buf = [0u8; 512];
         match socket.recv(&mut buf) {
             Ok(len) => parse_whoami_line(&String::from_utf8_lossy(&buf[..len])).map(Some),
@@ -672,10 +672,16 @@ impl IcmpErrorReport {
     pub fn is_port_unreachable(&self) -> bool {
         self.icmp_type == ICMP_DEST_UNREACH && self.icmp_code == ICMP_PORT_UNREACH
     }
+
+    /// Time exceeded in transit.
+    pub fn is_time_exceeded(&self) -> bool {
+        self.icmp_type == ICMP_TIME_EXCEEDED && self.icmp_code == 0
+    }
 }
 
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_PORT_UNREACH: u8 = 3;
+const ICMP_TIME_EXCEEDED: u8 = 11;
 /// `SO_EE_ORIGIN_ICMP`: the queued error came from an ICMP message.
 const SO_EE_ORIGIN_ICMP: u8 = 2;
 
@@ -691,16 +697,31 @@ pub fn udp_to_closed_port(
     target: SocketAddrV4,
     timeout: Duration,
 ) -> Result<Option<IcmpErrorReport>> {
+    udp_icmp_error(ns, target, None, timeout)
+}
+
+/// Sends one UDP datagram from namespace `ns` to `target`, with time to
+/// live `ttl` if given, and waits for an ICMP error about it to reach the
+/// socket (port unreachable, time exceeded, ...): `Some` with who sent it
+/// and its type and code, `None` if nothing came back within `timeout`.
+pub fn udp_icmp_error(
+    ns: &str,
+    target: SocketAddrV4,
+    ttl: Option<u32>,
+    timeout: Duration,
+) -> Result<Option<IcmpErrorReport>> {
     run_in(ns, || {
-        let socket = connected_udp(ns, target, timeout, true)?;
+        let socket = connected_udp(ns, target, timeout, true, ttl)?;
         let mut buf = [0u8; 512];
         match socket.recv(&mut buf) {
             Ok(len) => Err(LabError::BadOutput {
-                command: format!("UDP to the closed port {target} from {ns}"),
-                reason: format!("a {len}-byte reply came back: the port is not closed"),
+                command: format!("UDP to {target} from {ns}, expecting an ICMP error"),
+                reason: format!("a {len}-byte reply came back"),
             }),
             Err(err) if timed_out(&err) => Ok(None),
-            Err(err) if err.kind() == ErrorKind::ConnectionRefused => {
+            // Port unreachable fails the socket with ECONNREFUSED, time
+            // exceeded and the other errors with EHOSTUNREACH & co.
+            Err(err) if err.raw_os_error().is_some() => {
                 queued_icmp_error(&socket, target).map(Some)
             }
             Err(err) => Err(err).context(|| format!("UDP receive from {target} in {ns}")),
@@ -717,6 +738,7 @@ fn connected_udp(
     target: SocketAddrV4,
     timeout: Duration,
     queue_errors: bool,
+    ttl: Option<u32>,
 ) -> Result<UdpSocket> {
     let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
         .context(|| format!("UDP bind in {ns}"))?;
@@ -726,6 +748,11 @@ fn connected_udp(
     if queue_errors {
         nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
             .context(|| "setting IP_RECVERR".into())?;
+    }
+    if let Some(ttl) = ttl {
+        socket
+            .set_ttl(ttl)
+            .context(|| "setting the time to live".into())?;
     }
     socket
         .set_read_timeout(Some(timeout))

@@ -261,15 +261,18 @@ exec sleep 600"#,
     );
 
     check_links_without_policy_routing(&lab);
-    // kube-proxy's node port runs whatever the datapath.
-    let nat = netns::exec_ok(
-        addrs::NS_NODE,
-        &["iptables", "-t", "nat", "-S", "PREROUTING"],
-    )
-    .unwrap();
+    // kube-proxy's rules run whatever the datapath: its node port, and
+    // its drop of what conntrack calls invalid.
+    let nat = netns::exec_ok(addrs::NS_NODE, &["iptables", "-t", "nat", "-S"]).unwrap();
     assert!(
-        nat.contains("--dport 30080 -j DNAT --to-destination 10.20.11.21:8080"),
+        nat.contains("-A KUBE-NODEPORTS -p tcp -m comment --comment \"default/node-port:tcp\" -m tcp --dport 30080 -j KUBE-EXT-")
+            && nat.contains("-j DNAT --to-destination 10.20.11.21:8080"),
         "{nat}"
+    );
+    let filter = netns::exec_ok(addrs::NS_NODE, &["iptables", "-S", "KUBE-FORWARD"]).unwrap();
+    assert!(
+        filter.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"),
+        "{filter}"
     );
 
     lab.down().unwrap();

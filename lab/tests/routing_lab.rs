@@ -230,15 +230,10 @@ fn check_steering_is_what_gets_through(lab: &Lab, far: &FarEnds) {
 fn check_node_port(lab: &Lab) {
     let pod = lab.pod(1);
     assert_eq!(pod.eni, "eth1");
-    let nat = exec_ok(
-        addrs::NS_NODE,
-        &["iptables", "-t", "nat", "-S", "PREROUTING"],
-    )
-    .unwrap();
+    let nat = exec_ok(addrs::NS_NODE, &["iptables", "-t", "nat", "-S"]).unwrap();
     assert!(
         nat.contains(&format!(
-            "-d 10.20.11.162/32 -p tcp -m tcp --dport {} -j DNAT --to-destination {}:{PORT}",
-            addrs::NODE_PORT,
+            "-p tcp -m comment --comment \"default/node-port:tcp\" -m tcp -j DNAT --to-destination {}:{PORT}",
             pod.addr
         )),
         "{nat}"

@@ -145,6 +145,7 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             pod,
             target_port: args.node_port_target,
         }),
+        cluster_ips: Vec::new(),
         filler_pods: args.filler_pods,
         ipam: None,
         agent_env: Vec::new(),
