@@ -115,6 +115,7 @@ impl Datapath {
             path: opts.pin_dir.clone(),
             source,
         })?;
+        remove_retired_pins(&opts.pin_dir);
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
             .map_max_entries(names::NAT_FWD, opts.nat_entries)
@@ -386,6 +387,19 @@ impl Datapath {
     }
 }
 
+/// Removes the pins of maps an earlier version used and this one does not:
+/// nothing reads them any more.
+fn remove_retired_pins(pin_dir: &Path) {
+    for name in names::RETIRED {
+        if std::fs::remove_file(pin_dir.join(name)).is_ok() {
+            info!(
+                map = name,
+                "removed the pin of a map this version no longer uses"
+            );
+        }
+    }
+}
+
 /// Removes every pin in `pin_dir` (links first: that detaches the
 /// programs; clsact filters are deleted), then the directory if empty.
 /// The ENIs' programs go before the pods': a flow then never has its pod's
@@ -417,7 +431,7 @@ pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    for name in names::ALL {
+    for name in names::ALL.into_iter().chain(names::RETIRED) {
         match std::fs::remove_file(pin_dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

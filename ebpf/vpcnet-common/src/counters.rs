@@ -63,7 +63,7 @@ counters! {
     EgressHostRemapped => "egress_host_remapped", "egress: node flow whose port a NAT flow held, moved to another port";
     EgressIcmpErrorNat => "egress_icmp_error_nat", "egress: ICMP error about a NATed flow translated inside and out";
     EgressIcmpErrorPass => "egress_pass_icmp_error", "egress: ICMP error about no NATed flow, passed";
-    EgressFragment => "egress_fragment", "egress: non-first fragment of a tracked datagram translated";
+    EgressFragment => "egress_fragment", "egress: non-first fragment, rewritten and sent the way its first fragment was";
     EgressReopen => "egress_reopen", "egress: closed flow reopened by a new SYN on the same tuple";
     EgressTakeover => "egress_port_takeover", "egress: port of an expired or closed flow reused";
     AllocRetry => "nat_alloc_retry", "NAT: port candidates tried beyond the first";
@@ -72,13 +72,13 @@ counters! {
     // Verdicts of eni_ingress (tc ingress of an ENI).
     IngressNotIpv4 => "ingress_pass_not_ipv4", "ingress: not IPv4, passed untouched";
     IngressNotNode => "ingress_pass_not_node", "ingress: destination not the node address, passed";
-    IngressNoEntry => "ingress_pass_no_entry", "ingress: to the node address but no NAT entry, passed to the stack";
+    IngressNoEntry => "ingress_pass_no_entry", "ingress: to the node address but no NAT entry (or a non-first fragment whose first was not seen), passed to the stack";
     IngressRevSnat => "ingress_rev_snat", "ingress: reply of a SNATed flow translated back to the pod";
     IngressHost => "ingress_host", "ingress: reply of a node-originated flow";
     IngressIcmpErrorRevNat => "ingress_icmp_error_rev_nat", "ingress: ICMP error about a NATed flow translated inside and out";
     IngressInboundTracked => "ingress_inbound_tracked", "ingress: flow opened from outside the VPC to a pod, tracked so its replies are not SNATed";
     IngressInboundUntracked => "ingress_inbound_untracked", "ingress: flow opened from outside the VPC to a pod, not tracked because the NAT table is full";
-    IngressFragment => "ingress_fragment", "ingress: non-first fragment of a tracked datagram translated";
+    IngressFragment => "ingress_fragment", "ingress: non-first fragment, rewritten and sent the way its first fragment was";
 
     EgressBranchNoSnat => "egress_pass_branch_eni", "egress: leaving by a branch ENI, never SNATed (the chain's ! -o vlan+)";
     EgressSteered => "egress_steered", "egress: pod packet routed out the wrong ENI, redirected to its own ENI's gateway";
@@ -96,7 +96,7 @@ counters! {
     PodToLocal => "pod_pass_local", "pod: to a node address, passed to the stack";
     PodToSnat => "pod_pass_outside_vpc", "pod: to outside the VPC, passed to the stack (no primary ENI known yet, its TTL expiring, or a protocol the NAT does not translate)";
     PodStackFlow => "pod_pass_stack_flow", "pod: reply of a flow that came through the stack (DNAT), passed back to it";
-    PodFragment => "pod_pass_fragment", "pod: non-first fragment, passed to the stack";
+    PodFragment => "pod_pass_fragment", "pod: non-first fragment, sent the way its first fragment was (to the stack when that one went there or was not seen)";
 
     // Verdicts of pod_ingress (tc egress of a pod's host veth).
     PodIngressStack => "pod_ingress_stack", "pod ingress: packet that came through the stack, its flow remembered";

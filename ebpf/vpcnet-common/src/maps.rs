@@ -18,8 +18,9 @@ pub const CIDRS: &str = "VPCNET_CIDRS";
 pub const NAT_FWD: &str = "VPCNET_NAT_FWD";
 /// `HashMap<FlowKey, NatEntry>`: the same flows as replies arrive; the port claim.
 pub const NAT_REV: &str = "VPCNET_NAT_REV";
-/// `LruHashMap<FragKey, FragPorts>`: ports of fragmented datagrams.
-pub const FRAGS: &str = "VPCNET_FRAGS";
+/// `LruHashMap<FragKey, FragPath>`: where the first fragment of each
+/// fragmented datagram in flight went, for its later fragments.
+pub const FRAG_PATHS: &str = "VPCNET_FRAG_PATHS";
 /// `PerCpuArray<u64>` indexed by [`crate::counters::Counter`].
 pub const COUNTERS: &str = "VPCNET_COUNTERS";
 /// `HashMap<u32 (pod address), Endpoint>`: the pods on this node.
@@ -37,12 +38,17 @@ pub const ALL: [&str; 9] = [
     CIDRS,
     NAT_FWD,
     NAT_REV,
-    FRAGS,
+    FRAG_PATHS,
     COUNTERS,
     ENDPOINTS,
     ENIS,
     STACK_FLOWS,
 ];
+
+/// Maps earlier versions pinned that this one no longer uses: removed at
+/// load and by clean-up. (`VPCNET_FRAGS` held only the ports of
+/// fragmented datagrams in flight.)
+pub const RETIRED: [&str; 1] = ["VPCNET_FRAGS"];
 
 /// Default number of flows each NAT map holds (both maps have the same size:
 /// a pair is one entry in each).
@@ -50,7 +56,7 @@ pub const NAT_DEFAULT_ENTRIES: u32 = 262_144;
 /// Prefixes the CIDR trie holds (VPC CIDRs, exclusions, node addresses).
 pub const CIDRS_MAX_ENTRIES: u32 = 16_384;
 /// Fragmented datagrams in flight whose ports are remembered.
-pub const FRAGS_MAX_ENTRIES: u32 = 8_192;
+pub const FRAG_PATHS_MAX_ENTRIES: u32 = 8_192;
 /// Pods on one node (an EKS node's max pods is far below).
 pub const ENDPOINTS_MAX_ENTRIES: u32 = 16_384;
 /// ENIs and branch links on one node.

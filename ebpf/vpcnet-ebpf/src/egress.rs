@@ -7,7 +7,9 @@ use vpcnet_common::{
     config::{Config, MARK_DECIDED, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::ENI_BRANCH,
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
+    nat::{
+        FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN,
+    },
 };
 
 use crate::{
@@ -34,12 +36,38 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         ctx.set_mark(mark & !MARK_VIA_SERVICE);
         remember_service_flow(ctx)?;
     }
-    let decision = decide(ctx)?;
-    if leaves_untranslated(decision) {
-        steer(ctx, decision)
-    } else {
-        Ok(decision.into())
+    if !is_ipv4(ctx) {
+        return Ok(Counter::EgressNotIpv4.into());
     }
+    let Some(cfg) = config() else {
+        return Ok(Counter::EgressUnconfigured.into());
+    };
+    if cfg.node_addr == 0 {
+        return Ok(Counter::EgressUnconfigured.into());
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        if let Some(verdict) = frag::follow(ctx, &ip, FragHook::EniEgress, Counter::EgressFragment)
+        {
+            return verdict;
+        }
+        // Its first fragment was not seen: the translation is unknown, and
+        // a wrong one would be worse than none.
+        return match cidr::lookup(ip.daddr) {
+            Some(_) => steer(ctx, Counter::EgressNoSnatCidr),
+            None => Err(Counter::DropFragmentNoFlow),
+        };
+    }
+    let decision = decide_ipv4(ctx, cfg, &ip)?;
+    let verdict = if leaves_untranslated(decision) {
+        steer(ctx, decision)?
+    } else {
+        decision.into()
+    };
+    if ip.fragment == Fragment::First {
+        frag::remember(ctx, &ip, FragHook::EniEgress, &verdict);
+    }
+    Ok(verdict)
 }
 
 /// Whether a decision leaves the packet with its pod's address, which
@@ -94,28 +122,10 @@ fn steer(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
     via_eni(ctx, ep.eni_ifindex, false, Counter::EgressSteered)
 }
 
-/// The SNAT decision and the NAT; `Ok(verdict)` passes.
-fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
-    if !is_ipv4(ctx) {
-        return Ok(Counter::EgressNotIpv4);
-    }
-    let Some(cfg) = config() else {
-        return Ok(Counter::EgressUnconfigured);
-    };
-    if cfg.node_addr == 0 {
-        return Ok(Counter::EgressUnconfigured);
-    }
-    let ip = parse_ipv4(ctx, ETH_HLEN)?;
-    decide_ipv4(ctx, cfg, &ip)
-}
-
-/// The SNAT decision and the NAT for an IPv4 packet, configured; the part
-/// `pod_egress` shares.
+/// The SNAT decision and the NAT for an IPv4 packet (whole, or a first
+/// fragment), configured; the part `pod_egress` shares.
 #[inline(always)]
 pub fn decide_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> {
-    if ip.fragment == Fragment::Later {
-        return later_fragment(ctx, ip);
-    }
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(Counter::EgressOtherProto);
     };
@@ -129,17 +139,13 @@ pub fn decide_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, 
     let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
     let now = now_ns();
     let seen = l4.seen_bits();
-    let verdict = match NAT_FWD.get_ptr_mut(key) {
+    match NAT_FWD.get_ptr_mut(key) {
         Some(entry) => known_flow(&key, entry, &l4, seen, now).map_or_else(
             || new_flow(ctx, cfg, ip, &l4, &key, seen, now),
             |entry| translate(ctx, ip, &key, entry, false),
         ),
         None => new_flow(ctx, cfg, ip, &l4, &key, seen, now),
-    }?;
-    if ip.fragment == Fragment::First {
-        frag::remember(ip, &l4);
     }
-    Ok(verdict)
 }
 
 /// A packet of a flow the map knows. A SYN on a flow that got past its own
@@ -267,26 +273,4 @@ fn translate(
         (false, true) => Counter::EgressSnatNew,
         (false, false) => Counter::EgressSnat,
     })
-}
-
-/// A non-first fragment: translated like its first fragment was.
-#[inline(always)]
-fn later_fragment(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
-    let flow = frag::recall(ip).and_then(|ports| {
-        let key = FlowKey::new(ip.saddr, ip.daddr, ports.sport, ports.dport, ip.proto);
-        // SAFETY: read-only copy of a map value.
-        unsafe { NAT_FWD.get(key) }.copied()
-    });
-    let Some(entry) = flow else {
-        return match cidr::lookup(ip.daddr) {
-            Some(_) => Ok(Counter::EgressNoSnatCidr),
-            // Its first fragment was not seen (or made no flow): the
-            // translation is unknown, and a wrong one would be worse.
-            None => Err(Counter::DropFragmentNoFlow),
-        };
-    };
-    if entry.kind != FlowKind::NoSnat as u8 && entry.addr != ip.saddr {
-        set_addr(ctx, ip, IP_SADDR_OFF, ip.saddr, entry.addr, false)?;
-    }
-    Ok(Counter::EgressFragment)
 }

@@ -12,7 +12,12 @@ use aya_ebpf::{
     helpers::{bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
-use vpcnet_common::{config::MARK_DECIDED, counters::Counter, endpoint::Endpoint};
+use vpcnet_common::{
+    config::MARK_DECIDED,
+    counters::Counter,
+    endpoint::Endpoint,
+    nat::{FRAG_VIA_ENI_FORWARDED, FRAG_VIA_ENI_ROUTED, FRAG_VIA_PASS, FRAG_VIA_POD},
+};
 
 use crate::{
     maps::ENIS,
@@ -21,11 +26,14 @@ use crate::{
 
 const AF_INET: u32 = 2;
 
-/// What a program does with a packet: the counter of its verdict and the tc
-/// action.
+/// What a program does with a packet: the counter of its verdict, the tc
+/// action, and where a redirect sends it (a `FRAG_VIA_*` and the ENI's
+/// link), which a datagram's later fragments repeat.
 pub struct Verdict {
     pub counter: Counter,
     pub action: i32,
+    pub via: u8,
+    pub ifindex: u32,
 }
 
 impl Verdict {
@@ -34,6 +42,8 @@ impl Verdict {
         Self {
             counter,
             action: TC_ACT_UNSPEC,
+            via: FRAG_VIA_PASS,
+            ifindex: 0,
         }
     }
 }
@@ -93,6 +103,8 @@ pub fn to_pod(ctx: &TcContext, ep: &Endpoint, counter: Counter) -> Result<Verdic
     Ok(Verdict {
         counter,
         action: i32::try_from(action).unwrap_or(TC_ACT_UNSPEC),
+        via: FRAG_VIA_POD,
+        ifindex: 0,
     })
 }
 
@@ -132,5 +144,11 @@ pub fn via_eni(
     Ok(Verdict {
         counter,
         action: i32::try_from(action).unwrap_or(TC_ACT_UNSPEC),
+        via: if forwarded {
+            FRAG_VIA_ENI_FORWARDED
+        } else {
+            FRAG_VIA_ENI_ROUTED
+        },
+        ifindex: eni_ifindex,
     })
 }

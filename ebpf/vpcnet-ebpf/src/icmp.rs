@@ -1,5 +1,5 @@
 //! ICMP errors (destination unreachable, fragmentation needed, time
-//! exceeded) about NATed flows: the outer address and the embedded datagram's
+//! exceeded, parameter problem) about NATed flows: the outer address and the embedded datagram's
 //! address and port are translated together, every checksum kept right.
 //!
 //! All the embedded changes are compensated in the ICMP checksum, so the sum
@@ -24,7 +24,18 @@ use crate::{
 /// Whether an ICMP type is an error this module translates.
 #[inline(always)]
 pub const fn is_translated_error(icmp_type: u8) -> bool {
-    icmp_type == crate::packet::ICMP_DEST_UNREACH || icmp_type == crate::packet::ICMP_TIME_EXCEEDED
+    matches!(
+        icmp_type,
+        crate::packet::ICMP_DEST_UNREACH
+            | crate::packet::ICMP_TIME_EXCEEDED
+            | crate::packet::ICMP_PARAMETERPROB
+    )
+}
+
+/// The tuple of the datagram an ICMP error (outer header `outer`) quotes.
+#[inline(always)]
+pub fn quoted_flow(ctx: &TcContext, outer: &Ipv4) -> Option<FlowKey> {
+    parse_embedded(ctx, outer).map(|(_, _, key)| key)
 }
 
 /// One translation of an ICMP error.

@@ -6,7 +6,7 @@ use aya_ebpf::programs::TcContext;
 use vpcnet_common::{
     config::Config,
     counters::Counter,
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
 };
 
 use crate::{
@@ -23,14 +23,47 @@ use crate::{
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
-    let decision = decide(ctx)?;
-    match decision {
+    if !is_ipv4(ctx) {
+        return Ok(Counter::IngressNotIpv4.into());
+    }
+    let Some(cfg) = config() else {
+        return Ok(Counter::IngressNotNode.into());
+    };
+    if cfg.node_addr == 0 {
+        return Ok(Counter::IngressNotNode.into());
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        if let Some(verdict) =
+            frag::follow(ctx, &ip, FragHook::EniIngress, Counter::IngressFragment)
+        {
+            return verdict;
+        }
+        // No first fragment seen here: the stack reassembles it, for a
+        // node socket or kube-proxy's DNAT.
+        return Ok(if ip.daddr == cfg.node_addr {
+            Counter::IngressNoEntry
+        } else {
+            Counter::IngressNotNode
+        }
+        .into());
+    }
+    let decision = decide(ctx, cfg, &ip)?;
+    let verdict = match decision {
+        // An ICMP error about a flow conntrack never saw would be INVALID
+        // in the stack (kube-proxy drops those): it goes where the flow's
+        // packets go.
         Counter::IngressRevSnat
+        | Counter::IngressIcmpErrorRevNat
         | Counter::IngressNotNode
         | Counter::IngressInboundTracked
-        | Counter::IngressInboundUntracked => deliver(ctx, decision),
-        _ => Ok(decision.into()),
+        | Counter::IngressInboundUntracked => deliver(ctx, decision)?,
+        _ => decision.into(),
+    };
+    if ip.fragment == Fragment::First {
+        frag::remember(ctx, &ip, FragHook::EniIngress, &verdict);
     }
+    Ok(verdict)
 }
 
 /// A packet now addressed to a local pod goes straight into it, unless the
@@ -55,45 +88,40 @@ fn deliver(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
 
 /// Whether the packet (as it is now, after any reverse NAT) belongs to a
 /// flow the stack must see: a pod's flow to a service, which kube-proxy
-/// DNATed and now un-DNATs.
+/// DNATed and now un-DNATs. An ICMP error belongs to the flow it quotes.
 #[inline(always)]
 fn is_stack_flow(ctx: &TcContext) -> Result<bool, Counter> {
     let ip = parse_ipv4(ctx, ETH_HLEN)?;
-    if ip.fragment == Fragment::Later {
-        return Ok(false);
-    }
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(false);
     };
-    let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    let key = if ip.proto == PROTO_ICMP && icmp::is_translated_error(l4.icmp_type) {
+        // The quoted datagram went out: its reverse is how the flow's
+        // packets arrive.
+        match icmp::quoted_flow(ctx, &ip) {
+            Some(quoted) => quoted.reversed(),
+            None => return Ok(false),
+        }
+    } else {
+        FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto)
+    };
     // SAFETY: only the presence matters.
     Ok(unsafe { STACK_FLOWS.get(key) }.is_some())
 }
 
-/// Reverse NAT and inbound tracking; `Ok(verdict)` passes.
-fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
-    if !is_ipv4(ctx) {
-        return Ok(Counter::IngressNotIpv4);
-    }
-    let Some(cfg) = config() else {
-        return Ok(Counter::IngressNotNode);
-    };
-    if cfg.node_addr == 0 {
-        return Ok(Counter::IngressNotNode);
-    }
-    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+/// Reverse NAT and inbound tracking for a whole packet or a first
+/// fragment; `Ok(verdict)` passes.
+#[inline(always)]
+fn decide(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> {
     if ip.daddr != cfg.node_addr {
-        return inbound(ctx, &ip);
-    }
-    if ip.fragment == Fragment::Later {
-        return later_fragment(ctx, &ip);
+        return inbound(ctx, ip);
     }
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(Counter::IngressNoEntry);
     };
     if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
         if icmp::is_translated_error(l4.icmp_type) {
-            return icmp::ingress(ctx, cfg, &ip);
+            return icmp::ingress(ctx, cfg, ip);
         }
         return Ok(Counter::IngressNoEntry);
     }
@@ -102,11 +130,7 @@ fn decide(ctx: &TcContext) -> Result<Counter, Counter> {
         return Ok(Counter::IngressNoEntry);
     };
     touch(entry, l4.seen_bits(), now_ns());
-    let verdict = reverse(ctx, cfg, &ip, &key, entry)?;
-    if ip.fragment == Fragment::First {
-        frag::remember(&ip, &l4);
-    }
-    Ok(verdict)
+    reverse(ctx, cfg, ip, &key, entry)
 }
 
 /// Rewrites a reply to the original address and port.
@@ -144,7 +168,7 @@ fn reverse(
 /// replies leave un-NATed, as netfilter's conntrack keeps them.
 #[inline(always)]
 fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
-    if ip.fragment == Fragment::Later || cidr::lookup(ip.saddr).is_some() {
+    if cidr::lookup(ip.saddr).is_some() {
         return Ok(Counter::IngressNotNode);
     }
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
@@ -174,22 +198,4 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
 #[inline(always)]
 const fn seen_of(l4: &L4) -> u8 {
     l4.seen_bits()
-}
-
-/// A non-first fragment for the node address.
-#[inline(always)]
-fn later_fragment(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
-    let Some(ports) = frag::recall(ip) else {
-        // Not a translated flow's: the stack reassembles it for a node socket.
-        return Ok(Counter::IngressNoEntry);
-    };
-    let key = FlowKey::new(ip.saddr, ip.daddr, ports.sport, ports.dport, ip.proto);
-    // SAFETY: read-only copy of a map value.
-    let Some(entry) = (unsafe { NAT_REV.get(key) }).copied() else {
-        return Err(Counter::DropFragmentNoFlow);
-    };
-    if entry.addr != ip.daddr {
-        set_addr(ctx, ip, IP_DADDR_OFF, ip.daddr, entry.addr, false)?;
-    }
-    Ok(Counter::IngressFragment)
 }

@@ -12,10 +12,10 @@ use vpcnet_common::{
     counters::{COUNTER_SLOTS, Counter},
     endpoint::{Endpoint, Eni},
     maps::{
-        CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES, FRAGS_MAX_ENTRIES,
+        CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES, FRAG_PATHS_MAX_ENTRIES,
         NAT_DEFAULT_ENTRIES, STACK_FLOWS_MAX_ENTRIES,
     },
-    nat::{FlowKey, FragKey, FragPorts, NatEntry},
+    nat::{FlowKey, FragKey, FragPath, NatEntry},
 };
 
 use crate::nat::ClaimSearch;
@@ -32,8 +32,9 @@ pub static NAT_FWD: HashMap<FlowKey, NatEntry> = HashMap::pinned(NAT_DEFAULT_ENT
 #[map(name = "VPCNET_NAT_REV")]
 pub static NAT_REV: HashMap<FlowKey, NatEntry> = HashMap::pinned(NAT_DEFAULT_ENTRIES, 0);
 
-#[map(name = "VPCNET_FRAGS")]
-pub static FRAGS: LruHashMap<FragKey, FragPorts> = LruHashMap::pinned(FRAGS_MAX_ENTRIES, 0);
+#[map(name = "VPCNET_FRAG_PATHS")]
+pub static FRAG_PATHS: LruHashMap<FragKey, FragPath> =
+    LruHashMap::pinned(FRAG_PATHS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_ENDPOINTS")]
 pub static ENDPOINTS: HashMap<u32, Endpoint> = HashMap::pinned(ENDPOINTS_MAX_ENTRIES, 0);

@@ -25,6 +25,7 @@ pub const ICMP_ECHO_REPLY: u8 = 0;
 pub const ICMP_DEST_UNREACH: u8 = 3;
 pub const ICMP_ECHO: u8 = 8;
 pub const ICMP_TIME_EXCEEDED: u8 = 11;
+pub const ICMP_PARAMETERPROB: u8 = 12;
 /// ICMP header length before an error's embedded datagram.
 pub const ICMP_HLEN: usize = 8;
 

@@ -16,12 +16,13 @@ use vpcnet_common::{
     config::{Config, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::Endpoint,
-    nat::FlowKey,
+    nat::{FlowKey, FragHook},
 };
 
 use crate::{
     cidr, egress,
     forward::{self, Verdict, mark_decided, to_pod, via_eni},
+    frag,
     maps::{STACK_FLOWS, config, count, endpoint},
     nat::now_ns,
     packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, parse_ipv4, parse_l4, src_mac},
@@ -58,8 +59,24 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         return via_eni(ctx, ep.eni_ifindex, true, Counter::PodStrict);
     }
     if ip.fragment == Fragment::Later {
-        return Ok(Counter::PodFragment.into());
+        return frag::follow(ctx, &ip, FragHook::PodEgress, Counter::PodFragment)
+            .unwrap_or_else(|| Ok(Counter::PodFragment.into()));
     }
+    let verdict = whole_or_first(ctx, cfg, &ip, &ep)?;
+    if ip.fragment == Fragment::First {
+        frag::remember(ctx, &ip, FragHook::PodEgress, &verdict);
+    }
+    Ok(verdict)
+}
+
+/// Where a pod's packet goes, for a whole packet or a first fragment.
+#[inline(always)]
+fn whole_or_first(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    ep: &Endpoint,
+) -> Result<Verdict, Counter> {
     if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
         let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
         // SAFETY: only the presence matters.
@@ -80,7 +97,7 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         Some(CidrKind::Vpc | CidrKind::Excluded) => {
             via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
         }
-        None => outside_vpc(ctx, cfg, &ip, &ep),
+        None => outside_vpc(ctx, cfg, ip, ep),
     }
 }
 
