@@ -345,10 +345,11 @@ fn uninstall(
         anyhow::Ok(takeover::hand_back(&opts, &netlink, device_number).await?)
     })?;
     println!(
-        "aws-node's rules written back for the node and {} pods ({} ip rules added); {} translated connections handed to conntrack; datapath detached from {}",
+        "aws-node's rules written back for the node and {} pods ({} ip rules added); {} translated connections handed to conntrack, {} stale entries of untranslated ones removed from it; datapath detached from {}",
         done.pods,
         done.ip_rules_added,
         done.flows_exported,
+        done.stale_forgotten,
         pin_dir.display()
     );
     if done.conflist_restored {

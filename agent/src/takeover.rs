@@ -357,6 +357,40 @@ pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOve
     Ok(exported)
 }
 
+/// Removes conntrack's entries of untranslated TCP connections of `pods`
+/// (to the VPC, pod to pod, opened from outside): the datapath carried
+/// them past the stack, so an entry conntrack kept from before the take-over
+/// has a TCP window long out of date. Back in the stack, their packets
+/// would be out of window, INVALID, and dropped by kube-proxy's
+/// `KUBE-FORWARD`; without an entry conntrack picks each up mid-stream
+/// instead (`nf_conntrack_tcp_loose`, on by default). NATed entries
+/// (kube-proxy's DNAT, the SNAT just handed over) stay. Returns how many
+/// went.
+pub fn forget_stale_connections(pods: &[Ipv4Addr]) -> Result<usize, TakeOverError> {
+    let mut forgotten = 0;
+    for connection in conntrack_connections()? {
+        let (orig, reply) = (connection.original, connection.reply);
+        let untranslated = reply.src == orig.dst
+            && reply.dst == orig.src
+            && reply.sport == orig.dport
+            && reply.dport == orig.sport;
+        let of_a_pod = pods.contains(&orig.src) || pods.contains(&orig.dst);
+        if connection.proto != PROTO_TCP || !untranslated || !of_a_pod {
+            continue;
+        }
+        let (src, dst) = (orig.src.to_string(), orig.dst.to_string());
+        let (sport, dport) = (orig.sport.to_string(), orig.dport.to_string());
+        let delete = [
+            "-D", "-p", "tcp", "-s", &src, "-d", &dst, "--sport", &sport, "--dport", &dport,
+        ];
+        // Gone meanwhile is as good.
+        if run("conntrack", &delete).is_ok() {
+            forgotten += 1;
+        }
+    }
+    Ok(forgotten)
+}
+
 /// The iptables tables ipamd writes to.
 const TABLES: [&str; 2] = ["nat", "mangle"];
 
@@ -623,6 +657,9 @@ pub struct HandBack {
     pub ip_rules_added: usize,
     /// Translated connections handed to conntrack.
     pub flows_exported: usize,
+    /// Entries conntrack kept of untranslated pod connections the datapath
+    /// carried, removed (see [`forget_stale_connections`]).
+    pub stale_forgotten: usize,
     pub conflist_restored: bool,
 }
 
@@ -671,6 +708,8 @@ pub async fn hand_back(
     }
     let ip_rules_added = restore_vpc_cni_wiring(netlink, &wiring, &pods).await?;
     let flows_exported = export_flows(&maps, opts.connmark)?;
+    let pod_addrs: Vec<Ipv4Addr> = pods.iter().map(|pod| pod.addr).collect();
+    let stale_forgotten = forget_stale_connections(&pod_addrs)?;
     drop(maps);
     remove_pins(&opts.pin_dir).map_err(|source| TakeOverError::Unpin {
         pin_dir: opts.pin_dir.clone(),
@@ -684,6 +723,7 @@ pub async fn hand_back(
         pods: pods.len(),
         ip_rules_added,
         flows_exported,
+        stale_forgotten,
         conflist_restored,
     })
 }
