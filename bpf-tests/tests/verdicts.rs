@@ -167,10 +167,50 @@ fn packets_that_open_no_flow_are_not_translated() {
 }
 
 #[test]
-fn other_protocols_and_icmp_types_pass_untouched() {
+fn portless_protocols_are_snated_by_address_one_flow_per_remote() {
     let h = Harness::lab_default();
-    let gre = packets::ipv4_frame(POD, INET, 47, &[0u8; 8], &[]);
-    h.assert_egress_untouched(&gre, Counter::EgressOtherProto);
+    // GRE (no ports): the source becomes the node's, the payload stays.
+    let gre_header = [0u8, 0, 0x08, 0, 1, 2, 3, 4];
+    let out = h.egress(&packets::ipv4_frame(POD, INET, 47, &gre_header, &[]));
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    let sent = parse(&out.packet);
+    assert_eq!((sent.src, sent.dst, sent.proto), (NODE, INET, 47));
+    assert!(sent.ip_csum_ok);
+    assert_eq!(&out.packet[out.packet.len() - 8..], &gre_header);
+    assert_eq!(h.counter(Counter::EgressSnatNew), 1);
+    // The remote's GRE back to the node address goes to the pod.
+    let back = h.ingress(&packets::ipv4_frame(INET, NODE, 47, &gre_header, &[]));
+    let back_parsed = parse(&back.packet);
+    assert_eq!((back_parsed.src, back_parsed.dst), (INET, POD));
+    assert!(back_parsed.ip_csum_ok);
+    // The node address carries one GRE flow per remote: a second pod's to
+    // the same remote is dropped (the chain's SNAT could not tell their
+    // replies apart either), one to another remote is not.
+    let second = h.egress(&packets::ipv4_frame(POD2, INET, 47, &gre_header, &[]));
+    assert_eq!(second.action, vpcnet_bpf_tests::TC_ACT_SHOT);
+    assert_eq!(h.counter(Counter::DropNatNoPort), 1);
+    let elsewhere = egress_pass_l3(&h, &packets::ipv4_frame(POD2, ONPREM, 47, &gre_header, &[]));
+    assert_eq!(elsewhere.src, NODE);
+    // ESP and SCTP alike.
+    for proto in [50, 132] {
+        let out = egress_pass_l3(&h, &packets::ipv4_frame(POD, INET, proto, &[0u8; 12], &[]));
+        assert_eq!((out.src, out.proto), (NODE, proto));
+    }
+}
+
+/// Like [`egress_pass`], for a protocol whose checksum does not cover the
+/// addresses.
+fn egress_pass_l3(h: &Harness, packet: &[u8]) -> Parsed {
+    let out = h.egress(packet);
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    let p = parse(&out.packet);
+    assert!(p.ip_csum_ok, "IP checksum wrong: {p:?}");
+    p
+}
+
+#[test]
+fn icmp_types_other_than_echo_and_errors_pass_untouched() {
+    let h = Harness::lab_default();
     let mut timestamp = vec![13u8, 0, 0, 0, 0, 1, 0, 1];
     timestamp.extend_from_slice(&[0u8; 12]);
     let csum = packets::internet_checksum(&[&timestamp]);

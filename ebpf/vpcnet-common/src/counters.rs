@@ -50,7 +50,7 @@ counters! {
     EgressUnconfigured => "egress_pass_unconfigured", "egress: no node address configured yet, passed";
     EgressNoSnatCidr => "egress_pass_no_snat_cidr", "egress: destination in a VPC or excluded CIDR, not SNATed";
     EgressLocal => "egress_pass_local", "egress: destination is a node address, not SNATed";
-    EgressOtherProto => "egress_pass_other_proto", "egress: protocol other than TCP, UDP and ICMP, passed";
+    EgressOtherProto => "egress_pass_other_proto", "egress: protocol other than TCP, UDP and ICMP, passed (no longer counted: those are translated by address)";
     EgressIcmpOther => "egress_pass_icmp_other", "egress: ICMP neither echo nor a handled error, passed";
     EgressSnatNew => "egress_snat_new", "egress: new flow SNATed to the node address";
     EgressSnat => "egress_snat", "egress: packet of a SNATed flow translated";

@@ -26,6 +26,14 @@ pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
+/// Whether a protocol's flows have no ports (GRE, ESP, SCTP, ...): the NAT
+/// translates their address only, as the SNAT chain does, so one flow per
+/// remote address and protocol holds the node address (its ports are 0).
+#[must_use]
+pub const fn is_portless(proto: u8) -> bool {
+    !matches!(proto, PROTO_ICMP | PROTO_TCP | PROTO_UDP)
+}
+
 /// A flow's tuple as one direction's packets carry it. ICMP echo uses the
 /// identifier as the port of the side that sent the request (`sport` on the
 /// way out, `dport` on the way back) and 0 for the other.
@@ -173,6 +181,8 @@ pub const TCP_FIN_WAIT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
 pub const UDP_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
 pub const UDP_STREAM_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
 pub const ICMP_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
+/// netfilter's generic timeout, for the portless protocols.
+pub const GENERIC_TIMEOUT_NS: u64 = 600 * NS_PER_SEC;
 
 /// A flow's state, derived from its two entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,7 +241,8 @@ pub const fn flow_timeout_ns(proto: u8, state: FlowState) -> u64 {
         (PROTO_TCP, FlowState::Closed) => TIME_WAIT_HOLD_NS,
         (PROTO_UDP, FlowState::New) => UDP_TIMEOUT_NS,
         (PROTO_UDP, _) => UDP_STREAM_TIMEOUT_NS,
-        _ => ICMP_TIMEOUT_NS,
+        (PROTO_ICMP, _) => ICMP_TIMEOUT_NS,
+        _ => GENERIC_TIMEOUT_NS,
     }
 }
 

@@ -7,9 +7,7 @@ use vpcnet_common::{
     config::{Config, MARK_DECIDED, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::ENI_BRANCH,
-    nat::{
-        FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN,
-    },
+    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, SEEN_ANY, SEEN_SYN},
 };
 
 use crate::{
@@ -126,9 +124,8 @@ fn steer(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
 /// fragment), configured; the part `pod_egress` shares.
 #[inline(always)]
 pub fn decide_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> {
-    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
-        return Ok(Counter::EgressOtherProto);
-    };
+    // Protocols without ports are translated by address only.
+    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
     if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
         if icmp::is_translated_error(l4.icmp_type) {
             return icmp::egress(ctx, ip);
@@ -184,13 +181,14 @@ fn on_branch_link(ifindex: u32) -> bool {
 }
 
 /// Whether a packet with no flow may open one (netfilter would see it as
-/// NEW): SYN or a mid-stream ACK for TCP, any UDP, an echo request.
+/// NEW): SYN or a mid-stream ACK for TCP, an echo request for ICMP, any
+/// packet of another protocol.
 #[inline(always)]
-fn may_open(proto: u8, l4: &L4) -> bool {
+pub fn may_open(proto: u8, l4: &L4) -> bool {
     match proto {
         PROTO_TCP => l4.may_open_tcp(),
-        PROTO_UDP => true,
-        _ => l4.icmp_type == ICMP_ECHO,
+        PROTO_ICMP => l4.icmp_type == ICMP_ECHO,
+        _ => true,
     }
 }
 

@@ -6,18 +6,18 @@ use aya_ebpf::programs::TcContext;
 use vpcnet_common::{
     config::Config,
     counters::Counter,
-    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP},
 };
 
 use crate::{
-    cidr,
+    cidr, egress,
     forward::{Verdict, to_pod},
     frag, icmp,
     maps::{NAT_FWD, NAT_REV, STACK_FLOWS, config, count, endpoint},
     nat::{now_ns, touch, track_untranslated},
     packet::{
-        ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4,
-        l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
+        ETH_HLEN, Fragment, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4, l4_csum_rel, load,
+        parse_ipv4, parse_l4, set_addr, set_port,
     },
 };
 
@@ -116,9 +116,8 @@ fn decide(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> 
     if ip.daddr != cfg.node_addr {
         return inbound(ctx, ip);
     }
-    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
-        return Ok(Counter::IngressNoEntry);
-    };
+    // Protocols without ports are translated by address only.
+    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
     if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
         if icmp::is_translated_error(l4.icmp_type) {
             return icmp::ingress(ctx, cfg, ip);
@@ -171,14 +170,8 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     if cidr::lookup(ip.saddr).is_some() {
         return Ok(Counter::IngressNotNode);
     }
-    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
-        return Ok(Counter::IngressNotNode);
-    };
-    let opens = match ip.proto {
-        PROTO_TCP => l4.may_open_tcp(),
-        PROTO_UDP => true,
-        _ => l4.icmp_type == ICMP_ECHO,
-    };
+    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
+    let opens = egress::may_open(ip.proto, &l4);
     // The reply's tuple: what the pod will send.
     let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
     let now = now_ns();

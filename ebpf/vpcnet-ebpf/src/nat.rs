@@ -12,7 +12,7 @@ use vpcnet_common::{
     counters::Counter,
     nat::{
         FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
-        flow_state, forward_key, port_reusable, reply_key,
+        flow_state, forward_key, is_portless, port_reusable, reply_key,
     },
 };
 
@@ -93,6 +93,8 @@ impl PortPicker {
         let own = u16::from_be(fwd.sport);
         let mode = cfg.randomize_mode();
         let first = match kind {
+            // Nothing to choose: the address alone is translated.
+            _ if is_portless(fwd.proto) => Some(0),
             // A node socket keeps its port unless a NAT flow holds it.
             FlowKind::Host => Some(own),
             _ if mode == RandomizeMode::None && u32::from(own) >= min && u32::from(own) <= max => {
@@ -244,14 +246,15 @@ fn claim_port(
     search.outcome = SEARCHING;
     search.oldest_closed_port = 0;
     search.oldest_closed_ns = 0;
+    // A portless flow has one candidate: port 0.
+    let tries = if is_portless(fwd.proto) {
+        1
+    } else {
+        ALLOC_TRIES
+    };
     // SAFETY: the callback takes no context; it finds the search in its map.
     unsafe {
-        bpf_loop(
-            ALLOC_TRIES,
-            claim_step as *mut c_void,
-            core::ptr::null_mut(),
-            0,
-        );
+        bpf_loop(tries, claim_step as *mut c_void, core::ptr::null_mut(), 0);
     }
     count_n(
         Counter::AllocRetry,

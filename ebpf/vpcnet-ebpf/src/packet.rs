@@ -72,6 +72,17 @@ pub struct L4 {
 }
 
 impl L4 {
+    /// What a portless protocol (GRE, ESP, SCTP, ...) gives the NAT: no
+    /// ports, no flags.
+    pub const fn portless() -> Self {
+        Self {
+            sport: 0,
+            dport: 0,
+            tcp_flags: 0,
+            icmp_type: 0,
+        }
+    }
+
     /// TCP: a SYN without ACK (a connection attempt).
     pub const fn is_syn(&self) -> bool {
         self.tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN
