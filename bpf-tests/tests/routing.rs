@@ -202,7 +202,7 @@ fn a_pods_icmp_error_about_a_natted_flow_leaves_by_the_primary_eni_translated() 
 }
 
 #[test]
-fn other_protocols_to_the_internet_go_to_the_stack_decided() {
+fn portless_protocols_to_the_internet_are_snated_and_sent_out() {
     let h = harness();
     let mut gre = from_pod(packets::udp(POD, 5000, INET, 53, b"q"));
     gre[14 + 9] = 47;
@@ -211,10 +211,14 @@ fn other_protocols_to_the_internet_go_to_the_stack_decided() {
     let csum = packets::internet_checksum(&[&gre[14..34]]);
     gre[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
     let (out, mark) = h.run_with_mark(maps::PROG_POD_EGRESS, &gre, 0);
-    assert_eq!(out.action, TC_ACT_UNSPEC);
-    assert_eq!(out.packet, gre);
-    assert_eq!(h.counter(Counter::PodToSnat), 1);
-    assert_eq!(h.counter(Counter::EgressOtherProto), 1);
+    // Translated by address, as the SNAT chain does, and sent out of the
+    // primary ENI like any SNATed packet.
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let sent = parse(&out.packet);
+    assert_eq!((sent.src, sent.dst, sent.proto), (NODE, INET, 47));
+    assert!(sent.ip_csum_ok);
+    assert_eq!(h.counter(Counter::EgressSnatNew), 1);
+    assert_eq!(h.counter(Counter::PodOutsideVpc), 1);
     assert_eq!(mark & MARK_DECIDED, MARK_DECIDED);
 }
 
