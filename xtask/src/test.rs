@@ -55,7 +55,8 @@ pub enum Suite {
     /// and agent restarts under long-lived flows.
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
-    /// TIME_WAIT, anti-spoofing, GC and agent restarts, with the above.
+    /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors
+    /// and protocols without ports, with the above.
     Datapath,
 }
 
@@ -70,7 +71,7 @@ const VERDICT_TARGETS: [&str; 4] = ["verifier", "verdicts", "routing", "port_all
 const TRAFFIC_TARGETS: [&str; 1] = ["node_restart"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 7] = [
+const DATAPATH_TARGETS: [&str; 10] = [
     "differential",
     "external_snat",
     "time_wait",
@@ -78,6 +79,9 @@ const DATAPATH_TARGETS: [&str; 7] = [
     "gc",
     "routing_differential",
     "cri_restart",
+    "fragments",
+    "icmp_errors",
+    "other_protocols",
 ];
 
 impl Suite {
