@@ -51,9 +51,6 @@ const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 /// are on.
 const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 
-/// The prefix of every chain kube-proxy (and kubelet) creates.
-pub const CHAIN_PREFIX: &str = "KUBE-";
-
 /// A service port's protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -201,8 +198,6 @@ fn chain_hash(input: &str) -> String {
 pub struct JumpRule {
     pub table: &'static str,
     pub chain: &'static str,
-    /// The kube-proxy chain jumped to (the last of `args`).
-    pub target: &'static str,
     pub args: Vec<String>,
 }
 
@@ -312,27 +307,9 @@ pub fn jump_rules() -> Vec<JumpRule> {
                 args.extend(["-m", "comment", "--comment", comment].map(str::to_owned));
             }
             args.extend(["-j".to_owned(), target.to_owned()]);
-            JumpRule {
-                table,
-                chain,
-                target,
-                args,
-            }
+            JumpRule { table, chain, args }
         })
         .collect()
-}
-
-/// The chains the jumps lead to, per table: they must exist before the
-/// jumps go in (kube-proxy's `EnsureChain`).
-#[must_use]
-pub fn jump_targets() -> Vec<(&'static str, &'static str)> {
-    let mut targets = Vec::new();
-    for jump in jump_rules() {
-        if !targets.contains(&(jump.table, jump.target)) {
-            targets.push((jump.table, jump.target));
-        }
-    }
-    targets
 }
 
 /// Rules of one table being assembled: chain declarations first, then the
@@ -610,15 +587,6 @@ fn balance(port: &ServicePort, chain: &str, endpoints: &[&Endpoint], nat: &mut T
     }
 }
 
-/// Whether an `iptables -S` line (split) is one of kube-proxy's or
-/// kubelet's: it is in, or jumps to, a `KUBE-` chain.
-#[must_use]
-pub fn is_kube_rule(args: &[String]) -> bool {
-    args.windows(2).any(|pair| {
-        matches!(pair[0].as_str(), "-A" | "-I" | "-j" | "-N") && pair[1].starts_with(CHAIN_PREFIX)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,12 +744,6 @@ mod tests {
             jumps[5].args.join(" "),
             "-m comment --comment kubernetes forwarding rules -j KUBE-FORWARD"
         );
-        assert!(is_kube_rule(
-            &["-A", "FORWARD", "-j", "KUBE-FORWARD"].map(str::to_owned)
-        ));
-        assert!(!is_kube_rule(
-            &["-A", "POSTROUTING", "-j", "AWS-SNAT-CHAIN-0"].map(str::to_owned)
-        ));
-        assert_eq!(jump_targets().len(), 8);
+        assert_eq!(jumps[13].args, ["-j", "KUBE-FIREWALL"]);
     }
 }

@@ -55,7 +55,7 @@ pub const RETIRED: [&str; 1] = ["VPCNET_FRAGS"];
 pub const NAT_DEFAULT_ENTRIES: u32 = 262_144;
 /// Prefixes the CIDR trie holds (VPC CIDRs, exclusions, node addresses).
 pub const CIDRS_MAX_ENTRIES: u32 = 16_384;
-/// Fragmented datagrams in flight whose ports are remembered.
+/// Fragmented datagrams in flight whose first fragment's path is remembered.
 pub const FRAG_PATHS_MAX_ENTRIES: u32 = 8_192;
 /// Pods on one node (an EKS node's max pods is far below).
 pub const ENDPOINTS_MAX_ENTRIES: u32 = 16_384;

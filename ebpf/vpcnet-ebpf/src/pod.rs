@@ -125,9 +125,9 @@ fn outside_vpc(
         }
         _ if egress::leaves_untranslated(decision) => ep.eni_ifindex,
         _ => {
-            // Untouched, not for the NAT (another protocol, an ICMP error
-            // about no NATed flow): the stack routes it, and `eni_egress`
-            // must not decide it again.
+            // Untouched, nothing for the NAT (an ICMP error about no NATed
+            // flow): the stack routes it, and `eni_egress` must not decide
+            // it again.
             mark_decided(ctx);
             return Ok(Counter::PodToSnat.into());
         }
