@@ -275,7 +275,7 @@ fn run_in_vm(
             kernel.name
         )
     })?;
-    let binaries = vm::build_tests(&selection.cargo_args())?;
+    let binaries = vm::build_tests(&selection.tests, &selection.packages)?;
     let mut test_args = vec!["--test-threads=1".to_owned()];
     test_args.extend(filter.map(str::to_owned));
     vm::run_in_guest(kernel, &installed, &binaries, &test_args)

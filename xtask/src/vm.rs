@@ -40,6 +40,10 @@ const GUEST_MODULES: [&str; 4] = ["veth", "sch_ingress", "cls_bpf", "8021q"];
 /// No VM run may take longer than this: a hung guest fails the run.
 const GUEST_TIMEOUT: Duration = Duration::from_mins(40);
 
+/// No test executable may run longer than this in the guest (the slowest,
+/// `routing_differential`, takes 19 minutes on 6.12 under TCG).
+const TEST_BINARY_TIMEOUT: Duration = Duration::from_mins(25);
+
 /// virtme-ng's command.
 fn vng() -> PathBuf {
     Path::new(MOTO_VENV).join("bin").join("vng")
@@ -51,21 +55,31 @@ fn vng() -> PathBuf {
 pub struct TestBinary {
     /// The test target's name (`verdicts`), or the package's for unit tests.
     pub name: String,
+    /// The package it belongs to (`vpcnet-bpf-tests`).
+    pub package: String,
     pub package_dir: PathBuf,
     pub executable: PathBuf,
 }
 
-/// Builds the tests `cargo_args` select (`--package`, `--test`) without
-/// running them, and returns their executables.
-pub fn build_tests(cargo_args: &[String]) -> Result<Vec<TestBinary>> {
+/// Builds the integration test targets `tests` (every test executable when
+/// empty) of `packages` (every package when empty) without running them,
+/// and returns their executables.
+///
+/// The build selects the whole workspace, as the run on this machine does,
+/// and picks the packages' executables afterwards: with `--package` alone,
+/// cargo resolves the dependencies' features for that package only and
+/// builds a second copy of most of them (in CI that second copy ran the
+/// disk full).
+pub fn build_tests(tests: &[String], packages: &[String]) -> Result<Vec<TestBinary>> {
     let mut build = Command::new("cargo");
     build
         .args([
             "test",
             "--no-run",
             "--message-format=json-render-diagnostics",
+            "--workspace",
         ])
-        .args(cargo_args)
+        .args(tests.iter().flat_map(|test| ["--test", test.as_str()]))
         .current_dir(workspace_root())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit());
@@ -77,9 +91,12 @@ pub fn build_tests(cargo_args: &[String]) -> Result<Vec<TestBinary>> {
     if !output.status.success() {
         bail!("`{line}` failed ({})", output.status);
     }
-    let binaries = test_binaries(&String::from_utf8_lossy(&output.stdout));
+    let binaries: Vec<TestBinary> = test_binaries(&String::from_utf8_lossy(&output.stdout))
+        .into_iter()
+        .filter(|binary| packages.is_empty() || packages.contains(&binary.package))
+        .collect();
     if binaries.is_empty() {
-        bail!("`{line}` built no test executable");
+        bail!("`{line}` built no test executable of {packages:?}");
     }
     Ok(binaries)
 }
@@ -95,11 +112,23 @@ fn test_binaries(messages: &str) -> Vec<TestBinary> {
             let manifest = PathBuf::from(m["manifest_path"].as_str()?);
             Some(TestBinary {
                 name: m["target"]["name"].as_str()?.to_owned(),
+                package: package_name(m["package_id"].as_str()?)?.to_owned(),
                 package_dir: manifest.parent()?.to_owned(),
                 executable,
             })
         })
         .collect()
+}
+
+/// The package's name in a package id cargo prints:
+/// `path+file:///w/bpf-tests#vpcnet-bpf-tests@0.1.0`, or
+/// `path+file:///w/lab#0.1.0` when the directory has the package's name.
+fn package_name(package_id: &str) -> Option<&str> {
+    let (url, fragment) = package_id.rsplit_once('#')?;
+    match fragment.split_once('@') {
+        Some((name, _version)) => Some(name),
+        None => url.rsplit('/').next(),
+    }
 }
 
 /// The script the guest runs: mounts and modules the host has and a fresh
@@ -124,19 +153,65 @@ fn guest_script(kernel: &Kernel, tests: &[TestBinary], test_args: &[String]) -> 
         kernel.name
     );
     let args: Vec<String> = test_args.iter().map(|a| shell_word(a)).collect();
+    let _ = writeln!(script, "TEST_ARGS=({})", args.join(" "));
+    script.push_str(&watchdog_function());
     for test in tests {
         let _ = writeln!(
             script,
-            "echo \"==> vm {}: {}\"\n(cd {} && {} {}) || status=1",
+            "echo \"==> vm {}: {}\"\nrun_bounded {} {} {} || status=1",
             kernel.name,
             test.name,
+            shell_word(&test.name),
             shell_word(&test.package_dir.to_string_lossy()),
             shell_word(&test.executable.to_string_lossy()),
-            args.join(" ")
         );
     }
     script.push_str("exit $status\n");
     script
+}
+
+/// The guest's `run_bounded NAME DIR EXECUTABLE`: runs one test executable
+/// in its package directory with libtest's options (`$TEST_ARGS`), and if
+/// it is still running after [`TEST_BINARY_TIMEOUT`], prints what every
+/// process of the test, the lab and containerd is waiting in (kernel stacks
+/// of each thread) and the agent's last log lines, then kills it: a hang
+/// fails the run with the place it hung, instead of running into
+/// [`GUEST_TIMEOUT`] with no word.
+fn watchdog_function() -> String {
+    format!(
+        r#"run_bounded() {{
+    local name=$1 dir=$2 exe=$3
+    (cd "$dir" && exec "$exe" "${{TEST_ARGS[@]}}") &
+    local test_pid=$!
+    (
+        sleep {limit}
+        echo "vm: $name still running after {limit} s: where each process waits"
+        ps -eo pid,ppid,stat,etimes,wchan:28,args --forest
+        for proc in /proc/[0-9]*; do
+            case "$(tr '\0' ' ' <"$proc/cmdline" 2>/dev/null)" in
+            *vpcnet*|*containerd*|*"$exe"*)
+                for task in "$proc"/task/*; do
+                    echo "--- ${{proc#/proc/}}/${{task##*/}} $(cat "$task/comm" 2>/dev/null)"
+                    cat "$task/stack" 2>/dev/null
+                done ;;
+            esac
+        done
+        echo "--- the agent's last log lines"
+        tail -n 40 {agent_log} 2>/dev/null
+        kill -KILL "$test_pid" 2>/dev/null
+    ) &
+    local watchdog=$!
+    wait "$test_pid"
+    local status=$?
+    pkill -P "$watchdog" 2>/dev/null
+    kill "$watchdog" 2>/dev/null
+    wait "$watchdog" 2>/dev/null
+    return "$status"
+}}
+"#,
+        limit = TEST_BINARY_TIMEOUT.as_secs(),
+        agent_log = shell_word(&vpcnet_lab::agent_log_file().to_string_lossy()),
+    )
 }
 
 fn shell_word(word: &str) -> String {
@@ -296,12 +371,13 @@ mod tests {
 
     #[test]
     fn test_executables_come_from_cargos_messages() {
-        let messages = r#"{"reason":"compiler-artifact","target":{"name":"vpcnet_bpf_tests","kind":["lib"]},"profile":{"test":false},"executable":null,"manifest_path":"/w/bpf-tests/Cargo.toml"}
-{"reason":"compiler-artifact","target":{"name":"verdicts","kind":["test"]},"profile":{"test":true},"executable":"/w/target/debug/deps/verdicts-1a2b","manifest_path":"/w/bpf-tests/Cargo.toml"}
+        let messages = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/bpf-tests#vpcnet-bpf-tests@0.1.0","target":{"name":"vpcnet_bpf_tests","kind":["lib"]},"profile":{"test":false},"executable":null,"manifest_path":"/w/bpf-tests/Cargo.toml"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/bpf-tests#vpcnet-bpf-tests@0.1.0","target":{"name":"verdicts","kind":["test"]},"profile":{"test":true},"executable":"/w/target/debug/deps/verdicts-1a2b","manifest_path":"/w/bpf-tests/Cargo.toml"}
 {"reason":"build-finished","success":true}"#;
         let binaries = test_binaries(messages);
         assert_eq!(binaries.len(), 1);
         assert_eq!(binaries[0].name, "verdicts");
+        assert_eq!(binaries[0].package, "vpcnet-bpf-tests");
         assert_eq!(binaries[0].package_dir, Path::new("/w/bpf-tests"));
         assert_eq!(
             binaries[0].executable,
@@ -310,10 +386,23 @@ mod tests {
     }
 
     #[test]
+    fn package_names_come_from_both_forms_of_package_ids() {
+        assert_eq!(
+            package_name("path+file:///w/bpf-tests#vpcnet-bpf-tests@0.1.0"),
+            Some("vpcnet-bpf-tests")
+        );
+        assert_eq!(
+            package_name("path+file:///w/ebpf/vpcnet-common#0.1.0"),
+            Some("vpcnet-common")
+        );
+    }
+
+    #[test]
     fn the_guest_runs_each_test_in_its_package_and_fails_if_one_does() {
         let kernel = Kernel::by_name("6.1").unwrap();
         let tests = [TestBinary {
             name: "verdicts".into(),
+            package: "vpcnet-bpf-tests".into(),
             package_dir: "/w/bpf-tests".into(),
             executable: "/w/target/debug/deps/verdicts-1a2b".into(),
         }];
@@ -321,12 +410,17 @@ mod tests {
         assert!(script.contains("mount -t bpf bpf /sys/fs/bpf"), "{script}");
         assert!(script.contains("modprobe -q \"$module\""), "{script}");
         assert!(
+            script.contains("TEST_ARGS=('--test-threads=1' 'it'\\''s')"),
+            "{script}"
+        );
+        assert!(
             script.contains(
-                "(cd '/w/bpf-tests' && '/w/target/debug/deps/verdicts-1a2b' \
-                 '--test-threads=1' 'it'\\''s') || status=1"
+                "run_bounded 'verdicts' '/w/bpf-tests' '/w/target/debug/deps/verdicts-1a2b' \
+                 || status=1"
             ),
             "{script}"
         );
+        assert!(script.contains("sleep 1500"), "{script}");
         assert!(script.ends_with("exit $status\n"), "{script}");
     }
 }
