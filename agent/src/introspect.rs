@@ -767,24 +767,14 @@ fn endpoint(addr: u32, port: u16) -> String {
 }
 
 fn flow_view(flow: &Flow, now_ns: u64) -> FlowView {
-    let last = flow.rev.map_or(flow.fwd.last_seen_ns, |(_, rev)| {
-        flow.fwd.last_seen_ns.max(rev.last_seen_ns)
-    });
     FlowView {
         proto: proto_name(flow.key.proto),
-        kind: flow
-            .kind()
-            .map_or("?", |kind| match kind {
-                FlowKind::Snat => "snat",
-                FlowKind::Host => "host",
-                FlowKind::NoSnat => "nosnat",
-            })
-            .to_owned(),
+        kind: flow.kind().map_or("?", FlowKind::name).to_owned(),
         state: flow.state().name().to_owned(),
         original: endpoint(flow.key.saddr, flow.key.sport),
         remote: endpoint(flow.key.daddr, flow.key.dport),
         translated: endpoint(flow.fwd.addr, flow.fwd.port),
-        idle_seconds: now_ns.saturating_sub(last) / 1_000_000_000,
+        idle_seconds: now_ns.saturating_sub(flow.last_seen_ns()) / 1_000_000_000,
     }
 }
 
@@ -807,16 +797,7 @@ async fn nat(state: &Arc<State>, limit: usize) -> Result<NatView, IntrospectErro
             if flows.len() >= limit {
                 continue;
             }
-            let mut flow = Flow {
-                key,
-                fwd,
-                rev: None,
-            };
-            if flow.kind() != Some(FlowKind::NoSnat) {
-                let reply = flow.reply_key();
-                flow.rev = s.maps.nat_rev.get(&reply, 0).ok().map(|rev| (reply, rev));
-            }
-            flows.push(flow_view(&flow, now));
+            flows.push(flow_view(&Flow::read(&s.maps, key, fwd), now));
         }
         Ok(NatView {
             total,

@@ -4,7 +4,14 @@
 
 mod cli;
 
-use std::{io::Write, net::Ipv4Addr, os::fd::AsRawFd, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    io::Write,
+    net::Ipv4Addr,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -14,7 +21,11 @@ use vpcnet_agent::{
     cloud::Cloud,
     cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
-    datapath::{AttachMode, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns, verifier},
+    datapath::{
+        AttachMode, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns,
+        timeouts::{NETFILTER_SYSCTL_DIR, read_timeouts},
+        verifier,
+    },
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
@@ -32,6 +43,7 @@ use vpcnet_common::{
     config::{FLAG_EXTERNAL_SNAT, RandomizeMode},
     endpoint::{ENI_PRIMARY, Eni},
     maps::PIN_DIR,
+    nat::Timeouts,
     raw_to_addr, raw_to_port,
 };
 
@@ -191,10 +203,10 @@ struct RunArgs {
     #[arg(long)]
     notify_ready: bool,
     /// Seconds between NAT garbage collections.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "VPCNET_GC_INTERVAL", default_value_t = 5)]
     gc_interval: u64,
     /// Flows each NAT map holds.
-    #[arg(long, default_value_t = vpcnet_common::maps::NAT_DEFAULT_ENTRIES)]
+    #[arg(long, env = "VPCNET_NAT_ENTRIES", default_value_t = vpcnet_common::maps::NAT_DEFAULT_ENTRIES)]
     nat_entries: u32,
     /// Serve introspection here (`address:port` or `unix:/path`), whatever
     /// `INTROSPECTION_BIND_ADDRESS` and `DISABLE_INTROSPECTION` say.
@@ -500,6 +512,7 @@ async fn run_node(
     datapath
         .maps
         .set_config(&snat.datapath_config(node.node_addr, seed))?;
+    sync_timeouts(&mut datapath.maps)?;
     datapath.maps.set_cidrs(&cidr_entries(
         &node.vpc_cidrs,
         &snat.exclude_snat_cidrs,
@@ -686,14 +699,16 @@ async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> 
             _ = sigterm.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             _ = gc.tick() => {
-                let collected = datapath
+                let mut datapath = datapath
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .maps
-                    .collect_garbage(monotonic_now_ns());
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let collected = sync_timeouts(&mut datapath.maps).and_then(|timeouts| {
+                    Ok(datapath.maps.collect_garbage(&timeouts, monotonic_now_ns())?)
+                });
+                drop(datapath);
                 match collected {
-                    Ok(stats) if stats.expired + stats.orphans > 0 => {
-                        info!(flows = stats.flows, expired = stats.expired, orphans = stats.orphans, "NAT garbage collected");
+                    Ok(stats) if stats.expired + stats.orphans + stats.paired > 0 => {
+                        info!(flows = stats.flows, expired = stats.expired, orphans = stats.orphans, paired = stats.paired, "NAT garbage collected");
                     }
                     Ok(_) => {}
                     Err(e) => warn!(error = %e, "NAT garbage collection failed"),
@@ -703,6 +718,17 @@ async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> 
     }
     info!("stopping: programs stay attached and maps pinned for the next agent");
     Ok(())
+}
+
+/// Gives the datapath the node's conntrack timeouts when they changed (at
+/// start, or after a `sysctl -w`), and returns them.
+fn sync_timeouts(maps: &mut DatapathMaps) -> Result<Timeouts> {
+    let wanted = read_timeouts(Path::new(NETFILTER_SYSCTL_DIR));
+    if maps.timeouts()? != wanted {
+        maps.set_timeouts(&wanted)?;
+        info!(timeouts = ?wanted, "flow timeouts from the node's conntrack settings (0: netfilter's default)");
+    }
+    Ok(wanted)
 }
 
 fn random_seed() -> Result<u32> {
@@ -780,7 +806,7 @@ fn print_counters(maps: &DatapathMaps, all: bool) -> Result<()> {
 fn print_nat(maps: &DatapathMaps) -> Result<()> {
     let now = monotonic_now_ns();
     println!(
-        "{:<5} {:<6} {:<12} {:<22} {:<22} {:<22} {:>6}",
+        "{:<5} {:<7} {:<12} {:<22} {:<22} {:<22} {:>6}",
         "proto", "kind", "state", "original", "remote", "translated", "idle_s"
     );
     for flow in maps.flows()? {
@@ -790,16 +816,10 @@ fn print_nat(maps: &DatapathMaps) -> Result<()> {
             17 => "udp",
             _ => "?",
         };
-        let kind = flow.kind().map_or("?", |k| match k {
-            vpcnet_common::nat::FlowKind::Snat => "snat",
-            vpcnet_common::nat::FlowKind::Host => "host",
-            vpcnet_common::nat::FlowKind::NoSnat => "nosnat",
-        });
-        let last = flow.rev.map_or(flow.fwd.last_seen_ns, |(_, rev)| {
-            flow.fwd.last_seen_ns.max(rev.last_seen_ns)
-        });
+        let kind = flow.kind().map_or("?", vpcnet_common::nat::FlowKind::name);
+        let last = flow.last_seen_ns();
         println!(
-            "{proto:<5} {kind:<6} {:<12} {:<22} {:<22} {:<22} {:>6}",
+            "{proto:<5} {kind:<7} {:<12} {:<22} {:<22} {:<22} {:>6}",
             flow.state().name(),
             endpoint(flow.key.saddr, flow.key.sport),
             endpoint(flow.key.daddr, flow.key.dport),

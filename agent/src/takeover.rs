@@ -41,7 +41,8 @@ use vpcnet_common::{
     cidr::CidrKind,
     endpoint::{ENDPOINT_BRANCH, ENI_PRIMARY},
     nat::{
-        FlowKey, FlowKind, FlowState, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY, SEEN_FIN, SEEN_SYN,
+        FlowKey, FlowKind, FlowState, NS_PER_SEC, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY,
+        SEEN_FIN, SEEN_SYN,
     },
     port_to_raw, raw_to_addr, raw_to_port,
 };
@@ -304,18 +305,23 @@ fn forget_stack_aliases(maps: &mut DatapathMaps, imports: &FlowImports) {
 /// TCP window is long out of date. Returns how many were written.
 pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOverError> {
     let mut exported = 0;
+    let timeouts = maps.timeouts()?;
     for flow in maps.flows()? {
         if flow.kind() != Some(FlowKind::Snat) {
             continue;
         }
-        let (proto, state, timeout) = match (flow.key.proto, flow.state()) {
-            (_, FlowState::Closed) => continue,
-            (PROTO_TCP, FlowState::New) => ("tcp", Some("SYN_SENT"), "120"),
-            (PROTO_TCP, FlowState::Established) => ("tcp", Some("ESTABLISHED"), "432000"),
-            (PROTO_TCP, FlowState::Closing) => ("tcp", Some("FIN_WAIT"), "120"),
-            (PROTO_UDP, _) => ("udp", None, "120"),
+        let state = flow.state();
+        let (proto, conntrack_state) = match (flow.key.proto, state) {
+            (_, FlowState::Closed | FlowState::Reset) => continue,
+            (PROTO_TCP, FlowState::New) => ("tcp", Some("SYN_SENT")),
+            (PROTO_TCP, FlowState::SynRecv) => ("tcp", Some("SYN_RECV")),
+            (PROTO_TCP, FlowState::Established) => ("tcp", Some("ESTABLISHED")),
+            (PROTO_TCP, FlowState::Closing) => ("tcp", Some("FIN_WAIT")),
+            (PROTO_UDP, _) => ("udp", None),
             _ => continue,
         };
+        // Conntrack's own timeout for the state, as the datapath used it.
+        let timeout = (timeouts.timeout_ns(flow.key.proto, state, true) / NS_PER_SEC).to_string();
         let key = flow.key;
         let (src, dst) = (
             Ipv4Addr::from(raw_to_addr(key.saddr)).to_string(),
@@ -338,11 +344,11 @@ pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOve
             raw_to_port(flow.fwd.port)
         );
         let mark = connmark.to_string();
-        let replied = flow.state() != FlowState::New;
+        let replied = state != FlowState::New;
         let mut create = vec!["-I"];
         create.extend(tuple);
-        create.extend(["-t", timeout, "--src-nat", &nat]);
-        if let Some(state) = state {
+        create.extend(["-t", &timeout, "--src-nat", &nat]);
+        if let Some(state) = conntrack_state {
             create.extend(["--state", state]);
         }
         if replied {

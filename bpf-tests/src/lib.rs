@@ -6,6 +6,7 @@ pub mod bulk;
 pub mod cri;
 pub mod differential;
 pub mod echo;
+pub mod flood;
 pub mod hooks;
 pub mod ipam;
 pub mod packets;

@@ -2,16 +2,32 @@
 //! each flow is removed whole (both halves) once its timeout passed, live
 //! flows stay, and halves left alone are cleaned up.
 
-use vpcnet_agent::datapath::monotonic_now_ns;
+use std::time::Duration;
+
+use vpcnet_agent::{config::SnatSettings, datapath::monotonic_now_ns};
 use vpcnet_bpf_tests::{
-    Harness, INET, NODE, POD,
+    Harness, INET, NODE, ONPREM, POD,
     packets::{self, TCP_ACK, TCP_FIN, TCP_SYN},
 };
-use vpcnet_common::nat::{
-    FlowKey, NS_PER_SEC, TCP_ESTABLISHED_TIMEOUT_NS, TIME_WAIT_HOLD_NS, UDP_TIMEOUT_NS,
+use vpcnet_common::{
+    counters::Counter,
+    maps::NAT_DEFAULT_ENTRIES,
+    nat::{
+        DEFAULT_TIMEOUTS, FlowKey, FlowKind, NS_PER_SEC, NatEntry, SEEN_ANY, SEEN_SYN, Timeouts,
+    },
 };
 
 const SEC: u64 = NS_PER_SEC;
+const TIMEOUTS: Timeouts = DEFAULT_TIMEOUTS;
+
+/// Collects with netfilter's default timeouts at `now`.
+fn collect(h: &mut Harness, now: u64) -> vpcnet_agent::datapath::GcStats {
+    h.datapath.maps.collect_garbage(&TIMEOUTS, now).unwrap()
+}
+
+fn secs(seconds: u32) -> u64 {
+    u64::from(seconds) * SEC
+}
 
 fn nat_port(h: &Harness, packet: &[u8]) -> u16 {
     packets::parse(&h.egress(packet).packet).sport
@@ -48,38 +64,147 @@ fn expired_flows_go_whole_and_live_ones_stay() {
     assert_eq!(h.table_sizes(), (3, 3));
 
     let now = monotonic_now_ns();
-    let stats = h.datapath.maps.collect_garbage(now).unwrap();
+    let stats = collect(&mut h, now);
     assert_eq!(
         (stats.flows, stats.expired, stats.orphans),
         (3, 0, 0),
         "nothing is over yet"
     );
 
-    let stats = h
-        .datapath
-        .maps
-        .collect_garbage(now + UDP_TIMEOUT_NS + SEC)
-        .unwrap();
+    let stats = collect(&mut h, now + secs(TIMEOUTS.udp) + SEC);
     assert_eq!(stats.expired, 1, "the UDP flow timed out");
     assert_eq!(h.table_sizes(), (2, 2), "its pair went whole");
 
-    let stats = h
-        .datapath
-        .maps
-        .collect_garbage(now + TIME_WAIT_HOLD_NS + SEC)
-        .unwrap();
+    let stats = collect(&mut h, now + secs(TIMEOUTS.tcp_time_wait) + SEC);
     assert_eq!(stats.expired, 1, "the closed flow's TIME_WAIT hold is over");
     assert_eq!(h.table_sizes(), (1, 1));
 
-    let stats = h.datapath.maps.collect_garbage(now + 3600 * SEC).unwrap();
+    let stats = collect(&mut h, now + 3600 * SEC);
     assert_eq!(stats.expired, 0, "an established flow lives on");
+    let stats = collect(&mut h, now + secs(TIMEOUTS.tcp_established) + SEC);
+    assert_eq!(stats.expired, 1);
+    assert_eq!(h.table_sizes(), (0, 0));
+}
+
+#[test]
+fn untranslated_flows_expire_by_their_own_state() {
+    let mut h = Harness::new(
+        &SnatSettings {
+            external_snat: true,
+            ..SnatSettings::default()
+        },
+        NAT_DEFAULT_ENTRIES,
+    );
+    // EXTERNALSNAT: a pod's SYN nobody answers, and an answered one.
+    h.egress(&packets::tcp(POD, 40000, INET, 443, TCP_SYN, b""));
+    h.egress(&packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""));
+    h.ingress(&packets::tcp(INET, 443, POD, 40001, TCP_SYN | TCP_ACK, b""));
+    h.egress(&packets::tcp(POD, 40001, INET, 443, TCP_ACK, b""));
+    // From outside the VPC: a SYN the pod never answers, a UDP datagram
+    // it never answers.
+    h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""));
+    h.ingress(&packets::udp(ONPREM, 50001, POD, 53, b"q"));
+    assert_eq!(h.table_sizes(), (4, 4), "each flow a pair");
+
+    let now = monotonic_now_ns();
+    let stats = collect(&mut h, now + secs(TIMEOUTS.udp) + SEC);
+    assert_eq!(
+        stats.expired, 1,
+        "the unanswered UDP flow, at 30 s: {stats:?}"
+    );
+    let stats = collect(&mut h, now + secs(TIMEOUTS.tcp_syn_sent) + SEC);
+    assert_eq!(
+        stats.expired, 2,
+        "both unanswered SYNs, at 120 s: {stats:?}"
+    );
+    let flows = h.datapath.maps.flows().unwrap();
+    assert_eq!(flows.len(), 1);
+    assert_eq!(
+        (flows[0].key.sport, flows[0].kind()),
+        (40001_u16.to_be(), Some(FlowKind::NoSnat)),
+        "the established one stays"
+    );
+    assert_eq!(h.table_sizes(), (1, 1));
+}
+
+#[test]
+fn timeouts_come_from_the_map_the_agent_fills() {
+    // One port to give: a second flow gets it only once the first is over.
+    let mut h = Harness::new(
+        &SnatSettings {
+            port_min: 20000,
+            port_max: 20000,
+            ..SnatSettings::default()
+        },
+        NAT_DEFAULT_ENTRIES,
+    );
+    let short = Timeouts {
+        tcp_syn_sent: 1,
+        ..Timeouts::default()
+    };
+    h.datapath.maps.set_timeouts(&short).unwrap();
+    assert_eq!(h.datapath.maps.timeouts().unwrap(), short);
+    let first = packets::parse(
+        &h.egress(&packets::tcp(POD, 40000, INET, 443, TCP_SYN, b""))
+            .packet,
+    );
+    assert_eq!((first.src, first.sport), (NODE, 20000));
+    let created = std::time::Instant::now();
+    h.assert_dropped(
+        vpcnet_common::maps::PROG_ENI_EGRESS,
+        &packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""),
+        Counter::DropNatNoPort,
+    );
+    // The datapath judges the first flow by the map's 1 s: past it, the
+    // port is free for the next flow. (Waiting is the point: the datapath's
+    // clock cannot be moved.)
+    std::thread::sleep(Duration::from_millis(1100).saturating_sub(created.elapsed()));
+    let second = packets::parse(
+        &h.egress(&packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""))
+            .packet,
+    );
+    assert_eq!((second.src, second.sport), (NODE, 20000));
+    assert_eq!(h.counter(Counter::EgressTakeover), 1);
+    // The collector judges by them too.
+    h.egress(&packets::tcp(POD, 40002, INET, 80, TCP_SYN, b""));
     let stats = h
         .datapath
         .maps
-        .collect_garbage(now + TCP_ESTABLISHED_TIMEOUT_NS + SEC)
+        .collect_garbage(&short, monotonic_now_ns() + 2 * SEC)
         .unwrap();
-    assert_eq!(stats.expired, 1);
-    assert_eq!(h.table_sizes(), (0, 0));
+    assert_eq!(stats.expired, 2, "{stats:?}");
+}
+
+#[test]
+fn an_earlier_versions_single_entry_becomes_a_pair() {
+    let mut h = Harness::lab_default();
+    // What an agent before pairs left for an EXTERNALSNAT flow: one entry,
+    // written by both directions.
+    let key = FlowKey::new(
+        vpcnet_common::addr_to_raw(POD.octets()),
+        vpcnet_common::addr_to_raw(INET.octets()),
+        40000_u16.to_be(),
+        443_u16.to_be(),
+        vpcnet_common::nat::PROTO_TCP,
+    );
+    let now = monotonic_now_ns();
+    let single = NatEntry {
+        addr: key.saddr,
+        port: key.sport,
+        kind: FlowKind::NoSnat as u8,
+        seen: SEEN_ANY | SEEN_SYN,
+        last_seen_ns: now,
+        created_ns: now,
+    };
+    h.datapath.maps.nat_fwd.insert(key, single, 0).unwrap();
+    let stats = collect(&mut h, now);
+    assert_eq!((stats.paired, stats.orphans), (1, 0), "{stats:?}");
+    assert_eq!(h.table_sizes(), (1, 1));
+    // The pod's packets still leave untranslated.
+    h.assert_egress_untouched(
+        &packets::tcp(POD, 40000, INET, 443, TCP_ACK, b"x"),
+        Counter::EgressUntranslated,
+    );
 }
 
 #[test]
@@ -92,7 +217,7 @@ fn halves_left_alone_are_removed() {
 
     // A forward half without its claim is useless: removed at once.
     h.datapath.maps.nat_rev.remove(&rev_key).unwrap();
-    let stats = h.datapath.maps.collect_garbage(monotonic_now_ns()).unwrap();
+    let stats = collect(&mut h, monotonic_now_ns());
     assert_eq!(stats.orphans, 1);
     assert_eq!(h.table_sizes(), (0, 0));
 
@@ -103,15 +228,8 @@ fn halves_left_alone_are_removed() {
     assert_ne!(fwd_key, fwd_key2);
     h.datapath.maps.nat_fwd.remove(&fwd_key2).unwrap();
     let now = monotonic_now_ns();
-    assert_eq!(h.datapath.maps.collect_garbage(now).unwrap().orphans, 0);
+    assert_eq!(collect(&mut h, now).orphans, 0);
     assert_eq!(h.table_sizes(), (0, 1));
-    assert_eq!(
-        h.datapath
-            .maps
-            .collect_garbage(now + 11 * SEC)
-            .unwrap()
-            .orphans,
-        1
-    );
+    assert_eq!(collect(&mut h, now + 11 * SEC).orphans, 1);
     assert_eq!(h.table_sizes(), (0, 0));
 }

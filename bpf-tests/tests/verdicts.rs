@@ -8,7 +8,12 @@ use vpcnet_bpf_tests::{
     Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, TC_ACT_UNSPEC,
     packets::{self, Parsed, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, parse_quoted},
 };
-use vpcnet_common::{config::RandomizeMode, counters::Counter, maps};
+use vpcnet_common::{
+    config::RandomizeMode,
+    counters::Counter,
+    maps,
+    nat::{FlowKind, FlowState},
+};
 
 fn settings(f: impl FnOnce(&mut SnatSettings)) -> SnatSettings {
     let mut s = SnatSettings::default();
@@ -357,6 +362,38 @@ fn flows_opened_from_outside_the_vpc_are_answered_un_natted() {
 }
 
 #[test]
+fn an_inbound_flow_is_a_pair_whose_state_follows_each_side() {
+    let h = Harness::lab_default();
+    let state = |h: &Harness| {
+        let flows = h.datapath.maps.flows().unwrap();
+        assert_eq!(flows.len(), 1, "{flows:?}");
+        assert_eq!(flows[0].kind(), Some(FlowKind::Inbound));
+        assert!(flows[0].rev.is_some(), "a pair: {flows:?}");
+        flows[0].state()
+    };
+    h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""));
+    assert_eq!(h.table_sizes(), (1, 1));
+    assert_eq!(state(&h), FlowState::New, "nothing answered");
+    h.egress(&packets::tcp(
+        POD,
+        8080,
+        ONPREM,
+        50000,
+        TCP_SYN | TCP_ACK,
+        b"",
+    ));
+    assert_eq!(state(&h), FlowState::SynRecv, "answered, not acknowledged");
+    h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_ACK, b""));
+    assert_eq!(state(&h), FlowState::Established);
+    h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_RST, b""));
+    assert_eq!(state(&h), FlowState::Reset);
+    // The remote connects again from the same port: a new connection.
+    h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""));
+    assert_eq!(state(&h), FlowState::New);
+    assert_eq!(h.table_sizes(), (1, 1));
+}
+
+#[test]
 fn randomize_none_keeps_the_pod_port_when_free() {
     let h = Harness::new(
         &settings(|s| s.randomize = RandomizeMode::None),
@@ -410,17 +447,30 @@ fn hashrandom_and_prng_stay_in_the_port_range() {
     }
 }
 
+/// Opens `port`'s flow from the pod to inet and has it answered and
+/// acknowledged; returns its translated port.
+fn establish(h: &Harness, port: u16) -> u16 {
+    let out = egress_pass(h, &packets::tcp(POD, port, INET, 80, TCP_SYN, b""));
+    ingress_pass(
+        h,
+        &packets::tcp(INET, 80, NODE, out.sport, TCP_SYN | TCP_ACK, b""),
+    );
+    egress_pass(h, &packets::tcp(POD, port, INET, 80, TCP_ACK, b""));
+    out.sport
+}
+
 #[test]
 fn full_table_drops_new_flows_and_keeps_established_ones() {
     let h = Harness::new(&SnatSettings::default(), 4);
     for i in 0..4 {
-        egress_pass(&h, &packets::tcp(POD, 30000 + i, INET, 80, TCP_SYN, b""));
+        establish(&h, 30000 + i);
     }
     h.assert_dropped(
         maps::PROG_ENI_EGRESS,
         &packets::tcp(POD, 31000, INET, 80, TCP_SYN, b""),
         Counter::DropNatTableFull,
     );
+    assert_eq!(h.counter(Counter::NatEarlyDrop), 0, "none was unanswered");
     assert_eq!(
         h.table_sizes(),
         (4, 4),
@@ -433,6 +483,43 @@ fn full_table_drops_new_flows_and_keeps_established_ones() {
         &packets::tcp(INET, 80, NODE, established.sport, TCP_ACK, b"y"),
     );
     assert_eq!((reply.dst, reply.dport), (POD, 30002));
+}
+
+#[test]
+fn a_full_table_makes_room_by_dropping_an_unanswered_flow() {
+    let h = Harness::new(&SnatSettings::default(), 4);
+    let answered = establish(&h, 30000);
+    // An answered SYN the pod never acknowledged is not established either
+    // (conntrack's SYN_RECV is not assured).
+    let half_open = egress_pass(&h, &packets::tcp(POD, 30001, INET, 80, TCP_SYN, b""));
+    ingress_pass(
+        &h,
+        &packets::tcp(INET, 80, NODE, half_open.sport, TCP_SYN | TCP_ACK, b""),
+    );
+    for i in 2..4 {
+        egress_pass(&h, &packets::tcp(POD, 30000 + i, INET, 80, TCP_SYN, b""));
+    }
+    // A flood of new flows nobody answers: each takes an unanswered
+    // flow's place.
+    for i in 0..8 {
+        let out = egress_pass(&h, &packets::tcp(POD, 31000 + i, INET, 80, TCP_SYN, b""));
+        assert_eq!(out.src, NODE, "new flow {i} got a port");
+    }
+    assert_eq!(h.counter(Counter::NatEarlyDrop), 8);
+    assert_eq!(h.counter(Counter::DropNatTableFull), 0);
+    assert_eq!(h.table_sizes(), (4, 4), "pairs dropped whole");
+    // The established flow kept its entries.
+    let still = egress_pass(&h, &packets::tcp(POD, 30000, INET, 80, TCP_ACK, b"x"));
+    assert_eq!((still.src, still.sport), (NODE, answered));
+    let reply = ingress_pass(&h, &packets::tcp(INET, 80, NODE, answered, TCP_ACK, b"y"));
+    assert_eq!((reply.dst, reply.dport), (POD, 30000));
+    // Untranslated flows make room alike: an inbound SYN from outside the
+    // VPC is tracked in a table full of unanswered SNAT flows.
+    h.assert_ingress_untouched(
+        &packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""),
+        Counter::IngressInboundTracked,
+    );
+    assert_eq!(h.counter(Counter::NatEarlyDrop), 9);
 }
 
 #[test]
@@ -705,18 +792,14 @@ fn a_tuple_connecting_again_keeps_its_port_and_starts_afresh() {
     // same port, and then after a clean close, once more.
     ingress_pass(&h, &packets::tcp(INET, 80, NODE, port, TCP_RST, b""));
     let state = |h: &Harness| h.datapath.maps.flows().unwrap()[0].state();
-    assert_eq!(state(&h), vpcnet_common::nat::FlowState::Closed);
+    assert_eq!(state(&h), FlowState::Reset);
     assert_eq!(
         egress_pass(&h, &syn).sport,
         port,
         "the same tuple keeps its port"
     );
     assert_eq!(h.counter(Counter::EgressReopen), 1);
-    assert_eq!(
-        state(&h),
-        vpcnet_common::nat::FlowState::New,
-        "and starts afresh"
-    );
+    assert_eq!(state(&h), FlowState::New, "and starts afresh");
     ingress_pass(
         &h,
         &packets::tcp(INET, 80, NODE, port, TCP_SYN | TCP_ACK, b""),

@@ -55,8 +55,9 @@ pub enum Suite {
     /// and agent restarts under long-lived flows.
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
-    /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors
-    /// and protocols without ports, with the above.
+    /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
+    /// protocols without ports and floods of unanswered flows, with the
+    /// above.
     Datapath,
 }
 
@@ -71,7 +72,7 @@ const VERDICT_TARGETS: [&str; 4] = ["verifier", "verdicts", "routing", "port_all
 const TRAFFIC_TARGETS: [&str; 1] = ["node_restart"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 10] = [
+const DATAPATH_TARGETS: [&str; 11] = [
     "differential",
     "external_snat",
     "time_wait",
@@ -82,6 +83,7 @@ const DATAPATH_TARGETS: [&str; 10] = [
     "fragments",
     "icmp_errors",
     "other_protocols",
+    "floods",
 ];
 
 impl Suite {

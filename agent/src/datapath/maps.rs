@@ -12,7 +12,7 @@ use vpcnet_common::{
     counters::Counter,
     endpoint::{ENI_PRIMARY, Endpoint, Eni},
     maps,
-    nat::{FlowKey, NatEntry},
+    nat::{FlowKey, NatEntry, Timeouts},
     raw_to_addr,
 };
 
@@ -20,6 +20,8 @@ use super::DatapathError;
 
 pub struct DatapathMaps {
     pub config: Array<MapData, Config>,
+    /// How long flows live in each state (netfilter's timeouts).
+    pub ct_timeouts: Array<MapData, Timeouts>,
     pub cidrs: LpmTrie<MapData, [u8; 4], CidrValue>,
     pub nat_fwd: HashMap<MapData, FlowKey, NatEntry>,
     pub nat_rev: HashMap<MapData, FlowKey, NatEntry>,
@@ -40,6 +42,7 @@ impl DatapathMaps {
             |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name));
         Self::from_maps([
             take(maps::CONFIG)?,
+            take(maps::CT_TIMEOUTS)?,
             take(maps::CIDRS)?,
             take(maps::NAT_FWD)?,
             take(maps::NAT_REV)?,
@@ -60,6 +63,7 @@ impl DatapathMaps {
         };
         Self::from_maps([
             open(maps::CONFIG)?,
+            open(maps::CT_TIMEOUTS)?,
             open(maps::CIDRS)?,
             open(maps::NAT_FWD)?,
             open(maps::NAT_REV)?,
@@ -74,6 +78,7 @@ impl DatapathMaps {
     fn from_maps(
         [
             config,
+            ct_timeouts,
             cidrs,
             nat_fwd,
             nat_rev,
@@ -81,10 +86,12 @@ impl DatapathMaps {
             endpoints,
             enis,
             stack_flows,
-        ]: [Map; 8],
+        ]: [Map; 9],
     ) -> Result<Self, DatapathError> {
         Ok(Self {
             config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
+            ct_timeouts: Array::try_from(ct_timeouts)
+                .map_err(DatapathError::map(maps::CT_TIMEOUTS))?,
             cidrs: LpmTrie::try_from(cidrs).map_err(DatapathError::map(maps::CIDRS))?,
             nat_fwd: HashMap::try_from(nat_fwd).map_err(DatapathError::map(maps::NAT_FWD))?,
             nat_rev: HashMap::try_from(nat_rev).map_err(DatapathError::map(maps::NAT_REV))?,
@@ -165,6 +172,21 @@ impl DatapathMaps {
         self.config
             .set(0, *config, 0)
             .map_err(DatapathError::map(maps::CONFIG))
+    }
+
+    /// The flow timeouts the programs and the garbage collector use (zero
+    /// fields: netfilter's defaults).
+    pub fn timeouts(&self) -> Result<Timeouts, DatapathError> {
+        self.ct_timeouts
+            .get(&0, 0)
+            .map_err(DatapathError::map(maps::CT_TIMEOUTS))
+    }
+
+    /// Writes the flow timeouts: the programs judge the next flow by them.
+    pub fn set_timeouts(&mut self, timeouts: &Timeouts) -> Result<(), DatapathError> {
+        self.ct_timeouts
+            .set(0, *timeouts, 0)
+            .map_err(DatapathError::map(maps::CT_TIMEOUTS))
     }
 
     /// Makes the CIDR trie hold exactly `prefixes`: adds the new ones first,

@@ -5,6 +5,7 @@ mod error;
 mod maps;
 mod nat;
 pub mod tc;
+pub mod timeouts;
 pub mod verifier;
 
 use std::{

@@ -2,7 +2,8 @@
 //! the ones that are over, a whole pair at a time.
 
 use vpcnet_common::nat::{
-    FlowKey, FlowKind, FlowState, NatEntry, flow_expired, flow_state, forward_key, reply_key,
+    FlowKey, FlowKind, FlowState, NatEntry, Timeouts, flow_expired, flow_last_seen_ns, forward_key,
+    pair_state, reply_key,
 };
 
 use super::{DatapathError, DatapathMaps};
@@ -19,37 +20,62 @@ fn alias_key(reply: &FlowKey) -> FlowKey {
     reply.reversed()
 }
 
-/// One flow: its forward entry and, for translated flows, its claim.
+/// One flow: its forward entry and its reverse entry (the claim of a
+/// translated flow).
 #[derive(Clone, Copy, Debug)]
 pub struct Flow {
     pub key: FlowKey,
     pub fwd: NatEntry,
-    /// The reply tuple and the reverse entry (`None` for un-translated
-    /// flows, which have none, or a half being created or removed).
+    /// The reply tuple and the reverse entry (`None` for a half being
+    /// created or removed, or an untranslated flow an earlier version kept
+    /// as a single entry).
     pub rev: Option<(FlowKey, NatEntry)>,
 }
 
 impl Flow {
+    /// The flow whose forward entry is `fwd` (keyed `key`), with its
+    /// reverse entry as the table has it now.
+    pub fn read(maps: &DatapathMaps, key: FlowKey, fwd: NatEntry) -> Self {
+        let mut flow = Self {
+            key,
+            fwd,
+            rev: None,
+        };
+        let reply = flow.reply_key();
+        flow.rev = maps.nat_rev.get(&reply, 0).ok().map(|rev| (reply, rev));
+        flow
+    }
+
     pub fn kind(&self) -> Option<FlowKind> {
         FlowKind::from_raw(self.fwd.kind)
     }
 
-    pub fn state(&self) -> FlowState {
-        let rev_seen = self.rev.map_or(self.fwd.seen, |(_, rev)| rev.seen);
-        flow_state(self.key.proto, self.fwd.seen, rev_seen)
+    /// Whether the flow keeps its addresses (no port claimed).
+    pub fn untranslated(&self) -> bool {
+        FlowKind::untranslated(self.fwd.kind)
     }
 
-    /// The reply tuple a translated flow's claim is keyed by.
+    /// The flow's state; a single entry is judged alone.
+    pub fn state(&self) -> FlowState {
+        let rev = self.rev.map_or(self.fwd, |(_, rev)| rev);
+        pair_state(self.key.proto, &self.fwd, &rev)
+    }
+
+    /// The reply tuple the reverse entry is keyed by (for an untranslated
+    /// flow, the reverse of its own).
     pub fn reply_key(&self) -> FlowKey {
         reply_key(&self.key, self.fwd.addr, self.fwd.port)
     }
 
-    fn expired(&self, now_ns: u64) -> bool {
-        match self.rev {
-            Some((_, rev)) => flow_expired(self.key.proto, &self.fwd, &rev, now_ns),
-            // Un-translated flows keep both directions in their one entry.
-            None => flow_expired(self.key.proto, &self.fwd, &self.fwd, now_ns),
-        }
+    /// When either direction last saw a packet.
+    pub fn last_seen_ns(&self) -> u64 {
+        let rev = self.rev.map_or(self.fwd, |(_, rev)| rev);
+        flow_last_seen_ns(&self.fwd, &rev)
+    }
+
+    fn expired(&self, timeouts: &Timeouts, now_ns: u64) -> bool {
+        let rev = self.rev.map_or(self.fwd, |(_, rev)| rev);
+        flow_expired(self.key.proto, &self.fwd, &rev, timeouts, now_ns)
     }
 }
 
@@ -60,6 +86,9 @@ pub struct GcStats {
     pub expired: usize,
     /// Halves found without their other half and removed.
     pub orphans: usize,
+    /// Untranslated flows an earlier version kept as one entry, given
+    /// their reverse entry.
+    pub paired: usize,
 }
 
 /// A claim without its forward entry is normal for the instant a CPU takes
@@ -170,32 +199,34 @@ impl DatapathMaps {
         let mut flows = Vec::new();
         for item in &self.nat_fwd {
             let (key, fwd) = item.map_err(DatapathError::map(vpcnet_common::maps::NAT_FWD))?;
-            let mut flow = Flow {
-                key,
-                fwd,
-                rev: None,
-            };
-            if flow.kind() != Some(FlowKind::NoSnat) {
-                let reply = flow.reply_key();
-                flow.rev = self.nat_rev.get(&reply, 0).ok().map(|rev| (reply, rev));
-            }
-            flows.push(flow);
+            flows.push(Flow::read(self, key, fwd));
         }
         Ok(flows)
     }
 
-    /// Removes the flows that are over, each pair whole. `now_ns` is on the
-    /// datapath's clock (`CLOCK_MONOTONIC`).
-    pub fn collect_garbage(&mut self, now_ns: u64) -> Result<GcStats, DatapathError> {
+    /// Removes the flows that are over by `timeouts`, each pair whole.
+    /// `now_ns` is on the datapath's clock (`CLOCK_MONOTONIC`).
+    pub fn collect_garbage(
+        &mut self,
+        timeouts: &Timeouts,
+        now_ns: u64,
+    ) -> Result<GcStats, DatapathError> {
         let flows = self.flows()?;
         let mut stats = GcStats {
             flows: flows.len(),
             ..GcStats::default()
         };
         for flow in &flows {
-            let translated = flow.kind() != Some(FlowKind::NoSnat);
-            let orphan = translated && flow.rev.is_none();
-            if !orphan && !flow.expired(now_ns) {
+            if flow.untranslated() && flow.rev.is_none() {
+                // Not an orphan: an earlier version's single entry, or one
+                // whose pair the datapath is making or dropping right now.
+                if self.pair_single_entry(flow) {
+                    stats.paired += 1;
+                }
+                continue;
+            }
+            let orphan = flow.rev.is_none();
+            if !orphan && !flow.expired(timeouts, now_ns) {
                 continue;
             }
             // The forward half first: a packet racing the collection then
@@ -229,6 +260,19 @@ impl DatapathMaps {
             }
         }
         Ok(stats)
+    }
+}
+
+impl DatapathMaps {
+    /// Gives an untranslated flow that an earlier version kept as a single
+    /// entry, written by both directions, its reverse entry, so that it
+    /// expires as a pair from now on. Both directions' flags are taken as
+    /// seen both ways, as that entry judged them. Returns whether it did
+    /// (a reverse entry there already is the datapath's own, just made).
+    fn pair_single_entry(&mut self, flow: &Flow) -> bool {
+        self.nat_rev
+            .insert(flow.reply_key(), flow.fwd, BPF_NOEXIST)
+            .is_ok()
     }
 }
 

@@ -18,6 +18,9 @@ pub const CIDRS: &str = "VPCNET_CIDRS";
 pub const NAT_FWD: &str = "VPCNET_NAT_FWD";
 /// `HashMap<FlowKey, NatEntry>`: the same flows as replies arrive; the port claim.
 pub const NAT_REV: &str = "VPCNET_NAT_REV";
+/// `Array<Timeouts>`, one entry: how long flows live in each state
+/// (netfilter's conntrack timeouts, as the node sets them).
+pub const CT_TIMEOUTS: &str = "VPCNET_CT_TIMEOUTS";
 /// `LruHashMap<FragKey, FragPath>`: where the first fragment of each
 /// fragmented datagram in flight went, for its later fragments.
 pub const FRAG_PATHS: &str = "VPCNET_FRAG_PATHS";
@@ -33,8 +36,9 @@ pub const ENIS: &str = "VPCNET_ENIS";
 pub const STACK_FLOWS: &str = "VPCNET_STACK_FLOWS";
 
 /// Every pinned map, for clean-up and for the object check.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 10] = [
     CONFIG,
+    CT_TIMEOUTS,
     CIDRS,
     NAT_FWD,
     NAT_REV,
@@ -61,6 +65,10 @@ pub const FRAG_PATHS_MAX_ENTRIES: u32 = 8_192;
 pub const ENDPOINTS_MAX_ENTRIES: u32 = 16_384;
 /// ENIs and branch links on one node.
 pub const ENIS_MAX_ENTRIES: u32 = 1_024;
+/// Flows created last, across CPUs: when a NAT map is full, the oldest
+/// unanswered one among them is dropped to make room, as conntrack's early
+/// drop does, so a flood of unanswered flows never keeps new flows out.
+pub const RECENT_FLOWS_LEN: u32 = 64;
 /// Flows into pods through the stack remembered at once.
 pub const STACK_FLOWS_MAX_ENTRIES: u32 = 131_072;
 

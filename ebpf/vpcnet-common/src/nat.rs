@@ -108,8 +108,12 @@ pub enum FlowKind {
     /// takes it, and moved only when a NAT flow already held it.
     Host = 2,
     /// A pod flow to a non-VPC destination started while EXTERNALSNAT was on:
-    /// tracked (forward entry only) so it stays un-NATed if the flag flips.
+    /// tracked so it stays un-NATed if the flag flips.
     NoSnat = 3,
+    /// A flow a non-VPC remote opened to a pod: tracked so the pod's replies
+    /// leave un-NATed. Its first packet travels in the reverse entry's
+    /// direction.
+    Inbound = 4,
 }
 
 impl FlowKind {
@@ -119,8 +123,27 @@ impl FlowKind {
             1 => Some(Self::Snat),
             2 => Some(Self::Host),
             3 => Some(Self::NoSnat),
+            4 => Some(Self::Inbound),
             _ => None,
         }
+    }
+
+    /// Its name in listings and metrics.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Snat => "snat",
+            Self::Host => "host",
+            Self::NoSnat => "nosnat",
+            Self::Inbound => "inbound",
+        }
+    }
+
+    /// Whether flows of the kind `raw` keep their addresses: their pair is
+    /// keyed by the pod's tuple and its reverse, and claims no port.
+    #[must_use]
+    pub const fn untranslated(raw: u8) -> bool {
+        raw == Self::NoSnat as u8 || raw == Self::Inbound as u8
     }
 }
 
@@ -174,27 +197,106 @@ pub const TOUCH_INTERVAL_NS: u64 = NS_PER_SEC;
 /// same 4-tuple, same clock, later timestamps.
 pub const TIME_WAIT_HOLD_NS: u64 = 120 * NS_PER_SEC;
 
-/// Timeouts, as netfilter's defaults where a flow kind has one.
-pub const TCP_SYN_SENT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
-pub const TCP_ESTABLISHED_TIMEOUT_NS: u64 = 432_000 * NS_PER_SEC;
-pub const TCP_FIN_WAIT_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
-pub const UDP_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
-pub const UDP_STREAM_TIMEOUT_NS: u64 = 120 * NS_PER_SEC;
-pub const ICMP_TIMEOUT_NS: u64 = 30 * NS_PER_SEC;
-/// netfilter's generic timeout, for the portless protocols.
-pub const GENERIC_TIMEOUT_NS: u64 = 600 * NS_PER_SEC;
+/// How long a flow lives after its last packet, per state, in seconds:
+/// netfilter's conntrack timeouts, with their sysctl names
+/// (`net.netfilter.nf_conntrack_<name>`). The agent writes the node's own
+/// values into the `CT_TIMEOUTS` map, so flows live as long as conntrack's
+/// on the same node (kube-proxy sets `tcp_timeout_established` to a day);
+/// a zero field (a map nobody wrote yet) means netfilter's default.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    pub tcp_syn_sent: u32,
+    pub tcp_syn_recv: u32,
+    pub tcp_established: u32,
+    pub tcp_fin_wait: u32,
+    pub tcp_time_wait: u32,
+    pub tcp_close: u32,
+    pub udp: u32,
+    pub udp_stream: u32,
+    pub icmp: u32,
+    pub generic: u32,
+}
+
+crate::impl_pod!(Timeouts);
+
+/// netfilter's defaults, in seconds.
+pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
+    tcp_syn_sent: 120,
+    tcp_syn_recv: 60,
+    tcp_established: 432_000,
+    tcp_fin_wait: 120,
+    #[allow(clippy::cast_possible_truncation)]
+    tcp_time_wait: (TIME_WAIT_HOLD_NS / NS_PER_SEC) as u32,
+    tcp_close: 10,
+    udp: 30,
+    udp_stream: 120,
+    icmp: 30,
+    generic: 600,
+};
+
+/// A replied UDP flow older than this is a stream (netfilter's rule, since
+/// Linux 6.0 and in every kernel EKS runs): it gets the stream timeout, a
+/// single request and answer the short one.
+pub const UDP_STREAM_AFTER_NS: u64 = 2 * NS_PER_SEC;
+
+/// A field of [`Timeouts`], to set it by its sysctl's name.
+pub type TimeoutField = fn(&mut Timeouts) -> &mut u32;
+
+impl Timeouts {
+    /// The sysctl name of each field, in field order, and a way to set it.
+    pub const SYSCTLS: [(&'static str, TimeoutField); 10] = [
+        ("tcp_timeout_syn_sent", |t| &mut t.tcp_syn_sent),
+        ("tcp_timeout_syn_recv", |t| &mut t.tcp_syn_recv),
+        ("tcp_timeout_established", |t| &mut t.tcp_established),
+        ("tcp_timeout_fin_wait", |t| &mut t.tcp_fin_wait),
+        ("tcp_timeout_time_wait", |t| &mut t.tcp_time_wait),
+        ("tcp_timeout_close", |t| &mut t.tcp_close),
+        ("udp_timeout", |t| &mut t.udp),
+        ("udp_timeout_stream", |t| &mut t.udp_stream),
+        ("icmp_timeout", |t| &mut t.icmp),
+        ("generic_timeout", |t| &mut t.generic),
+    ];
+
+    /// How long a flow of `proto` in `state` lives after its last packet;
+    /// `stream`: a replied UDP flow past [`UDP_STREAM_AFTER_NS`].
+    #[must_use]
+    pub const fn timeout_ns(&self, proto: u8, state: FlowState, stream: bool) -> u64 {
+        let (set, default) = match (proto, state) {
+            (PROTO_TCP, FlowState::New) => (self.tcp_syn_sent, DEFAULT_TIMEOUTS.tcp_syn_sent),
+            (PROTO_TCP, FlowState::SynRecv) => (self.tcp_syn_recv, DEFAULT_TIMEOUTS.tcp_syn_recv),
+            (PROTO_TCP, FlowState::Established) => {
+                (self.tcp_established, DEFAULT_TIMEOUTS.tcp_established)
+            }
+            (PROTO_TCP, FlowState::Closing) => (self.tcp_fin_wait, DEFAULT_TIMEOUTS.tcp_fin_wait),
+            (PROTO_TCP, FlowState::Closed) => (self.tcp_time_wait, DEFAULT_TIMEOUTS.tcp_time_wait),
+            (PROTO_TCP, FlowState::Reset) => (self.tcp_close, DEFAULT_TIMEOUTS.tcp_close),
+            (PROTO_UDP, FlowState::New) => (self.udp, DEFAULT_TIMEOUTS.udp),
+            (PROTO_UDP, _) if stream => (self.udp_stream, DEFAULT_TIMEOUTS.udp_stream),
+            (PROTO_UDP, _) => (self.udp, DEFAULT_TIMEOUTS.udp),
+            (PROTO_ICMP, _) => (self.icmp, DEFAULT_TIMEOUTS.icmp),
+            _ => (self.generic, DEFAULT_TIMEOUTS.generic),
+        };
+        (if set == 0 { default } else { set }) as u64 * NS_PER_SEC
+    }
+}
 
 /// A flow's state, derived from its two entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlowState {
     /// Nothing came back yet.
     New,
-    /// Both directions seen, no FIN or RST.
+    /// TCP: the answer (SYN-ACK) came back, the opener has not acknowledged
+    /// it yet (a SYN flood's flows stay here).
+    SynRecv,
+    /// Both directions seen (TCP: both acknowledged), no FIN or RST.
     Established,
     /// One side sent FIN.
     Closing,
-    /// Both sides sent FIN, or one sent RST.
+    /// Both sides sent FIN.
     Closed,
+    /// One side sent RST.
+    Reset,
 }
 
 impl FlowState {
@@ -202,16 +304,33 @@ impl FlowState {
     pub const fn name(self) -> &'static str {
         match self {
             Self::New => "new",
+            Self::SynRecv => "syn_recv",
             Self::Established => "established",
             Self::Closing => "closing",
             Self::Closed => "closed",
+            Self::Reset => "reset",
         }
+    }
+
+    /// Whether the connection is over (its port is held only for the
+    /// remote's TIME_WAIT).
+    #[must_use]
+    pub const fn is_closed(self) -> bool {
+        matches!(self, Self::Closed | Self::Reset)
     }
 }
 
+/// The state of a flow of `kind` (raw) from the `seen` bits of its forward
+/// (`fwd_seen`) and reverse (`rev_seen`) entries.
 #[must_use]
-pub const fn flow_state(proto: u8, fwd_seen: u8, rev_seen: u8) -> FlowState {
-    let replied = rev_seen & SEEN_ANY != 0;
+pub const fn flow_state(proto: u8, kind: u8, fwd_seen: u8, rev_seen: u8) -> FlowState {
+    // The side that opened the flow, and the side that answers.
+    let (opener, answer) = if kind == FlowKind::Inbound as u8 {
+        (rev_seen, fwd_seen)
+    } else {
+        (fwd_seen, rev_seen)
+    };
+    let replied = answer & SEEN_ANY != 0;
     if proto != PROTO_TCP {
         return if replied {
             FlowState::Established
@@ -219,31 +338,26 @@ pub const fn flow_state(proto: u8, fwd_seen: u8, rev_seen: u8) -> FlowState {
             FlowState::New
         };
     }
-    let both = fwd_seen | rev_seen;
-    if both & SEEN_RST != 0 || (fwd_seen & SEEN_FIN != 0 && rev_seen & SEEN_FIN != 0) {
+    let both = opener | answer;
+    if both & SEEN_RST != 0 {
+        FlowState::Reset
+    } else if opener & SEEN_FIN != 0 && answer & SEEN_FIN != 0 {
         FlowState::Closed
     } else if both & SEEN_FIN != 0 {
         FlowState::Closing
-    } else if replied {
-        FlowState::Established
-    } else {
+    } else if !replied {
         FlowState::New
+    } else if opener & SEEN_ACK == 0 {
+        FlowState::SynRecv
+    } else {
+        FlowState::Established
     }
 }
 
-/// How long a flow in `state` lives after its last packet.
+/// The state of the flow whose entries are `fwd` and `rev`.
 #[must_use]
-pub const fn flow_timeout_ns(proto: u8, state: FlowState) -> u64 {
-    match (proto, state) {
-        (PROTO_TCP, FlowState::New) => TCP_SYN_SENT_TIMEOUT_NS,
-        (PROTO_TCP, FlowState::Established) => TCP_ESTABLISHED_TIMEOUT_NS,
-        (PROTO_TCP, FlowState::Closing) => TCP_FIN_WAIT_TIMEOUT_NS,
-        (PROTO_TCP, FlowState::Closed) => TIME_WAIT_HOLD_NS,
-        (PROTO_UDP, FlowState::New) => UDP_TIMEOUT_NS,
-        (PROTO_UDP, _) => UDP_STREAM_TIMEOUT_NS,
-        (PROTO_ICMP, _) => ICMP_TIMEOUT_NS,
-        _ => GENERIC_TIMEOUT_NS,
-    }
+pub const fn pair_state(proto: u8, fwd: &NatEntry, rev: &NatEntry) -> FlowState {
+    flow_state(proto, fwd.kind, fwd.seen, rev.seen)
 }
 
 /// The later of the two entries' last packets.
@@ -256,20 +370,46 @@ pub const fn flow_last_seen_ns(fwd: &NatEntry, rev: &NatEntry) -> u64 {
     }
 }
 
+/// How long the flow whose entries are `fwd` and `rev` lives after its
+/// last packet.
+#[must_use]
+pub const fn flow_timeout_ns(
+    proto: u8,
+    fwd: &NatEntry,
+    rev: &NatEntry,
+    timeouts: &Timeouts,
+) -> u64 {
+    let state = pair_state(proto, fwd, rev);
+    let stream = flow_last_seen_ns(fwd, rev).saturating_sub(fwd.created_ns) > UDP_STREAM_AFTER_NS;
+    timeouts.timeout_ns(proto, state, stream)
+}
+
 /// Whether a flow is over: its entries may be removed and its port reused
 /// by anyone.
 #[must_use]
-pub const fn flow_expired(proto: u8, fwd: &NatEntry, rev: &NatEntry, now_ns: u64) -> bool {
-    let state = flow_state(proto, fwd.seen, rev.seen);
-    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, state)
+pub const fn flow_expired(
+    proto: u8,
+    fwd: &NatEntry,
+    rev: &NatEntry,
+    timeouts: &Timeouts,
+    now_ns: u64,
+) -> bool {
+    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, fwd, rev, timeouts)
 }
 
 /// Whether a new flow may take this flow's port for the same remote
 /// endpoint now: only once the flow is over, which for a closed TCP flow
-/// means the remote's TIME_WAIT is surely over too ([`TIME_WAIT_HOLD_NS`]).
+/// means the remote's TIME_WAIT is surely over too (the time-wait timeout,
+/// [`TIME_WAIT_HOLD_NS`] by default).
 #[must_use]
-pub const fn port_reusable(proto: u8, fwd: &NatEntry, rev: &NatEntry, now_ns: u64) -> bool {
-    flow_expired(proto, fwd, rev, now_ns)
+pub const fn port_reusable(
+    proto: u8,
+    fwd: &NatEntry,
+    rev: &NatEntry,
+    timeouts: &Timeouts,
+    now_ns: u64,
+) -> bool {
+    flow_expired(proto, fwd, rev, timeouts, now_ns)
 }
 
 /// The program that saw a fragmented datagram: each keeps its own record,
@@ -331,78 +471,205 @@ crate::impl_pod!(FragKey, FragPath);
 mod tests {
     use super::*;
 
-    fn entry(addr: u32, seen: u8, last: u64) -> NatEntry {
+    const TIMEOUTS: Timeouts = DEFAULT_TIMEOUTS;
+
+    fn entry(kind: FlowKind, seen: u8, last: u64) -> NatEntry {
         NatEntry {
-            addr,
+            kind: kind as u8,
             seen,
             last_seen_ns: last,
             ..NatEntry::default()
         }
     }
 
+    const HANDSHAKE: u8 = SEEN_ANY | SEEN_SYN | SEEN_ACK;
+
     #[test]
     fn closed_tcp_port_is_held_for_time_wait_whoever_asks() {
         let closed_at = 100 * NS_PER_SEC;
-        let fwd = entry(1, SEEN_ANY | SEEN_SYN | SEEN_FIN, closed_at);
-        let rev = entry(7, SEEN_ANY | SEEN_SYN | SEEN_ACK | SEEN_FIN, closed_at);
-        assert_eq!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Closed);
-        assert!(!port_reusable(
-            PROTO_TCP,
-            &fwd,
-            &rev,
-            closed_at + NS_PER_SEC
-        ));
-        assert!(!port_reusable(
-            PROTO_TCP,
-            &fwd,
-            &rev,
-            closed_at + 119 * NS_PER_SEC
-        ));
-        assert!(port_reusable(
-            PROTO_TCP,
-            &fwd,
-            &rev,
-            closed_at + 121 * NS_PER_SEC
-        ));
+        let fwd = entry(FlowKind::Snat, HANDSHAKE | SEEN_FIN, closed_at);
+        let rev = entry(FlowKind::Snat, HANDSHAKE | SEEN_FIN, closed_at);
+        assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::Closed);
+        for (after, reusable) in [(1, false), (119, false), (121, true)] {
+            assert_eq!(
+                port_reusable(
+                    PROTO_TCP,
+                    &fwd,
+                    &rev,
+                    &TIMEOUTS,
+                    closed_at + after * NS_PER_SEC
+                ),
+                reusable,
+                "{after} s after the close"
+            );
+        }
     }
 
     #[test]
     fn established_flow_is_never_reusable_before_its_timeout() {
-        let fwd = entry(1, SEEN_ANY | SEEN_SYN | SEEN_ACK, 0);
-        let rev = entry(7, SEEN_ANY | SEEN_SYN | SEEN_ACK, 0);
-        assert_eq!(
-            flow_state(PROTO_TCP, fwd.seen, rev.seen),
-            FlowState::Established
-        );
-        assert!(!port_reusable(PROTO_TCP, &fwd, &rev, 3600 * NS_PER_SEC));
+        let fwd = entry(FlowKind::Snat, HANDSHAKE, 0);
+        let rev = entry(FlowKind::Snat, HANDSHAKE, 0);
+        assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::Established);
+        assert!(!port_reusable(
+            PROTO_TCP,
+            &fwd,
+            &rev,
+            &TIMEOUTS,
+            3600 * NS_PER_SEC
+        ));
     }
 
     #[test]
-    fn udp_state_follows_replies() {
-        assert_eq!(flow_state(PROTO_UDP, SEEN_ANY, 0), FlowState::New);
+    fn udp_state_follows_replies_and_streams_after_two_seconds() {
+        let fwd = entry(FlowKind::Snat, SEEN_ANY, 0);
+        let unreplied = entry(FlowKind::Snat, 0, 0);
+        assert_eq!(pair_state(PROTO_UDP, &fwd, &unreplied), FlowState::New);
+        assert!(!flow_expired(
+            PROTO_UDP,
+            &fwd,
+            &unreplied,
+            &TIMEOUTS,
+            30 * NS_PER_SEC
+        ));
+        assert!(flow_expired(
+            PROTO_UDP,
+            &fwd,
+            &unreplied,
+            &TIMEOUTS,
+            30 * NS_PER_SEC + 1
+        ));
+        // One question, one answer: the short timeout.
+        let answered = entry(FlowKind::Snat, SEEN_ANY, NS_PER_SEC);
         assert_eq!(
-            flow_state(PROTO_UDP, SEEN_ANY, SEEN_ANY),
+            pair_state(PROTO_UDP, &fwd, &answered),
             FlowState::Established
         );
-        let fwd = entry(1, SEEN_ANY, 0);
-        let rev = entry(7, 0, 0);
-        assert!(!flow_expired(PROTO_UDP, &fwd, &rev, UDP_TIMEOUT_NS));
-        assert!(flow_expired(PROTO_UDP, &fwd, &rev, UDP_TIMEOUT_NS + 1));
+        assert!(flow_expired(
+            PROTO_UDP,
+            &fwd,
+            &answered,
+            &TIMEOUTS,
+            32 * NS_PER_SEC
+        ));
+        // Packets past two seconds: a stream.
+        let streaming = entry(FlowKind::Snat, SEEN_ANY, 3 * NS_PER_SEC);
+        assert!(!flow_expired(
+            PROTO_UDP,
+            &fwd,
+            &streaming,
+            &TIMEOUTS,
+            100 * NS_PER_SEC
+        ));
+        assert!(flow_expired(
+            PROTO_UDP,
+            &fwd,
+            &streaming,
+            &TIMEOUTS,
+            124 * NS_PER_SEC
+        ));
     }
 
     #[test]
-    fn rst_closes_from_either_side() {
+    fn rst_resets_from_either_side_and_fin_closes() {
+        for (fwd, rev) in [
+            (SEEN_ANY | SEEN_RST, SEEN_ANY),
+            (SEEN_ANY, SEEN_ANY | SEEN_RST),
+        ] {
+            assert_eq!(
+                flow_state(PROTO_TCP, FlowKind::Snat as u8, fwd, rev),
+                FlowState::Reset
+            );
+        }
         assert_eq!(
-            flow_state(PROTO_TCP, SEEN_ANY | SEEN_RST, SEEN_ANY),
-            FlowState::Closed
-        );
-        assert_eq!(
-            flow_state(PROTO_TCP, SEEN_ANY, SEEN_ANY | SEEN_RST),
-            FlowState::Closed
-        );
-        assert_eq!(
-            flow_state(PROTO_TCP, SEEN_ANY | SEEN_FIN, SEEN_ANY),
+            flow_state(
+                PROTO_TCP,
+                FlowKind::Snat as u8,
+                HANDSHAKE | SEEN_FIN,
+                HANDSHAKE
+            ),
             FlowState::Closing
         );
+        assert_eq!(
+            TIMEOUTS.timeout_ns(PROTO_TCP, FlowState::Reset, false),
+            10 * NS_PER_SEC
+        );
+    }
+
+    #[test]
+    fn an_answered_syn_the_opener_never_acknowledges_is_syn_recv() {
+        // A pod's SYN answered by SYN-ACK only.
+        let syn = SEEN_ANY | SEEN_SYN;
+        let syn_ack = SEEN_ANY | SEEN_SYN | SEEN_ACK;
+        assert_eq!(
+            flow_state(PROTO_TCP, FlowKind::Snat as u8, syn, syn_ack),
+            FlowState::SynRecv
+        );
+        // The same from outside: the remote's SYN is in the reverse entry.
+        assert_eq!(
+            flow_state(PROTO_TCP, FlowKind::Inbound as u8, syn_ack, syn),
+            FlowState::SynRecv
+        );
+        assert_eq!(
+            flow_state(PROTO_TCP, FlowKind::Inbound as u8, 0, syn),
+            FlowState::New
+        );
+        assert_eq!(
+            flow_state(PROTO_TCP, FlowKind::Inbound as u8, syn_ack, HANDSHAKE),
+            FlowState::Established
+        );
+    }
+
+    #[test]
+    fn an_unanswered_inbound_syn_expires_as_syn_sent() {
+        let fwd = entry(FlowKind::Inbound, 0, 0);
+        let rev = entry(FlowKind::Inbound, SEEN_ANY | SEEN_SYN, 0);
+        assert!(!flow_expired(
+            PROTO_TCP,
+            &fwd,
+            &rev,
+            &TIMEOUTS,
+            120 * NS_PER_SEC
+        ));
+        assert!(flow_expired(
+            PROTO_TCP,
+            &fwd,
+            &rev,
+            &TIMEOUTS,
+            121 * NS_PER_SEC
+        ));
+    }
+
+    #[test]
+    fn set_timeouts_replace_the_defaults_and_zero_keeps_them() {
+        let mut timeouts = Timeouts::default();
+        for (name, field) in Timeouts::SYSCTLS {
+            if name == "tcp_timeout_syn_sent" {
+                *field(&mut timeouts) = 5;
+            }
+        }
+        assert_eq!(
+            timeouts.timeout_ns(PROTO_TCP, FlowState::New, false),
+            5 * NS_PER_SEC
+        );
+        assert_eq!(
+            timeouts.timeout_ns(PROTO_TCP, FlowState::Established, false),
+            432_000 * NS_PER_SEC
+        );
+        assert_eq!(
+            timeouts.timeout_ns(47, FlowState::Established, false),
+            600 * NS_PER_SEC
+        );
+    }
+
+    #[test]
+    fn an_untranslated_pair_is_keyed_by_the_pods_tuple_and_its_reverse() {
+        let fwd = FlowKey::new(1, 2, 3, 4, PROTO_TCP);
+        let rev = NatEntry {
+            addr: fwd.saddr,
+            port: fwd.sport,
+            ..NatEntry::default()
+        };
+        assert_eq!(reply_key(&fwd, fwd.saddr, fwd.sport), fwd.reversed());
+        assert_eq!(forward_key(&fwd.reversed(), &rev), fwd);
     }
 }

@@ -159,9 +159,9 @@ fn known_flow(
     now: u64,
 ) -> Option<*mut NatEntry> {
     // SAFETY: a live map value.
-    let (kind, old_seen) = unsafe { ((*entry).kind, (*entry).seen) };
+    let old_seen = unsafe { (*entry).seen };
     let progressed = old_seen & !(SEEN_SYN | SEEN_ANY) != 0;
-    if key.proto == PROTO_TCP && l4.is_syn() && progressed && kind != FlowKind::NoSnat as u8 {
+    if key.proto == PROTO_TCP && l4.is_syn() && progressed {
         if reopen(key, entry, seen, now) {
             count(Counter::EgressReopen);
             return Some(entry);
@@ -231,7 +231,7 @@ fn new_flow(
         };
     }
     if cfg.external_snat() {
-        track_untranslated(key, seen, now)?;
+        track_untranslated(key, FlowKind::NoSnat, seen, 0, now)?;
         return Ok(Counter::EgressExternalSnatNew);
     }
     let entry = create_flow(cfg, key, FlowKind::Snat, seen, now)?;
@@ -249,7 +249,7 @@ fn translate(
 ) -> Result<Counter, Counter> {
     // SAFETY: a live map value; copied out before the packet is touched.
     let (kind, addr, port) = unsafe { ((*entry).kind, (*entry).addr, (*entry).port) };
-    if kind == FlowKind::NoSnat as u8 {
+    if FlowKind::untranslated(kind) {
         return Ok(Counter::EgressUntranslated);
     }
     if addr != key.saddr {

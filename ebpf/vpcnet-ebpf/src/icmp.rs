@@ -136,8 +136,7 @@ pub fn egress(ctx: &TcContext, outer: &Ipv4) -> Result<Counter, Counter> {
     let Some(fwd) = (unsafe { NAT_FWD.get(fwd_key) }).copied() else {
         return Ok(Counter::EgressIcmpErrorPass);
     };
-    if fwd.kind == FlowKind::NoSnat as u8
-        || (fwd.addr == fwd_key.saddr && fwd.port == fwd_key.sport)
+    if FlowKind::untranslated(fwd.kind) || (fwd.addr == fwd_key.saddr && fwd.port == fwd_key.sport)
     {
         return Ok(Counter::EgressIcmpErrorPass);
     }

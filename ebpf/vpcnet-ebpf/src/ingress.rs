@@ -6,15 +6,15 @@ use aya_ebpf::programs::TcContext;
 use vpcnet_common::{
     config::Config,
     counters::Counter,
-    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP},
+    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, SEEN_ANY, SEEN_SYN},
 };
 
 use crate::{
     cidr, egress,
     forward::{Verdict, to_pod},
     frag, icmp,
-    maps::{NAT_FWD, NAT_REV, STACK_FLOWS, config, count, endpoint},
-    nat::{now_ns, touch, track_untranslated},
+    maps::{NAT_REV, STACK_FLOWS, config, count, endpoint},
+    nat::{now_ns, reopen_inbound, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4, l4_csum_rel, load,
         parse_ipv4, parse_l4, set_addr, set_port,
@@ -164,31 +164,38 @@ fn reverse(
 
 /// A packet for an address other than the node's (a pod's). When it comes
 /// from outside the VPC and opens a flow, the flow is tracked so the pod's
-/// replies leave un-NATed, as netfilter's conntrack keeps them.
+/// replies leave un-NATed, as netfilter's conntrack keeps them; this
+/// direction writes the pair's reverse entry, keyed by the tuple as it
+/// arrives.
 #[inline(always)]
 fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     if cidr::lookup(ip.saddr).is_some() {
         return Ok(Counter::IngressNotNode);
     }
     let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
-    let opens = egress::may_open(ip.proto, &l4);
-    // The reply's tuple: what the pod will send.
-    let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
+    let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    let seen = l4.seen_bits();
     let now = now_ns();
-    if let Some(entry) = NAT_FWD.get_ptr_mut(reply) {
-        touch(entry, seen_of(&l4), now);
+    if let Some(entry) = NAT_REV.get_ptr_mut(key) {
+        // SAFETY: a live map value.
+        let old_seen = unsafe { (*entry).seen };
+        if ip.proto == PROTO_TCP && l4.is_syn() && old_seen & !(SEEN_SYN | SEEN_ANY) != 0 {
+            // The remote connects again on the tuple of a flow that got
+            // past its handshake: a new connection.
+            reopen_inbound(&key, entry, seen, now);
+        } else {
+            touch(entry, seen, now);
+        }
         return Ok(Counter::IngressNotNode);
     }
-    if !opens {
+    if !egress::may_open(ip.proto, &l4) {
         return Ok(Counter::IngressNotNode);
     }
-    Ok(match track_untranslated(&reply, seen_of(&l4), now) {
-        Ok(_) => Counter::IngressInboundTracked,
-        Err(_) => Counter::IngressInboundUntracked,
-    })
-}
-
-#[inline(always)]
-const fn seen_of(l4: &L4) -> u8 {
-    l4.seen_bits()
+    // The pod's side is the pair's forward tuple.
+    Ok(
+        match track_untranslated(&key.reversed(), FlowKind::Inbound, 0, seen, now) {
+            Ok(_) => Counter::IngressInboundTracked,
+            Err(_) => Counter::IngressInboundUntracked,
+        },
+    )
 }

@@ -15,13 +15,16 @@ use vpcnet_common::{
         CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES, FRAG_PATHS_MAX_ENTRIES,
         NAT_DEFAULT_ENTRIES, STACK_FLOWS_MAX_ENTRIES,
     },
-    nat::{FlowKey, FragKey, FragPath, NatEntry},
+    nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
 };
 
-use crate::nat::ClaimSearch;
+use crate::nat::{ClaimSearch, RecentFlows};
 
 #[map(name = "VPCNET_CONFIG")]
 pub static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+#[map(name = "VPCNET_CT_TIMEOUTS")]
+pub static CT_TIMEOUTS: Array<Timeouts> = Array::pinned(1, 0);
 
 #[map(name = "VPCNET_CIDRS")]
 pub static CIDRS: LpmTrie<[u8; 4], CidrValue> = LpmTrie::pinned(CIDRS_MAX_ENTRIES, 0);
@@ -50,6 +53,11 @@ pub static STACK_FLOWS: LruHashMap<FlowKey, u64> = LruHashMap::pinned(STACK_FLOW
 #[map(name = "VPCNET_PORT_SEARCH")]
 pub static PORT_SEARCH: PerCpuArray<ClaimSearch> = PerCpuArray::with_max_entries(1, 0);
 
+/// The flows created last, for early drop (see `nat::RecentFlows`). Not
+/// pinned: a hint, nothing is lost with it.
+#[map(name = "VPCNET_RECENT_FLOWS")]
+pub static RECENT_FLOWS: Array<RecentFlows> = Array::with_max_entries(1, 0);
+
 #[map(name = "VPCNET_COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
 
@@ -69,6 +77,13 @@ pub fn count_n(counter: Counter, n: u64) {
 #[inline(always)]
 pub fn config() -> Option<&'static Config> {
     CONFIG.get(0)
+}
+
+/// The flow timeouts the agent set (zero fields: netfilter's defaults).
+/// Always there: an array's one entry.
+#[inline(always)]
+pub fn timeouts() -> Option<&'static Timeouts> {
+    CT_TIMEOUTS.get(0)
 }
 
 /// A local pod, copied out of the map.

@@ -6,17 +6,19 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
+    maps::HashMap,
 };
 use vpcnet_common::{
     config::{Config, RandomizeMode},
     counters::Counter,
+    maps::RECENT_FLOWS_LEN,
     nat::{
         FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
-        flow_state, forward_key, is_portless, port_reusable, reply_key,
+        forward_key, is_portless, pair_state, port_reusable, reply_key,
     },
 };
 
-use crate::maps::{NAT_FWD, NAT_REV, PORT_SEARCH, count, count_n};
+use crate::maps::{NAT_FWD, NAT_REV, PORT_SEARCH, RECENT_FLOWS, count, count_n, timeouts};
 
 /// Candidates tried before a new flow is dropped for want of a port. With
 /// independent random candidates the failure rate at a fill of `f` is `f^64`:
@@ -260,6 +262,16 @@ fn claim_port(
         Counter::AllocRetry,
         u64::from(search.tries.saturating_sub(1)),
     );
+    if search.outcome == TABLE_FULL
+        && make_room()
+        && NAT_REV
+            .insert(&search.rev_key, &search.rev_value, u64::from(BPF_NOEXIST))
+            .is_ok()
+    {
+        // The candidate that met the full table was free: it is ours now.
+        search.outcome = CLAIMED;
+        search.port = search.rev_key.dport;
+    }
     if search.outcome == SEARCHING && search.oldest_closed_port != 0 {
         // Every candidate is held. Rather than drop the flow, take the port
         // whose flow closed longest ago: the remote has most likely let its
@@ -324,9 +336,11 @@ fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) ->
     // A reverse entry whose forward half is not there yet is a flow being
     // created on another CPU: judge it by its own age only.
     let fwd = fwd.unwrap_or(rev);
-    if !port_reusable(rev_key.proto, fwd, rev, now) {
-        let closed = rev_key.proto == PROTO_TCP
-            && matches!(flow_state(PROTO_TCP, fwd.seen, rev.seen), FlowState::Closed);
+    let Some(timeouts) = timeouts() else {
+        return Holder::Active;
+    };
+    if !port_reusable(rev_key.proto, fwd, rev, timeouts, now) {
+        let closed = rev_key.proto == PROTO_TCP && pair_state(PROTO_TCP, fwd, rev).is_closed();
         if !(closed && force) {
             return if closed {
                 Holder::Closed(flow_last_seen_ns(fwd, rev))
@@ -336,19 +350,156 @@ fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) ->
         }
     }
     // Whoever removes the claim owns the port.
-    if NAT_REV.remove(rev_key).is_err() {
-        return Holder::Active;
+    if remove_pair(rev_key, fwd_key) {
+        Holder::Gone
+    } else {
+        Holder::Active
     }
-    // The old flow's forward half goes with it, unless it was reopened
-    // meanwhile under another claim (then it no longer points here).
-    // SAFETY: as above.
-    if let Some(old) = unsafe { NAT_FWD.get(&*fwd_key) }
+}
+
+/// Removes the flow whose claim is `rev_key` and whose forward tuple is
+/// `fwd_key`: the claim, then the forward half unless it was reopened
+/// meanwhile under another claim (then it no longer points here). `false`
+/// when another CPU removed the claim first.
+#[inline(always)]
+fn remove_pair(rev_key: &FlowKey, fwd_key: &FlowKey) -> bool {
+    if NAT_REV.remove(rev_key).is_err() {
+        return false;
+    }
+    // SAFETY: a map value, valid for the program's run even if deleted.
+    if let Some(old) = unsafe { NAT_FWD.get(fwd_key) }
         && old.port == rev_key.dport
         && old.addr == rev_key.daddr
     {
-        let _ = NAT_FWD.remove(&*fwd_key);
+        let _ = NAT_FWD.remove(fwd_key);
     }
-    Holder::Gone
+    true
+}
+
+/// The flows created last, whichever CPU created them: a ring of their
+/// claims (reverse-entry keys), `next` the slot the next one takes, which
+/// holds the oldest. When a NAT map is full, [`make_room`] drops the oldest
+/// of them still unanswered, as conntrack's early drop does: a flood of
+/// flows nobody answers (a SYN flood through an NLB, a pod retrying a
+/// black-holed endpoint) fills the ring, so its own flows make way and
+/// established flows are never touched.
+///
+/// Two CPUs may write the same slot at once: a torn key matches no flow
+/// and is skipped, a lost increment overwrites one slot twice.
+pub struct RecentFlows {
+    next: u32,
+    /// Set by [`drop_step`] when it dropped a flow.
+    dropped: u32,
+    /// The forward tuple of the flow being judged (off the stack).
+    fwd_key: FlowKey,
+    keys: [FlowKey; RECENT_FLOWS_LEN as usize],
+}
+
+const RING_MASK: u32 = RECENT_FLOWS_LEN - 1;
+const _: () = assert!(RECENT_FLOWS_LEN.is_power_of_two());
+
+/// Adds a new flow's claim to the ring.
+#[inline(always)]
+fn remember_recent(rev_key: &FlowKey) {
+    let Some(recent) = RECENT_FLOWS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: the map's one value; see `RecentFlows` for concurrent writers.
+    let recent = unsafe { &mut *recent };
+    let slot = recent.next & RING_MASK;
+    recent.next = recent.next.wrapping_add(1);
+    if let Some(key) = recent.keys.get_mut(slot as usize) {
+        *key = *rev_key;
+    }
+}
+
+/// Drops one unanswered flow among the recent ones, oldest first, to make
+/// room in a full table. Returns whether it did.
+#[inline(always)]
+fn make_room() -> bool {
+    let Some(recent) = RECENT_FLOWS.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: the map's one value.
+    unsafe { (*recent).dropped = 0 };
+    // SAFETY: the callback takes no context; it finds the ring in its map.
+    unsafe {
+        bpf_loop(
+            RECENT_FLOWS_LEN,
+            drop_step as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+    }
+    // SAFETY: as above.
+    let dropped = unsafe { (*recent).dropped } != 0;
+    if dropped {
+        count(Counter::NatEarlyDrop);
+    }
+    dropped
+}
+
+/// One recent flow for [`make_room`]: dropped if nothing answered it (a
+/// TCP flow's answer not acknowledged counts as unanswered, as conntrack's
+/// SYN_RECV is not assured). Returns 1 to stop.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys are passed as pointers into the ring's map value: by value they would be copied to the stack"
+)]
+#[inline(never)]
+extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
+    let Some(recent) = RECENT_FLOWS.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: the map's one value.
+    let recent = unsafe { &mut *recent };
+    let slot = recent.next.wrapping_add(index) & RING_MASK;
+    let Some(rev_key) = recent.keys.get_mut(slot as usize) else {
+        return 1;
+    };
+    // SAFETY: a map value, valid for the program's run even if deleted.
+    let Some(rev) = (unsafe { NAT_REV.get(&*rev_key) }) else {
+        return 0;
+    };
+    recent.fwd_key = forward_key(rev_key, rev);
+    // SAFETY: as above.
+    let fwd = unsafe { NAT_FWD.get(&recent.fwd_key) }.unwrap_or(rev);
+    if !matches!(
+        pair_state(rev_key.proto, fwd, rev),
+        FlowState::New | FlowState::SynRecv
+    ) {
+        return 0;
+    }
+    if !remove_pair(rev_key, &recent.fwd_key) {
+        return 0;
+    }
+    // Taken: the slot no longer names a flow.
+    rev_key.proto = 0;
+    recent.dropped = 1;
+    1
+}
+
+/// Inserts a new flow's entry into `map`, making room by early drop when
+/// the map is full. An entry already there is the same flow's (created by
+/// another CPU meanwhile) and is kept.
+#[inline(always)]
+fn insert_making_room(
+    map: &HashMap<FlowKey, NatEntry>,
+    key: &FlowKey,
+    entry: &NatEntry,
+) -> Result<(), Counter> {
+    match map.insert(key, entry, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(()),
+        Err(e) if e == -EEXIST => Ok(()),
+        Err(e) if e == -E2BIG && make_room() => {
+            match map.insert(key, entry, u64::from(BPF_NOEXIST)) {
+                Ok(()) => Ok(()),
+                Err(e) if e == -EEXIST => Ok(()),
+                Err(_) => Err(Counter::DropNatTableFull),
+            }
+        }
+        Err(_) => Err(Counter::DropNatTableFull),
+    }
 }
 
 /// Creates a translated flow (kind `Snat` or `Host`) for `fwd`, returning
@@ -381,7 +532,10 @@ pub fn create_flow(
             let _ = NAT_REV.remove(ours);
             Ok(existing)
         }
-        Ok(existing) => Ok(existing),
+        Ok(existing) => {
+            remember_recent(&ours);
+            Ok(existing)
+        }
         Err(reason) => {
             // Never leave a claim without its flow.
             let _ = NAT_REV.remove(ours);
@@ -390,29 +544,57 @@ pub fn create_flow(
     }
 }
 
-/// Tracks an un-translated flow (EXTERNALSNAT, or one opened from outside
-/// the VPC) so it stays un-translated whatever the flags do later.
+/// Tracks an untranslated flow (kind `NoSnat` or `Inbound`) so it stays
+/// untranslated whatever the flags do later: a pair like a translated
+/// flow's, keyed by the pod's tuple `fwd` and its reverse, each direction
+/// writing its own entry (`fwd_seen`, `rev_seen`) so the flow's state, and
+/// with it its timeout, is known.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
+)]
 #[inline(always)]
-pub fn track_untranslated(fwd: &FlowKey, seen: u8, now: u64) -> Result<*mut NatEntry, Counter> {
-    let entry = NatEntry {
+pub fn track_untranslated(
+    fwd: &FlowKey,
+    kind: FlowKind,
+    fwd_seen: u8,
+    rev_seen: u8,
+    now: u64,
+) -> Result<*mut NatEntry, Counter> {
+    // The entry and the reverse key are built in the port search's slot,
+    // free while no port is searched, off the stack: this is on
+    // `pod_egress`'s deepest path.
+    let search = PORT_SEARCH
+        .get_ptr_mut(0)
+        .ok_or(Counter::DropNatTableFull)?;
+    // SAFETY: this CPU's slot, which only this program uses while it runs.
+    let search = unsafe { &mut *search };
+    search.rev_key = fwd.reversed();
+    search.rev_value = NatEntry {
         addr: fwd.saddr,
         port: fwd.sport,
-        kind: FlowKind::NoSnat as u8,
-        seen,
+        kind: kind as u8,
+        seen: rev_seen,
         last_seen_ns: now,
         created_ns: now,
     };
-    insert_forward(fwd, &entry)
+    insert_making_room(&NAT_REV, &search.rev_key, &search.rev_value)?;
+    search.rev_value.seen = fwd_seen;
+    match insert_forward(fwd, &search.rev_value) {
+        Ok(forward) => {
+            remember_recent(&search.rev_key);
+            Ok(forward)
+        }
+        Err(reason) => {
+            let _ = NAT_REV.remove(&search.rev_key);
+            Err(reason)
+        }
+    }
 }
 
 #[inline(always)]
 fn insert_forward(fwd: &FlowKey, entry: &NatEntry) -> Result<*mut NatEntry, Counter> {
-    match NAT_FWD.insert(fwd, entry, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {}
-        // Another CPU created the same flow first: use theirs.
-        Err(e) if e == -EEXIST => {}
-        Err(_) => return Err(Counter::DropNatTableFull),
-    }
+    insert_making_room(&NAT_FWD, fwd, entry)?;
     NAT_FWD.get_ptr_mut(fwd).ok_or(Counter::DropNatTableFull)
 }
 
@@ -433,6 +615,11 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
         if (*rev).addr != fwd.saddr || (*rev).port != fwd.sport {
             return false;
         }
+        if FlowKind::untranslated((*entry).kind) {
+            // The pod opens it now, whoever opened it before.
+            (*rev).kind = FlowKind::NoSnat as u8;
+            (*entry).kind = FlowKind::NoSnat as u8;
+        }
         (*rev).seen = 0;
         (*rev).last_seen_ns = now;
         (*entry).seen = seen;
@@ -440,6 +627,29 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
         (*entry).created_ns = now;
     }
     true
+}
+
+/// A flow opened from outside the VPC whose tuple opens again from there
+/// (the remote reuses its port after a close): the remote is the opener,
+/// and the state starts afresh. `rev` is the entry keyed `rev_key`, the
+/// tuple as the remote's packets carry it.
+#[inline(always)]
+pub fn reopen_inbound(rev_key: &FlowKey, rev: *mut NatEntry, seen: u8, now: u64) {
+    // SAFETY: `rev` is a live map value of NAT_REV.
+    let fwd_key = forward_key(rev_key, unsafe { &*rev });
+    let Some(fwd) = NAT_FWD.get_ptr_mut(fwd_key) else {
+        return;
+    };
+    // SAFETY: live map values.
+    unsafe {
+        (*rev).kind = FlowKind::Inbound as u8;
+        (*rev).seen = seen;
+        (*rev).last_seen_ns = now;
+        (*fwd).kind = FlowKind::Inbound as u8;
+        (*fwd).seen = 0;
+        (*fwd).last_seen_ns = now;
+        (*fwd).created_ns = now;
+    }
 }
 
 /// Removes a forward entry that no longer owns its claim.

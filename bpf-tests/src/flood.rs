@@ -1,0 +1,144 @@
+//! Floods of TCP SYNs nobody completes, written as raw IP packets from a
+//! namespace (the way a SYN flood or a client retrying a black-holed
+//! endpoint looks to the node), and the NAT table's occupancy meanwhile.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    ops::Range,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use vpcnet_agent::datapath::DatapathMaps;
+use vpcnet_common::maps;
+use vpcnet_lab::run_in;
+
+use crate::packets::{self, TCP_SYN};
+
+/// Bytes of the Ethernet header `packets` builds in front of the IP packet.
+const ETHERNET_HEADER: usize = 14;
+
+/// A raw IPv4 socket (`IPPROTO_RAW`: the packets carry their own header)
+/// in one namespace.
+pub struct RawSender {
+    socket: OwnedFd,
+}
+
+impl RawSender {
+    /// Opens the socket in namespace `ns`; it keeps sending from there
+    /// whichever thread uses it.
+    pub fn open(ns: &str) -> Result<Self> {
+        let socket = run_in(ns, || {
+            // SAFETY: plain arguments; the result is checked.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: a descriptor just opened, owned by nobody else.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        })?
+        .with_context(|| format!("a raw socket in {ns}"))?;
+        Ok(Self { socket })
+    }
+
+    /// Sends a SYN from `source` to `destination`.
+    pub fn syn(&self, source: SocketAddrV4, destination: SocketAddrV4) -> Result<()> {
+        let frame = packets::tcp(
+            *source.ip(),
+            source.port(),
+            *destination.ip(),
+            destination.port(),
+            TCP_SYN,
+            b"",
+        );
+        let packet = &frame[ETHERNET_HEADER..];
+        let to = libc::sockaddr_in {
+            sin_family: libc::sa_family_t::try_from(libc::AF_INET).expect("AF_INET fits"),
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(destination.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: the buffer and the address live across the call, their
+        // lengths are passed along.
+        let sent = unsafe {
+            libc::sendto(
+                self.socket.as_raw_fd(),
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&raw const to).cast(),
+                u32::try_from(size_of::<libc::sockaddr_in>()).expect("a small struct"),
+            )
+        };
+        if sent < 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("sending a SYN {source} -> {destination}"));
+        }
+        Ok(())
+    }
+}
+
+/// What a flood did to the NAT table.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FloodReport {
+    pub sent: usize,
+    pub elapsed: Duration,
+    /// The most flows the table held at one sample (every 100 SYNs).
+    pub max_flows: usize,
+}
+
+/// Sends a SYN from `source_addr` with each source port of `ports` to
+/// `destination` through `sender`, at most `per_second` of them (`None`:
+/// as fast as they go), sampling the lab agent's NAT table as it goes.
+pub fn syn_flood(
+    sender: &RawSender,
+    source_addr: Ipv4Addr,
+    ports: Range<u16>,
+    destination: SocketAddrV4,
+    per_second: Option<u32>,
+) -> Result<FloodReport> {
+    let started = Instant::now();
+    let mut report = FloodReport::default();
+    let rate = per_second.map(|rate| Duration::from_secs(1) / rate);
+    for (sent, port) in (0_u32..).zip(ports) {
+        if sent % 100 == 0 {
+            report.max_flows = report.max_flows.max(nat_flows()?);
+        }
+        if let Some(interval) = rate {
+            // Pacing, not synchronisation: the flood's own rate.
+            std::thread::sleep((interval * sent).saturating_sub(started.elapsed()));
+        }
+        sender.syn(SocketAddrV4::new(source_addr, port), destination)?;
+        report.sent += 1;
+    }
+    report.max_flows = report.max_flows.max(nat_flows()?);
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// How many flows the lab agent's NAT table holds now (forward entries).
+pub fn nat_flows() -> Result<usize> {
+    let maps = DatapathMaps::open_pinned(Path::new(maps::PIN_DIR))?;
+    Ok(maps.nat_fwd.keys().flatten().count())
+}
+
+/// Waits until the lab agent's datapath uses `timeouts` (it reads the
+/// node's conntrack settings on every garbage collection).
+pub fn wait_for_timeouts(timeouts: &vpcnet_common::nat::Timeouts, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let maps = DatapathMaps::open_pinned(Path::new(maps::PIN_DIR))?;
+        let now = maps.timeouts()?;
+        if now == *timeouts {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the datapath's timeouts are still {now:?} after {within:?}, not {timeouts:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
