@@ -208,6 +208,11 @@ struct RunArgs {
     /// Flows each NAT map holds.
     #[arg(long, env = "VPCNET_NAT_ENTRIES", default_value_t = vpcnet_common::maps::NAT_DEFAULT_ENTRIES)]
     nat_entries: u32,
+    /// Entries of the map of flows through the node's stack (kube-proxy's
+    /// services and node ports, the node's own connections to pods): two
+    /// per flow.
+    #[arg(long, env = "VPCNET_STACK_FLOW_ENTRIES", default_value_t = vpcnet_common::maps::STACK_FLOWS_DEFAULT_ENTRIES)]
+    stack_flow_entries: u32,
     /// Serve introspection here (`address:port` or `unix:/path`), whatever
     /// `INTROSPECTION_BIND_ADDRESS` and `DISABLE_INTROSPECTION` say.
     #[arg(long)]
@@ -500,6 +505,7 @@ async fn run_node(
     let mut datapath = Datapath::load(&LoadOptions {
         pin_dir: pin_dir.to_owned(),
         nat_entries: args.nat_entries,
+        stack_flow_entries: args.stack_flow_entries,
         attach_mode: AttachMode::from_env()?,
     })
     .context("loading the datapath")?;
@@ -703,15 +709,22 @@ async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> 
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let collected = sync_timeouts(&mut datapath.maps).and_then(|timeouts| {
-                    Ok(datapath.maps.collect_garbage(&timeouts, monotonic_now_ns())?)
+                    let now = monotonic_now_ns();
+                    let nat = datapath.maps.collect_garbage(&timeouts, now)?;
+                    let stack = datapath.maps.collect_stack_flows(&timeouts, now)?;
+                    Ok((nat, stack))
                 });
                 drop(datapath);
                 match collected {
-                    Ok(stats) if stats.expired + stats.orphans + stats.paired > 0 => {
-                        info!(flows = stats.flows, expired = stats.expired, orphans = stats.orphans, paired = stats.paired, "NAT garbage collected");
+                    Ok((nat, stack)) => {
+                        if nat.expired + nat.orphans + nat.paired > 0 {
+                            info!(flows = nat.flows, expired = nat.expired, orphans = nat.orphans, paired = nat.paired, "NAT garbage collected");
+                        }
+                        if stack.expired + stack.orphans > 0 {
+                            info!(flows = stack.flows, expired = stack.expired, orphans = stack.orphans, "stack flows garbage collected");
+                        }
                     }
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "NAT garbage collection failed"),
+                    Err(e) => warn!(error = %e, "garbage collection failed"),
                 }
             }
         }

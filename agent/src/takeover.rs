@@ -236,8 +236,8 @@ pub struct FlowImports {
     /// A pod's connection iptables source-NATed: its tuple, the address
     /// and port it leaves as, and the flags of its two directions.
     pub translated: Vec<(FlowKey, Ipv4Addr, u16, (u8, u8))>,
-    /// Tuples of packets kube-proxy must keep seeing (a DNAT to or from a
-    /// pod): the pod's replies to a node port, a service's replies to it.
+    /// Connections kube-proxy must keep seeing (a DNAT to or from a pod),
+    /// by the pod's tuple: a node port's to the pod, the pod's to a service.
     pub stack: Vec<FlowKey>,
 }
 
@@ -251,8 +251,11 @@ pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) 
         let dnat = reply.src != original.dst || reply.sport != original.dport;
         let snat = reply.dst != original.src || reply.dport != original.sport;
         if dnat {
-            if pods.contains(&reply.src) || pods.contains(&reply.dst) {
-                imports.stack.push(reply.flow_key(connection.proto));
+            let reply_key = reply.flow_key(connection.proto);
+            if pods.contains(&reply.src) {
+                imports.stack.push(reply_key);
+            } else if pods.contains(&reply.dst) {
+                imports.stack.push(reply_key.reversed());
             }
         } else if snat && pods.contains(&original.src) {
             imports.translated.push((
@@ -820,6 +823,9 @@ mod tests {
             // The node's own connection.
             "tcp 6 100 ESTABLISHED src=10.20.11.162 dst=203.0.113.10 sport=33000 dport=443 \
              src=203.0.113.10 dst=10.20.11.162 sport=443 dport=33000 [ASSURED] use=1",
+            // The pod's connection to a service, DNATed to peer.
+            "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=10.100.0.10 sport=40002 dport=80 \
+             src=10.20.12.50 dst=10.20.11.20 sport=8080 dport=40002 [ASSURED] use=1",
         ];
         let connections: Vec<_> = lines
             .iter()
@@ -831,6 +837,13 @@ mod tests {
         assert_eq!(key, connections[0].original.flow_key(PROTO_TCP));
         assert_eq!((addr, port), (Ipv4Addr::new(10, 20, 11, 162), 61000));
         assert_eq!(seen.0 & SEEN_ACK, SEEN_ACK);
-        assert_eq!(imports.stack, [connections[2].reply.flow_key(PROTO_TCP)]);
+        // Both by the pod's tuple: the one its packets carry.
+        assert_eq!(
+            imports.stack,
+            [
+                connections[2].reply.flow_key(PROTO_TCP),
+                connections[4].reply.flow_key(PROTO_TCP).reversed()
+            ]
+        );
     }
 }

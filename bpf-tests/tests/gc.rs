@@ -233,3 +233,91 @@ fn halves_left_alone_are_removed() {
     assert_eq!(collect(&mut h, now + 11 * SEC).orphans, 1);
     assert_eq!(h.table_sizes(), (0, 0));
 }
+
+/// Removes a test's pins, also when it fails.
+struct Unpin(std::path::PathBuf);
+
+impl Drop for Unpin {
+    fn drop(&mut self) {
+        let _ = vpcnet_agent::datapath::remove_pins(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn an_earlier_versions_stack_flows_are_carried_into_pairs() {
+    let pin_dir = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/vpcnet-test-stack-carry-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&pin_dir).unwrap();
+    let _unpin = Unpin(pin_dir.clone());
+    // What an earlier agent pinned: an LRU map of single tuples.
+    let retired = pin_dir.join(vpcnet_common::maps::STACK_FLOWS_LRU);
+    let retired = retired.to_str().unwrap();
+    let bpftool = |args: &[&str]| {
+        let out = std::process::Command::new("bpftool")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "bpftool {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    bpftool(&[
+        "map",
+        "create",
+        retired,
+        "type",
+        "lru_hash",
+        "key",
+        "16",
+        "value",
+        "8",
+        "entries",
+        "64",
+        "name",
+        "VPCNET_STACK_FLOWS",
+    ]);
+    let key = FlowKey::new(
+        vpcnet_common::addr_to_raw(POD.octets()),
+        vpcnet_common::addr_to_raw(ONPREM.octets()),
+        8080_u16.to_be(),
+        51000_u16.to_be(),
+        vpcnet_common::nat::PROTO_TCP,
+    );
+    // The key's bytes as the map holds them (`FlowKey` is `repr(C)`).
+    let mut raw = Vec::new();
+    raw.extend(key.saddr.to_ne_bytes());
+    raw.extend(key.daddr.to_ne_bytes());
+    raw.extend(key.sport.to_ne_bytes());
+    raw.extend(key.dport.to_ne_bytes());
+    raw.extend([key.proto, 0, 0, 0]);
+    let key_bytes: Vec<String> = raw.iter().map(|b| format!("0x{b:02x}")).collect();
+    let mut update = vec!["map", "update", "pinned", retired, "key"];
+    update.extend(key_bytes.iter().map(String::as_str));
+    update.extend(["value", "0", "0", "0", "0", "0", "0", "0", "1"]);
+    bpftool(&update);
+
+    let datapath = vpcnet_agent::datapath::Datapath::load(&vpcnet_agent::datapath::LoadOptions {
+        pin_dir: pin_dir.clone(),
+        ..vpcnet_agent::datapath::LoadOptions::default()
+    })
+    .expect("loading over the earlier version's pins");
+    let carried: Vec<(FlowKey, NatEntry)> = datapath.maps.stack_flows.iter().flatten().collect();
+    assert_eq!(carried.len(), 2, "the flow, as a pair: {carried:?}");
+    assert!(carried.iter().any(|(k, _)| *k == key));
+    assert!(carried.iter().any(|(k, _)| *k == key.reversed()));
+    assert!(
+        !std::path::Path::new(retired).exists(),
+        "the retired map's pin is gone"
+    );
+    // Carried as established: an hour idle does not end it.
+    let mut maps = datapath.maps;
+    let stats = maps
+        .collect_stack_flows(&TIMEOUTS, monotonic_now_ns() + 3600 * SEC)
+        .unwrap();
+    assert_eq!((stats.flows, stats.expired), (1, 0), "{stats:?}");
+}

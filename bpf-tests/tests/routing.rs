@@ -6,17 +6,18 @@
 
 use std::net::Ipv4Addr;
 
-use vpcnet_agent::config::SnatSettings;
+use vpcnet_agent::{config::SnatSettings, datapath::monotonic_now_ns};
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, NODE_LOCAL_DNS, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
     TEST_RUN_IFINDEX,
-    packets::{self, TCP_ACK, TCP_SYN, parse},
+    packets::{self, TCP_ACK, TCP_FIN, TCP_SYN, parse},
 };
 use vpcnet_common::{
     config::MARK_DECIDED,
     counters::Counter,
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_PRIMARY, Endpoint},
     maps,
+    nat::{DEFAULT_TIMEOUTS, NS_PER_SEC},
 };
 
 const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -244,6 +245,44 @@ fn replies_of_flows_that_came_through_the_stack_go_back_through_it() {
         &from_pod(packets::tcp(POD, 8081, PEER, 51000, TCP_ACK, b"")),
     );
     assert_eq!(out.action, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn stack_flows_are_pairs_that_live_as_long_as_their_connection() {
+    let mut h = harness();
+    let to_pod = |flags| packets::tcp(PEER, 51000, POD, 8080, flags, b"");
+    let from_pod_with = |flags| from_pod(packets::tcp(POD, 8080, PEER, 51000, flags, b""));
+    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_SYN));
+    h.run(maps::PROG_POD_EGRESS, &from_pod_with(TCP_SYN | TCP_ACK));
+    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_ACK));
+    let pairs: Vec<_> = h.datapath.maps.stack_flows.iter().flatten().collect();
+    assert_eq!(pairs.len(), 2, "one flow, two halves: {pairs:?}");
+    let now = monotonic_now_ns();
+    // Idle for an hour: an established connection lives on, whatever
+    // came since.
+    let stats = h
+        .datapath
+        .maps
+        .collect_stack_flows(&DEFAULT_TIMEOUTS, now + 3600 * NS_PER_SEC)
+        .unwrap();
+    assert_eq!((stats.flows, stats.expired), (1, 0), "{stats:?}");
+    // Closed by both sides: gone after TIME_WAIT, both halves.
+    h.run(maps::PROG_POD_EGRESS, &from_pod_with(TCP_FIN | TCP_ACK));
+    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_FIN | TCP_ACK));
+    let now = monotonic_now_ns();
+    let stats = h
+        .datapath
+        .maps
+        .collect_stack_flows(&DEFAULT_TIMEOUTS, now + 60 * NS_PER_SEC)
+        .unwrap();
+    assert_eq!(stats.expired, 0, "still in TIME_WAIT: {stats:?}");
+    let stats = h
+        .datapath
+        .maps
+        .collect_stack_flows(&DEFAULT_TIMEOUTS, now + 121 * NS_PER_SEC)
+        .unwrap();
+    assert_eq!(stats.expired, 1, "{stats:?}");
+    assert_eq!(h.datapath.maps.stack_flows.keys().count(), 0);
 }
 
 #[test]

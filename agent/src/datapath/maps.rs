@@ -30,9 +30,9 @@ pub struct DatapathMaps {
     pub endpoints: HashMap<MapData, u32, Endpoint>,
     /// ENIs and branch links, by ifindex.
     pub enis: HashMap<MapData, u32, Eni>,
-    /// Flows whose packets the stack must see (kube-proxy's DNAT), by the
-    /// tuple of the packets that go to it.
-    pub stack_flows: HashMap<MapData, FlowKey, u64>,
+    /// Flows whose packets the stack must see (kube-proxy's DNAT), a pair
+    /// each (see `vpcnet_common::maps::STACK_FLOWS`).
+    pub stack_flows: HashMap<MapData, FlowKey, NatEntry>,
 }
 
 impl DatapathMaps {

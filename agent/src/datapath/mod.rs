@@ -15,6 +15,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
+    maps::MapData,
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
         links::{FdLink, PinnedLink},
@@ -26,7 +27,7 @@ pub use maps::DatapathMaps;
 pub use nat::{Flow, GcStats, monotonic_now_ns};
 pub use tc::AttachMode;
 use tracing::{info, warn};
-use vpcnet_common::maps as names;
+use vpcnet_common::{maps as names, nat::FlowKey};
 
 /// The compiled programs (see build.rs); empty when built without bpf-linker.
 pub static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vpcnet.bpf.o"));
@@ -69,6 +70,8 @@ pub struct LoadOptions {
     pub pin_dir: PathBuf,
     /// Flows each NAT map holds.
     pub nat_entries: u32,
+    /// Entries of the stack flows map (two per flow).
+    pub stack_flow_entries: u32,
     /// TCX links or clsact filters.
     pub attach_mode: AttachMode,
 }
@@ -78,6 +81,7 @@ impl Default for LoadOptions {
         Self {
             pin_dir: PathBuf::from(names::PIN_DIR),
             nat_entries: names::NAT_DEFAULT_ENTRIES,
+            stack_flow_entries: names::STACK_FLOWS_DEFAULT_ENTRIES,
             attach_mode: AttachMode::of_kernel(),
         }
     }
@@ -116,11 +120,15 @@ impl Datapath {
             path: opts.pin_dir.clone(),
             source,
         })?;
+        // An earlier version's stack flows, read once its programs are
+        // swapped out, so none it saw is forgotten.
+        let retired_stack_flows = MapData::from_pin(opts.pin_dir.join(names::STACK_FLOWS_LRU)).ok();
         remove_retired_pins(&opts.pin_dir);
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
             .map_max_entries(names::NAT_FWD, opts.nat_entries)
             .map_max_entries(names::NAT_REV, opts.nat_entries)
+            .map_max_entries(names::STACK_FLOWS, opts.stack_flow_entries)
             .load(PROGRAMS)?;
         // The verifier takes about a second for each of the two large
         // programs; an agent restarting under running pods waits for it,
@@ -182,7 +190,36 @@ impl Datapath {
             stats,
         };
         datapath.adopt_pinned_links()?;
+        if let Some(retired) = retired_stack_flows {
+            datapath.carry_retired_stack_flows(retired);
+        }
         Ok(datapath)
+    }
+
+    /// Carries the flows of an earlier version's stack flows map (single
+    /// tuples, the pod's or the reverse) into this one's pairs, as
+    /// established flows. Which side is the pod's does not matter to a
+    /// carried pair: both tuples are keys, and it is judged from one.
+    fn carry_retired_stack_flows(&mut self, retired: MapData) {
+        let Ok(map) = aya::maps::Map::from_map_data(retired)
+            .and_then(aya::maps::HashMap::<MapData, FlowKey, u64>::try_from)
+        else {
+            warn!(
+                "the earlier version's stack flows map could not be read: its flows are not carried over"
+            );
+            return;
+        };
+        let now = nat::monotonic_now_ns();
+        let mut carried = 0;
+        for key in map.keys().flatten() {
+            if self.maps.import_stack_flow(key, now).is_ok() {
+                carried += 1;
+            }
+        }
+        info!(
+            flows = carried,
+            "stack flows of the earlier version's map carried over"
+        );
     }
 
     fn links_dir(&self) -> PathBuf {

@@ -1,9 +1,9 @@
-//! The NAT table seen from user space: listing flows and garbage-collecting
-//! the ones that are over, a whole pair at a time.
+//! The NAT table and the stack flows seen from user space: listing flows
+//! and garbage-collecting the ones that are over, a whole pair at a time.
 
 use vpcnet_common::nat::{
-    FlowKey, FlowKind, FlowState, NatEntry, Timeouts, flow_expired, flow_last_seen_ns, forward_key,
-    pair_state, reply_key,
+    FlowKey, FlowKind, FlowState, NatEntry, SEEN_ACK, SEEN_ANY, SEEN_SYN, Timeouts, flow_expired,
+    flow_last_seen_ns, forward_key, pair_state, reply_key,
 };
 
 use super::{DatapathError, DatapathMaps};
@@ -186,12 +186,74 @@ impl DatapathMaps {
         let _ = self.stack_flows.remove(&fwd.reversed());
     }
 
-    /// Marks `key` (the tuple of packets the stack must see) as a flow of
-    /// the stack's, as the programs do for kube-proxy's flows.
-    pub fn import_stack_flow(&mut self, key: FlowKey, now_ns: u64) -> Result<(), DatapathError> {
-        self.stack_flows
-            .insert(key, now_ns, 0)
-            .map_err(DatapathError::map(vpcnet_common::maps::STACK_FLOWS))
+    /// Remembers the established connection whose pod-side tuple is
+    /// `pod_tuple` as a flow of the stack's (kube-proxy DNATs it), as the
+    /// programs do for the flows they see start. An entry of either tuple
+    /// already there is replaced.
+    pub fn import_stack_flow(
+        &mut self,
+        pod_tuple: FlowKey,
+        now_ns: u64,
+    ) -> Result<(), DatapathError> {
+        let half = NatEntry {
+            addr: pod_tuple.saddr,
+            port: pod_tuple.sport,
+            kind: FlowKind::StackToPod as u8,
+            seen: SEEN_ANY | SEEN_SYN | SEEN_ACK,
+            last_seen_ns: now_ns,
+            created_ns: now_ns,
+        };
+        for key in [pod_tuple.reversed(), pod_tuple] {
+            self.stack_flows
+                .insert(key, half, 0)
+                .map_err(DatapathError::map(vpcnet_common::maps::STACK_FLOWS))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the stack flows that are over by `timeouts`, each pair whole,
+    /// and halves left alone past [`ORPHAN_GRACE_NS`]. A half a packet
+    /// touched since it was read is left for the next pass.
+    pub fn collect_stack_flows(
+        &mut self,
+        timeouts: &Timeouts,
+        now_ns: u64,
+    ) -> Result<GcStats, DatapathError> {
+        let halves: Vec<(FlowKey, NatEntry)> = self.stack_flows.iter().flatten().collect();
+        let mut stats = GcStats::default();
+        for (key, half) in &halves {
+            let other_key = key.reversed();
+            let other = self.stack_flows.get(&other_key, 0).ok();
+            let pod_side = key.saddr == half.addr && key.sport == half.port;
+            let gone = match other {
+                None => now_ns.saturating_sub(half.created_ns) > ORPHAN_GRACE_NS,
+                // Each pair once, from its pod's side.
+                Some(_) if !pod_side => continue,
+                Some(other) => {
+                    stats.flows += 1;
+                    flow_expired(key.proto, half, &other, timeouts, now_ns)
+                }
+            };
+            if !gone {
+                continue;
+            }
+            let unchanged = |map: &aya::maps::HashMap<_, FlowKey, NatEntry>, key, was| {
+                map.get(key, 0).ok() == Some(was)
+            };
+            if !unchanged(&self.stack_flows, key, *half)
+                || other.is_some_and(|other| !unchanged(&self.stack_flows, &other_key, other))
+            {
+                continue;
+            }
+            let _ = self.stack_flows.remove(key);
+            if other.is_some() {
+                let _ = self.stack_flows.remove(&other_key);
+                stats.expired += 1;
+            } else {
+                stats.orphans += 1;
+            }
+        }
+        Ok(stats)
     }
 
     /// Every flow in the table.

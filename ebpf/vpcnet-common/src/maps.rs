@@ -30,11 +30,14 @@ pub const COUNTERS: &str = "VPCNET_COUNTERS";
 pub const ENDPOINTS: &str = "VPCNET_ENDPOINTS";
 /// `HashMap<u32 (link ifindex), Eni>`: the node's ENIs and branch links.
 pub const ENIS: &str = "VPCNET_ENIS";
-/// `LruHashMap<FlowKey, u64>`: flows that reached a pod through the node's
-/// stack (kube-proxy's DNAT, the node's own sockets), keyed by the pod's
-/// reply tuple: those replies go back through the stack to be un-DNATed.
-pub const STACK_FLOWS: &str = "VPCNET_STACK_FLOWS";
-
+/// `HashMap<FlowKey, NatEntry>`: flows whose packets must go through the
+/// node's stack (kube-proxy's DNAT and un-DNAT, the node's own sockets),
+/// each a pair like a NAT flow's: keyed by the pod's tuple (the pod's
+/// packets, which `pod_egress` hands to the stack) and by its reverse (the
+/// packets toward the pod, which `eni_ingress` hands to the stack), with
+/// the pod's address and port in both; a pair lives as long as conntrack
+/// keeps the connection (see `nat::flow_expired`).
+pub const STACK_FLOWS: &str = "VPCNET_STACK_PAIRS";
 /// Every pinned map, for clean-up and for the object check.
 pub const ALL: [&str; 10] = [
     CONFIG,
@@ -51,8 +54,13 @@ pub const ALL: [&str; 10] = [
 
 /// Maps earlier versions pinned that this one no longer uses: removed at
 /// load and by clean-up. (`VPCNET_FRAGS` held only the ports of
-/// fragmented datagrams in flight.)
-pub const RETIRED: [&str; 1] = ["VPCNET_FRAGS"];
+/// fragmented datagrams in flight; [`STACK_FLOWS_LRU`]'s flows are carried
+/// into [`STACK_FLOWS`] first.)
+pub const RETIRED: [&str; 2] = ["VPCNET_FRAGS", STACK_FLOWS_LRU];
+
+/// `LruHashMap<FlowKey, u64>`, before [`STACK_FLOWS`]: stack flows as
+/// single tuples, either way round, evicted when newer ones came.
+pub const STACK_FLOWS_LRU: &str = "VPCNET_STACK_FLOWS";
 
 /// Default number of flows each NAT map holds (both maps have the same size:
 /// a pair is one entry in each).
@@ -69,8 +77,9 @@ pub const ENIS_MAX_ENTRIES: u32 = 1_024;
 /// unanswered one among them is dropped to make room, as conntrack's early
 /// drop does, so a flood of unanswered flows never keeps new flows out.
 pub const RECENT_FLOWS_LEN: u32 = 64;
-/// Flows into pods through the stack remembered at once.
-pub const STACK_FLOWS_MAX_ENTRIES: u32 = 131_072;
+/// Default number of entries of the stack flows map: two per flow, so
+/// 131072 flows through the stack at once.
+pub const STACK_FLOWS_DEFAULT_ENTRIES: u32 = 262_144;
 
 /// The tc programs, by function name in the object.
 pub const PROG_ENI_EGRESS: &str = "eni_egress";

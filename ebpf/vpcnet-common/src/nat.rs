@@ -114,6 +114,12 @@ pub enum FlowKind {
     /// leave un-NATed. Its first packet travels in the reverse entry's
     /// direction.
     Inbound = 4,
+    /// In the stack flows map: a flow the stack delivered into a pod first
+    /// (a node port's client after kube-proxy's DNAT, a kubelet probe).
+    StackToPod = 5,
+    /// In the stack flows map: a pod's flow to a service, which kube-proxy
+    /// DNATed on its way out.
+    StackFromPod = 6,
 }
 
 impl FlowKind {
@@ -124,6 +130,8 @@ impl FlowKind {
             2 => Some(Self::Host),
             3 => Some(Self::NoSnat),
             4 => Some(Self::Inbound),
+            5 => Some(Self::StackToPod),
+            6 => Some(Self::StackFromPod),
             _ => None,
         }
     }
@@ -136,7 +144,16 @@ impl FlowKind {
             Self::Host => "host",
             Self::NoSnat => "nosnat",
             Self::Inbound => "inbound",
+            Self::StackToPod => "stack_to_pod",
+            Self::StackFromPod => "stack_from_pod",
         }
+    }
+
+    /// Whether the first packet of a flow of the kind `raw` travelled in
+    /// its reverse entry's direction (toward the pod).
+    #[must_use]
+    pub const fn opened_from_outside(raw: u8) -> bool {
+        raw == Self::Inbound as u8 || raw == Self::StackToPod as u8
     }
 
     /// Whether flows of the kind `raw` keep their addresses: their pair is
@@ -325,7 +342,7 @@ impl FlowState {
 #[must_use]
 pub const fn flow_state(proto: u8, kind: u8, fwd_seen: u8, rev_seen: u8) -> FlowState {
     // The side that opened the flow, and the side that answers.
-    let (opener, answer) = if kind == FlowKind::Inbound as u8 {
+    let (opener, answer) = if FlowKind::opened_from_outside(kind) {
         (rev_seen, fwd_seen)
     } else {
         (fwd_seen, rev_seen)

@@ -14,12 +14,13 @@ use crate::{
     cidr,
     forward::{Verdict, via_eni},
     frag, icmp,
-    maps::{ENIS, NAT_FWD, STACK_FLOWS, config, count, endpoint},
+    maps::{ENIS, NAT_FWD, config, count, endpoint},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_SADDR_OFF, Ipv4, L4, is_ipv4,
         l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
     },
+    stack,
 };
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
@@ -82,9 +83,9 @@ pub fn leaves_untranslated(decision: Counter) -> bool {
     )
 }
 
-/// A pod's packet to a service, as kube-proxy DNATed it: its replies'
-/// tuple goes in `STACK_FLOWS`, so `eni_ingress` hands them to the stack,
-/// which un-DNATs them, instead of straight to the pod.
+/// A pod's packet to a service, as kube-proxy DNATed it: the flow goes in
+/// `STACK_FLOWS`, so `eni_ingress` hands its replies to the stack, which
+/// un-DNATs them, instead of straight to the pod.
 #[inline(always)]
 fn remember_service_flow(ctx: &TcContext) -> Result<(), Counter> {
     let ip = parse_ipv4(ctx, ETH_HLEN)?;
@@ -92,10 +93,9 @@ fn remember_service_flow(ctx: &TcContext) -> Result<(), Counter> {
         return Ok(());
     }
     if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
-        let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
-        // SAFETY: only the presence matters.
-        if unsafe { STACK_FLOWS.get(reply) }.is_none() {
-            let _ = STACK_FLOWS.insert(reply, now_ns(), 0);
+        let pod_tuple = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+        if !stack::record(&pod_tuple, &l4) {
+            stack::remember(&pod_tuple, FlowKind::StackFromPod, l4.seen_bits());
         }
         count(Counter::EgressServiceFlow);
     }

@@ -13,12 +13,13 @@ use crate::{
     cidr, egress,
     forward::{Verdict, to_pod},
     frag, icmp,
-    maps::{NAT_REV, STACK_FLOWS, config, count, endpoint},
+    maps::{NAT_REV, config, count, endpoint},
     nat::{now_ns, reopen_inbound, touch, track_untranslated},
     packet::{
         ETH_HLEN, Fragment, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4, l4_csum_rel, load,
         parse_ipv4, parse_l4, set_addr, set_port,
     },
+    stack,
 };
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
@@ -95,18 +96,15 @@ fn is_stack_flow(ctx: &TcContext) -> Result<bool, Counter> {
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(false);
     };
-    let key = if ip.proto == PROTO_ICMP && icmp::is_translated_error(l4.icmp_type) {
+    if ip.proto == PROTO_ICMP && icmp::is_translated_error(l4.icmp_type) {
         // The quoted datagram went out: its reverse is how the flow's
         // packets arrive.
-        match icmp::quoted_flow(ctx, &ip) {
-            Some(quoted) => quoted.reversed(),
-            None => return Ok(false),
-        }
-    } else {
-        FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto)
-    };
-    // SAFETY: only the presence matters.
-    Ok(unsafe { STACK_FLOWS.get(key) }.is_some())
+        return Ok(
+            icmp::quoted_flow(ctx, &ip).is_some_and(|quoted| stack::known(&quoted.reversed()))
+        );
+    }
+    let arriving = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    Ok(stack::record(&arriving, &l4))
 }
 
 /// Reverse NAT and inbound tracking for a whole packet or a first

@@ -1,7 +1,8 @@
 //! vpcnet's tc programs. One unit per job, following the packet: `packet`
 //! (headers, rewrites), `cidr` (the SNAT decision's lookup), `nat` (flows,
-//! ports), `icmp` (errors), `frag` (fragments), and the two programs that
-//! compose them, `egress` and `ingress`.
+//! ports), `stack` (flows kube-proxy must see), `icmp` (errors), `frag`
+//! (fragments), and the programs that compose them, `egress`, `ingress`
+//! and `pod`.
 
 #![no_std]
 #![no_main]
@@ -16,6 +17,7 @@ mod maps;
 mod nat;
 mod packet;
 mod pod;
+mod stack;
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};
 use forward::Verdict;

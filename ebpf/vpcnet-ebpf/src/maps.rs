@@ -13,7 +13,7 @@ use vpcnet_common::{
     endpoint::{Endpoint, Eni},
     maps::{
         CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES, FRAG_PATHS_MAX_ENTRIES,
-        NAT_DEFAULT_ENTRIES, STACK_FLOWS_MAX_ENTRIES,
+        NAT_DEFAULT_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
     },
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
 };
@@ -45,8 +45,9 @@ pub static ENDPOINTS: HashMap<u32, Endpoint> = HashMap::pinned(ENDPOINTS_MAX_ENT
 #[map(name = "VPCNET_ENIS")]
 pub static ENIS: HashMap<u32, Eni> = HashMap::pinned(ENIS_MAX_ENTRIES, 0);
 
-#[map(name = "VPCNET_STACK_FLOWS")]
-pub static STACK_FLOWS: LruHashMap<FlowKey, u64> = LruHashMap::pinned(STACK_FLOWS_MAX_ENTRIES, 0);
+#[map(name = "VPCNET_STACK_PAIRS")]
+pub static STACK_FLOWS: HashMap<FlowKey, NatEntry> =
+    HashMap::pinned(STACK_FLOWS_DEFAULT_ENTRIES, 0);
 
 /// The NAT's port search, one slot per CPU (see `nat::ClaimSearch`). Not
 /// pinned: it holds nothing between two packets.

@@ -16,16 +16,16 @@ use vpcnet_common::{
     config::{Config, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::Endpoint,
-    nat::{FlowKey, FragHook},
+    nat::{FlowKey, FlowKind, FragHook},
 };
 
 use crate::{
     cidr, egress,
     forward::{self, Verdict, mark_decided, to_pod, via_eni},
     frag,
-    maps::{STACK_FLOWS, config, count, endpoint},
-    nat::now_ns,
+    maps::{config, count, endpoint},
     packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, parse_ipv4, parse_l4, src_mac},
+    stack,
 };
 
 /// `pod_egress`: a packet from a pod.
@@ -79,8 +79,7 @@ fn whole_or_first(
 ) -> Result<Verdict, Counter> {
     if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
         let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
-        // SAFETY: only the presence matters.
-        if unsafe { STACK_FLOWS.get(key) }.is_some() {
+        if stack::record(&key, &l4) {
             return Ok(Counter::PodStackFlow.into());
         }
     }
@@ -161,10 +160,9 @@ pub fn ingress(ctx: &TcContext) -> Result<Verdict, Counter> {
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(Counter::PodIngressStack.into());
     };
-    let reply = FlowKey::new(ip.daddr, ip.saddr, l4.dport, l4.sport, ip.proto);
-    // SAFETY: only the presence matters; an LRU lookup also keeps it fresh.
-    if unsafe { STACK_FLOWS.get(reply) }.is_none() {
-        let _ = STACK_FLOWS.insert(reply, now_ns(), 0);
+    let arriving = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+    if !stack::record(&arriving, &l4) {
+        stack::remember(&arriving.reversed(), FlowKind::StackToPod, l4.seen_bits());
     }
     Ok(Counter::PodIngressStack.into())
 }
