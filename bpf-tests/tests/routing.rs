@@ -257,30 +257,22 @@ fn stack_flows_are_pairs_that_live_as_long_as_their_connection() {
     h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_ACK));
     let pairs: Vec<_> = h.datapath.maps.stack_flows.iter().flatten().collect();
     assert_eq!(pairs.len(), 2, "one flow, two halves: {pairs:?}");
-    let now = monotonic_now_ns();
+    let collect_after = |h: &mut Harness, seconds: u64| {
+        h.datapath
+            .maps
+            .collect_stack_flows(&DEFAULT_TIMEOUTS, monotonic_now_ns() + seconds * NS_PER_SEC)
+            .unwrap()
+    };
     // Idle for an hour: an established connection lives on, whatever
     // came since.
-    let stats = h
-        .datapath
-        .maps
-        .collect_stack_flows(&DEFAULT_TIMEOUTS, now + 3600 * NS_PER_SEC)
-        .unwrap();
+    let stats = collect_after(&mut h, 3600);
     assert_eq!((stats.flows, stats.expired), (1, 0), "{stats:?}");
     // Closed by both sides: gone after TIME_WAIT, both halves.
     h.run(maps::PROG_POD_EGRESS, &from_pod_with(TCP_FIN | TCP_ACK));
     h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_FIN | TCP_ACK));
-    let now = monotonic_now_ns();
-    let stats = h
-        .datapath
-        .maps
-        .collect_stack_flows(&DEFAULT_TIMEOUTS, now + 60 * NS_PER_SEC)
-        .unwrap();
+    let stats = collect_after(&mut h, 60);
     assert_eq!(stats.expired, 0, "still in TIME_WAIT: {stats:?}");
-    let stats = h
-        .datapath
-        .maps
-        .collect_stack_flows(&DEFAULT_TIMEOUTS, now + 121 * NS_PER_SEC)
-        .unwrap();
+    let stats = collect_after(&mut h, 121);
     assert_eq!(stats.expired, 1, "{stats:?}");
     assert_eq!(h.datapath.maps.stack_flows.keys().count(), 0);
 }

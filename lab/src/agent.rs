@@ -22,7 +22,7 @@ use std::{
     fs::{self, File},
     io::{BufRead, BufReader, Read, Seek, SeekFrom},
     os::{fd::OwnedFd, unix::process::CommandExt},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
     thread,
@@ -151,15 +151,70 @@ pub fn start(opts: &LabOptions) -> Result<(Child, AgentInfo)> {
             Ok((child, info))
         }
         Err(reason) => {
-            // Stop it before reading its log, so the log is complete.
+            // Where it is stuck, while it still is; then stop it before
+            // reading its log, so the log is complete.
+            let waiting_in = where_waiting(pid);
             let _ = stop(&info, Some(&mut child));
             Err(LabError::AgentNotReady {
                 path: bin,
                 reason,
                 log_tail: log_tail(&log_path),
+                waiting_in,
             })
         }
     }
+}
+
+/// Each thread of process `pid`, and of every process it started, with the
+/// kernel function it sleeps in and its kernel stack (from `/proc`): what a
+/// process that stopped answering was waiting for.
+fn where_waiting(agent: i32) -> String {
+    use std::fmt::Write as _;
+    let read = |path: PathBuf| fs::read_to_string(path).unwrap_or_default();
+    let mut pids = vec![agent];
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(child) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            // `stat`: pid (comm) state ppid ...; comm may hold spaces.
+            let stat = read(entry.path().join("stat"));
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if parent == Some(agent) {
+                pids.push(child);
+            }
+        }
+    }
+    let mut out = String::new();
+    for process in pids {
+        let dir = PathBuf::from(format!("/proc/{process}"));
+        let cmdline = read(dir.join("cmdline")).replace('\0', " ");
+        let _ = writeln!(out, "process {process}: {}", cmdline.trim_end());
+        let Ok(tasks) = fs::read_dir(dir.join("task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let path = task.path();
+            let _ = writeln!(
+                out,
+                "  thread {} {} in {}",
+                task.file_name().to_string_lossy(),
+                read(path.join("comm")).trim(),
+                read(path.join("wchan")).trim()
+            );
+            for frame in read(path.join("stack")).lines() {
+                let _ = writeln!(out, "    {frame}");
+            }
+        }
+    }
+    out
 }
 
 /// Reads the agent's first line on a helper thread, so the wait has a

@@ -52,12 +52,15 @@ pub enum LabError {
     Timeout { what: String, waited: Duration },
 
     #[error(
-        "the agent {path} did not become ready: {reason}\n--- agent log (tail) ---\n{log_tail}"
+        "the agent {path} did not become ready: {reason}\n--- agent log (tail) ---\n{log_tail}\n--- where it waited ---\n{waiting_in}"
     )]
     AgentNotReady {
         path: PathBuf,
         reason: String,
         log_tail: String,
+        /// Each thread of the agent and each process it started, with the
+        /// kernel function and stack it waited in when it was given up on.
+        waiting_in: String,
     },
 
     #[error("the lab's state file {path} is unreadable: {reason}")]

@@ -179,6 +179,13 @@ fn a_silent_agent_times_out_and_is_stopped() {
         Duration::from_millis(1500),
     );
     assert!(err.to_string().contains("printed nothing within"), "{err}");
+    // What it was waiting in when given up on: `sleep`, in the kernel's
+    // sleep function.
+    let LabError::AgentNotReady { waiting_in, .. } = &err else {
+        panic!("wrong error: {err}");
+    };
+    assert!(waiting_in.contains("sleep 600"), "{waiting_in}");
+    assert!(waiting_in.contains("nanosleep"), "{waiting_in}");
     let pid: i32 = agent.recorded("pid").trim().parse().unwrap();
     assert!(exited(pid), "the silent agent was stopped");
 }

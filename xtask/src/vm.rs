@@ -185,6 +185,8 @@ fn watchdog_function() -> String {
     local test_pid=$!
     (
         sleep {limit}
+        # Finished meanwhile (this watchdog outlived its kill): nothing to say.
+        kill -0 "$test_pid" 2>/dev/null || exit 0
         echo "vm: $name still running after {limit} s: where each process waits"
         ps -eo pid,ppid,stat,etimes,wchan:28,args --forest
         for proc in /proc/[0-9]*; do
@@ -203,8 +205,7 @@ fn watchdog_function() -> String {
     local watchdog=$!
     wait "$test_pid"
     local status=$?
-    pkill -P "$watchdog" 2>/dev/null
-    kill "$watchdog" 2>/dev/null
+    kill -KILL "$watchdog" 2>/dev/null
     wait "$watchdog" 2>/dev/null
     return "$status"
 }}
