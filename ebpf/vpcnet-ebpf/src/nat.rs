@@ -161,6 +161,8 @@ pub struct ClaimSearch {
     tries: u32,
     port: u16,
     outcome: u8,
+    /// Set by [`drop_step`] when it dropped a flow to make room.
+    room_made: u8,
     /// The candidate held by the closed TCP flow that ended longest ago
     /// (0: none seen), and when that flow saw its last packet.
     oldest_closed_port: u16,
@@ -385,13 +387,11 @@ fn remove_pair(rev_key: &FlowKey, fwd_key: &FlowKey) -> bool {
 /// established flows are never touched.
 ///
 /// Two CPUs may write the same slot at once: a torn key matches no flow
-/// and is skipped, a lost increment overwrites one slot twice.
+/// and is skipped, a lost increment overwrites one slot twice. What the
+/// search for a victim needs besides is per CPU, in [`ClaimSearch`].
 pub struct RecentFlows {
     next: u32,
-    /// Set by [`drop_step`] when it dropped a flow.
-    dropped: u32,
-    /// The forward tuple of the flow being judged (off the stack).
-    fwd_key: FlowKey,
+    _pad: u32,
     keys: [FlowKey; RECENT_FLOWS_LEN as usize],
 }
 
@@ -417,12 +417,12 @@ fn remember_recent(rev_key: &FlowKey) {
 /// room in a full table. Returns whether it did.
 #[inline(always)]
 fn make_room() -> bool {
-    let Some(recent) = RECENT_FLOWS.get_ptr_mut(0) else {
+    let Some(search) = PORT_SEARCH.get_ptr_mut(0) else {
         return false;
     };
-    // SAFETY: the map's one value.
-    unsafe { (*recent).dropped = 0 };
-    // SAFETY: the callback takes no context; it finds the ring in its map.
+    // SAFETY: this CPU's slot, which only this program uses while it runs.
+    unsafe { (*search).room_made = 0 };
+    // SAFETY: the callback takes no context; it finds its state in maps.
     unsafe {
         bpf_loop(
             RECENT_FLOWS_LEN,
@@ -432,7 +432,7 @@ fn make_room() -> bool {
         );
     }
     // SAFETY: as above.
-    let dropped = unsafe { (*recent).dropped } != 0;
+    let dropped = unsafe { (*search).room_made } != 0;
     if dropped {
         count(Counter::NatEarlyDrop);
     }
@@ -444,15 +444,17 @@ fn make_room() -> bool {
 /// SYN_RECV is not assured). Returns 1 to stop.
 #[allow(
     clippy::needless_borrows_for_generic_args,
-    reason = "keys are passed as pointers into the ring's map value: by value they would be copied to the stack"
+    reason = "keys are passed as pointers into map values: by value they would be copied to the stack"
 )]
 #[inline(never)]
 extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
-    let Some(recent) = RECENT_FLOWS.get_ptr_mut(0) else {
+    let (Some(recent), Some(search)) = (RECENT_FLOWS.get_ptr_mut(0), PORT_SEARCH.get_ptr_mut(0))
+    else {
         return 1;
     };
-    // SAFETY: the map's one value.
-    let recent = unsafe { &mut *recent };
+    // SAFETY: the ring's one value, and this CPU's search slot, whose
+    // holder key is free while no candidate port is judged.
+    let (recent, search) = unsafe { (&mut *recent, &mut *search) };
     let slot = recent.next.wrapping_add(index) & RING_MASK;
     let Some(rev_key) = recent.keys.get_mut(slot as usize) else {
         return 1;
@@ -461,21 +463,21 @@ extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
     let Some(rev) = (unsafe { NAT_REV.get(&*rev_key) }) else {
         return 0;
     };
-    recent.fwd_key = forward_key(rev_key, rev);
+    search.holder_key = forward_key(rev_key, rev);
     // SAFETY: as above.
-    let fwd = unsafe { NAT_FWD.get(&recent.fwd_key) }.unwrap_or(rev);
+    let fwd = unsafe { NAT_FWD.get(&search.holder_key) }.unwrap_or(rev);
     if !matches!(
         pair_state(rev_key.proto, fwd, rev),
         FlowState::New | FlowState::SynRecv
     ) {
         return 0;
     }
-    if !remove_pair(rev_key, &recent.fwd_key) {
+    if !remove_pair(rev_key, &search.holder_key) {
         return 0;
     }
     // Taken: the slot no longer names a flow.
     rev_key.proto = 0;
-    recent.dropped = 1;
+    search.room_made = 1;
     1
 }
 
