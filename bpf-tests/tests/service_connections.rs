@@ -3,16 +3,18 @@
 //! cluster IPs (one to a pod of the node, one to a host of the VPC) and a
 //! VPC client's through a node port stay idle while twice as many newer
 //! flows through the node's stack (kubelet-style probes) as the stack flows
-//! map holds come and go, then exchange data correctly. Those idle flows'
-//! packets must go through the stack to be un-DNATed; a map that forgot
-//! them would send them past it, and the pod would reset the connection.
+//! map holds come and go, then exchange data correctly, the backend
+//! speaking first. Its packets must go through the stack to be un-DNATed;
+//! a map that forgot the flow would send them past it, and the client
+//! would reset the connection. (A client speaking first would teach the
+//! map the flow again on its way through the stack.)
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test service_connections -- --test-threads=1 --nocapture`.
 
 use std::{
     io::{BufRead, BufReader, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpStream},
+    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
     time::Duration,
 };
 
@@ -24,6 +26,7 @@ use vpcnet_lab::{
 };
 
 const PORT: u16 = 8080;
+const PROBE_PORT: u16 = 8081;
 /// Entries of the stack flows map: two per flow, so 256 flows.
 const STACK_FLOW_ENTRIES: u16 = 512;
 /// Newer flows through the stack: twice the map's capacity in flows.
@@ -36,44 +39,76 @@ const NODE_PORT_POD: usize = 2;
 const TO_POD: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 11), 80);
 const TO_PEER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 10), 80);
 
-/// A connection that says hello, then idles.
+/// A connection whose both ends the test holds: the client's, from its
+/// namespace to a service address, and the server's, accepted in the
+/// backend's namespace after kube-proxy's DNAT. It says hello, then idles.
 struct IdleConnection {
     name: &'static str,
-    reader: BufReader<TcpStream>,
+    client: BufReader<TcpStream>,
+    server: BufReader<TcpStream>,
 }
 
 impl IdleConnection {
-    fn open(name: &'static str, ns: &str, server: SocketAddrV4) -> Self {
-        let stream = run_in(ns, || TcpStream::connect_timeout(&server.into(), TIMEOUT))
-            .expect("entering the namespace")
-            .unwrap_or_else(|e| panic!("{name}: connecting from {ns} to {server}: {e}"));
-        stream
-            .set_read_timeout(Some(TIMEOUT))
-            .expect("read timeout");
-        let mut reader = BufReader::new(stream);
-        let mut whoami = String::new();
-        reader
-            .read_line(&mut whoami)
-            .unwrap_or_else(|e| panic!("{name}: the server's first line: {e}"));
-        Self { name, reader }
-    }
-
-    /// Sends a line and reads its echo.
-    fn exchange(&mut self, line: &str) -> Result<(), String> {
-        self.reader
-            .get_mut()
-            .write_all(format!("{line}\n").as_bytes())
-            .map_err(|e| format!("sending: {e}"))?;
-        let mut echo = String::new();
-        self.reader
-            .read_line(&mut echo)
-            .map_err(|e| format!("reading the echo: {e} ({:?})", e.kind()))?;
-        if echo.trim_end() == line {
-            Ok(())
-        } else {
-            Err(format!("sent {line:?}, got back {echo:?}"))
+    fn open(
+        name: &'static str,
+        client_ns: &str,
+        service: SocketAddrV4,
+        backend: &TcpListener,
+    ) -> Self {
+        let client = run_in(client_ns, || {
+            TcpStream::connect_timeout(&service.into(), TIMEOUT)
+        })
+        .expect("entering the namespace")
+        .unwrap_or_else(|e| panic!("{name}: connecting from {client_ns} to {service}: {e}"));
+        let (server, _) = backend
+            .accept()
+            .unwrap_or_else(|e| panic!("{name}: the backend accepting: {e}"));
+        for stream in [&client, &server] {
+            stream
+                .set_read_timeout(Some(TIMEOUT))
+                .expect("read timeout");
+        }
+        Self {
+            name,
+            client: BufReader::new(client),
+            server: BufReader::new(server),
         }
     }
+
+    /// The server speaks first (so the first packet after the idle time is
+    /// the backend's, which must find its way back through the stack), then
+    /// the client answers.
+    fn exchange(&mut self, line: &str) -> Result<(), String> {
+        send_and_receive(&mut self.server, &mut self.client, line)
+            .map_err(|e| format!("server to client: {e}"))?;
+        send_and_receive(&mut self.client, &mut self.server, line)
+            .map_err(|e| format!("client to server: {e}"))
+    }
+}
+
+fn send_and_receive(
+    from: &mut BufReader<TcpStream>,
+    to: &mut BufReader<TcpStream>,
+    line: &str,
+) -> Result<(), String> {
+    from.get_mut()
+        .write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| format!("sending: {e}"))?;
+    let mut got = String::new();
+    to.read_line(&mut got)
+        .map_err(|e| format!("receiving: {e} ({:?})", e.kind()))?;
+    if got.trim_end() == line {
+        Ok(())
+    } else {
+        Err(format!("sent {line:?}, got {got:?}"))
+    }
+}
+
+/// A listener of the test's own in namespace `ns`.
+fn listen(ns: &str, addr: SocketAddrV4) -> TcpListener {
+    run_in(ns, || TcpListener::bind(addr))
+        .expect("entering the namespace")
+        .unwrap_or_else(|e| panic!("listening on {addr} in {ns}: {e}"))
 }
 
 #[test]
@@ -107,27 +142,21 @@ fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flow
     };
     let lab = Lab::up(&options).unwrap_or_else(|e| panic!("bringing the lab up: {e}"));
     let pod = |i: usize| lab.pod(i).clone();
-    let servers = [
-        WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT)),
-        WhoamiServer::start(
-            &pod(SERVICE_POD).netns,
-            SocketAddrV4::new(pod(SERVICE_POD).addr, PORT),
-        ),
-        WhoamiServer::start(
-            &pod(NODE_PORT_POD).netns,
-            SocketAddrV4::new(pod(NODE_PORT_POD).addr, PORT),
-        ),
-    ]
-    .map(|server| server.expect("a whoami server"));
-
+    let backend = |ns: &str, addr| listen(ns, SocketAddrV4::new(addr, PORT));
+    let (to_pod, to_peer, node_port) = (
+        backend(&pod(SERVICE_POD).netns, pod(SERVICE_POD).addr),
+        backend(addrs::NS_PEER, addrs::PEER_ADDR),
+        backend(&pod(NODE_PORT_POD).netns, pod(NODE_PORT_POD).addr),
+    );
     let client = pod(CLIENT_POD).netns;
     let mut idle = [
-        IdleConnection::open("ClusterIP to a pod", &client, TO_POD),
-        IdleConnection::open("ClusterIP to peer", &client, TO_PEER),
+        IdleConnection::open("ClusterIP to a pod", &client, TO_POD, &to_pod),
+        IdleConnection::open("ClusterIP to peer", &client, TO_PEER, &to_peer),
         IdleConnection::open(
             "NodePort from peer",
             addrs::NS_PEER,
             SocketAddrV4::new(addrs::NODE_PRIMARY_ADDR, addrs::NODE_PORT),
+            &node_port,
         ),
     ];
     for connection in &mut idle {
@@ -136,10 +165,12 @@ fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flow
             .exchange("before")
             .unwrap_or_else(|e| panic!("{name}, before the probes: {e}"));
     }
+    // The probes' server.
+    let probed = SocketAddrV4::new(pod(SERVICE_POD).addr, PROBE_PORT);
+    let _prober = WhoamiServer::start(&pod(SERVICE_POD).netns, probed).expect("a whoami server");
 
     // Kubelet's probes: a connection from the node to a pod, answered and
     // closed, each a new flow through the stack.
-    let probed = SocketAddrV4::new(pod(SERVICE_POD).addr, PORT);
     for i in 0..PROBES {
         tcp_whoami_closed(addrs::NS_NODE, probed, TIMEOUT)
             .unwrap_or_else(|e| panic!("probe {i}: {e}"))
@@ -154,12 +185,12 @@ fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flow
         println!("{name:<20} after {PROBES} probes: {outcome:?}");
     }
     println!(
-        "stack flows not remembered for want of room (probes, which need none): {}",
+        "packets of stack flows not remembered for want of room (the probes', which need none): {}",
         lab_counter(Counter::StackFlowUntracked)
     );
     for (name, outcome) in outcomes {
         assert_eq!(outcome, Ok(()), "{name}: the idle connection broke");
     }
-    drop(servers);
+    drop(idle);
     lab.down().expect("taking the lab down");
 }

@@ -115,7 +115,7 @@ counters! {
     // Appended, so the indexes above keep their meaning in a pinned map.
     PodOutsideVpc => "pod_outside_vpc", "pod: to outside the VPC, SNATed (or left un-NATed) here and sent out the ENI it must leave by";
     EgressDecided => "egress_pass_decided", "egress: packet a vpcnet program already translated or steered, passed";
-    StackFlowUntracked => "stack_flow_untracked", "stack flows: a flow through the node's stack not remembered because the table is full (its packets take the stack's path only where their destination sends them there)";
+    StackFlowUntracked => "stack_flow_untracked", "stack flows: a packet of a flow through the node's stack that could not be remembered because the table is full (the flow's packets take the stack's path only where their destination sends them there)";
     NatEarlyDrop => "nat_early_drop", "NAT: the table was full, an unanswered flow created shortly before was dropped to make room for a new one (conntrack's early drop)";
 
 }
