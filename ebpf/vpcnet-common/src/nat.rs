@@ -9,18 +9,26 @@
 //!   port, translated port) holds the original address and port. Inserting
 //!   it with `BPF_NOEXIST` is what claims a port: exactly one flow wins.
 //!
+//! A flow that keeps its addresses (EXTERNALSNAT, or opened from outside
+//! the VPC) is a pair too, keyed by the pod's tuple and its reverse
+//! ([`FlowKind::untranslated`]), so that its state is known and it expires
+//! like any other.
+//!
 //! Why two plain hash maps and no LRU: an LRU map evicts entries on its own,
 //! one at a time, so it can drop one half of a pair and leave the other
 //! pointing at a port somebody else then takes. Plain hash maps never evict:
 //! a pair disappears only when the agent's garbage collector or the datapath
-//! itself (taking over an expired flow's port) removes both halves. When the
-//! maps are full, new flows are dropped with `drop_nat_table_full`, and every
-//! flow that has its entries keeps working.
+//! itself (taking over an expired flow's port, or making room in a full
+//! table by dropping a recent flow nobody answered) removes both halves.
+//! When the maps are full of answered flows, new flows are dropped with
+//! `drop_nat_table_full`, and every flow that has its entries keeps working.
 //!
 //! Each direction writes only its own entry (flags seen, last seen), so the
 //! two CPUs handling the two directions of a flow never write the same cache
 //! line. The state of the flow is derived from both entries by [`flow_state`],
-//! the one definition the datapath and the garbage collector share.
+//! and its lifetime by [`flow_expired`] with the node's conntrack
+//! [`Timeouts`]: the one definition the datapath and the garbage collector
+//! share.
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
