@@ -410,7 +410,8 @@ pub const fn flow_timeout_ns(
 }
 
 /// Whether a flow is over: its entries may be removed and its port reused
-/// by anyone.
+/// by anyone; for a closed TCP flow, that is once the remote's TIME_WAIT is
+/// surely over too (the time-wait timeout, [`TIME_WAIT_HOLD_NS`] by default).
 #[must_use]
 pub const fn flow_expired(
     proto: u8,
@@ -420,21 +421,6 @@ pub const fn flow_expired(
     now_ns: u64,
 ) -> bool {
     now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, fwd, rev, timeouts)
-}
-
-/// Whether a new flow may take this flow's port for the same remote
-/// endpoint now: only once the flow is over, which for a closed TCP flow
-/// means the remote's TIME_WAIT is surely over too (the time-wait timeout,
-/// [`TIME_WAIT_HOLD_NS`] by default).
-#[must_use]
-pub const fn port_reusable(
-    proto: u8,
-    fwd: &NatEntry,
-    rev: &NatEntry,
-    timeouts: &Timeouts,
-    now_ns: u64,
-) -> bool {
-    flow_expired(proto, fwd, rev, timeouts, now_ns)
 }
 
 /// The program that saw a fragmented datagram: each keeps its own record,
@@ -517,7 +503,7 @@ mod tests {
         assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::Closed);
         for (after, reusable) in [(1, false), (119, false), (121, true)] {
             assert_eq!(
-                port_reusable(
+                flow_expired(
                     PROTO_TCP,
                     &fwd,
                     &rev,
@@ -535,7 +521,7 @@ mod tests {
         let fwd = entry(FlowKind::Snat, HANDSHAKE, 0);
         let rev = entry(FlowKind::Snat, HANDSHAKE, 0);
         assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::Established);
-        assert!(!port_reusable(
+        assert!(!flow_expired(
             PROTO_TCP,
             &fwd,
             &rev,

@@ -13,8 +13,8 @@ use vpcnet_common::{
     counters::Counter,
     maps::RECENT_FLOWS_LEN,
     nat::{
-        FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
-        forward_key, is_portless, pair_state, port_reusable, reply_key,
+        FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_expired,
+        flow_last_seen_ns, forward_key, is_portless, pair_state, reply_key,
     },
 };
 
@@ -217,7 +217,7 @@ extern "C" fn claim_step(index: u32, _ctx: *mut c_void) -> i64 {
 
 /// Claims a port for the flow `fwd` (kind `kind`) translated to `nat_addr`:
 /// inserts the reverse entry, the claim, taking over the port of a flow that
-/// is over (see `port_reusable`).
+/// is over (see `flow_expired`).
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
@@ -341,7 +341,7 @@ fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) ->
     let Some(timeouts) = timeouts() else {
         return Holder::Active;
     };
-    if !port_reusable(rev_key.proto, fwd, rev, timeouts, now) {
+    if !flow_expired(rev_key.proto, fwd, rev, timeouts, now) {
         let closed = rev_key.proto == PROTO_TCP && pair_state(PROTO_TCP, fwd, rev).is_closed();
         if !(closed && force) {
             return if closed {
