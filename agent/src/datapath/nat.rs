@@ -55,10 +55,15 @@ impl Flow {
         FlowKind::untranslated(self.fwd.kind)
     }
 
-    /// The flow's state; a single entry is judged alone.
+    /// The reverse entry, or the forward one for a single entry, which is
+    /// then judged alone.
+    fn rev_or_fwd(&self) -> NatEntry {
+        self.rev.map_or(self.fwd, |(_, rev)| rev)
+    }
+
+    /// The flow's state.
     pub fn state(&self) -> FlowState {
-        let rev = self.rev.map_or(self.fwd, |(_, rev)| rev);
-        pair_state(self.key.proto, &self.fwd, &rev)
+        pair_state(self.key.proto, &self.fwd, &self.rev_or_fwd())
     }
 
     /// The reply tuple the reverse entry is keyed by (for an untranslated
@@ -69,13 +74,17 @@ impl Flow {
 
     /// When either direction last saw a packet.
     pub fn last_seen_ns(&self) -> u64 {
-        let rev = self.rev.map_or(self.fwd, |(_, rev)| rev);
-        flow_last_seen_ns(&self.fwd, &rev)
+        flow_last_seen_ns(&self.fwd, &self.rev_or_fwd())
     }
 
     fn expired(&self, timeouts: &Timeouts, now_ns: u64) -> bool {
-        let rev = self.rev.map_or(self.fwd, |(_, rev)| rev);
-        flow_expired(self.key.proto, &self.fwd, &rev, timeouts, now_ns)
+        flow_expired(
+            self.key.proto,
+            &self.fwd,
+            &self.rev_or_fwd(),
+            timeouts,
+            now_ns,
+        )
     }
 }
 
