@@ -39,13 +39,24 @@ use sha2::{Digest, Sha256};
 pub const MASQ_MARK: &str = "0x00004000";
 /// The sysctl kube-proxy turns on for localhost node ports, and its value.
 pub const ROUTE_LOCALNET_SYSCTL: (&str, &str) = ("net/ipv4/conf/all/route_localnet", "1");
+/// The conntrack timeouts kube-proxy sets at start with its default
+/// configuration (`conntrack.tcpEstablishedTimeout: 24h`,
+/// `tcpCloseWaitTimeout: 1h`, as EKS's kube-proxy add-on keeps them), and
+/// their values in seconds.
+pub const CONNTRACK_SYSCTLS: [(&str, &str); 2] = [
+    (
+        "net/netfilter/nf_conntrack_tcp_timeout_established",
+        "86400",
+    ),
+    ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", "3600"),
+];
 
 const KUBE_SERVICES: &str = "KUBE-SERVICES";
 const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
 const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
 const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
 const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
 const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 /// Kubelet's chain, which kube-proxy also fills when localhost node ports
 /// are on.

@@ -126,6 +126,39 @@ pub fn nat_flows() -> Result<usize> {
     Ok(maps.nat_fwd.keys().flatten().count())
 }
 
+/// How many entries the lab agent's stack flows map holds now (two per
+/// flow: one keyed by each direction's tuple).
+pub fn stack_flow_entries() -> Result<usize> {
+    let maps = DatapathMaps::open_pinned(Path::new(maps::PIN_DIR))?;
+    Ok(maps.stack_flows.keys().flatten().count())
+}
+
+/// The lab agent's stack flow entries, one line each (tuple, kind, the
+/// `SEEN_*` bits, time since its last packet), for a failure's message.
+pub fn stack_flow_lines() -> Result<Vec<String>> {
+    let maps = DatapathMaps::open_pinned(Path::new(maps::PIN_DIR))?;
+    let now = vpcnet_agent::datapath::monotonic_now_ns();
+    let addr = |raw: u32| std::net::Ipv4Addr::from(raw.to_ne_bytes());
+    Ok(maps
+        .stack_flows
+        .iter()
+        .flatten()
+        .map(|(k, e)| {
+            format!(
+                "{}:{} -> {}:{} proto {} kind {} seen {:#04x} idle {:.1?}",
+                addr(k.saddr),
+                u16::from_be(k.sport),
+                addr(k.daddr),
+                u16::from_be(k.dport),
+                k.proto,
+                e.kind,
+                e.seen,
+                std::time::Duration::from_nanos(now.saturating_sub(e.last_seen_ns)),
+            )
+        })
+        .collect())
+}
+
 /// Waits until the lab agent's datapath uses `timeouts` (it reads the
 /// node's conntrack settings on every garbage collection).
 pub fn wait_for_timeouts(timeouts: &vpcnet_common::nat::Timeouts, within: Duration) -> Result<()> {

@@ -8,6 +8,7 @@ pub mod differential;
 pub mod echo;
 pub mod flood;
 pub mod hooks;
+pub mod idle;
 pub mod ipam;
 pub mod packets;
 

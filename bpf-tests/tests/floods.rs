@@ -5,7 +5,9 @@
 //! node's `nf_conntrack_*` settings, shortened here the way an operator
 //! would, with sysctl), so a paced flood never fills the table; a flood
 //! faster than the timeouts fills it, and then early drop makes room for
-//! every new flow while established flows keep working.
+//! every new flow while established flows keep working. A table full of
+//! established flows (nothing to make room with) never stops the node's
+//! own traffic, and drops what it cannot track.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test floods -- --test-threads=1 --nocapture`.
@@ -15,12 +17,14 @@ use std::{net::SocketAddrV4, time::Duration};
 use vpcnet_bpf_tests::{
     agent_binary, agent_cli,
     echo::EchoStream,
-    flood::{FloodReport, RawSender, syn_flood, wait_for_timeouts},
+    flood::{FloodReport, RawSender, nat_flows, syn_flood, wait_for_timeouts},
+    idle::{IdleConnection, listen},
     lab_counter,
 };
 use vpcnet_common::{counters::Counter, nat::Timeouts};
 use vpcnet_lab::{
-    Lab, LabOptions, WhoamiServer, addrs, exec_ok, netns::set_sysctls, serial, tcp_whoami,
+    Lab, LabOptions, WhoamiServer, addrs, exec_ok, netns::set_sysctls, probe::tcp_whoami_closed,
+    serial, tcp_whoami,
 };
 
 /// A table small enough to flood in seconds.
@@ -34,6 +38,11 @@ const ECHOES: u64 = 50;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// New connections that must get through after each flood.
 const NEW_FLOWS: usize = 20;
+/// A table the test fills with established connections it holds.
+const FULL_TABLE: u16 = 32;
+const HELD_PORT: u16 = 8090;
+/// How long a connection that should be dropped is given.
+const DROPPED_TIMEOUT: Duration = Duration::from_secs(1);
 /// A paced flood's rate: with the shortened timeouts below, about 500
 /// unanswered flows live at once, half the table.
 const PACED_PER_SECOND: u32 = 100;
@@ -114,7 +123,7 @@ fn print_report(phase: &str, report: &FloodReport) {
         report.max_flows,
         lab_counter(Counter::NatEarlyDrop),
         lab_counter(Counter::DropNatTableFull),
-        lab_counter(Counter::IngressInboundUntracked),
+        lab_counter(Counter::DropInboundUntracked),
     );
 }
 
@@ -175,7 +184,7 @@ fn a_syn_flood_from_outside_the_vpc_never_keeps_flows_out() {
         0,
         "nothing had to give way"
     );
-    assert_eq!(lab_counter(Counter::IngressInboundUntracked), 0);
+    assert_eq!(lab_counter(Counter::DropInboundUntracked), 0);
     new_flows_get_through(&client.netns, inet.addr(), "after the paced flood");
 
     // As fast as it goes, with netfilter's timeouts (SYN_RECV 60 s): the
@@ -200,7 +209,7 @@ fn a_syn_flood_from_outside_the_vpc_never_keeps_flows_out() {
         0,
         "no new flow was refused"
     );
-    assert_eq!(lab_counter(Counter::IngressInboundUntracked), 0);
+    assert_eq!(lab_counter(Counter::DropInboundUntracked), 0);
     snat.wait_for_more_echoes(ECHOES, "after the floods");
     inbound.wait_for_more_echoes(ECHOES, "after the floods");
     println!(
@@ -248,5 +257,65 @@ fn a_pod_retrying_a_black_holed_endpoint_under_external_snat_never_keeps_flows_o
     snat.wait_for_more_echoes(ECHOES, "after the retries");
     println!("established: SNAT {} echoes, 0 broken", snat.close());
     drop(inet);
+    lab.down().expect("taking the lab down");
+}
+
+/// Bad input: a table full of established flows (nothing to make room
+/// with) never stops the node's own traffic: its connections to the
+/// internet and kubelet's probes of a pod get through. A pod's new flow and
+/// a connection from outside the VPC, which cannot be tracked, are dropped
+/// under their own counters (as conntrack drops what its full table cannot
+/// hold), never passed half-translated; the held flows keep working.
+#[test]
+fn a_table_full_of_established_flows_never_stops_the_node_s_own_traffic() {
+    let _lab_slot = serial();
+    let lab = up(FULL_TABLE);
+    let pod = lab.pod(0).clone();
+    let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
+        .expect("whoami in inet");
+    let pod_server = WhoamiServer::start(&pod.netns, SocketAddrV4::new(pod.addr, PORT))
+        .expect("whoami in pod-0");
+    let held_at = SocketAddrV4::new(addrs::INET_ADDR, HELD_PORT);
+    let backend = listen(addrs::NS_INET, held_at);
+    let mut held: Vec<IdleConnection> = (0..FULL_TABLE)
+        .map(|_| IdleConnection::open("held", &pod.netns, held_at, &backend))
+        .collect();
+    assert_eq!(
+        nat_flows().expect("the NAT table"),
+        usize::from(FULL_TABLE),
+        "the table is full"
+    );
+
+    for i in 0..NEW_FLOWS {
+        let seen = tcp_whoami_closed(addrs::NS_NODE, inet.addr(), CONNECT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("the node's connection {i}: {e}"))
+            .unwrap_or_else(|| panic!("the node's connection {i} got no answer"));
+        assert_eq!(*seen.ip(), addrs::NODE_PRIMARY_ADDR);
+        tcp_whoami_closed(addrs::NS_NODE, pod_server.addr(), CONNECT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("probe {i}: {e}"))
+            .unwrap_or_else(|| panic!("probe {i} got no answer"));
+    }
+    let pod_new = tcp_whoami(&pod.netns, inet.addr(), DROPPED_TIMEOUT).expect("a pod's new flow");
+    let inbound = tcp_whoami(addrs::NS_ONPREM, pod_server.addr(), DROPPED_TIMEOUT)
+        .expect("on-prem's connection");
+    println!(
+        "table of {FULL_TABLE} full: the node's connections and probes {NEW_FLOWS} of {NEW_FLOWS} \
+         (untracked packets {}); a pod's new flow {pod_new:?} (dropped {}); \
+         on-prem's connection {inbound:?} (dropped {})",
+        lab_counter(Counter::EgressHostUntracked),
+        lab_counter(Counter::DropNatTableFull),
+        lab_counter(Counter::DropInboundUntracked),
+    );
+    assert!(lab_counter(Counter::EgressHostUntracked) > 0);
+    assert_eq!(pod_new, None, "a pod's new flow finds no room");
+    assert!(lab_counter(Counter::DropNatTableFull) > 0);
+    assert_eq!(inbound, None, "on-prem's connection cannot be tracked");
+    assert!(lab_counter(Counter::DropInboundUntracked) > 0);
+    for (i, connection) in held.iter_mut().enumerate() {
+        connection
+            .exchange("still here")
+            .unwrap_or_else(|e| panic!("held connection {i}: {e}"));
+    }
+    drop((held, inet, pod_server));
     lab.down().expect("taking the lab down");
 }

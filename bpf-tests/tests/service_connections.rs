@@ -13,16 +13,19 @@
 //! --test service_connections -- --test-threads=1 --nocapture`.
 
 use std::{
-    io::{BufRead, BufReader, Write},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    net::{Ipv4Addr, SocketAddrV4},
     time::Duration,
 };
 
-use vpcnet_bpf_tests::{agent_binary, lab_counter};
+use vpcnet_bpf_tests::{
+    agent_binary,
+    idle::{IdleConnection, listen},
+    lab_counter,
+};
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
     ClusterIpService, Lab, LabOptions, NodePortService, ServiceBackend, WhoamiServer, addrs,
-    probe::tcp_whoami_closed, run_in, serial,
+    probe::tcp_whoami_closed, serial,
 };
 
 const PORT: u16 = 8080;
@@ -38,78 +41,6 @@ const SERVICE_POD: usize = 1;
 const NODE_PORT_POD: usize = 2;
 const TO_POD: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 11), 80);
 const TO_PEER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 10), 80);
-
-/// A connection whose both ends the test holds: the client's, from its
-/// namespace to a service address, and the server's, accepted in the
-/// backend's namespace after kube-proxy's DNAT. It says hello, then idles.
-struct IdleConnection {
-    name: &'static str,
-    client: BufReader<TcpStream>,
-    server: BufReader<TcpStream>,
-}
-
-impl IdleConnection {
-    fn open(
-        name: &'static str,
-        client_ns: &str,
-        service: SocketAddrV4,
-        backend: &TcpListener,
-    ) -> Self {
-        let client = run_in(client_ns, || {
-            TcpStream::connect_timeout(&service.into(), TIMEOUT)
-        })
-        .expect("entering the namespace")
-        .unwrap_or_else(|e| panic!("{name}: connecting from {client_ns} to {service}: {e}"));
-        let (server, _) = backend
-            .accept()
-            .unwrap_or_else(|e| panic!("{name}: the backend accepting: {e}"));
-        for stream in [&client, &server] {
-            stream
-                .set_read_timeout(Some(TIMEOUT))
-                .expect("read timeout");
-        }
-        Self {
-            name,
-            client: BufReader::new(client),
-            server: BufReader::new(server),
-        }
-    }
-
-    /// The server speaks first (so the first packet after the idle time is
-    /// the backend's, which must find its way back through the stack), then
-    /// the client answers.
-    fn exchange(&mut self, line: &str) -> Result<(), String> {
-        send_and_receive(&mut self.server, &mut self.client, line)
-            .map_err(|e| format!("server to client: {e}"))?;
-        send_and_receive(&mut self.client, &mut self.server, line)
-            .map_err(|e| format!("client to server: {e}"))
-    }
-}
-
-fn send_and_receive(
-    from: &mut BufReader<TcpStream>,
-    to: &mut BufReader<TcpStream>,
-    line: &str,
-) -> Result<(), String> {
-    from.get_mut()
-        .write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| format!("sending: {e}"))?;
-    let mut got = String::new();
-    to.read_line(&mut got)
-        .map_err(|e| format!("receiving: {e} ({:?})", e.kind()))?;
-    if got.trim_end() == line {
-        Ok(())
-    } else {
-        Err(format!("sent {line:?}, got {got:?}"))
-    }
-}
-
-/// A listener of the test's own in namespace `ns`.
-fn listen(ns: &str, addr: SocketAddrV4) -> TcpListener {
-    run_in(ns, || TcpListener::bind(addr))
-        .expect("entering the namespace")
-        .unwrap_or_else(|e| panic!("listening on {addr} in {ns}: {e}"))
-}
 
 #[test]
 fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flows() {

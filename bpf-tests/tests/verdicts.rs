@@ -485,6 +485,67 @@ fn full_table_drops_new_flows_and_keeps_established_ones() {
     assert_eq!((reply.dst, reply.dport), (POD, 30002));
 }
 
+/// Bad input (issue 16): in a table full of established flows (nothing to
+/// make room with), what cannot be tracked is passed or dropped under its
+/// own counter, never translated half-way; the node's own traffic goes on.
+#[test]
+fn a_full_table_never_stops_the_node_and_drops_what_it_cannot_track() {
+    let mut h = Harness::new(&SnatSettings::default(), 4);
+    let ports: Vec<u16> = (0..4).map(|i| establish(&h, 30000 + i)).collect();
+
+    // A node socket's connection, both ways and past its handshake:
+    // untouched, its port simply not reserved.
+    h.assert_egress_untouched(
+        &packets::tcp(NODE, 45000, INET, 80, TCP_SYN, b""),
+        Counter::EgressHostUntracked,
+    );
+    h.assert_ingress_untouched(
+        &packets::tcp(INET, 80, NODE, 45000, TCP_SYN | TCP_ACK, b""),
+        Counter::IngressNoEntry,
+    );
+    h.assert_egress_untouched(
+        &packets::tcp(NODE, 45000, INET, 80, TCP_ACK, b"x"),
+        Counter::EgressHostUntracked,
+    );
+
+    // A flow opened from outside the VPC that cannot be tracked: the pod's
+    // packets after its SYN-ACK (and any UDP reply) would open a SNAT flow
+    // of their own as soon as the table had room, so it is not delivered.
+    h.assert_dropped(
+        maps::PROG_ENI_INGRESS,
+        &packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""),
+        Counter::DropInboundUntracked,
+    );
+    h.assert_dropped(
+        maps::PROG_ENI_INGRESS,
+        &packets::udp(ONPREM, 50001, POD, 53, b"q"),
+        Counter::DropInboundUntracked,
+    );
+
+    // Under EXTERNALSNAT a new flow that cannot be tracked is dropped: left
+    // untracked, its next packet would be SNATed once the flag is off.
+    h.configure(&settings(|s| s.external_snat = true));
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &packets::udp(POD, 40000, INET, 53, b"q"),
+        Counter::DropNatTableFull,
+    );
+    h.configure(&SnatSettings::default());
+    // Protocols without ports need a flow for their address too.
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &packets::ipv4_frame(POD, INET, 47, &[0u8, 0, 0x08, 0, 1, 2, 3, 4], &[]),
+        Counter::DropNatTableFull,
+    );
+
+    assert_eq!(h.counter(Counter::NatEarlyDrop), 0, "none was unanswered");
+    assert_eq!(h.table_sizes(), (4, 4), "nothing half-tracked");
+    for (i, port) in (30000..).zip(ports) {
+        let out = egress_pass(&h, &packets::tcp(POD, i, INET, 80, TCP_ACK, b"x"));
+        assert_eq!((out.src, out.sport), (NODE, port), "flow {i} kept its port");
+    }
+}
+
 #[test]
 fn a_full_table_makes_room_by_dropping_an_unanswered_flow() {
     let h = Harness::new(&SnatSettings::default(), 4);

@@ -11,8 +11,8 @@
 use std::{net::SocketAddrV4, process::Command};
 
 use vpcnet_api::kube_proxy::{
-    Endpoint, Options, Protocol, ROUTE_LOCALNET_SYSCTL, ServicePort, TrafficPolicy, jump_rules,
-    restore_input,
+    CONNTRACK_SYSCTLS, Endpoint, KUBE_FORWARD, Options, Protocol, ROUTE_LOCALNET_SYSCTL,
+    ServicePort, TrafficPolicy, jump_rules, restore_input,
 };
 
 use crate::{
@@ -89,8 +89,9 @@ pub fn service_ports(opts: &LabOptions, pods: &[PodInfo]) -> Vec<ServicePort> {
 }
 
 /// Installs kube-proxy's rules in the node: its sysctl, the restore of its
-/// chains, then the jumps from the built-in chains (each at the head of its
-/// chain unless already there, as `EnsureRule(Prepend)` does).
+/// chains, conntrack's timeouts as it sets them, then the jumps from the
+/// built-in chains (each at the head of its chain unless already there, as
+/// `EnsureRule(Prepend)` does).
 pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
     set_sysctls(NS_NODE, &[ROUTE_LOCALNET_SYSCTL])?;
     let input = restore_input(&service_ports(opts, pods), Options::default());
@@ -103,6 +104,8 @@ pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
         &format!("[{NS_NODE}] iptables-restore (kube-proxy)"),
         &output,
     )?;
+    // Once its rules loaded conntrack (a module on some kernels).
+    set_sysctls(NS_NODE, &CONNTRACK_SYSCTLS)?;
     for jump in jump_rules() {
         let args: Vec<&str> = jump.args.iter().map(String::as_str).collect();
         let mut check = vec!["iptables", "-w", "-t", jump.table, "-C", jump.chain];
@@ -115,6 +118,23 @@ pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
         exec_ok(NS_NODE, &insert)?;
     }
     Ok(())
+}
+
+/// Packets `KUBE-FORWARD` dropped because conntrack called them INVALID.
+pub fn invalid_drops() -> Result<u64> {
+    let rules = exec_ok(NS_NODE, &["iptables-save", "-c", "-t", "filter"])?;
+    let chain = format!("-A {KUBE_FORWARD} ");
+    Ok(rules
+        .lines()
+        .filter(|rule| {
+            rule.contains(&chain) && rule.contains("--ctstate INVALID") && rule.ends_with("-j DROP")
+        })
+        .filter_map(|rule| {
+            // "[packets:bytes] -A ..."
+            let counters = rule.strip_prefix('[')?.split(']').next()?;
+            counters.split(':').next()?.parse::<u64>().ok()
+        })
+        .sum())
 }
 
 #[cfg(test)]

@@ -56,8 +56,8 @@ pub enum Suite {
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
-    /// protocols without ports, floods of unanswered flows and idle service
-    /// connections, with the above.
+    /// protocols without ports, floods of unanswered flows, idle service
+    /// connections and simulated days, with the above.
     Datapath,
 }
 
@@ -72,7 +72,7 @@ const VERDICT_TARGETS: [&str; 4] = ["verifier", "verdicts", "routing", "port_all
 const TRAFFIC_TARGETS: [&str; 1] = ["node_restart"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 12] = [
+const DATAPATH_TARGETS: [&str; 13] = [
     "differential",
     "external_snat",
     "time_wait",
@@ -85,6 +85,7 @@ const DATAPATH_TARGETS: [&str; 12] = [
     "other_protocols",
     "floods",
     "service_connections",
+    "simulated_days",
 ];
 
 impl Suite {

@@ -77,7 +77,9 @@ counters! {
     IngressHost => "ingress_host", "ingress: reply of a node-originated flow";
     IngressIcmpErrorRevNat => "ingress_icmp_error_rev_nat", "ingress: ICMP error about a NATed flow translated inside and out";
     IngressInboundTracked => "ingress_inbound_tracked", "ingress: flow opened from outside the VPC to a pod, tracked so its replies are not SNATed";
-    IngressInboundUntracked => "ingress_inbound_untracked", "ingress: flow opened from outside the VPC to a pod, not tracked because the NAT table is full";
+    // Was ingress_inbound_untracked, a pass: the pod's packets after the
+    // handshake then opened SNAT flows of their own.
+    DropInboundUntracked => "drop_inbound_untracked", "dropped: flow opened from outside the VPC to a pod that the full NAT table cannot track (untracked, the pod's replies would be SNATed)";
     IngressFragment => "ingress_fragment", "ingress: non-first fragment, rewritten and sent the way its first fragment was";
 
     EgressBranchNoSnat => "egress_pass_branch_eni", "egress: leaving by a branch ENI, never SNATed (the chain's ! -o vlan+)";

@@ -57,8 +57,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         Counter::IngressRevSnat
         | Counter::IngressIcmpErrorRevNat
         | Counter::IngressNotNode
-        | Counter::IngressInboundTracked
-        | Counter::IngressInboundUntracked => deliver(ctx, decision)?,
+        | Counter::IngressInboundTracked => deliver(ctx, decision)?,
         _ => decision.into(),
     };
     if ip.fragment == Fragment::First {
@@ -189,11 +188,11 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     if !egress::may_open(ip.proto, &l4) {
         return Ok(Counter::IngressNotNode);
     }
-    // The pod's side is the pair's forward tuple.
-    Ok(
-        match track_untranslated(&key.reversed(), FlowKind::Inbound, 0, seen, now) {
-            Ok(_) => Counter::IngressInboundTracked,
-            Err(_) => Counter::IngressInboundUntracked,
-        },
-    )
+    // The pod's side is the pair's forward tuple. Untracked, the pod's
+    // packets after its SYN-ACK (or its first UDP reply) would open SNAT
+    // flows of their own once the table had room: conntrack, full, drops.
+    match track_untranslated(&key.reversed(), FlowKind::Inbound, 0, seen, now) {
+        Ok(_) => Ok(Counter::IngressInboundTracked),
+        Err(_) => Err(Counter::DropInboundUntracked),
+    }
 }
