@@ -472,18 +472,56 @@ async fn start_manager(
     opts: &ManagerOptions,
     network: Arc<dyn NodeNetwork>,
 ) -> Result<Manager> {
-    let mut delay = Duration::from_millis(200);
-    let deadline = tokio::time::Instant::now() + Duration::from_mins(5);
+    let mut retry = StartRetry::new();
     loop {
         match Manager::start(cloud.clone(), opts.clone(), Arc::clone(&network)).await {
             Ok(manager) => return Ok(manager),
-            Err(e) if e.backs_off() && tokio::time::Instant::now() < deadline => {
-                warn!(error = %e, retry_in = ?delay, "starting the address manager");
-                tokio::time::sleep(delay.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
-                delay = (delay * 2).min(Duration::from_secs(20));
+            Err(e) if e.backs_off() && retry.pending() => {
+                retry.wait(&e, "starting the address manager").await;
             }
             Err(e) => return Err(e).context("starting the address manager"),
         }
+    }
+}
+
+/// The region from IMDS, retried like the address manager's start: an
+/// IMDS that answers late (a busy node, a throttled endpoint) delays the
+/// start instead of ending it.
+async fn connect_cloud() -> Result<Cloud> {
+    let mut retry = StartRetry::new();
+    loop {
+        match Cloud::connect().await {
+            Ok(cloud) => return Ok(cloud),
+            Err(e) if retry.pending() => retry.wait(&e, "connecting to IMDS").await,
+            Err(e) => return Err(e).context("connecting to IMDS"),
+        }
+    }
+}
+
+/// Jittered exponential backoff for the start's calls to AWS, for at most
+/// five minutes.
+struct StartRetry {
+    delay: Duration,
+    deadline: tokio::time::Instant,
+}
+
+impl StartRetry {
+    fn new() -> Self {
+        Self {
+            delay: Duration::from_millis(200),
+            deadline: tokio::time::Instant::now() + Duration::from_mins(5),
+        }
+    }
+
+    /// Whether there is time for another try.
+    fn pending(&self) -> bool {
+        tokio::time::Instant::now() < self.deadline
+    }
+
+    async fn wait(&mut self, error: &dyn std::fmt::Display, what: &str) {
+        warn!(error = %error, retry_in = ?self.delay, "{what}");
+        tokio::time::sleep(self.delay.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(20));
     }
 }
 
@@ -498,7 +536,7 @@ async fn run_node(
 ) -> Result<()> {
     let netlink = NetlinkHandle::new()?;
     let cloud = match &ipam {
-        Some(_) => Some(Cloud::connect().await.context("connecting to IMDS")?),
+        Some(_) => Some(connect_cloud().await?),
         None => None,
     };
     let node = node_facts(args, cloud.as_ref(), &netlink).await?;
@@ -648,7 +686,7 @@ async fn run_node(
     if args.notify_ready {
         notify_ready()?;
     }
-    let result = serve(&datapath, Duration::from_secs(args.gc_interval.max(1))).await;
+    let result = serve(pin_dir, Duration::from_secs(args.gc_interval.max(1))).await;
     let _ = shutdown_tx.send(true);
     if args.ipam {
         // New requests find no socket (the plugin says the agent is down);
@@ -696,34 +734,33 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
         .with_context(|| format!("{flag}: {value} is not a duration in seconds"))
 }
 
-/// Collects NAT garbage until SIGTERM or SIGINT.
-async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> Result<()> {
+/// Collects garbage until SIGTERM or SIGINT, on map handles of its own
+/// and a thread of its own: a pass over a full table takes seconds, and
+/// neither the datapath's lock (CNI ADD and DEL need it) nor this runtime
+/// waits for it.
+async fn serve(pin_dir: &Path, gc_interval: Duration) -> Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut gc = tokio::time::interval(gc_interval);
+    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut collector = Some(DatapathMaps::open_pinned(pin_dir).context("the collector's maps")?);
+    let mut pass: Option<tokio::task::JoinHandle<(DatapathMaps, Result<Collected>)>> = None;
     loop {
         tokio::select! {
             _ = sigterm.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
-            _ = gc.tick() => {
-                let mut datapath = datapath
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let collected = sync_timeouts(&mut datapath.maps).and_then(|timeouts| {
-                    let now = monotonic_now_ns();
-                    let nat = datapath.maps.collect_garbage(&timeouts, now)?;
-                    let stack = datapath.maps.collect_stack_flows(&timeouts, now)?;
-                    Ok((nat, stack))
-                });
-                drop(datapath);
+            _ = gc.tick(), if pass.is_none() => {
+                let Some(mut maps) = collector.take() else { continue };
+                pass = Some(tokio::task::spawn_blocking(move || {
+                    let collected = collect(&mut maps);
+                    (maps, collected)
+                }));
+            }
+            done = async { pass.as_mut().expect("a pass under way").await }, if pass.is_some() => {
+                pass = None;
+                let (maps, collected) = done.context("the garbage collector's thread")?;
+                collector = Some(maps);
                 match collected {
-                    Ok((nat, stack)) => {
-                        if nat.expired + nat.orphans + nat.paired > 0 {
-                            info!(flows = nat.flows, expired = nat.expired, orphans = nat.orphans, paired = nat.paired, "NAT garbage collected");
-                        }
-                        if stack.expired + stack.orphans > 0 {
-                            info!(flows = stack.flows, expired = stack.expired, orphans = stack.orphans, "stack flows garbage collected");
-                        }
-                    }
+                    Ok(c) => c.log(),
                     Err(e) => warn!(error = %e, "garbage collection failed"),
                 }
             }
@@ -731,6 +768,53 @@ async fn serve(datapath: &std::sync::Mutex<Datapath>, gc_interval: Duration) -> 
     }
     info!("stopping: programs stay attached and maps pinned for the next agent");
     Ok(())
+}
+
+/// What one garbage collection did, and how long it took.
+struct Collected {
+    nat: vpcnet_agent::datapath::GcStats,
+    stack: vpcnet_agent::datapath::GcStats,
+    took: Duration,
+}
+
+impl Collected {
+    fn log(&self) {
+        let Self { nat, stack, took } = self;
+        if nat.expired + nat.orphans + nat.paired > 0 {
+            info!(
+                flows = nat.flows,
+                expired = nat.expired,
+                orphans = nat.orphans,
+                paired = nat.paired,
+                ?took,
+                "NAT garbage collected"
+            );
+        }
+        if stack.expired + stack.orphans > 0 {
+            info!(
+                flows = stack.flows,
+                expired = stack.expired,
+                orphans = stack.orphans,
+                ?took,
+                "stack flows garbage collected"
+            );
+        }
+    }
+}
+
+/// One garbage collection: the node's timeouts, then the NAT table and
+/// the stack flows.
+fn collect(maps: &mut DatapathMaps) -> Result<Collected> {
+    let started = std::time::Instant::now();
+    let timeouts = sync_timeouts(maps)?;
+    let now = monotonic_now_ns();
+    let nat = maps.collect_garbage(&timeouts, now)?;
+    let stack = maps.collect_stack_flows(&timeouts, now)?;
+    Ok(Collected {
+        nat,
+        stack,
+        took: started.elapsed(),
+    })
 }
 
 /// Gives the datapath the node's conntrack timeouts when they changed (at

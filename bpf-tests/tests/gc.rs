@@ -7,7 +7,7 @@ use std::time::Duration;
 use vpcnet_agent::{config::SnatSettings, datapath::monotonic_now_ns};
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, ONPREM, POD,
-    packets::{self, TCP_ACK, TCP_FIN, TCP_SYN},
+    packets::{self, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 use vpcnet_common::{
     counters::Counter,
@@ -83,6 +83,90 @@ fn expired_flows_go_whole_and_live_ones_stay() {
     assert_eq!(stats.expired, 0, "an established flow lives on");
     let stats = collect(&mut h, now + secs(TIMEOUTS.tcp_established) + SEC);
     assert_eq!(stats.expired, 1);
+    assert_eq!(h.table_sizes(), (0, 0));
+}
+
+/// The collector reads the table in batches (`BPF_MAP_LOOKUP_BATCH`): a
+/// table of more flows than one batch holds is read whole, every flow
+/// paired with its claim, as an entry-by-entry walk reads it.
+#[test]
+fn a_table_larger_than_a_batch_is_read_whole() {
+    let h = Harness::lab_default();
+    let count = 10_000_u16;
+    for port in 10_000..10_000 + count {
+        h.egress(&packets::udp(POD, port, INET, 53, b"q"));
+    }
+    let flows = h.datapath.maps.flows().unwrap();
+    assert_eq!(flows.len(), usize::from(count));
+    assert!(flows.iter().all(|f| f.rev.is_some()), "each with its claim");
+    let walked: std::collections::HashSet<FlowKey> =
+        h.datapath.maps.nat_fwd.keys().map(Result::unwrap).collect();
+    let read: std::collections::HashSet<FlowKey> = flows.iter().map(|f| f.key).collect();
+    assert_eq!(read, walked);
+}
+
+/// Closes `port`'s TCP flow from the pod to inet, both sides; returns its
+/// translated port.
+fn closed_flow(h: &Harness, port: u16) -> u16 {
+    let nat = nat_port(h, &packets::tcp(POD, port, INET, 443, TCP_SYN, b""));
+    h.ingress(&packets::tcp(INET, 443, NODE, nat, TCP_SYN | TCP_ACK, b""));
+    h.ingress(&packets::tcp(INET, 443, NODE, nat, TCP_FIN | TCP_ACK, b""));
+    h.egress(&packets::tcp(POD, port, INET, 443, TCP_FIN | TCP_ACK, b""));
+    nat
+}
+
+/// The collector removes only what it judged (issue 17). It reads the
+/// table and finds a closed flow over; before it removes it, the pod
+/// connects again from the same port, a new connection on the same tuple,
+/// which keeps its port. The new flow keeps both halves, its claim
+/// included, and its replies reach the pod.
+#[test]
+fn a_new_flow_reusing_a_collected_flows_port_keeps_its_claim() {
+    let h = Harness::lab_default();
+    let port = closed_flow(&h, 41000);
+    let later = monotonic_now_ns() + secs(TIMEOUTS.tcp_time_wait) + SEC;
+    let judgement = h.datapath.maps.judge_garbage(&TIMEOUTS, later).unwrap();
+    assert_eq!(judgement.over(), 1, "the closed flow is over");
+
+    let again = nat_port(&h, &packets::tcp(POD, 41000, INET, 443, TCP_SYN, b""));
+    assert_eq!(again, port, "the tuple connecting again keeps its port");
+    assert_eq!(h.counter(Counter::EgressReopen), 1);
+    let stats = h.datapath.maps.collect_judged(&judgement).unwrap();
+
+    assert_eq!(stats.expired, 0, "the flow it judged is gone already");
+    assert_eq!(h.table_sizes(), (1, 1), "the new flow keeps both halves");
+    let reply = h.ingress(&packets::tcp(INET, 443, NODE, port, TCP_SYN | TCP_ACK, b""));
+    let reply = packets::parse(&reply.packet);
+    assert_eq!(
+        (reply.dst, reply.dport),
+        (POD, 41000),
+        "its replies reach the pod"
+    );
+    // Judged afresh, the new flow is not over.
+    let stats = h
+        .datapath
+        .maps
+        .collect_garbage(&TIMEOUTS, monotonic_now_ns())
+        .unwrap();
+    assert_eq!((stats.flows, stats.expired), (1, 0));
+}
+
+/// A flow a packet changed after the collector judged it is left whole for
+/// the next pass, which judges it afresh (issue 17).
+#[test]
+fn a_flow_changed_after_it_was_judged_is_left_for_the_next_pass() {
+    let h = Harness::lab_default();
+    let port = closed_flow(&h, 41001);
+    let later = monotonic_now_ns() + secs(TIMEOUTS.tcp_time_wait) + SEC;
+    let judgement = h.datapath.maps.judge_garbage(&TIMEOUTS, later).unwrap();
+    assert_eq!(judgement.over(), 1);
+    // The remote resets it: the claim's flags change.
+    h.ingress(&packets::tcp(INET, 443, NODE, port, TCP_RST, b""));
+    let stats = h.datapath.maps.collect_judged(&judgement).unwrap();
+    assert_eq!(stats.expired, 0);
+    assert_eq!(h.table_sizes(), (1, 1), "the pair stays whole");
+    let stats = h.datapath.maps.collect_garbage(&TIMEOUTS, later).unwrap();
+    assert_eq!(stats.expired, 1, "judged afresh");
     assert_eq!(h.table_sizes(), (0, 0));
 }
 
@@ -315,7 +399,7 @@ fn an_earlier_versions_stack_flows_are_carried_into_pairs() {
         "the retired map's pin is gone"
     );
     // Carried as established: an hour idle does not end it.
-    let mut maps = datapath.maps;
+    let maps = datapath.maps;
     let stats = maps
         .collect_stack_flows(&TIMEOUTS, monotonic_now_ns() + 3600 * SEC)
         .unwrap();

@@ -17,7 +17,13 @@
 //! --test node_restart -- --test-threads=1 --nocapture`; on 6.1:
 //! `cargo xtask test --kernel 6.1 --test node_restart`.
 
-use std::{collections::BTreeMap, io::Write as _, net::SocketAddrV4, path::Path};
+use std::{
+    collections::BTreeMap,
+    io::Write as _,
+    net::SocketAddrV4,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use vpcnet_agent::datapath::{AttachMode, remove_pins, tc::ENV_TC_ATTACH};
 use vpcnet_bpf_tests::{
@@ -187,7 +193,17 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
     run_in(addrs::NS_NODE, || remove_pins(Path::new(PIN_DIR)))
         .expect("entering the node")
         .expect("removing the datapath as uninstall does");
-    let left = vpcnet_hooks();
+    // The kernel releases an unpinned link in deferred work (the pin's
+    // inode after an RCU grace period, then the link), a moment after the
+    // unpin returns.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let left = loop {
+        let left = vpcnet_hooks();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(left.is_empty(), "programs left after uninstall: {left:#?}");
     let _ = writeln!(
         std::io::stdout().lock(),

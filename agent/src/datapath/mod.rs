@@ -1,6 +1,7 @@
 //! The datapath manager: loads the embedded programs, pins their maps,
 //! attaches the programs to ENIs and fills the maps.
 
+mod batch;
 mod error;
 mod maps;
 mod nat;
@@ -24,7 +25,7 @@ use aya::{
 };
 pub use error::DatapathError;
 pub use maps::DatapathMaps;
-pub use nat::{Flow, GcStats, monotonic_now_ns};
+pub use nat::{Flow, GcStats, Judgement, monotonic_now_ns};
 pub use tc::AttachMode;
 use tracing::{info, warn};
 use vpcnet_common::{maps as names, nat::FlowKey};

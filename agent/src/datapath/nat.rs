@@ -1,12 +1,14 @@
 //! The NAT table and the stack flows seen from user space: listing flows
 //! and garbage-collecting the ones that are over, a whole pair at a time.
 
+use std::collections::HashMap;
+
 use vpcnet_common::nat::{
     FlowKey, FlowKind, FlowState, NatEntry, SEEN_ACK, SEEN_ANY, SEEN_SYN, Timeouts, flow_expired,
     flow_last_seen_ns, forward_key, pair_state, reply_key,
 };
 
-use super::{DatapathError, DatapathMaps};
+use super::{DatapathError, DatapathMaps, batch};
 
 /// `BPF_NOEXIST`: insert only if absent.
 const BPF_NOEXIST: u64 = 1;
@@ -221,18 +223,23 @@ impl DatapathMaps {
     }
 
     /// Removes the stack flows that are over by `timeouts`, each pair whole,
-    /// and halves left alone past [`ORPHAN_GRACE_NS`]. A half a packet
-    /// touched since it was read is left for the next pass.
+    /// and halves left alone past [`ORPHAN_GRACE_NS`]. The map is read in
+    /// batches; a half a packet touched since it was read stays (see
+    /// [`batch::remove_if_unchanged`]), and so does its pair.
     pub fn collect_stack_flows(
-        &mut self,
+        &self,
         timeouts: &Timeouts,
         now_ns: u64,
     ) -> Result<GcStats, DatapathError> {
-        let halves: Vec<(FlowKey, NatEntry)> = self.stack_flows.iter().flatten().collect();
+        let map_error = DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
+        let halves: HashMap<FlowKey, NatEntry> = batch::read_all(&self.stack_flows)
+            .map_err(map_error)?
+            .into_iter()
+            .collect();
         let mut stats = GcStats::default();
         for (key, half) in &halves {
             let other_key = key.reversed();
-            let other = self.stack_flows.get(&other_key, 0).ok();
+            let other = halves.get(&other_key);
             let pod_side = key.saddr == half.addr && key.sport == half.port;
             let gone = match other {
                 None => now_ns.saturating_sub(half.created_ns) > ORPHAN_GRACE_NS,
@@ -240,110 +247,189 @@ impl DatapathMaps {
                 Some(_) if !pod_side => continue,
                 Some(other) => {
                     stats.flows += 1;
-                    flow_expired(key.proto, half, &other, timeouts, now_ns)
+                    flow_expired(key.proto, half, other, timeouts, now_ns)
                 }
             };
             if !gone {
                 continue;
             }
-            let unchanged = |map: &aya::maps::HashMap<_, FlowKey, NatEntry>, key, was| {
-                map.get(key, 0).ok() == Some(was)
-            };
-            if !unchanged(&self.stack_flows, key, *half)
-                || other.is_some_and(|other| !unchanged(&self.stack_flows, &other_key, other))
-            {
+            let map_error = DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
+            if !batch::remove_if_unchanged(&self.stack_flows, key, half).map_err(map_error)? {
                 continue;
             }
-            let _ = self.stack_flows.remove(key);
-            if other.is_some() {
-                let _ = self.stack_flows.remove(&other_key);
+            let Some(other) = other else {
+                stats.orphans += 1;
+                continue;
+            };
+            let map_error = DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
+            if batch::remove_if_unchanged(&self.stack_flows, &other_key, other)
+                .map_err(map_error)?
+            {
                 stats.expired += 1;
             } else {
-                stats.orphans += 1;
+                // The other direction saw a packet since: the flow lives.
+                batch::put_if_absent(&self.stack_flows, key, half)
+                    .map_err(DatapathError::map(vpcnet_common::maps::STACK_FLOWS))?;
             }
         }
         Ok(stats)
     }
 
-    /// Every flow in the table.
+    /// Every flow in the table, read in batches (forward entries first: a
+    /// flow is made claim first, so none read is missing its claim for
+    /// having been made meanwhile).
     pub fn flows(&self) -> Result<Vec<Flow>, DatapathError> {
-        let mut flows = Vec::new();
-        for item in &self.nat_fwd {
-            let (key, fwd) = item.map_err(DatapathError::map(vpcnet_common::maps::NAT_FWD))?;
-            flows.push(Flow::read(self, key, fwd));
-        }
-        Ok(flows)
+        Ok(self.read_table()?.0)
     }
 
-    /// Removes the flows that are over by `timeouts`, each pair whole.
-    /// `now_ns` is on the datapath's clock (`CLOCK_MONOTONIC`).
-    pub fn collect_garbage(
-        &mut self,
+    /// The flows, and the claims without a forward entry.
+    fn read_table(&self) -> Result<(Vec<Flow>, Claims), DatapathError> {
+        let forward = batch::read_all(&self.nat_fwd)
+            .map_err(DatapathError::map(vpcnet_common::maps::NAT_FWD))?;
+        let mut claims: HashMap<FlowKey, NatEntry> = batch::read_all(&self.nat_rev)
+            .map_err(DatapathError::map(vpcnet_common::maps::NAT_REV))?
+            .into_iter()
+            .collect();
+        let mut flows: Vec<Flow> = forward
+            .into_iter()
+            .map(|(key, fwd)| Flow {
+                key,
+                fwd,
+                rev: None,
+            })
+            .collect();
+        let mut paired = Vec::with_capacity(flows.len());
+        for flow in &mut flows {
+            let reply = flow.reply_key();
+            if let Some(rev) = claims.get(&reply) {
+                flow.rev = Some((reply, *rev));
+                paired.push(reply);
+            }
+        }
+        for reply in paired {
+            claims.remove(&reply);
+        }
+        Ok((flows, claims.into_iter().collect()))
+    }
+
+    /// Judges the table at `now_ns` by `timeouts`: what a collection would
+    /// remove, as read now. Reads only.
+    pub fn judge_garbage(
+        &self,
         timeouts: &Timeouts,
         now_ns: u64,
-    ) -> Result<GcStats, DatapathError> {
-        let flows = self.flows()?;
-        let mut stats = GcStats {
-            flows: flows.len(),
-            ..GcStats::default()
+    ) -> Result<Judgement, DatapathError> {
+        let (flows, claims) = self.read_table()?;
+        let mut judgement = Judgement {
+            stats: GcStats {
+                flows: flows.len(),
+                ..GcStats::default()
+            },
+            ..Judgement::default()
         };
-        for flow in &flows {
+        for flow in flows {
             if flow.untranslated() && flow.rev.is_none() {
                 // Not an orphan: an earlier version's single entry, or one
                 // whose pair the datapath is making or dropping right now.
-                if self.pair_single_entry(flow) {
-                    stats.paired += 1;
-                }
-                continue;
-            }
-            let orphan = flow.rev.is_none();
-            if !orphan && !flow.expired(timeouts, now_ns) {
-                continue;
-            }
-            // The forward half first: a packet racing the collection then
-            // starts a new flow, whose port choice still sees the old claim.
-            let _ = self.nat_fwd.remove(&flow.key);
-            // Only the claim of this flow, not one a new flow took since.
-            if let Some((reply, rev)) = flow.rev
-                && let Ok(current) = self.nat_rev.get(&reply, 0)
-                && (current == rev
-                    || (current.addr == flow.key.saddr && current.port == flow.key.sport))
-            {
-                let _ = self.nat_rev.remove(&reply);
-            }
-            if orphan {
-                stats.orphans += 1;
-            } else {
-                stats.expired += 1;
+                judgement.singles.push(flow);
+            } else if flow.rev.is_none() || flow.expired(timeouts, now_ns) {
+                judgement.flows.push(flow);
             }
         }
         // Claims whose forward half never came or is gone.
-        let claims: Vec<(FlowKey, NatEntry)> = self.nat_rev.iter().filter_map(Result::ok).collect();
-        for (reply, rev) in claims {
-            let fwd_key = forward_key(&reply, &rev);
-            let has_forward = self
-                .nat_fwd
-                .get(&fwd_key, 0)
-                .is_ok_and(|fwd| fwd.port == reply.dport && fwd.addr == reply.daddr);
-            if !has_forward && now_ns.saturating_sub(rev.created_ns) > ORPHAN_GRACE_NS {
-                let _ = self.nat_rev.remove(&reply);
+        judgement.claims = claims
+            .into_iter()
+            .filter(|(_, rev)| now_ns.saturating_sub(rev.created_ns) > ORPHAN_GRACE_NS)
+            .collect();
+        Ok(judgement)
+    }
+
+    /// Removes what `judgement` found over, each entry only if it is still
+    /// as judged: a flow a packet refreshed since lives on, and a new flow
+    /// that took a judged flow's tuple or port keeps its entries.
+    pub fn collect_judged(&self, judgement: &Judgement) -> Result<GcStats, DatapathError> {
+        let fwd_error = || DatapathError::map(vpcnet_common::maps::NAT_FWD);
+        let rev_error = || DatapathError::map(vpcnet_common::maps::NAT_REV);
+        let mut stats = judgement.stats;
+        for flow in &judgement.singles {
+            if batch::put_if_absent(&self.nat_rev, &flow.reply_key(), &flow.fwd)
+                .map_err(rev_error())?
+            {
+                stats.paired += 1;
+            }
+        }
+        for flow in &judgement.flows {
+            // The forward half first: a packet racing the collection then
+            // starts a new flow, whose port choice still sees the old claim.
+            if !batch::remove_if_unchanged(&self.nat_fwd, &flow.key, &flow.fwd)
+                .map_err(fwd_error())?
+            {
+                continue;
+            }
+            let Some((reply, rev)) = flow.rev else {
+                stats.orphans += 1;
+                continue;
+            };
+            if batch::remove_if_unchanged(&self.nat_rev, &reply, &rev).map_err(rev_error())? {
+                stats.expired += 1;
+                continue;
+            }
+            // The claim changed since: a reply refreshed it (the flow
+            // lives: its forward half goes back), or a new flow holds the
+            // port now (the judged flow is gone for good).
+            let still_this_flow = batch::get(&self.nat_rev, &reply)
+                .map_err(rev_error())?
+                .is_some_and(|now| {
+                    flow.untranslated()
+                        || (now.addr == flow.key.saddr && now.port == flow.key.sport)
+                });
+            if still_this_flow {
+                batch::put_if_absent(&self.nat_fwd, &flow.key, &flow.fwd).map_err(fwd_error())?;
+            }
+        }
+        for (reply, rev) in &judgement.claims {
+            if batch::remove_if_unchanged(&self.nat_rev, reply, rev).map_err(rev_error())? {
                 stats.orphans += 1;
             }
         }
         Ok(stats)
     }
+
+    /// Removes the flows that are over by `timeouts`, each pair whole:
+    /// [`DatapathMaps::judge_garbage`], then
+    /// [`DatapathMaps::collect_judged`]. `now_ns` is on the datapath's
+    /// clock (`CLOCK_MONOTONIC`).
+    pub fn collect_garbage(
+        &self,
+        timeouts: &Timeouts,
+        now_ns: u64,
+    ) -> Result<GcStats, DatapathError> {
+        let judgement = self.judge_garbage(timeouts, now_ns)?;
+        self.collect_judged(&judgement)
+    }
 }
 
-impl DatapathMaps {
-    /// Gives an untranslated flow that an earlier version kept as a single
-    /// entry, written by both directions, its reverse entry, so that it
-    /// expires as a pair from now on. Both directions' flags are taken as
-    /// seen both ways, as that entry judged them. Returns whether it did
-    /// (a reverse entry there already is the datapath's own, just made).
-    fn pair_single_entry(&mut self, flow: &Flow) -> bool {
-        self.nat_rev
-            .insert(flow.reply_key(), flow.fwd, BPF_NOEXIST)
-            .is_ok()
+/// Claims (reverse entries) by their reply tuple.
+type Claims = Vec<(FlowKey, NatEntry)>;
+
+/// What one collection judged over, as it read the table.
+#[derive(Debug, Default)]
+pub struct Judgement {
+    /// Flows to remove whole: over by their timeouts, or forward halves
+    /// without their claim.
+    flows: Vec<Flow>,
+    /// Claims without a forward half, past the grace period.
+    claims: Claims,
+    /// Untranslated flows an earlier version kept as a single entry: they
+    /// get their reverse entry.
+    singles: Vec<Flow>,
+    stats: GcStats,
+}
+
+impl Judgement {
+    /// How many flows it judged over (orphan halves included).
+    pub fn over(&self) -> usize {
+        self.flows.len() + self.claims.len()
     }
 }
 
