@@ -58,14 +58,17 @@ use vpcnet_common::{
 use self::{
     exposition::{Exposition, MetricType},
     views::{
-        AddressView, ConfigView, DatapathConfigView, DatapathEniEntryView, DatapathEniView,
-        EndpointEntryView, EndpointView, EniView, EnisView, ErrorView, FlowView, IndexView,
-        LinkView, NatView, PodRef, PodView, PodsView,
+        AddressView, CollectorView, ConfigView, DatapathConfigView, DatapathEniEntryView,
+        DatapathEniView, EndpointEntryView, EndpointView, EniView, EnisView, ErrorView, FlowView,
+        IndexView, LinkView, MapFillView, NatSummaryView, NatView, PodRef, PodView, PodsView,
+        RemoteEndpointView,
     },
 };
 use crate::{
     config::{ConfigError, parse_bool},
-    datapath::{Datapath, DatapathError, DatapathMaps, Flow, monotonic_now_ns},
+    datapath::{
+        CollectorReport, Datapath, DatapathError, DatapathMaps, Flow, NatPressure, monotonic_now_ns,
+    },
     ipam::{
         manager::{EniDetail, IpamStatus},
         settings::IpamSettings,
@@ -85,7 +88,13 @@ pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:61678";
 pub const DEFAULT_NAT_LIMIT: usize = 1000;
 
 /// The introspection endpoints, in the order `GET /` lists them.
-pub const PATHS: [&str; 4] = ["/v1/enis", "/v1/pods", "/v1/nat", "/v1/config"];
+pub const PATHS: [&str; 5] = [
+    "/v1/enis",
+    "/v1/pods",
+    "/v1/nat",
+    "/v1/nat/summary",
+    "/v1/config",
+];
 pub const METRICS_PATH: &str = "/metrics";
 
 /// Connections served at once per listener; more wait in the backlog.
@@ -201,6 +210,8 @@ pub struct Sources {
     pub pods: Option<Pods>,
     pub ipam_settings: Option<IpamSettings>,
     pub primary_interface: String,
+    /// The garbage collector's work so far.
+    pub collector: Arc<Mutex<CollectorReport>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -224,11 +235,19 @@ struct State {
     primary_interface: String,
     endpoints: Endpoints,
     netlink: NetlinkHandle,
+    collector: Arc<Mutex<CollectorReport>>,
 }
 
 impl State {
     fn datapath(&self) -> std::sync::MutexGuard<'_, Datapath> {
         self.datapath
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn collector(&self) -> CollectorReport {
+        *self
+            .collector
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -269,6 +288,7 @@ pub fn start(
         primary_interface: sources.primary_interface,
         endpoints: endpoints.clone(),
         netlink: NetlinkHandle::new()?,
+        collector: sources.collector,
     });
     for (addr, role) in [
         (&endpoints.introspection, Role::Introspection),
@@ -511,6 +531,9 @@ async fn route(state: &Arc<State>, role: Role, request: &Request<Incoming>) -> R
                 .map(|view| json(StatusCode::OK, &view)),
             Err(message) => Ok(error(StatusCode::BAD_REQUEST, &message)),
         },
+        (Role::Introspection, "/v1/nat/summary") => nat_summary(state)
+            .await
+            .map(|view| json(StatusCode::OK, &view)),
         (Role::Introspection, "/v1/config") => {
             config(state).await.map(|view| json(StatusCode::OK, &view))
         }
@@ -811,6 +834,59 @@ async fn nat(state: &Arc<State>, limit: usize) -> Result<NatView, IntrospectErro
     .await
 }
 
+/// The NAT pressure summary (see [`NatSummaryView`]).
+async fn nat_summary(state: &Arc<State>) -> Result<NatSummaryView, IntrospectError> {
+    read_maps(state, |s| {
+        let config = s.maps.config()?;
+        Ok(nat_summary_view(
+            &s.maps.nat_pressure()?,
+            &s.collector(),
+            u32::from(config.port_max) - u32::from(config.port_min) + 1,
+        ))
+    })
+    .await
+}
+
+/// What `/v1/nat/summary` and `vpcnet-agent nat --summary` show.
+#[must_use]
+pub fn nat_summary_view(
+    pressure: &NatPressure,
+    collector: &CollectorReport,
+    port_range: u32,
+) -> NatSummaryView {
+    NatSummaryView {
+        maps: [
+            (names::NAT_FWD, pressure.nat_fwd),
+            (names::NAT_REV, pressure.nat_rev),
+            (names::STACK_FLOWS, pressure.stack_flows),
+        ]
+        .into_iter()
+        .map(|(map, fill)| MapFillView {
+            map: map.to_owned(),
+            entries: fill.entries,
+            capacity: fill.capacity,
+        })
+        .collect(),
+        busiest_remote_endpoints: pressure
+            .busiest
+            .iter()
+            .map(|e| RemoteEndpointView {
+                proto: proto_name(e.proto),
+                remote: endpoint(e.addr, e.port),
+                ports: e.ports,
+            })
+            .collect(),
+        port_range,
+        collector: CollectorView {
+            passes: collector.passes,
+            last_pass_microseconds: u64::try_from(collector.last_pass.as_micros())
+                .unwrap_or(u64::MAX),
+            expired: collector.expired,
+            orphans: collector.orphans,
+        },
+    }
+}
+
 fn cidr_kind_name(kind: Option<CidrKind>) -> &'static str {
     match kind {
         Some(CidrKind::Vpc) => "vpc",
@@ -863,11 +939,11 @@ pub struct MetricsSnapshot {
     pub ipam: Option<(IpamStatus, Vec<(String, usize)>)>,
     /// Every datapath counter summed over the CPUs.
     pub counters: Vec<(Counter, u64)>,
-    pub nat_flows: usize,
-    pub nat_table_size: u32,
     pub endpoints: usize,
     pub attached_interfaces: usize,
     pub external_snat: bool,
+    pub pressure: NatPressure,
+    pub collector: CollectorReport,
 }
 
 async fn metrics(state: &Arc<State>) -> Result<String, IntrospectError> {
@@ -890,11 +966,12 @@ async fn metrics(state: &Arc<State>) -> Result<String, IntrospectError> {
         Ok(render_metrics(&MetricsSnapshot {
             ipam,
             counters: maps.counters()?,
-            nat_flows: maps.nat_fwd.keys().flatten().count(),
-            nat_table_size: nat_table_size(maps)?,
+
             endpoints: maps.endpoints.keys().flatten().count(),
             attached_interfaces: s.datapath().attached().count(),
             external_snat: maps.config()?.external_snat(),
+            pressure: maps.nat_pressure()?,
+            collector: s.collector(),
         }))
     })
     .await
@@ -1128,18 +1205,7 @@ fn render_datapath(e: &mut Exposition, snapshot: &MetricsSnapshot) {
          longest ago (within its TIME_WAIT hold).",
         counter(Counter::AllocOldestClosed),
     );
-    e.single(
-        "vpcnet_nat_flows",
-        G,
-        "Flows in the NAT table.",
-        n(snapshot.nat_flows),
-    );
-    e.single(
-        "vpcnet_nat_table_size",
-        G,
-        "Flows the NAT table holds at most (new flows are dropped when it is full).",
-        u64::from(snapshot.nat_table_size),
-    );
+    render_nat_pressure(e, snapshot);
     e.single(
         "vpcnet_datapath_endpoints",
         G,
@@ -1157,6 +1223,83 @@ fn render_datapath(e: &mut Exposition, snapshot: &MetricsSnapshot) {
         G,
         "1 when AWS_VPC_K8S_CNI_EXTERNALSNAT is in force (no SNAT on the node).",
         u64::from(snapshot.external_snat),
+    );
+}
+
+/// The flow maps' fill, the busiest remote endpoints, the collector's work.
+fn render_nat_pressure(e: &mut Exposition, snapshot: &MetricsSnapshot) {
+    use MetricType::{Counter as C, Gauge as G};
+    let pressure = &snapshot.pressure;
+    e.single(
+        "vpcnet_nat_flows",
+        G,
+        "Flows in the NAT table.",
+        n(pressure.nat_fwd.entries),
+    );
+    e.single(
+        "vpcnet_nat_table_size",
+        G,
+        "Flows the NAT table holds at most (when it is full, an unanswered flow makes room \
+         or the new flow is dropped).",
+        u64::from(pressure.nat_fwd.capacity),
+    );
+    let maps = [
+        (names::NAT_FWD, pressure.nat_fwd),
+        (names::NAT_REV, pressure.nat_rev),
+        (names::STACK_FLOWS, pressure.stack_flows),
+    ];
+    e.family(
+        "vpcnet_map_entries",
+        G,
+        "Entries in each flow map.",
+        maps.iter()
+            .map(|(map, fill)| (vec![("map", (*map).to_owned())], n(fill.entries))),
+    );
+    e.family(
+        "vpcnet_map_capacity",
+        G,
+        "Entries each flow map holds at most.",
+        maps.iter()
+            .map(|(map, fill)| (vec![("map", (*map).to_owned())], u64::from(fill.capacity))),
+    );
+    e.family(
+        "vpcnet_nat_remote_endpoint_ports",
+        G,
+        "Ports of the node address held toward each of the busiest remote endpoints (address, \
+         port, protocol): SNAT ports are unique per remote endpoint, so the port range runs \
+         out one remote endpoint at a time.",
+        pressure.busiest.iter().map(|e| {
+            (
+                vec![
+                    ("proto", proto_name(e.proto)),
+                    ("remote", endpoint(e.addr, e.port)),
+                ],
+                n(e.ports),
+            )
+        }),
+    );
+    let collector = &snapshot.collector;
+    e.single(
+        "vpcnet_gc_passes_total",
+        C,
+        "Passes of the flow garbage collector.",
+        collector.passes,
+    );
+    e.single(
+        "vpcnet_gc_last_pass_microseconds",
+        G,
+        "How long the collector's last pass over the NAT and stack flow maps took.",
+        u64::try_from(collector.last_pass.as_micros()).unwrap_or(u64::MAX),
+    );
+    e.family(
+        "vpcnet_gc_removed_total",
+        C,
+        "Flows the collector removed: over by their timeouts (expired), or halves left alone \
+         (orphan).",
+        [
+            (vec![("reason", "expired".to_owned())], collector.expired),
+            (vec![("reason", "orphan".to_owned())], collector.orphans),
+        ],
     );
 }
 
@@ -1245,8 +1388,13 @@ where
 
 #[cfg(test)]
 mod tests {
+    use vpcnet_common::{addr_to_raw, port_to_raw};
+
     use super::*;
-    use crate::ipam::pool::PoolStats;
+    use crate::{
+        datapath::{EndpointPorts, MapFill},
+        ipam::pool::PoolStats,
+    };
 
     #[test]
     fn listen_addresses() {
@@ -1373,11 +1521,43 @@ mod tests {
                 .enumerate()
                 .map(|(i, c)| (*c, n(i)))
                 .collect(),
-            nat_flows: 5,
-            nat_table_size: 262_144,
             endpoints: 3,
             attached_interfaces: 5,
             external_snat: false,
+            pressure: NatPressure {
+                nat_fwd: MapFill {
+                    entries: 5,
+                    capacity: 262_144,
+                },
+                nat_rev: MapFill {
+                    entries: 6,
+                    capacity: 262_144,
+                },
+                stack_flows: MapFill {
+                    entries: 4,
+                    capacity: 262_144,
+                },
+                busiest: vec![
+                    EndpointPorts {
+                        proto: 6,
+                        addr: addr_to_raw([203, 0, 113, 10]),
+                        port: port_to_raw(443),
+                        ports: 4,
+                    },
+                    EndpointPorts {
+                        proto: 17,
+                        addr: addr_to_raw([203, 0, 113, 53]),
+                        port: port_to_raw(53),
+                        ports: 2,
+                    },
+                ],
+            },
+            collector: CollectorReport {
+                passes: 7,
+                last_pass: Duration::from_micros(1500),
+                expired: 9,
+                orphans: 1,
+            },
         }
     }
 
@@ -1497,6 +1677,42 @@ mod tests {
         );
         assert_eq!(value(&samples, "vpcnet_ipam_released_total", &[]), 1);
         assert_eq!(value(&samples, "vpcnet_ipam_cooling_ip_addresses", &[]), 1);
+        // NAT pressure: each map's fill, the busiest remote endpoints, the
+        // collector's work.
+        assert_eq!(value(&samples, "vpcnet_nat_flows", &[]), 5);
+        assert_eq!(
+            value(&samples, "vpcnet_map_entries", &[("map", "VPCNET_NAT_REV")]),
+            6
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "vpcnet_map_capacity",
+                &[("map", "VPCNET_STACK_PAIRS")]
+            ),
+            262_144
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "vpcnet_nat_remote_endpoint_ports",
+                &[("proto", "tcp"), ("remote", "203.0.113.10:443")]
+            ),
+            4
+        );
+        assert_eq!(value(&samples, "vpcnet_gc_passes_total", &[]), 7);
+        assert_eq!(
+            value(&samples, "vpcnet_gc_last_pass_microseconds", &[]),
+            1500
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "vpcnet_gc_removed_total",
+                &[("reason", "expired")]
+            ),
+            9
+        );
         // Counters are counters, pool figures gauges.
         for (name, kind) in [
             ("awscni_add_ip_req_count", "counter"),
@@ -1508,6 +1724,9 @@ mod tests {
             ("awscni_build_info", "gauge"),
             ("vpcnet_nat_flows", "gauge"),
             ("vpcnet_nat_table_size", "gauge"),
+            ("vpcnet_map_entries", "gauge"),
+            ("vpcnet_nat_remote_endpoint_ports", "gauge"),
+            ("vpcnet_gc_removed_total", "counter"),
         ] {
             assert_eq!(types[name], kind, "{name}");
         }

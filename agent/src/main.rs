@@ -22,7 +22,7 @@ use vpcnet_agent::{
     cni_server,
     config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
     datapath::{
-        AttachMode, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns,
+        AttachMode, CollectorReport, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns,
         timeouts::{NETFILTER_SYSCTL_DIR, read_timeouts},
         verifier,
     },
@@ -73,7 +73,13 @@ enum Command {
         all: bool,
     },
     /// Print the NAT table.
-    Nat,
+    Nat {
+        /// Print how full the flow maps are, the remote endpoints whose
+        /// flows hold the most ports, and the running agent's garbage
+        /// collection (asked on its introspection endpoint) instead.
+        #[arg(long)]
+        summary: bool,
+    },
     /// Print the datapath's configuration and CIDRs.
     Config,
     /// Print the address manager's pool, counters and recent events (asks
@@ -251,7 +257,8 @@ fn run_command() -> Result<()> {
         Command::Run(args) => run(&cli.pin_dir, &args),
         Command::Verifier => print_verifier_budgets(),
         Command::Counters { all } => print_counters(&open(&cli.pin_dir)?, all),
-        Command::Nat => print_nat(&open(&cli.pin_dir)?),
+        Command::Nat { summary: false } => print_nat(&open(&cli.pin_dir)?),
+        Command::Nat { summary: true } => print_nat_summary(&open(&cli.pin_dir)?),
         Command::Config => print_config(&open(&cli.pin_dir)?),
         Command::Set { flag } => set_flag(&mut open(&cli.pin_dir)?, &flag),
         Command::Ipam { cni_socket } => print_ipam(&cni_socket),
@@ -599,6 +606,7 @@ async fn run_node(
         "datapath attached"
     );
     let datapath = Arc::new(std::sync::Mutex::new(datapath));
+    let collector = Arc::new(std::sync::Mutex::new(CollectorReport::default()));
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let in_flight = Arc::new(cni_server::InFlight::default());
@@ -679,6 +687,7 @@ async fn run_node(
             pods: introspected_pods,
             ipam_settings,
             primary_interface: node.primary_interface.clone(),
+            collector: Arc::clone(&collector),
         },
         &shutdown_rx,
         &mut tasks,
@@ -686,7 +695,12 @@ async fn run_node(
     if args.notify_ready {
         notify_ready()?;
     }
-    let result = serve(pin_dir, Duration::from_secs(args.gc_interval.max(1))).await;
+    let result = serve(
+        pin_dir,
+        Duration::from_secs(args.gc_interval.max(1)),
+        &collector,
+    )
+    .await;
     let _ = shutdown_tx.send(true);
     if args.ipam {
         // New requests find no socket (the plugin says the agent is down);
@@ -738,7 +752,11 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
 /// and a thread of its own: a pass over a full table takes seconds, and
 /// neither the datapath's lock (CNI ADD and DEL need it) nor this runtime
 /// waits for it.
-async fn serve(pin_dir: &Path, gc_interval: Duration) -> Result<()> {
+async fn serve(
+    pin_dir: &Path,
+    gc_interval: Duration,
+    report: &std::sync::Mutex<CollectorReport>,
+) -> Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut gc = tokio::time::interval(gc_interval);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -760,7 +778,13 @@ async fn serve(pin_dir: &Path, gc_interval: Duration) -> Result<()> {
                 let (maps, collected) = done.context("the garbage collector's thread")?;
                 collector = Some(maps);
                 match collected {
-                    Ok(c) => c.log(),
+                    Ok(c) => {
+                        c.log();
+                        report
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .record([&c.nat, &c.stack], c.took);
+                    }
                     Err(e) => warn!(error = %e, "garbage collection failed"),
                 }
             }
@@ -925,6 +949,93 @@ fn print_nat(maps: &DatapathMaps) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `nat --summary`: the maps' figures read here, the collector's from the
+/// running agent.
+fn print_nat_summary(maps: &DatapathMaps) -> Result<()> {
+    let config = maps.config()?;
+    let port_range = u32::from(config.port_max) - u32::from(config.port_min) + 1;
+    let summary = introspect::nat_summary_view(
+        &maps.nat_pressure()?,
+        &CollectorReport::default(),
+        port_range,
+    );
+    println!(
+        "{:<20} {:>9} {:>9} {:>6}",
+        "map", "entries", "capacity", "fill"
+    );
+    for map in &summary.maps {
+        println!(
+            "{:<20} {:>9} {:>9} {:>5.1}%",
+            map.map,
+            map.entries,
+            map.capacity,
+            percent(map.entries, map.capacity)
+        );
+    }
+    println!(
+        "\nbusiest remote endpoints: ports of the node address their flows hold, of {port_range}"
+    );
+    println!(
+        "{:<5} {:<22} {:>6} {:>6}",
+        "proto", "remote", "ports", "range"
+    );
+    for remote in &summary.busiest_remote_endpoints {
+        println!(
+            "{:<5} {:<22} {:>6} {:>5.1}%",
+            remote.proto,
+            remote.remote,
+            remote.ports,
+            percent(remote.ports, port_range)
+        );
+    }
+    println!(
+        "port allocation retries {}, oldest closed port reused {}",
+        maps.counter(vpcnet_common::counters::Counter::AllocRetry)?,
+        maps.counter(vpcnet_common::counters::Counter::AllocOldestClosed)?
+    );
+    match agent_collector() {
+        Ok(c) => println!(
+            "\ngarbage collector: {} passes, the last took {:.1} ms; {} flows expired, {} halves left alone removed",
+            c.passes,
+            Duration::from_micros(c.last_pass_microseconds).as_secs_f64() * 1e3,
+            c.expired,
+            c.orphans
+        ),
+        Err(e) => println!("\ngarbage collector: {e:#}"),
+    }
+    Ok(())
+}
+
+fn percent(part: usize, whole: u32) -> f64 {
+    // Display only: map sizes are far below 2^52.
+    #[allow(clippy::cast_precision_loss)]
+    let (part, whole) = (part as f64, f64::from(whole.max(1)));
+    100.0 * part / whole
+}
+
+/// The running agent's collector figures, from its introspection endpoint.
+fn agent_collector() -> Result<introspect::views::CollectorView> {
+    let endpoints = introspect::Endpoints::from_env(None, None)?;
+    let addr = endpoints
+        .introspection
+        .context("introspection is disabled: no figures from the running agent")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let (status, body) = runtime
+        .block_on(introspect::get(&addr, "/v1/nat/summary"))
+        .with_context(|| format!("no figures from the running agent at {addr}"))?;
+    anyhow::ensure!(
+        status.is_success(),
+        "the agent at {addr} answered {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    let summary: introspect::views::NatSummaryView =
+        serde_json::from_slice(&body).context("the agent's /v1/nat/summary")?;
+    Ok(summary.collector)
 }
 
 fn endpoint(addr: u32, port: u16) -> String {

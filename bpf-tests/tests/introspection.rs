@@ -397,6 +397,62 @@ fn introspection_and_metrics_show_what_the_agent_holds() {
         flow["original"],
         format!("{NODE_PRIMARY_ADDR}:{local_port}")
     );
+    // /v1/nat/summary: the maps' fill, the node's UDP flow among the
+    // busiest remote endpoints, the collector's passes (its first runs at
+    // start, its figures come with the pass after it ends).
+    let remote = format!("{INET_ADDR}:9");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let summary = loop {
+        let summary = get_json("/v1/nat/summary");
+        if summary["collector"]["passes"].as_u64() >= Some(1)
+            || std::time::Instant::now() > deadline
+        {
+            break summary;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(
+        summary["collector"]["passes"].as_u64() >= Some(1),
+        "{summary}"
+    );
+    let fwd = summary["maps"]
+        .as_array()
+        .and_then(|maps| maps.iter().find(|m| m["map"] == "VPCNET_NAT_FWD"))
+        .unwrap_or_else(|| panic!("the NAT map in {summary}"));
+    assert!(fwd["entries"].as_u64() >= Some(1), "{summary}");
+    assert_eq!(fwd["capacity"], vpcnet_common::maps::NAT_DEFAULT_ENTRIES);
+    let busiest = summary["busiest_remote_endpoints"]
+        .as_array()
+        .expect("busiest_remote_endpoints");
+    assert!(
+        busiest
+            .iter()
+            .any(|e| e["remote"] == remote && e["proto"] == "udp" && e["ports"] == 1),
+        "{summary}"
+    );
+    assert_eq!(
+        summary["port_range"],
+        u32::from(vpcnet_common::config::DEFAULT_PORT_MAX)
+            - u32::from(vpcnet_common::config::DEFAULT_PORT_MIN)
+            + 1
+    );
+    // The same from the command line, on the node.
+    let agent = vpcnet_bpf_tests::agent_binary();
+    let printed = vpcnet_lab::exec_ok(
+        NS_NODE,
+        &[agent.to_str().expect("a UTF-8 path"), "nat", "--summary"],
+    )
+    .expect("vpcnet-agent nat --summary");
+    assert!(printed.contains("VPCNET_NAT_FWD"), "{printed}");
+    assert!(
+        printed
+            .lines()
+            .any(|line| line.starts_with("udp") && line.contains(&remote)),
+        "{printed}"
+    );
+    assert!(printed.contains("garbage collector: "), "{printed}");
+    assert!(!printed.contains("no figures"), "{printed}");
+    println!("vpcnet-agent nat --summary:\n{printed}");
     let none = get_json("/v1/nat?limit=0");
     assert_eq!(none["returned"], 0);
     assert_eq!(none["truncated"], true);
@@ -456,6 +512,23 @@ fn introspection_and_metrics_show_what_the_agent_holds() {
         u64::from(vpcnet_common::maps::NAT_DEFAULT_ENTRIES)
     );
     assert!(value("vpcnet_nat_flows") >= 1);
+    assert!(
+        sample(
+            &samples,
+            "vpcnet_nat_remote_endpoint_ports",
+            &[("proto", "udp"), ("remote", remote.as_str())]
+        ) >= 1,
+        "the node's UDP flow holds a port toward inet"
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "vpcnet_map_capacity",
+            &[("map", "VPCNET_STACK_PAIRS")]
+        ),
+        u64::from(vpcnet_common::maps::STACK_FLOWS_DEFAULT_ENTRIES)
+    );
+    assert!(value("vpcnet_gc_passes_total") >= 1);
     assert!(
         sample(
             &samples,

@@ -25,7 +25,10 @@ use aya::{
 };
 pub use error::DatapathError;
 pub use maps::DatapathMaps;
-pub use nat::{Flow, GcStats, Judgement, monotonic_now_ns};
+pub use nat::{
+    BUSIEST_ENDPOINTS, CollectorReport, EndpointPorts, Flow, GcStats, Judgement, MapFill,
+    NatPressure, monotonic_now_ns,
+};
 pub use tc::AttachMode;
 use tracing::{info, warn};
 use vpcnet_common::{maps as names, nat::FlowKey};

@@ -409,6 +409,107 @@ impl DatapathMaps {
     }
 }
 
+/// How many remote endpoints [`NatPressure::busiest`] lists.
+pub const BUSIEST_ENDPOINTS: usize = 10;
+
+/// How full the flow maps are, and the remote endpoints whose flows hold
+/// the most of the node address's ports: a SNAT port is unique per remote
+/// address, port and protocol, so the port range runs out one remote
+/// endpoint at a time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NatPressure {
+    pub nat_fwd: MapFill,
+    pub nat_rev: MapFill,
+    pub stack_flows: MapFill,
+    /// The busiest first, at most [`BUSIEST_ENDPOINTS`].
+    pub busiest: Vec<EndpointPorts>,
+}
+
+/// A map's entries and the most it holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapFill {
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+/// A remote endpoint and how many of the node address's ports its flows
+/// hold (pods' SNAT flows and the node's own sockets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointPorts {
+    pub proto: u8,
+    /// Network order, as in the maps.
+    pub addr: u32,
+    pub port: u16,
+    pub ports: usize,
+}
+
+impl DatapathMaps {
+    /// The maps' fill and the busiest remote endpoints, read in batches.
+    pub fn nat_pressure(&self) -> Result<NatPressure, DatapathError> {
+        use aya::maps::IterableMap as _;
+        use vpcnet_common::maps::{NAT_FWD, NAT_REV, STACK_FLOWS};
+        let fill = |entries: usize, info: Result<aya::maps::MapInfo, _>, name| {
+            Ok::<_, DatapathError>(MapFill {
+                entries,
+                capacity: info.map_err(DatapathError::map(name))?.max_entries(),
+            })
+        };
+        let claims = batch::read_all(&self.nat_rev).map_err(DatapathError::map(NAT_REV))?;
+        let forward = batch::read_all(&self.nat_fwd).map_err(DatapathError::map(NAT_FWD))?;
+        let stack = batch::read_all(&self.stack_flows).map_err(DatapathError::map(STACK_FLOWS))?;
+        let mut by_endpoint: HashMap<(u8, u32, u16), usize> = HashMap::new();
+        for (reply, claim) in &claims {
+            if !FlowKind::untranslated(claim.kind) {
+                *by_endpoint
+                    .entry((reply.proto, reply.saddr, reply.sport))
+                    .or_default() += 1;
+            }
+        }
+        let mut busiest: Vec<EndpointPorts> = by_endpoint
+            .into_iter()
+            .map(|((proto, addr, port), ports)| EndpointPorts {
+                proto,
+                addr,
+                port,
+                ports,
+            })
+            .collect();
+        busiest.sort_by_key(|e| (std::cmp::Reverse(e.ports), e.proto, e.addr, e.port));
+        busiest.truncate(BUSIEST_ENDPOINTS);
+        Ok(NatPressure {
+            nat_fwd: fill(forward.len(), self.nat_fwd.map().info(), NAT_FWD)?,
+            nat_rev: fill(claims.len(), self.nat_rev.map().info(), NAT_REV)?,
+            stack_flows: fill(stack.len(), self.stack_flows.map().info(), STACK_FLOWS)?,
+            busiest,
+        })
+    }
+}
+
+/// The garbage collector's work since the agent started, as its metrics
+/// show it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CollectorReport {
+    pub passes: u64,
+    /// How long the last pass took.
+    pub last_pass: std::time::Duration,
+    /// Flows removed, NAT and stack flows together: over by their
+    /// timeouts, and halves left alone.
+    pub expired: u64,
+    pub orphans: u64,
+}
+
+impl CollectorReport {
+    /// Counts one pass.
+    pub fn record(&mut self, passes: [&GcStats; 2], took: std::time::Duration) {
+        self.passes += 1;
+        self.last_pass = took;
+        for stats in passes {
+            self.expired += u64::try_from(stats.expired).unwrap_or(u64::MAX);
+            self.orphans += u64::try_from(stats.orphans).unwrap_or(u64::MAX);
+        }
+    }
+}
+
 /// Claims (reverse entries) by their reply tuple.
 type Claims = Vec<(FlowKey, NatEntry)>;
 

@@ -185,6 +185,43 @@ pub struct NatView {
     pub flows: Vec<FlowView>,
 }
 
+/// `GET /v1/nat/summary`: how full the flow maps are, the remote
+/// endpoints whose flows hold the most of the node address's ports, and the
+/// garbage collector's work since the agent started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatSummaryView {
+    pub maps: Vec<MapFillView>,
+    /// The busiest first.
+    pub busiest_remote_endpoints: Vec<RemoteEndpointView>,
+    /// Ports each remote endpoint can have (the SNAT port range).
+    pub port_range: u32,
+    pub collector: CollectorView,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapFillView {
+    pub map: String,
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteEndpointView {
+    pub proto: String,
+    /// `address:port`.
+    pub remote: String,
+    /// Ports of the node address its flows hold.
+    pub ports: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectorView {
+    pub passes: u64,
+    pub last_pass_microseconds: u64,
+    pub expired: u64,
+    pub orphans: u64,
+}
+
 /// One flow, as `vpcnet-agent nat` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowView {
