@@ -231,9 +231,9 @@ impl DatapathMaps {
         timeouts: &Timeouts,
         now_ns: u64,
     ) -> Result<GcStats, DatapathError> {
-        let map_error = DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
+        let map_error = || DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
         let halves: HashMap<FlowKey, NatEntry> = batch::read_all(&self.stack_flows)
-            .map_err(map_error)?
+            .map_err(map_error())?
             .into_iter()
             .collect();
         let mut stats = GcStats::default();
@@ -250,26 +250,22 @@ impl DatapathMaps {
                     flow_expired(key.proto, half, other, timeouts, now_ns)
                 }
             };
-            if !gone {
-                continue;
-            }
-            let map_error = DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
-            if !batch::remove_if_unchanged(&self.stack_flows, key, half).map_err(map_error)? {
+            if !gone
+                || !batch::remove_if_unchanged(&self.stack_flows, key, half).map_err(map_error())?
+            {
                 continue;
             }
             let Some(other) = other else {
                 stats.orphans += 1;
                 continue;
             };
-            let map_error = DatapathError::map(vpcnet_common::maps::STACK_FLOWS);
             if batch::remove_if_unchanged(&self.stack_flows, &other_key, other)
-                .map_err(map_error)?
+                .map_err(map_error())?
             {
                 stats.expired += 1;
             } else {
                 // The other direction saw a packet since: the flow lives.
-                batch::put_if_absent(&self.stack_flows, key, half)
-                    .map_err(DatapathError::map(vpcnet_common::maps::STACK_FLOWS))?;
+                batch::put_if_absent(&self.stack_flows, key, half).map_err(map_error())?;
             }
         }
         Ok(stats)
