@@ -24,7 +24,7 @@ const BPF_MAP_DELETE_ELEM: u32 = 3;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: u32 = 21;
 const BPF_MAP_LOOKUP_BATCH: u32 = 24;
 /// `BPF_NOEXIST`: insert only if absent.
-const BPF_NOEXIST: u64 = 1;
+pub(super) const BPF_NOEXIST: u64 = 1;
 /// Entries asked for per batch call.
 const BATCH_ENTRIES: usize = 4096;
 /// The kernel's "operation not supported" (`ENOTSUPP`, not `EOPNOTSUPP`).

@@ -8,10 +8,10 @@ use vpcnet_common::nat::{
     flow_last_seen_ns, forward_key, pair_state, reply_key,
 };
 
-use super::{DatapathError, DatapathMaps, batch};
-
-/// `BPF_NOEXIST`: insert only if absent.
-const BPF_NOEXIST: u64 = 1;
+use super::{
+    DatapathError, DatapathMaps,
+    batch::{self, BPF_NOEXIST},
+};
 
 fn is_eexist(e: &aya::maps::MapError) -> bool {
     matches!(e, aya::maps::MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::EEXIST))
