@@ -748,50 +748,67 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
         .with_context(|| format!("{flag}: {value} is not a duration in seconds"))
 }
 
-/// Collects garbage until SIGTERM or SIGINT, on map handles of its own
-/// and a thread of its own: a pass over a full table takes seconds, and
-/// neither the datapath's lock (CNI ADD and DEL need it) nor this runtime
-/// waits for it.
+/// Collects garbage until SIGTERM or SIGINT, on a thread of its own at
+/// the lowest CPU priority, with map handles of its own: a pass over 236k
+/// flows takes about 0.35 s of CPU (`cargo xtask bench --parts nat-load`),
+/// and neither the datapath's lock (CNI ADD and DEL need it), this runtime
+/// nor an ADD's CPU time waits for it.
 async fn serve(
     pin_dir: &Path,
     gc_interval: Duration,
-    report: &std::sync::Mutex<CollectorReport>,
+    report: &Arc<std::sync::Mutex<CollectorReport>>,
 ) -> Result<()> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut gc = tokio::time::interval(gc_interval);
-    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut collector = Some(DatapathMaps::open_pinned(pin_dir).context("the collector's maps")?);
-    let mut pass: Option<tokio::task::JoinHandle<(DatapathMaps, Result<Collected>)>> = None;
-    loop {
-        tokio::select! {
-            _ = sigterm.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = gc.tick(), if pass.is_none() => {
-                let Some(mut maps) = collector.take() else { continue };
-                pass = Some(tokio::task::spawn_blocking(move || {
-                    let collected = collect(&mut maps);
-                    (maps, collected)
-                }));
-            }
-            done = async { pass.as_mut().expect("a pass under way").await }, if pass.is_some() => {
-                pass = None;
-                let (maps, collected) = done.context("the garbage collector's thread")?;
-                collector = Some(maps);
-                match collected {
-                    Ok(c) => {
-                        c.log();
-                        report
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .record([&c.nat, &c.stack], c.took);
-                    }
-                    Err(e) => warn!(error = %e, "garbage collection failed"),
-                }
-            }
-        }
+    let maps = DatapathMaps::open_pinned(pin_dir).context("the collector's maps")?;
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let report = Arc::clone(report);
+    let collector = std::thread::Builder::new()
+        .name("vpcnet-gc".into())
+        .spawn(move || collect_until_stopped(maps, gc_interval, &report, &stopped))
+        .context("starting the garbage collector's thread")?;
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
+    drop(stop);
+    // A pass under way finishes first.
+    let _ = tokio::task::spawn_blocking(move || collector.join()).await;
     info!("stopping: programs stay attached and maps pinned for the next agent");
     Ok(())
+}
+
+/// The collector's thread: a pass every `interval` until `stopped` says so.
+fn collect_until_stopped(
+    mut maps: DatapathMaps,
+    interval: Duration,
+    report: &std::sync::Mutex<CollectorReport>,
+    stopped: &std::sync::mpsc::Receiver<()>,
+) {
+    // nice 19 for this thread alone (Linux's priorities are per thread).
+    // SAFETY: plain arguments; failing leaves the priority as it was.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) } != 0 {
+        warn!(error = %std::io::Error::last_os_error(), "the collector keeps its CPU priority");
+    }
+    loop {
+        let started = std::time::Instant::now();
+        match collect(&mut maps) {
+            Ok(c) => {
+                c.log();
+                report
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .record([&c.nat, &c.stack], c.took);
+            }
+            Err(e) => warn!(error = %e, "garbage collection failed"),
+        }
+        let rest = interval.saturating_sub(started.elapsed());
+        if !matches!(
+            stopped.recv_timeout(rest),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        ) {
+            return;
+        }
+    }
 }
 
 /// What one garbage collection did, and how long it took.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use vpcnet_api::cni::StatusRequest;
 use vpcnet_lab::{
-    Datapath, cni_socket_file,
+    Datapath, Lab, cni_socket_file,
     cri_pods::{self, plugin_calls},
 };
 
@@ -55,14 +55,18 @@ pub fn wait_warm_pool(wanted: usize) -> Result<()> {
     }
 }
 
+/// The calls' wall times, and the plugin's own.
+struct Cycles {
+    adds: Vec<Duration>,
+    dels: Vec<Duration>,
+    runs: Vec<Duration>,
+    removes: Vec<Duration>,
+}
+
 /// `cycles` times: `pods` `RunPodSandbox` calls, then `StopPodSandbox` and
 /// `RemovePodSandbox` of each; the wall times of the calls and the plugin's
 /// own (its log's `elapsed_ms`).
-pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
-    // The VPC CNI's way to keep addresses ready for pods to come.
-    let warm = opts.cni_pods.to_string();
-    let env = [("WARM_IP_TARGET", warm.as_str())];
-    let lab = lab_up(&ipam_lab_options(opts, "m5.large", &env, true))?;
+fn cycles(lab: &Lab, opts: &BenchOptions) -> Result<Cycles> {
     let client = lab.cri()?;
     let calls_before = plugin_calls().len();
     let (mut runs, mut removes) = (Vec::new(), Vec::new());
@@ -98,6 +102,26 @@ pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
             adds.len()
         );
     }
+    Ok(Cycles {
+        adds,
+        dels,
+        runs,
+        removes,
+    })
+}
+
+/// CNI ADD and DEL with a warm pool.
+pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
+    // The VPC CNI's way to keep addresses ready for pods to come.
+    let warm = opts.cni_pods.to_string();
+    let env = [("WARM_IP_TARGET", warm.as_str())];
+    let lab = lab_up(&ipam_lab_options(opts, "m5.large", &env, true))?;
+    let Cycles {
+        adds,
+        dels,
+        runs,
+        removes,
+    } = cycles(&lab, opts)?;
     lab.down().context("taking the lab down")?;
     Ok(vec![
         Measurement::of_durations(round, Datapath::Ebpf, "cni_add", &adds),
@@ -110,4 +134,54 @@ pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
             &removes,
         ),
     ])
+}
+
+/// How full the NAT table is while [`run_under_nat_load`] measures.
+pub const NAT_OCCUPANCY_PERCENT: [u32; 3] = [10, 50, 90];
+/// The collector's interval there: a pass over the table every second.
+const NAT_LOAD_GC_INTERVAL: &str = "1";
+/// Collector passes over the filled table to wait for before measuring.
+const PASSES_BEFORE: u64 = 2;
+
+/// The name of the measurements at `percent` occupancy.
+#[must_use]
+pub fn nat_load_name(what: &str, percent: u32) -> String {
+    format!("{what}_nat/{percent}")
+}
+
+/// CNI ADD with the NAT table 10%, 50% and 90% full of established flows,
+/// and the garbage collector's pass time there: every pass reads the whole
+/// table, and no ADD may wait for it.
+pub fn run_under_nat_load(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
+    let mut measurements = Vec::new();
+    let warm = opts.cni_pods.to_string();
+    let env = [
+        ("WARM_IP_TARGET", warm.as_str()),
+        ("VPCNET_GC_INTERVAL", NAT_LOAD_GC_INTERVAL),
+    ];
+    for percent in NAT_OCCUPANCY_PERCENT {
+        let lab = lab_up(&ipam_lab_options(opts, "m5.large", &env, true))?;
+        let flows = vpcnet_common::maps::NAT_DEFAULT_ENTRIES / 100 * percent;
+        crate::nat_fill::fill(flows)?;
+        let before = crate::nat_fill::collector()?.passes;
+        crate::nat_fill::wait_passes(before + PASSES_BEFORE)?;
+        let Cycles { adds, .. } = cycles(&lab, opts)?;
+        let collector = crate::nat_fill::collector()?;
+        lab.down().context("taking the lab down")?;
+        measurements.push(Measurement::of_durations(
+            round,
+            Datapath::Ebpf,
+            &nat_load_name("cni_add", percent),
+            &adds,
+        ));
+        measurements.push(
+            Measurement::new(round, Datapath::Ebpf, nat_load_name("gc_pass", percent))
+                .with("flows", f64::from(flows))
+                .with(
+                    "ms",
+                    Duration::from_micros(collector.last_pass_microseconds).as_secs_f64() * 1e3,
+                ),
+        );
+    }
+    Ok(measurements)
 }

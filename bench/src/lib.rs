@@ -17,6 +17,7 @@ pub mod cni_latency;
 pub mod fillers;
 pub mod loadgen;
 pub mod measure;
+pub mod nat_fill;
 pub mod plot;
 pub mod profile;
 pub mod report;

@@ -344,6 +344,27 @@ pub fn sections(results: &Results) -> Vec<Section> {
         }
     }
 
+    let mut nat_load = Vec::new();
+    for percent in crate::cni_latency::NAT_OCCUPANCY_PERCENT {
+        let add = crate::cni_latency::nat_load_name("cni_add", percent);
+        for (key, unit) in [("p50_ms", "ms p50"), ("p99_ms", "ms p99")] {
+            nat_load.push(Figure::new(
+                format!("plugin ADD, NAT table {percent}% full"),
+                add.clone(),
+                key,
+                unit,
+                Lower,
+            ));
+        }
+        nat_load.push(Figure::new(
+            format!("collector pass, NAT table {percent}% full"),
+            crate::cni_latency::nat_load_name("gc_pass", percent),
+            "ms",
+            "ms",
+            Lower,
+        ));
+    }
+
     vec![
         Section {
             title: "Per-packet paths (routed = no NAT, no rules: the ceiling)",
@@ -369,6 +390,11 @@ pub fn sections(results: &Results) -> Vec<Section> {
             title: "Control plane (vpcnet only: the VPC CNI's Go plugin and ipamd cannot be built here)",
             datapaths: EBPF,
             figures: control,
+        },
+        Section {
+            title: "CNI ADD while the garbage collector walks a full NAT table (vpcnet only)",
+            datapaths: EBPF,
+            figures: nat_load,
         },
     ]
 }

@@ -69,6 +69,9 @@ pub enum Part {
     Churn,
     /// CNI ADD and DEL through CRI.
     Cni,
+    /// CNI ADD with the NAT table 10%, 50% and 90% full, and the garbage
+    /// collector's pass time there.
+    NatLoad,
     /// The agent's memory and CPU with many pods.
     Agent,
 }
@@ -81,6 +84,7 @@ impl Part {
             Self::Scale,
             Self::Churn,
             Self::Cni,
+            Self::NatLoad,
         ]
     }
 }
@@ -385,6 +389,10 @@ pub fn run(opts: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Results> {
         if runs(Part::Cni) {
             progress("  ebpf: CNI ADD and DEL through CRI");
             measurements.extend(cni_latency::run(opts, round)?);
+        }
+        if runs(Part::NatLoad) {
+            progress("  ebpf: CNI ADD with the NAT table 10%, 50% and 90% full");
+            measurements.extend(cni_latency::run_under_nat_load(opts, round)?);
         }
     }
     Ok(Results {

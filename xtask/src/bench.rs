@@ -12,7 +12,7 @@ use crate::{build, setup::run_checked};
 pub struct Args {
     /// Passed to `vpcnet-bench`: `--rounds N` (3), `--duration SECONDS`
     /// (5, per RR, CRR and stream measurement), `--parts LIST` (of
-    /// paths,scale,churn,cni,agent), `--from results.json` (redraw only),
+    /// paths,scale,churn,cni,nat-load,agent), `--from results.json` (redraw only),
     /// `--smoke` (one tiny round, with debug binaries).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     bench_args: Vec<String>,
