@@ -18,7 +18,6 @@ use aya::{
     sys::SyscallError,
 };
 
-const BPF_MAP_LOOKUP_ELEM: u32 = 1;
 const BPF_MAP_UPDATE_ELEM: u32 = 2;
 const BPF_MAP_DELETE_ELEM: u32 = 3;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: u32 = 21;
@@ -130,7 +129,7 @@ pub fn read_all<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, 
                 batch *= 2;
                 continue;
             }
-            Err(e) if first && unsupported(&e) => return read_one_by_one(map),
+            Err(e) if first && unsupported(&e) => return map.iter().collect(),
             Err(e) => return Err(syscall_error("BPF_MAP_LOOKUP_BATCH", e)),
         };
         let count = usize::try_from(attr.count).expect("u32 fits usize");
@@ -153,22 +152,15 @@ pub fn read_all<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, 
     }
 }
 
-fn read_one_by_one<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, V)>, MapError> {
-    map.iter().collect()
-}
-
-/// The entry of `key`, if any.
+/// The entry of `key`, if any (aya's lookup, its "not found" as `None`).
 ///
 /// # Errors
 /// The kernel refused the lookup.
 pub fn get<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>, key: &K) -> Result<Option<V>, MapError> {
-    let mut value = MaybeUninit::<V>::uninit();
-    let mut attr = elem_attr(map, key, value.as_mut_ptr(), 0);
-    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
-        // SAFETY: written by the kernel.
-        Ok(()) => Ok(Some(unsafe { value.assume_init() })),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(e) => Err(syscall_error("BPF_MAP_LOOKUP_ELEM", e)),
+    match map.get(key, 0) {
+        Ok(value) => Ok(Some(value)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
