@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vpcnet_lab::run_in;
+use vpcnet_lab::{PodInfo, WhoamiServer, addrs, run_in};
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -26,6 +26,31 @@ const MESSAGE_PACE: Duration = Duration::from_millis(2);
 /// How long waiting for more echoes may take (50 echoes at a 2 ms pace
 /// take ~0.1 s).
 const PHASE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The far ends of a node's three kinds of long connections, each a
+/// [`WhoamiServer`]: in `inet` (reached through SNAT), on `peer` (in the
+/// VPC, unNATed) and in a pod (pod to pod).
+pub struct FarEnds {
+    pub inet: WhoamiServer,
+    pub peer: WhoamiServer,
+    pub pod: WhoamiServer,
+}
+
+impl FarEnds {
+    /// Starts the three servers on `port`, the pod's in `pod`.
+    #[must_use]
+    pub fn start(pod: &PodInfo, port: u16) -> Self {
+        let start = |ns: &str, addr, what: &str| {
+            WhoamiServer::start(ns, SocketAddrV4::new(addr, port))
+                .unwrap_or_else(|e| panic!("whoami in {what}: {e}"))
+        };
+        Self {
+            inet: start(addrs::NS_INET, addrs::INET_ADDR, "inet"),
+            peer: start(addrs::NS_PEER, addrs::PEER_ADDR, "peer"),
+            pod: start(&pod.netns, pod.addr, &pod.netns),
+        }
+    }
+}
 
 /// A TCP connection from a pod to a [`WhoamiServer`] (which echoes what it
 /// gets after its first line) that sends a numbered message every few
@@ -104,7 +129,18 @@ impl EchoStream {
     /// Waits until `more` further messages have come back; panics, saying
     /// during `phase`, if the connection broke or stalled.
     pub fn wait_for_more_echoes(&self, more: u64, phase: &str) {
-        let deadline = Instant::now() + PHASE_TIMEOUT;
+        if let Err(why) = self.more_echoes(more, PHASE_TIMEOUT) {
+            panic!("the long-lived connection {why} {phase}");
+        }
+    }
+
+    /// Waits until `more` further messages have come back within
+    /// `timeout`; says how the connection failed if they did not.
+    ///
+    /// # Errors
+    /// The connection broke (why), or stalled (how far it got).
+    pub fn more_echoes(&self, more: u64, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
         let mut state = self
             .progress
             .state
@@ -113,14 +149,12 @@ impl EchoStream {
         let target = state.echoed + more;
         while state.echoed < target {
             if let Some(failure) = &state.failure {
-                panic!("the long-lived connection broke {phase}: {failure}");
+                return Err(format!("broke: {failure};"));
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            assert!(
-                !remaining.is_zero(),
-                "the long-lived connection stalled {phase}: {} of {target} echoes",
-                state.echoed
-            );
+            if remaining.is_zero() {
+                return Err(format!("stalled: {} of {target} echoes;", state.echoed));
+            }
             state = self
                 .progress
                 .changed
@@ -128,6 +162,7 @@ impl EchoStream {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        Ok(())
     }
 
     /// Stops sending, closes the connection cleanly (the server must close

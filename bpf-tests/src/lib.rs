@@ -22,7 +22,7 @@ use aya::programs::{TestRun, TestRunOptions};
 use ipnet::Ipv4Net;
 use vpcnet_agent::{
     config::SnatSettings,
-    datapath::{Datapath, LoadOptions, remove_pins},
+    datapath::{Datapath, DatapathError, LoadOptions, remove_pins},
 };
 use vpcnet_common::{
     cidr::CidrKind,
@@ -78,24 +78,39 @@ pub struct Outcome {
 }
 
 impl Harness {
-    /// Loads the programs with `nat_entries` flows per NAT map and the lab's
-    /// node configured with `settings`.
-    pub fn new(settings: &SnatSettings, nat_entries: u32) -> Self {
-        let pin_dir = PathBuf::from(format!(
+    /// A pin directory of its own for a harness (see [`Harness::load_in`]).
+    pub fn new_pin_dir() -> PathBuf {
+        PathBuf::from(format!(
             "/sys/fs/bpf/vpcnet-test-{}-{}",
             std::process::id(),
             NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        ));
+        ))
+    }
+
+    /// Loads the programs with `nat_entries` flows per NAT map over what is
+    /// pinned in `pin_dir` (as a starting agent does), nothing configured;
+    /// `pin_dir` is removed on drop, also when loading fails.
+    pub fn load_in(pin_dir: PathBuf, nat_entries: u32) -> Result<Self, DatapathError> {
         let loaded = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             nat_entries,
             ..LoadOptions::default()
         });
-        let datapath = loaded.unwrap_or_else(|e| {
-            let _ = remove_pins(&pin_dir);
+        match loaded {
+            Ok(datapath) => Ok(Self { datapath, pin_dir }),
+            Err(e) => {
+                let _ = remove_pins(&pin_dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// Loads the programs with `nat_entries` flows per NAT map and the lab's
+    /// node configured with `settings`.
+    pub fn new(settings: &SnatSettings, nat_entries: u32) -> Self {
+        let mut harness = Self::load_in(Self::new_pin_dir(), nat_entries).unwrap_or_else(|e| {
             panic!("loading the programs (run as root, after `cargo xtask setup`): {e:?}")
         });
-        let mut harness = Self { datapath, pin_dir };
         harness.configure(settings);
         let cidrs: Vec<(Ipv4Net, CidrKind)> = VPC_CIDRS
             .iter()

@@ -20,7 +20,6 @@
 use std::{
     collections::BTreeMap,
     io::Write as _,
-    net::SocketAddrV4,
     path::Path,
     time::{Duration, Instant},
 };
@@ -28,12 +27,12 @@ use std::{
 use vpcnet_agent::datapath::{AttachMode, remove_pins, tc::ENV_TC_ATTACH};
 use vpcnet_bpf_tests::{
     agent_binary,
-    echo::EchoStream,
+    echo::{EchoStream, FarEnds},
     hooks::{HookProgram, hook_programs},
     pinned_nat_table,
 };
 use vpcnet_common::maps::{self as names, PIN_DIR};
-use vpcnet_lab::{Lab, LabOptions, WhoamiServer, addrs, run_in, serial};
+use vpcnet_lab::{Lab, LabOptions, addrs, run_in, serial};
 
 const PORT: u16 = 8080;
 /// Echoes each connection must complete in each phase.
@@ -124,12 +123,11 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
     let pods = lab.pods().to_vec();
     assert_eq!(pods[1].eni, "eth1", "pod-1's address is eth1's");
 
-    let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
-        .expect("whoami in inet");
-    let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))
-        .expect("whoami in peer");
-    let pod_server = WhoamiServer::start(&pods[0].netns, SocketAddrV4::new(pods[0].addr, PORT))
-        .expect("whoami in pod-0");
+    let FarEnds {
+        inet,
+        peer,
+        pod: pod_server,
+    } = FarEnds::start(&pods[0], PORT);
     let snat = EchoStream::open(&pods[0].netns, inet.addr());
     assert_eq!(*snat.seen_as.ip(), addrs::NODE_PRIMARY_ADDR, "SNATed");
     let vpc = EchoStream::open(&pods[1].netns, peer.addr());

@@ -13,18 +13,21 @@
 
 use std::{
     collections::BTreeSet,
-    net::SocketAddrV4,
     path::Path,
     process::Command,
     time::{Duration, Instant},
 };
 
 use vpcnet_agent::datapath::DatapathMaps;
-use vpcnet_bpf_tests::{agent_binary, echo::EchoStream, ipam::FAST_AGENT_ARGS};
+use vpcnet_bpf_tests::{
+    agent_binary,
+    echo::{EchoStream, FarEnds},
+    ipam::FAST_AGENT_ARGS,
+};
 use vpcnet_common::{maps::PIN_DIR, raw_to_port};
 use vpcnet_lab::{
-    IpamLabOptions, Lab, LabOptions, ScratchDir, WhoamiServer, addrs, ec2::EmulatorProcess,
-    ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
+    IpamLabOptions, Lab, LabOptions, ScratchDir, addrs, ec2::EmulatorProcess, ipam_checkpoint_file,
+    netns::netns_path, serial, tcp_whoami,
 };
 
 const PORT: u16 = 8080;
@@ -129,12 +132,11 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall(
         "aws-node's wiring: {aws_parts:#?}"
     );
 
-    let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
-        .expect("whoami in inet");
-    let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))
-        .expect("whoami in peer");
-    let pod_server = WhoamiServer::start(&pods[2].netns, SocketAddrV4::new(pods[2].addr, PORT))
-        .expect("whoami in pod-2");
+    let FarEnds {
+        inet,
+        peer,
+        pod: pod_server,
+    } = FarEnds::start(&pods[2], PORT);
     let snat = EchoStream::open(&pods[0].netns, inet.addr());
     assert_eq!(
         *snat.seen_as.ip(),

@@ -262,6 +262,26 @@ impl Lab {
         self.state.save()
     }
 
+    /// Replaces the agent and the CNI plugin with other builds, as a
+    /// rolling update does: the running agent is stopped
+    /// (SIGTERM, then SIGKILL), the plugin swapped where the runtime finds
+    /// it, the other agent started and awaited.
+    pub fn replace_agent(&mut self, agent_bin: &Path, cni_plugin: &Path) -> Result<()> {
+        self.stop_agent()?;
+        self.state.options.agent_bin = Some(agent_bin.to_owned());
+        if let Some(cri) = self
+            .state
+            .options
+            .ipam
+            .as_mut()
+            .and_then(|ipam| ipam.cri.as_mut())
+        {
+            cni_plugin.clone_into(&mut cri.cni_plugin);
+            cri::link_cni_plugins(&cri_pods::cni_bin_dir(), &[cni_plugin])?;
+        }
+        self.start_agent()
+    }
+
     /// What was built.
     pub fn state(&self) -> &LabState {
         &self.state

@@ -38,6 +38,7 @@ pub mod netns;
 mod options;
 mod pidfd;
 pub mod probe;
+pub mod releases;
 pub mod router;
 mod scratch;
 mod state;

@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod kernels;
 mod lab;
+mod releases;
 mod setup;
 mod test;
 mod vm;

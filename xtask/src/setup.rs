@@ -223,7 +223,9 @@ fn install_missing(reporter: Reporter) -> Result<()> {
     pypi_packages(reporter)?;
     kube_tools(reporter)?;
     bpffs(reporter)?;
-    matrix_kernels(reporter)
+    matrix_kernels(reporter)?;
+    // Last: the releases build with the toolchain installed above.
+    crate::releases::build_missing(|what| reporter.present(what), say)
 }
 
 /// The error for a step that could not install `what`, with the command that

@@ -51,8 +51,8 @@ pub struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Suite {
     /// On every kernel: the programs load within their budgets, and the
-    /// `BPF_PROG_TEST_RUN` verdict tests; on 6.1, also the lab with traffic
-    /// and agent restarts under long-lived flows.
+    /// `BPF_PROG_TEST_RUN` verdict tests; on 6.1, also the lab with traffic,
+    /// agent restarts and an upgrade under long-lived flows.
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
@@ -64,12 +64,19 @@ pub enum Suite {
 /// The package the suites' test targets are in.
 const SUITE_PACKAGE: &str = "vpcnet-bpf-tests";
 
-/// Programs load and decide packets as they should.
-const VERDICT_TARGETS: [&str; 4] = ["verifier", "verdicts", "routing", "port_allocation"];
+/// Programs load (over whatever layout of maps is pinned) and decide
+/// packets as they should.
+const VERDICT_TARGETS: [&str; 5] = [
+    "verifier",
+    "pinned_layouts",
+    "verdicts",
+    "routing",
+    "port_allocation",
+];
 
 /// The lab with traffic: SNAT, pod to pod and VPC steering, and long flows
-/// through agent restarts.
-const TRAFFIC_TARGETS: [&str; 1] = ["node_restart"];
+/// through agent restarts and through an upgrade from an earlier release.
+const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
 
 /// The rest of the datapath's lab suite.
 const DATAPATH_TARGETS: [&str; 13] = [
@@ -166,10 +173,23 @@ pub fn run(args: &Args) -> Result<()> {
     )?;
     let mut total = TestTally::default();
     let mut results = Vec::new();
+    // Every VM's test executables are built now, before anything runs: a
+    // later kernel must run what an earlier one ran, not what the tree
+    // became meanwhile.
+    let mut planned = Vec::new();
     for (place, selection) in plan(args)? {
-        let tally = match place {
-            Place::Host => run_tests(test_command(&selection, args.filter.as_deref()))?,
-            Place::Vm(kernel) => run_in_vm(kernel, &selection, args.filter.as_deref())?,
+        let binaries = match place {
+            Place::Host => None,
+            Place::Vm(_) => Some(vm::build_tests(&selection.tests, &selection.packages)?),
+        };
+        planned.push((place, selection, binaries));
+    }
+    for (place, selection, binaries) in planned {
+        let tally = match (place, binaries) {
+            (Place::Vm(kernel), Some(binaries)) => {
+                run_in_vm(kernel, &binaries, args.filter.as_deref())?
+            }
+            _ => run_tests(test_command(&selection, args.filter.as_deref()))?,
         };
         results.push(format!("{}: {}", place.label(), tally.summary_line()));
         total.add(&tally);
@@ -270,7 +290,7 @@ fn plan(args: &Args) -> Result<Vec<(Place, Selection)>> {
 /// `kernel`.
 fn run_in_vm(
     kernel: &'static Kernel,
-    selection: &Selection,
+    binaries: &[vm::TestBinary],
     filter: Option<&str>,
 ) -> Result<TestTally> {
     let installed = kernel.installed().with_context(|| {
@@ -279,10 +299,9 @@ fn run_in_vm(
             kernel.name
         )
     })?;
-    let binaries = vm::build_tests(&selection.tests, &selection.packages)?;
     let mut test_args = vec!["--test-threads=1".to_owned()];
     test_args.extend(filter.map(str::to_owned));
-    vm::run_in_guest(kernel, &installed, &binaries, &test_args)
+    vm::run_in_guest(kernel, &installed, binaries, &test_args)
         .with_context(|| format!("xtask test: FAILED on kernel {}", kernel.name))
 }
 

@@ -7,6 +7,7 @@
 //! both; on a kernel without them each falls back to one entry at a time.
 
 use std::{
+    borrow::Borrow,
     io,
     mem::MaybeUninit,
     os::fd::{AsFd as _, AsRawFd},
@@ -72,12 +73,12 @@ fn syscall_error(call: &'static str, io_error: io::Error) -> MapError {
     MapError::SyscallError(SyscallError { call, io_error })
 }
 
-fn map_fd<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> u32 {
+fn map_fd<T: Borrow<MapData>, K: Pod, V: Pod>(map: &HashMap<T, K, V>) -> u32 {
     u32::try_from(map.map().fd().as_fd().as_raw_fd()).expect("descriptors are not negative")
 }
 
-fn elem_attr<K: Pod, V: Pod>(
-    map: &HashMap<MapData, K, V>,
+fn elem_attr<T: Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
     key: &K,
     value: *mut V,
     flags: u64,
@@ -97,7 +98,9 @@ fn elem_attr<K: Pod, V: Pod>(
 ///
 /// # Errors
 /// The kernel refused the read.
-pub fn read_all<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, V)>, MapError> {
+pub fn read_all<T: Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
+) -> Result<Vec<(K, V)>, MapError> {
     let mut entries = Vec::new();
     let mut batch = BATCH_ENTRIES;
     // The kernel's position in the table: a bucket number for hash maps.
@@ -156,7 +159,10 @@ pub fn read_all<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<Vec<(K, 
 ///
 /// # Errors
 /// The kernel refused the lookup.
-pub fn get<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>, key: &K) -> Result<Option<V>, MapError> {
+pub fn get<T: Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
+    key: &K,
+) -> Result<Option<V>, MapError> {
     match map.get(key, 0) {
         Ok(value) => Ok(Some(value)),
         Err(MapError::KeyNotFound) => Ok(None),
@@ -171,8 +177,8 @@ pub fn get<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>, key: &K) -> Result<Opti
 ///
 /// # Errors
 /// The kernel refused the removal.
-pub fn remove_if_unchanged<K: Pod + PartialEq, V: Pod + PartialEq>(
-    map: &HashMap<MapData, K, V>,
+pub fn remove_if_unchanged<T: Borrow<MapData>, K: Pod + PartialEq, V: Pod + PartialEq>(
+    map: &HashMap<T, K, V>,
     key: &K,
     judged: &V,
 ) -> Result<bool, MapError> {
@@ -206,8 +212,8 @@ pub fn remove_if_unchanged<K: Pod + PartialEq, V: Pod + PartialEq>(
 ///
 /// # Errors
 /// The kernel refused the insert (other than for an existing entry).
-pub fn put_if_absent<K: Pod, V: Pod>(
-    map: &HashMap<MapData, K, V>,
+pub fn put_if_absent<T: Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
     key: &K,
     value: &V,
 ) -> Result<bool, MapError> {
@@ -223,7 +229,10 @@ pub fn put_if_absent<K: Pod, V: Pod>(
 ///
 /// # Errors
 /// The kernel refused the removal.
-pub fn remove<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>, key: &K) -> Result<bool, MapError> {
+pub fn remove<T: Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
+    key: &K,
+) -> Result<bool, MapError> {
     let mut attr = elem_attr(map, key, std::ptr::null_mut::<V>(), 0);
     match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
         Ok(()) => Ok(true),

@@ -56,7 +56,11 @@ impl DatapathMaps {
     /// Opens the maps a running (or previous) agent pinned in `pin_dir`.
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, DatapathError> {
         let open = |name: &'static str| {
-            let path = pin_dir.join(name);
+            let map = maps::ALL
+                .into_iter()
+                .find(|map| map.name == name)
+                .ok_or(DatapathError::MissingMap(name))?;
+            let path = super::pins::pin_path(pin_dir, &map);
             MapData::from_pin(&path)
                 .and_then(Map::from_map_data)
                 .map_err(|source| DatapathError::OpenPinned { path, source })

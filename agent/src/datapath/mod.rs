@@ -2,9 +2,11 @@
 //! attaches the programs to ENIs and fills the maps.
 
 mod batch;
+mod carry;
 mod error;
 mod maps;
 mod nat;
+pub mod pins;
 pub mod tc;
 pub mod timeouts;
 pub mod verifier;
@@ -128,8 +130,16 @@ impl Datapath {
         // swapped out, so none it saw is forgotten.
         let retired_stack_flows = MapData::from_pin(opts.pin_dir.join(names::STACK_FLOWS_LRU)).ok();
         remove_retired_pins(&opts.pin_dir);
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&opts.pin_dir)
+        let plans = plan_maps(opts)?;
+        let mut loader = EbpfLoader::new();
+        let pin_paths: Vec<(&str, PathBuf)> = names::ALL
+            .iter()
+            .map(|map| (map.name, pins::pin_path(&opts.pin_dir, map)))
+            .collect();
+        for (name, path) in &pin_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader
             .map_max_entries(names::NAT_FWD, opts.nat_entries)
             .map_max_entries(names::NAT_REV, opts.nat_entries)
             .map_max_entries(names::STACK_FLOWS, opts.stack_flow_entries)
@@ -193,7 +203,19 @@ impl Datapath {
             attach_mode: opts.attach_mode,
             stats,
         };
+        let mut carries = plans.carries;
+        for carry in &mut carries {
+            carry.before_swap(&mut datapath.maps, &mut datapath.ebpf)?;
+        }
         datapath.adopt_pinned_links()?;
+        for carry in &mut carries {
+            carry.after_swap(&mut datapath.maps, &mut datapath.ebpf)?;
+            report_carried(carry);
+            remove_pin(&carry.from.path);
+        }
+        for path in &plans.superseded {
+            remove_pin(path);
+        }
         if let Some(retired) = retired_stack_flows {
             datapath.carry_retired_stack_flows(retired);
         }
@@ -442,6 +464,138 @@ fn remove_retired_pins(pin_dir: &Path) {
     }
 }
 
+/// What a starting agent does with each pinned map (see [`pins`]), done as
+/// far as it goes before the programs load: the pin each map's new map
+/// takes is freed, the maps whose entries are carried are opened.
+struct MapPlans {
+    carries: Vec<carry::Carry>,
+    /// Pins of readable layouts nothing uses: removed once the new
+    /// programs run.
+    superseded: Vec<PathBuf>,
+}
+
+fn plan_maps(opts: &LoadOptions) -> Result<MapPlans, DatapathError> {
+    let object = aya_obj::Object::parse(PROGRAMS)
+        .map_err(|e| DatapathError::Load(aya::EbpfError::ParseError(e)))?;
+    let live_ids = pins::live_map_ids(&opts.pin_dir);
+    let mut plans = MapPlans {
+        carries: Vec::new(),
+        superseded: Vec::new(),
+    };
+    for map in names::ALL {
+        let definition = object
+            .maps
+            .get(map.name)
+            .ok_or(DatapathError::MissingMap(map.name))?;
+        let wanted = pins::Shape {
+            map_type: definition.map_type(),
+            key_size: definition.key_size(),
+            value_size: definition.value_size(),
+            max_entries: match map.name {
+                names::NAT_FWD | names::NAT_REV => opts.nat_entries,
+                names::STACK_FLOWS => opts.stack_flow_entries,
+                _ => definition.max_entries(),
+            },
+        };
+        let own = pins::pin_path(&opts.pin_dir, &map);
+        let found = pins::find(&opts.pin_dir, map.name);
+        let resolution = pins::resolve(map, wanted, &own, found, &live_ids);
+        for pin in &resolution.foreign {
+            if resolution.unreadable_live.as_ref() == Some(pin) {
+                warn!(
+                    map = map.name,
+                    pin = %pin.path.display(),
+                    layout = ?pin.layout,
+                    key_size = pin.shape.key_size,
+                    value_size = pin.shape.value_size,
+                    this_agent_layout = map.layout,
+                    "the running datapath's map is of a layout this agent cannot read \
+                     (a newer version's?): left as it is, its entries are not carried, \
+                     and this agent starts the map empty"
+                );
+            } else {
+                info!(
+                    map = map.name,
+                    pin = %pin.path.display(),
+                    layout = ?pin.layout,
+                    key_size = pin.shape.key_size,
+                    value_size = pin.shape.value_size,
+                    this_agent_layout = map.layout,
+                    "a pinned map of a layout this agent cannot read, which no attached program \
+                     uses: left as it is"
+                );
+            }
+        }
+        // The loader pins the new map at `own`, or reuses what is there.
+        let mut plan = resolution.plan;
+        if plan != pins::Plan::Reuse && own.exists() {
+            match &mut plan {
+                pins::Plan::Carry(from) if from.path == own => {
+                    let aside = own.with_file_name(format!(
+                        "{}_resized",
+                        own.file_name().unwrap_or_default().to_string_lossy()
+                    ));
+                    rename_pin(&own, &aside)?;
+                    from.path = aside;
+                }
+                _ if resolution.superseded.contains(&own) => remove_pin(&own),
+                _ => {
+                    // Our own name, but not a map of our layout's key and
+                    // value: never deleted, set aside.
+                    let aside = own.with_file_name(format!(
+                        "{}_unreadable",
+                        own.file_name().unwrap_or_default().to_string_lossy()
+                    ));
+                    rename_pin(&own, &aside)?;
+                }
+            }
+        }
+        plans.superseded.extend(
+            resolution
+                .superseded
+                .into_iter()
+                .filter(|path| *path != own),
+        );
+        if let pins::Plan::Carry(from) = plan {
+            plans.carries.push(carry::Carry::open(map, from)?);
+        }
+    }
+    Ok(plans)
+}
+
+fn report_carried(carry: &carry::Carry) {
+    info!(
+        map = carry.map.name,
+        from = %carry.from.path.display(),
+        from_layout = ?carry.from.layout,
+        layout = carry.map.layout,
+        entries = carry.carried,
+        "carried the running datapath's entries into a new map"
+    );
+    if carry.dropped > 0 {
+        warn!(
+            map = carry.map.name,
+            not_carried = carry.dropped,
+            "entries not carried: the new map has no room for them, or they mean something else now"
+        );
+    }
+}
+
+fn rename_pin(from: &Path, to: &Path) -> Result<(), DatapathError> {
+    std::fs::rename(from, to).map_err(|source| DatapathError::PinDir {
+        path: from.to_owned(),
+        source,
+    })
+}
+
+fn remove_pin(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!(pin = %path.display(), error = %e, "removing a superseded pin"),
+    }
+}
+
 /// Removes every pin in `pin_dir` (links first: that detaches the
 /// programs; clsact filters are deleted), then the directory if empty.
 /// The ENIs' programs go before the pods': a flow then never has its pod's
@@ -473,11 +627,18 @@ pub fn remove_pins(pin_dir: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    for name in names::ALL.into_iter().chain(names::RETIRED) {
+    for name in names::RETIRED {
         match std::fs::remove_file(pin_dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
+        }
+    }
+    // Every layout's pins: removing vpcnet removes what any version of it
+    // pinned.
+    for map in names::ALL {
+        for pin in pins::find(pin_dir, map.name) {
+            std::fs::remove_file(&pin.path)?;
         }
     }
     match std::fs::remove_dir(pin_dir) {

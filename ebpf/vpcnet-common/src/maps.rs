@@ -1,7 +1,8 @@
-//! Map names (also their pin names under the pin directory) and default sizes.
+//! Map names, the layout of each pinned map (its pin is named after both,
+//! see [`PinnedMap`]) and default sizes.
 //!
-//! The programs crate names its maps with these same strings; the agent's
-//! tests check that every name here exists in the built object.
+//! The programs crate names its maps with these same strings; the agent
+//! refuses an object that lacks one of [`ALL`].
 
 /// Where the agent pins maps and links by default.
 pub const PIN_DIR: &str = "/sys/fs/bpf/vpcnet";
@@ -38,18 +39,38 @@ pub const ENIS: &str = "VPCNET_ENIS";
 /// the pod's address and port in both; a pair lives as long as conntrack
 /// keeps the connection (see `nat::flow_expired`).
 pub const STACK_FLOWS: &str = "VPCNET_STACK_PAIRS";
-/// Every pinned map, for clean-up and for the object check.
-pub const ALL: [&str; 10] = [
-    CONFIG,
-    CT_TIMEOUTS,
-    CIDRS,
-    NAT_FWD,
-    NAT_REV,
-    FRAG_PATHS,
-    COUNTERS,
-    ENDPOINTS,
-    ENIS,
-    STACK_FLOWS,
+/// A pinned map and the layout of its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedMap {
+    pub name: &'static str,
+    /// Bumped whenever the map's key, its value or what an entry means
+    /// changes, so that no agent reads a map another version wrote
+    /// differently (a change of size alone, such as appended counters or
+    /// another `--nat-entries`, is no new layout). Layout 1 is what the
+    /// releases before versioned pins wrote, pinned by bare name.
+    pub layout: u16,
+}
+
+const fn pinned(name: &'static str, layout: u16) -> PinnedMap {
+    PinnedMap { name, layout }
+}
+
+/// Every pinned map with its layout, for loading, clean-up and the object
+/// check.
+pub const ALL: [PinnedMap; 10] = [
+    pinned(CONFIG, 1),
+    pinned(CT_TIMEOUTS, 1),
+    pinned(CIDRS, 1),
+    // 2: flows kept untranslated are pairs (layout 1: a forward entry alone).
+    pinned(NAT_FWD, 2),
+    pinned(NAT_REV, 2),
+    pinned(FRAG_PATHS, 1),
+    // 2: `drop_inbound_untracked`'s index counted passes in layout 1
+    // (`ingress_inbound_untracked`).
+    pinned(COUNTERS, 2),
+    pinned(ENDPOINTS, 1),
+    pinned(ENIS, 1),
+    pinned(STACK_FLOWS, 1),
 ];
 
 /// Maps earlier versions pinned that this one no longer uses: removed at

@@ -1,0 +1,344 @@
+//! Carrying the running datapath's entries into the new maps of an agent
+//! whose layout or sizes differ (which maps: [`super::pins`]).
+//!
+//! Two passes around the swap of the programs. Before it, everything is
+//! copied, so the new programs start with every pod, ENI, prefix and flow.
+//! Between that copy and the swap the old programs still run: after it,
+//! the flows they created meanwhile are copied too, and the TCP flags they
+//! saw are added to the copies. Counters are carried once, after the swap,
+//! added to what the new programs counted, so no packet counts twice.
+
+use std::{borrow::Borrow, collections::HashMap as StdHashMap};
+
+use aya::{
+    Ebpf, Pod,
+    maps::{
+        Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues, lpm_trie::Key,
+    },
+};
+use vpcnet_common::{
+    cidr::CidrValue,
+    config::Config,
+    counters::Counter,
+    endpoint::{Endpoint, Eni},
+    maps::{self as names, PinnedMap},
+    nat::{FlowKey, FlowKind, FragKey, FragPath, NatEntry, Timeouts},
+};
+
+use super::{DatapathError, DatapathMaps, batch, pins::Found};
+
+/// A map of the running datapath whose entries go into a new map.
+pub struct Carry {
+    pub map: PinnedMap,
+    pub from: Found,
+    source: Source,
+    /// Entries that did not fit the new map.
+    pub dropped: usize,
+    pub carried: usize,
+}
+
+enum Source {
+    Config(Array<MapData, Config>),
+    Timeouts(Array<MapData, Timeouts>),
+    Cidrs(LpmTrie<MapData, [u8; 4], CidrValue>),
+    /// NAT and stack flows, and what the first pass copied of them.
+    Flows(
+        HashMap<MapData, FlowKey, NatEntry>,
+        StdHashMap<FlowKey, NatEntry>,
+    ),
+    FragPaths(HashMap<MapData, FragKey, FragPath>),
+    Counters(PerCpuArray<MapData, u64>),
+    Endpoints(HashMap<MapData, u32, Endpoint>),
+    Enis(HashMap<MapData, u32, Eni>),
+}
+
+impl Carry {
+    /// Opens the map pinned at `from` as `map`'s entries.
+    pub fn open(map: PinnedMap, from: Found) -> Result<Self, DatapathError> {
+        let opened = MapData::from_pin(&from.path)
+            .and_then(Map::from_map_data)
+            .map_err(|source| DatapathError::OpenPinned {
+                path: from.path.clone(),
+                source,
+            })?;
+        let typed = |e| DatapathError::map(map.name)(e);
+        let source = match map.name {
+            names::CONFIG => Source::Config(Array::try_from(opened).map_err(typed)?),
+            names::CT_TIMEOUTS => Source::Timeouts(Array::try_from(opened).map_err(typed)?),
+            names::CIDRS => Source::Cidrs(LpmTrie::try_from(opened).map_err(typed)?),
+            names::NAT_FWD | names::NAT_REV | names::STACK_FLOWS => {
+                Source::Flows(HashMap::try_from(opened).map_err(typed)?, StdHashMap::new())
+            }
+            names::FRAG_PATHS => Source::FragPaths(HashMap::try_from(opened).map_err(typed)?),
+            names::COUNTERS => Source::Counters(PerCpuArray::try_from(opened).map_err(typed)?),
+            names::ENDPOINTS => Source::Endpoints(HashMap::try_from(opened).map_err(typed)?),
+            names::ENIS => Source::Enis(HashMap::try_from(opened).map_err(typed)?),
+            _ => return Err(DatapathError::MissingMap(map.name)),
+        };
+        Ok(Self {
+            map,
+            from,
+            source,
+            dropped: 0,
+            carried: 0,
+        })
+    }
+
+    /// The first pass, before the new programs are swapped in.
+    pub fn before_swap(
+        &mut self,
+        maps: &mut DatapathMaps,
+        ebpf: &mut Ebpf,
+    ) -> Result<(), DatapathError> {
+        let name = self.map.name;
+        let err = |source| DatapathError::Map { name, source };
+        let from_layout = self.from.layout.unwrap_or(1);
+        let tally = match &mut self.source {
+            Source::Config(from) => {
+                maps.set_config(&from.get(&0, 0).map_err(err)?)?;
+                Tally::one()
+            }
+            Source::Timeouts(from) => {
+                maps.set_timeouts(&from.get(&0, 0).map_err(err)?)?;
+                Tally::one()
+            }
+            Source::Cidrs(from) => {
+                let mut tally = Tally::default();
+                for entry in from.iter() {
+                    let (key, value): (Key<[u8; 4]>, CidrValue) = entry.map_err(err)?;
+                    tally
+                        .count(maps.cidrs.insert(&key, value, 0).map(|()| true))
+                        .map_err(err)?;
+                }
+                tally
+            }
+            Source::Flows(from, copied) => {
+                let to = flows_of(maps, name);
+                let entries = batch::read_all(from).map_err(err)?;
+                let mut tally = Tally::default();
+                for (key, entry) in &entries {
+                    tally
+                        .count(batch::put_if_absent(to, key, entry))
+                        .map_err(err)?;
+                }
+                if name == names::NAT_FWD && from_layout < 2 {
+                    let paired = pair_untranslated_flows(&maps.nat_rev, &entries);
+                    tally.merge(paired.map_err(DatapathError::map(names::NAT_REV))?);
+                }
+                copied.extend(entries);
+                tally
+            }
+            Source::FragPaths(from) => copy_absent(from, &frag_paths(ebpf)?).map_err(err)?,
+            // After the swap only: see the module's documentation.
+            Source::Counters(_) => Tally::default(),
+            Source::Endpoints(from) => copy_absent(from, &maps.endpoints).map_err(err)?,
+            Source::Enis(from) => copy_absent(from, &maps.enis).map_err(err)?,
+        };
+        self.add(tally);
+        Ok(())
+    }
+
+    /// The second pass, once the new programs run: what the old ones did
+    /// after the first.
+    pub fn after_swap(
+        &mut self,
+        maps: &mut DatapathMaps,
+        ebpf: &mut Ebpf,
+    ) -> Result<(), DatapathError> {
+        let name = self.map.name;
+        let err = |source| DatapathError::Map { name, source };
+        let from_layout = self.from.layout.unwrap_or(1);
+        let tally = match &mut self.source {
+            Source::Flows(from, copied) => {
+                let to = flows_of_mut(maps, name);
+                let mut tally = Tally::default();
+                let mut added = Vec::new();
+                for (key, entry) in batch::read_all(from).map_err(err)? {
+                    match copied.get(&key) {
+                        Some(first) if *first == entry => {}
+                        Some(_) => merge_seen(to, &key, &entry).map_err(err)?,
+                        None => {
+                            tally
+                                .count(batch::put_if_absent(to, &key, &entry))
+                                .map_err(err)?;
+                            added.push((key, entry));
+                        }
+                    }
+                }
+                if name == names::NAT_FWD && from_layout < 2 {
+                    let paired = pair_untranslated_flows(&maps.nat_rev, &added);
+                    tally.merge(paired.map_err(DatapathError::map(names::NAT_REV))?);
+                }
+                tally
+            }
+            Source::FragPaths(from) => copy_absent(from, &frag_paths(ebpf)?).map_err(err)?,
+            Source::Counters(from) => add_counters(from, &mut maps.counters, from_layout)?,
+            Source::Config(_)
+            | Source::Timeouts(_)
+            | Source::Cidrs(_)
+            | Source::Endpoints(_)
+            | Source::Enis(_) => Tally::default(),
+        };
+        self.add(tally);
+        Ok(())
+    }
+
+    fn add(&mut self, tally: Tally) {
+        self.carried += tally.carried;
+        self.dropped += tally.dropped;
+    }
+}
+
+/// Entries carried and entries the new map had no room for.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    carried: usize,
+    dropped: usize,
+}
+
+impl Tally {
+    fn one() -> Self {
+        Self {
+            carried: 1,
+            dropped: 0,
+        }
+    }
+
+    /// Counts an insert: done, already there (not counted), or no room.
+    fn count(&mut self, inserted: Result<bool, MapError>) -> Result<(), MapError> {
+        match inserted {
+            Ok(true) => self.carried += 1,
+            Ok(false) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
+                self.dropped += 1;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.carried += other.carried;
+        self.dropped += other.dropped;
+    }
+}
+
+fn flows_of<'a>(maps: &'a DatapathMaps, name: &str) -> &'a HashMap<MapData, FlowKey, NatEntry> {
+    match name {
+        names::NAT_FWD => &maps.nat_fwd,
+        names::NAT_REV => &maps.nat_rev,
+        _ => &maps.stack_flows,
+    }
+}
+
+fn flows_of_mut<'a>(
+    maps: &'a mut DatapathMaps,
+    name: &str,
+) -> &'a mut HashMap<MapData, FlowKey, NatEntry> {
+    match name {
+        names::NAT_FWD => &mut maps.nat_fwd,
+        names::NAT_REV => &mut maps.nat_rev,
+        _ => &mut maps.stack_flows,
+    }
+}
+
+/// The new object's map of fragmented datagrams in flight, which no
+/// typed handle holds.
+fn frag_paths(ebpf: &mut Ebpf) -> Result<HashMap<&mut MapData, FragKey, FragPath>, DatapathError> {
+    let map = ebpf
+        .map_mut(names::FRAG_PATHS)
+        .ok_or(DatapathError::MissingMap(names::FRAG_PATHS))?;
+    HashMap::try_from(map).map_err(DatapathError::map(names::FRAG_PATHS))
+}
+
+fn copy_absent<T: Borrow<MapData>, K: Pod, V: Pod>(
+    from: &HashMap<MapData, K, V>,
+    to: &HashMap<T, K, V>,
+) -> Result<Tally, MapError> {
+    let mut tally = Tally::default();
+    for (key, value) in &batch::read_all(from)? {
+        tally.count(batch::put_if_absent(to, key, value))?;
+    }
+    Ok(tally)
+}
+
+/// Layout 1 kept a flow it left untranslated (EXTERNALSNAT, or opened
+/// from outside the VPC) as a forward entry alone; layout 2 keeps it as a
+/// pair, its reverse entry keyed by the reverse tuple. Which side opened it
+/// layout 1 did not say: the pod's, as a flow it reopens becomes.
+fn pair_untranslated_flows(
+    nat_rev: &HashMap<MapData, FlowKey, NatEntry>,
+    forward: &[(FlowKey, NatEntry)],
+) -> Result<Tally, MapError> {
+    let mut tally = Tally::default();
+    for (key, entry) in forward {
+        if entry.kind == FlowKind::NoSnat as u8 {
+            tally.count(batch::put_if_absent(nat_rev, &key.reversed(), entry))?;
+        }
+    }
+    Ok(tally)
+}
+
+/// Adds the TCP flags an old program saw after the first pass to the new
+/// map's copy (flags only ever accumulate until a flow reopens), with its
+/// later time.
+fn merge_seen(
+    to: &mut HashMap<MapData, FlowKey, NatEntry>,
+    key: &FlowKey,
+    old: &NatEntry,
+) -> Result<(), MapError> {
+    let Some(mut entry) = batch::get(to, key)? else {
+        return Ok(());
+    };
+    if entry.addr != old.addr || entry.port != old.port {
+        // The new programs made another flow of this tuple meanwhile.
+        return Ok(());
+    }
+    entry.seen |= old.seen;
+    entry.last_seen_ns = entry.last_seen_ns.max(old.last_seen_ns);
+    to.insert(key, entry, 0)
+}
+
+/// Adds the old counters to the new ones, index by index, except those
+/// whose meaning changed since `from_layout`.
+fn add_counters(
+    from: &PerCpuArray<MapData, u64>,
+    to: &mut PerCpuArray<MapData, u64>,
+    from_layout: u16,
+) -> Result<Tally, DatapathError> {
+    let err = |source| DatapathError::Map {
+        name: names::COUNTERS,
+        source,
+    };
+    let mut tally = Tally::default();
+    let slots = from.len().min(to.len());
+    for index in 0..slots {
+        if !counter_carries(from_layout, index) {
+            tally.dropped += 1;
+            continue;
+        }
+        let old = from.get(&index, 0).map_err(err)?;
+        if old.iter().all(|count| *count == 0) {
+            continue;
+        }
+        let new = to.get(&index, 0).map_err(err)?;
+        let sum: Vec<u64> = new.iter().zip(old.iter()).map(|(a, b)| a + b).collect();
+        let values = PerCpuValues::try_from(sum).map_err(|e| {
+            err(MapError::SyscallError(aya::sys::SyscallError {
+                call: "per-CPU values",
+                io_error: e,
+            }))
+        })?;
+        to.set(index, values, 0).map_err(err)?;
+        tally.carried += 1;
+    }
+    Ok(tally)
+}
+
+/// Whether counter `index` of a map of layout `from_layout` counts what
+/// today's counter of that index counts.
+fn counter_carries(from_layout: u16, index: u32) -> bool {
+    // Layout 1 counted at this index the inbound flows it passed untracked
+    // (`ingress_inbound_untracked`); they are dropped now.
+    !(from_layout < 2 && index == Counter::DropInboundUntracked as u32)
+}

@@ -1,0 +1,94 @@
+//! The earlier releases the upgrade tests start from
+//! (`vpcnet_lab::releases`): each built once from a git worktree of its
+//! commit, with the eBPF toolchain setup installed, and its binaries kept
+//! under [`RELEASES_DIR`].
+
+use std::{fs, path::Path, process::Command};
+
+use anyhow::{Context, Result, bail};
+use vpcnet_lab::releases::{RELEASES, RELEASES_DIR, Release};
+
+use crate::{
+    build::workspace_root,
+    setup::{run_checked, stdout_of},
+};
+
+/// Builds the releases whose binaries are missing; says which are there
+/// through `present`, and what it builds through `say`.
+pub fn build_missing(present: impl Fn(&str), say: impl Fn(&str, &str)) -> Result<()> {
+    for release in &RELEASES {
+        let what = format!("release {} ({})", release.short(), release.why);
+        if release.agent().is_file() && release.cni_plugin().is_file() {
+            present(&what);
+            continue;
+        }
+        say(
+            &what,
+            "building it from a git worktree of its commit (a few minutes, once)",
+        );
+        build(release).with_context(|| {
+            format!(
+                "could not build {what}; by hand: git worktree add --detach <dir> {} && cd <dir> \
+                 && cargo build --bins -p vpcnet-agent -p vpcnet-cni, then copy \
+                 target/debug/vpcnet-agent and target/debug/vpcnet-cni to {}",
+                release.commit,
+                release.dir().display()
+            )
+        })?;
+        say(&what, &format!("built into {}", release.dir().display()));
+    }
+    Ok(())
+}
+
+fn build(release: &Release) -> Result<()> {
+    let repo = workspace_root();
+    let git = |args: &[&str]| {
+        let mut command = Command::new("git");
+        command.arg("-C").arg(&repo).args(args);
+        command
+    };
+    let kind = stdout_of(&mut git(&["cat-file", "-t", release.commit])).unwrap_or_default();
+    if kind.trim() != "commit" {
+        bail!(
+            "commit {} is not in this clone (a shallow clone?); `git fetch --unshallow` brings it",
+            release.commit
+        );
+    }
+    let releases = Path::new(RELEASES_DIR);
+    let worktree = releases.join(format!("src-{}", release.short()));
+    // A worktree left by an interrupted build goes first.
+    let _ = git(&["worktree", "remove", "--force", &worktree.to_string_lossy()]).output();
+    let _ = fs::remove_dir_all(&worktree);
+    let _ = git(&["worktree", "prune"]).output();
+    fs::create_dir_all(releases).with_context(|| format!("creating {RELEASES_DIR}"))?;
+    run_checked(&mut git(&[
+        "worktree",
+        "add",
+        "--detach",
+        &worktree.to_string_lossy(),
+        release.commit,
+    ]))?;
+    // One target directory for every release: their dependencies are
+    // mostly the same.
+    let target = releases.join("target");
+    let built = run_checked(
+        Command::new("cargo")
+            .current_dir(&worktree)
+            .env("CARGO_TARGET_DIR", &target)
+            // Binaries to run, not to debug: no debug info builds faster.
+            .env("CARGO_PROFILE_DEV_DEBUG", "0")
+            .env("CARGO_INCREMENTAL", "0")
+            .env_remove("VPCNET_EBPF")
+            .args(["build", "--bins", "-p", "vpcnet-agent", "-p", "vpcnet-cni"]),
+    );
+    let _ = git(&["worktree", "remove", "--force", &worktree.to_string_lossy()]).output();
+    built?;
+    let dir = release.dir();
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for binary in ["vpcnet-agent", "vpcnet-cni"] {
+        let from = target.join("debug").join(binary);
+        fs::copy(&from, dir.join(binary))
+            .with_context(|| format!("copying {} to {}", from.display(), dir.display()))?;
+    }
+    Ok(())
+}
