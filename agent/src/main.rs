@@ -332,7 +332,7 @@ fn uninstall(
         connmark: snat.connmark,
         veth_prefix: veth_prefix_from_env(),
     };
-    if !pin_dir.join(vpcnet_common::maps::CONFIG).exists() {
+    if !vpcnet_agent::datapath::pins::datapath_pinned(pin_dir) {
         // Done before, or the node rebooted since: only the conflists.
         println!(
             "no vpcnet datapath is pinned in {}: no rules to write back",

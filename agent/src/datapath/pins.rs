@@ -176,6 +176,13 @@ pub fn layout_of_pin(name: &str, file_name: &str) -> Option<Option<u16>> {
     Some(digits.parse().ok())
 }
 
+/// Whether a datapath is pinned in `pin_dir`: its configuration map, of
+/// any layout.
+#[must_use]
+pub fn datapath_pinned(pin_dir: &Path) -> bool {
+    !find(pin_dir, vpcnet_common::maps::CONFIG).is_empty()
+}
+
 /// Every pin of map `name` in `pin_dir`, with what the kernel says of it.
 pub fn find(pin_dir: &Path, name: &str) -> Vec<Found> {
     let mut found = Vec::new();
