@@ -501,30 +501,19 @@ fn plan_maps(opts: &LoadOptions) -> Result<MapPlans, DatapathError> {
         let found = pins::find(&opts.pin_dir, map.name);
         let resolution = pins::resolve(map, wanted, &own, found, &live_ids);
         for pin in &resolution.foreign {
-            if resolution.unreadable_live.as_ref() == Some(pin) {
-                warn!(
-                    map = map.name,
-                    pin = %pin.path.display(),
-                    layout = ?pin.layout,
-                    key_size = pin.shape.key_size,
-                    value_size = pin.shape.value_size,
-                    this_agent_layout = map.layout,
-                    "the running datapath's map is of a layout this agent cannot read \
-                     (a newer version's?): left as it is, its entries are not carried, \
-                     and this agent starts the map empty"
-                );
-            } else {
-                info!(
-                    map = map.name,
-                    pin = %pin.path.display(),
-                    layout = ?pin.layout,
-                    key_size = pin.shape.key_size,
-                    value_size = pin.shape.value_size,
-                    this_agent_layout = map.layout,
-                    "a pinned map of a layout this agent cannot read, which no attached program \
-                     uses: left as it is"
-                );
-            }
+            // The running datapath's own map or a left-over: either way
+            // never touched, and its entries not carried.
+            warn!(
+                map = map.name,
+                pin = %pin.path.display(),
+                layout = ?pin.layout,
+                key_size = pin.shape.key_size,
+                value_size = pin.shape.value_size,
+                this_agent_layout = map.layout,
+                in_use = resolution.unreadable_live.as_ref() == Some(pin),
+                "a pinned map of a layout this agent cannot read (a newer version's?): left as \
+                 it is, its entries not carried; when in use, this agent starts the map empty"
+            );
         }
         // The loader pins the new map at `own`, or reuses what is there.
         let mut plan = resolution.plan;
