@@ -31,10 +31,11 @@ use super::{DatapathError, DatapathMaps, batch, pins::Found};
 pub struct Carry {
     pub map: PinnedMap,
     pub from: Found,
+    /// The layout of `from` (a carried pin's name always says one: it is
+    /// of a layout this agent reads).
+    from_layout: u16,
     source: Source,
-    /// Entries that did not fit the new map.
-    pub dropped: usize,
-    pub carried: usize,
+    pub tally: Tally,
 }
 
 enum Source {
@@ -77,10 +78,10 @@ impl Carry {
         };
         Ok(Self {
             map,
+            from_layout: from.layout.unwrap_or(1),
             from,
             source,
-            dropped: 0,
-            carried: 0,
+            tally: Tally::default(),
         })
     }
 
@@ -92,7 +93,7 @@ impl Carry {
     ) -> Result<(), DatapathError> {
         let name = self.map.name;
         let err = |source| DatapathError::Map { name, source };
-        let from_layout = self.from.layout.unwrap_or(1);
+        let from_layout = self.from_layout;
         let tally = match &mut self.source {
             Source::Config(from) => {
                 maps.set_config(&from.get(&0, 0).map_err(err)?)?;
@@ -113,7 +114,7 @@ impl Carry {
                 tally
             }
             Source::Flows(from, copied) => {
-                let to = flows_of(maps, name);
+                let to = flows_of_mut(maps, name);
                 let entries = batch::read_all(from).map_err(err)?;
                 let mut tally = Tally::default();
                 for (key, entry) in &entries {
@@ -134,7 +135,7 @@ impl Carry {
             Source::Endpoints(from) => copy_absent(from, &maps.endpoints).map_err(err)?,
             Source::Enis(from) => copy_absent(from, &maps.enis).map_err(err)?,
         };
-        self.add(tally);
+        self.tally.merge(tally);
         Ok(())
     }
 
@@ -147,7 +148,7 @@ impl Carry {
     ) -> Result<(), DatapathError> {
         let name = self.map.name;
         let err = |source| DatapathError::Map { name, source };
-        let from_layout = self.from.layout.unwrap_or(1);
+        let from_layout = self.from_layout;
         let tally = match &mut self.source {
             Source::Flows(from, copied) => {
                 let to = flows_of_mut(maps, name);
@@ -179,21 +180,17 @@ impl Carry {
             | Source::Endpoints(_)
             | Source::Enis(_) => Tally::default(),
         };
-        self.add(tally);
+        self.tally.merge(tally);
         Ok(())
-    }
-
-    fn add(&mut self, tally: Tally) {
-        self.carried += tally.carried;
-        self.dropped += tally.dropped;
     }
 }
 
-/// Entries carried and entries the new map had no room for.
+/// Entries carried, and entries not carried: no room in the new map, or
+/// a meaning that changed.
 #[derive(Clone, Copy, Default)]
-struct Tally {
-    carried: usize,
-    dropped: usize,
+pub struct Tally {
+    pub carried: usize,
+    pub dropped: usize,
 }
 
 impl Tally {
@@ -220,14 +217,6 @@ impl Tally {
     fn merge(&mut self, other: Self) {
         self.carried += other.carried;
         self.dropped += other.dropped;
-    }
-}
-
-fn flows_of<'a>(maps: &'a DatapathMaps, name: &str) -> &'a HashMap<MapData, FlowKey, NatEntry> {
-    match name {
-        names::NAT_FWD => &maps.nat_fwd,
-        names::NAT_REV => &maps.nat_rev,
-        _ => &maps.stack_flows,
     }
 }
 

@@ -558,13 +558,13 @@ fn report_carried(carry: &carry::Carry) {
         from = %carry.from.path.display(),
         from_layout = ?carry.from.layout,
         layout = carry.map.layout,
-        entries = carry.carried,
+        entries = carry.tally.carried,
         "carried the running datapath's entries into a new map"
     );
-    if carry.dropped > 0 {
+    if carry.tally.dropped > 0 {
         warn!(
             map = carry.map.name,
-            not_carried = carry.dropped,
+            not_carried = carry.tally.dropped,
             "entries not carried: the new map has no room for them, or they mean something else now"
         );
     }
