@@ -7,6 +7,7 @@ pub mod cri;
 pub mod differential;
 pub mod echo;
 pub mod flood;
+pub mod fuzz;
 pub mod hooks;
 pub mod idle;
 pub mod ipam;
@@ -168,6 +169,19 @@ impl Harness {
     /// Runs `program` on `packet` carrying skb mark `mark`; returns what it
     /// did and the mark it left.
     pub fn run_with_mark(&self, program: &'static str, packet: &[u8], mark: u32) -> (Outcome, u32) {
+        self.try_run_with_mark(program, packet, mark)
+            .expect("BPF_PROG_TEST_RUN")
+    }
+
+    /// [`Harness::run_with_mark`], or the kernel's refusal of the frame
+    /// (`BPF_PROG_TEST_RUN` takes no IPv4 frame shorter than an IPv4
+    /// header, which no link would hand tc either).
+    pub fn try_run_with_mark(
+        &self,
+        program: &'static str,
+        packet: &[u8],
+        mark: u32,
+    ) -> Result<(Outcome, u32), aya::programs::ProgramError> {
         // `struct __sk_buff`: `mark` is its third u32; the kernel takes a
         // shorter context and zero-fills the rest.
         const SKB_CTX_LEN: usize = 12;
@@ -185,14 +199,14 @@ impl Harness {
             ctx_out: Some(&mut ctx_out),
             ..TestRunOptions::default()
         };
-        let result = prog.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        let result = prog.test_run(opts)?;
         out.truncate(result.data_size_out as usize);
         let mark_out = u32::from_ne_bytes(ctx_out[SKB_MARK_OFF..SKB_CTX_LEN].try_into().unwrap());
         let outcome = Outcome {
             action: i32::from_ne_bytes(result.return_value.to_ne_bytes()),
             packet: out,
         };
-        (outcome, mark_out)
+        Ok((outcome, mark_out))
     }
 
     pub fn egress(&self, packet: &[u8]) -> Outcome {

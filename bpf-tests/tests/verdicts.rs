@@ -287,6 +287,58 @@ fn truncated_and_malformed_headers_are_dropped_and_counted() {
     assert_eq!(h.table_sizes(), (0, 0), "nothing created from a bad packet");
 }
 
+/// Found writing the fuzzer's model: a TCP header cut between its flags and its
+/// checksum made a NAT flow, then the packet was dropped when the checksum
+/// could not be rewritten; a pod could fill the table with such flows.
+#[test]
+fn fuzz_an_l4_header_cut_short_makes_no_flow() {
+    let h = Harness::lab_default();
+    let syn = packets::tcp(POD, 40000, INET, 80, TCP_SYN, b"");
+    // Flags there, checksum not.
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &syn[..14 + 20 + 16],
+        Counter::DropTruncated,
+    );
+    let udp = packets::udp(POD, 5353, INET, 53, b"");
+    // Ports there, checksum not.
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &udp[..14 + 20 + 6],
+        Counter::DropTruncated,
+    );
+    let inbound = packets::tcp(INET, 80, POD, 40000, TCP_SYN, b"");
+    h.assert_dropped(
+        maps::PROG_ENI_INGRESS,
+        &inbound[..14 + 20 + 19],
+        Counter::DropTruncated,
+    );
+    assert_eq!(h.table_sizes(), (0, 0), "no flow for a dropped packet");
+    assert_eq!(h.counter(Counter::DropRewrite), 0);
+}
+
+/// Found writing the fuzzer's model: `eni_egress` parsed any frame carrying the
+/// service mark bit as IPv4, and dropped an ARP frame (say) whose mark
+/// had that bit from someone else's use of the mark.
+#[test]
+fn fuzz_the_service_mark_on_a_frame_other_than_ipv4_passes_it() {
+    let h = Harness::lab_default();
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&[0x02, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    arp.extend_from_slice(&[0u8; 20]);
+    let (out, mark) = h.run_with_mark(
+        maps::PROG_ENI_EGRESS,
+        &arp,
+        vpcnet_common::config::MARK_VIA_SERVICE | 0x4000,
+    );
+    assert_eq!(out.action, TC_ACT_UNSPEC, "passed, not dropped");
+    assert_eq!(out.packet, arp, "untouched");
+    assert_eq!(mark, 0x4000, "the service bit cleared, the others kept");
+    assert_eq!(h.counter(Counter::EgressNotIpv4), 1);
+    assert_eq!(h.counter(Counter::DropMalformed), 0);
+}
+
 #[test]
 fn ip_options_shift_the_l4_header_and_are_handled() {
     let h = Harness::lab_default();

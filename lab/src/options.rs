@@ -284,7 +284,11 @@ impl Default for LabOptions {
             exclude_snat_cidrs: Vec::new(),
             randomize_snat: RandomizeSnat::default(),
             agent_bin: None,
-            agent_ready_timeout: Duration::from_secs(30),
+            // An agent is ready within a second or two here; in the VMs,
+            // whose CPU is emulated, an earlier release takes 17 s on 6.12
+            // only to have its programs verified, and its start-up
+            // (`iptables -S` and all) more than 30 s in all.
+            agent_ready_timeout: Duration::from_secs(90),
             enis: 1,
             branch_pods: Vec::new(),
             sg_enforcing_mode: EnforcingMode::Strict,

@@ -43,9 +43,23 @@ pub struct Args {
     /// test here, then the `matrix` suite on each kernel of the matrix.
     #[arg(long = "kernel", value_delimiter = ',', value_name = "KERNEL")]
     kernels: Vec<String>,
+    /// Packets per program the fuzz test feeds (`bpf-tests/tests/fuzz.rs`).
+    /// Without it: 1,000,000 on this machine's kernel, and
+    /// [`VM_FUZZ_PACKETS`] in a VM, whose CPU is emulated. Its seed is
+    /// `VPCNET_FUZZ_SEED` from the environment, or a fixed one.
+    #[arg(long, value_name = "N")]
+    fuzz_packets: Option<u64>,
     /// Run only the tests whose name contains this (passed to cargo test).
     filter: Option<String>,
 }
+
+/// Packets per program the fuzz test feeds in a VM by default: under TCG a
+/// packet costs some fifty times what it costs here.
+const VM_FUZZ_PACKETS: u64 = 20_000;
+
+/// The fuzz test's settings (`vpcnet_bpf_tests::fuzz::Options::from_env`).
+const FUZZ_PACKETS_VAR: &str = "VPCNET_FUZZ_PACKETS";
+const FUZZ_SEED_VAR: &str = "VPCNET_FUZZ_SEED";
 
 /// Named sets of test targets, all in [`SUITE_PACKAGE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -66,12 +80,13 @@ const SUITE_PACKAGE: &str = "vpcnet-bpf-tests";
 
 /// Programs load (over whatever layout of maps is pinned) and decide
 /// packets as they should.
-const VERDICT_TARGETS: [&str; 5] = [
+const VERDICT_TARGETS: [&str; 6] = [
     "verifier",
     "pinned_layouts",
     "verdicts",
     "routing",
     "port_allocation",
+    "fuzz",
 ];
 
 /// The lab with traffic: SNAT, pod to pod and VPC steering, and long flows
@@ -185,11 +200,15 @@ pub fn run(args: &Args) -> Result<()> {
         planned.push((place, selection, binaries));
     }
     for (place, selection, binaries) in planned {
-        let tally = match (place, binaries) {
-            (Place::Vm(kernel), Some(binaries)) => {
-                run_in_vm(kernel, &binaries, args.filter.as_deref())?
+        let tally = if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
+            let fuzz_packets = args.fuzz_packets.unwrap_or(VM_FUZZ_PACKETS);
+            run_in_vm(kernel, &binaries, args.filter.as_deref(), fuzz_packets)?
+        } else {
+            let mut command = test_command(&selection, args.filter.as_deref());
+            if let Some(packets) = args.fuzz_packets {
+                command.env(FUZZ_PACKETS_VAR, packets.to_string());
             }
-            _ => run_tests(test_command(&selection, args.filter.as_deref()))?,
+            run_tests(command)?
         };
         results.push(format!("{}: {}", place.label(), tally.summary_line()));
         total.add(&tally);
@@ -292,6 +311,7 @@ fn run_in_vm(
     kernel: &'static Kernel,
     binaries: &[vm::TestBinary],
     filter: Option<&str>,
+    fuzz_packets: u64,
 ) -> Result<TestTally> {
     let installed = kernel.installed().with_context(|| {
         format!(
@@ -301,7 +321,13 @@ fn run_in_vm(
     })?;
     let mut test_args = vec!["--test-threads=1".to_owned()];
     test_args.extend(filter.map(str::to_owned));
-    vm::run_in_guest(kernel, &installed, binaries, &test_args)
+    // The guest starts from a clean environment: the fuzz test's settings
+    // go in its script.
+    let mut env = vec![(FUZZ_PACKETS_VAR, fuzz_packets.to_string())];
+    if let Ok(seed) = std::env::var(FUZZ_SEED_VAR) {
+        env.push((FUZZ_SEED_VAR, seed));
+    }
+    vm::run_in_guest(kernel, &installed, binaries, &test_args, &env)
         .with_context(|| format!("xtask test: FAILED on kernel {}", kernel.name))
 }
 
@@ -541,6 +567,7 @@ mod tests {
             tests: Vec::new(),
             suite,
             kernels: kernels.iter().map(|k| (*k).to_owned()).collect(),
+            fuzz_packets: None,
             filter: None,
         }
     }

@@ -134,7 +134,12 @@ fn package_name(package_id: &str) -> Option<&str> {
 /// The script the guest runs: mounts and modules the host has and a fresh
 /// guest lacks, then every test executable, each in its package directory
 /// as cargo runs it, with libtest's options; exits 1 when one fails.
-fn guest_script(kernel: &Kernel, tests: &[TestBinary], test_args: &[String]) -> String {
+fn guest_script(
+    kernel: &Kernel,
+    tests: &[TestBinary],
+    test_args: &[String],
+    env: &[(&str, String)],
+) -> String {
     let mut script = String::from(
         "#!/bin/bash\n\
          # Written by `cargo xtask test --kernel`; runs inside the VM.\n\
@@ -152,6 +157,9 @@ fn guest_script(kernel: &Kernel, tests: &[TestBinary], test_args: &[String]) -> 
         "echo \"vm: kernel {} is $(uname -r)\"\nstatus=0",
         kernel.name
     );
+    for (name, value) in env {
+        let _ = writeln!(script, "export {name}={}", shell_word(value));
+    }
     let args: Vec<String> = test_args.iter().map(|a| shell_word(a)).collect();
     let _ = writeln!(script, "TEST_ARGS=({})", args.join(" "));
     script.push_str(&watchdog_function());
@@ -219,18 +227,20 @@ fn shell_word(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-/// Boots `kernel` and runs `tests` in it with libtest's `test_args`,
-/// echoing their output; the tally of their `test result:` lines.
+/// Boots `kernel` and runs `tests` in it with libtest's `test_args` and
+/// the variables `env`, echoing their output; the tally of their
+/// `test result:` lines.
 pub fn run_in_guest(
     kernel: &Kernel,
     installed: &Installed,
     tests: &[TestBinary],
     test_args: &[String],
+    env: &[(&str, String)],
 ) -> Result<TestTally> {
     let dir = workspace_root().join("target").join("vm").join(kernel.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let script = dir.join("run.sh");
-    std::fs::write(&script, guest_script(kernel, tests, test_args))
+    std::fs::write(&script, guest_script(kernel, tests, test_args, env))
         .with_context(|| format!("write {}", script.display()))?;
     let mut run = boot(kernel, installed, &script)?;
     if run.guest_release.is_none() {
@@ -407,7 +417,16 @@ mod tests {
             package_dir: "/w/bpf-tests".into(),
             executable: "/w/target/debug/deps/verdicts-1a2b".into(),
         }];
-        let script = guest_script(kernel, &tests, &["--test-threads=1".into(), "it's".into()]);
+        let script = guest_script(
+            kernel,
+            &tests,
+            &["--test-threads=1".into(), "it's".into()],
+            &[("VPCNET_FUZZ_PACKETS", "20000".into())],
+        );
+        assert!(
+            script.contains("export VPCNET_FUZZ_PACKETS='20000'"),
+            "{script}"
+        );
         assert!(script.contains("mount -t bpf bpf /sys/fs/bpf"), "{script}");
         assert!(script.contains("modprobe -q \"$module\""), "{script}");
         assert!(

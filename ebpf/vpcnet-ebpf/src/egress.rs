@@ -31,11 +31,16 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         ctx.set_mark(mark & !MARK_DECIDED);
         return Ok(Counter::EgressDecided.into());
     }
+    let ipv4 = is_ipv4(ctx);
     if mark & MARK_VIA_SERVICE != 0 {
         ctx.set_mark(mark & !MARK_VIA_SERVICE);
-        remember_service_flow(ctx)?;
+        // The mark is ours only on IPv4 (`pod_egress` sets it there); on
+        // anything else it is another's bit, and says nothing.
+        if ipv4 {
+            remember_service_flow(ctx)?;
+        }
     }
-    if !is_ipv4(ctx) {
+    if !ipv4 {
         return Ok(Counter::EgressNotIpv4.into());
     }
     let Some(cfg) = config() else {

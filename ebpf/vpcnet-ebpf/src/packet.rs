@@ -153,10 +153,22 @@ pub fn parse_ipv4(ctx: &TcContext, off: usize) -> Result<Ipv4, Counter> {
     })
 }
 
-/// Parses the L4 header at `off`. `Ok(None)`: a protocol the NAT does not
-/// translate (or an ICMP type other than echo, left to the caller).
+/// Length of the fixed part of a TCP header, and of a UDP or ICMP one.
+const TCP_HLEN: usize = 20;
+const UDP_ICMP_HLEN: usize = 8;
+
+/// Parses the L4 header at `off`, whose fixed part must all be there: a
+/// packet cut inside it is dropped before it makes any state (a flow for a
+/// packet that is then dropped for want of its checksum field) and before
+/// any rewrite. `Ok(None)`: a protocol the NAT does not translate.
 #[inline(always)]
 pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Counter> {
+    let fixed = match proto {
+        PROTO_TCP => TCP_HLEN,
+        PROTO_UDP | PROTO_ICMP => UDP_ICMP_HLEN,
+        _ => return Ok(None),
+    };
+    let _: u8 = load(ctx, off + fixed - 1)?;
     match proto {
         PROTO_TCP => {
             let sport: u16 = load(ctx, off)?;
