@@ -84,6 +84,44 @@ fn strict_harness() -> Harness {
     h
 }
 
+/// Found writing the fuzzer's model: an ICMP error (or another ICMP type
+/// the NAT leaves alone) that a pod on a secondary ENI sends outside the
+/// VPC keeps the pod's address, yet left by the primary ENI, where the
+/// VPC's source/destination check drops it. Like every packet leaving with
+/// a pod's own address, it leaves by that pod's ENI, as the VPC CNI's
+/// per-pod rule routes it.
+#[test]
+fn an_untranslated_icmp_message_from_a_pod_leaves_by_its_own_eni() {
+    let h = harness();
+    // Port unreachable about a datagram no flow of the node's knows.
+    let quoted = packets::udp(INET, 5353, POD, 9, b"q");
+    let unreachable = from_pod(packets::icmp_error(POD, INET, 3, 3, &quoted, 28));
+    let mut timestamp = vec![13u8, 0, 0, 0, 0, 1, 0, 1];
+    timestamp.extend_from_slice(&[0u8; 12]);
+    let csum = packets::internet_checksum(&[&timestamp]);
+    timestamp[2..4].copy_from_slice(&csum.to_be_bytes());
+    let timestamp = from_pod(packets::ipv4_frame(POD, INET, 1, &timestamp, &[]));
+    for (sent, decision) in [
+        (&unreachable, Counter::EgressIcmpErrorPass),
+        (&timestamp, Counter::EgressIcmpOther),
+    ] {
+        // Routed by the stack out of the primary ENI.
+        let steered = h.counter(Counter::EgressSteered);
+        let (out, mark) = h.run_with_mark(maps::PROG_ENI_EGRESS, sent, 0);
+        assert_eq!(out.action, TC_ACT_REDIRECT, "{decision:?}: out of ETH1");
+        assert_eq!(mark, MARK_DECIDED);
+        assert_eq!(h.counter(Counter::EgressSteered), steered + 1);
+        assert_eq!(parse(&out.packet).src, POD, "{decision:?}: untranslated");
+        // Past the stack, straight from the pod.
+        let outside = h.counter(Counter::PodOutsideVpc);
+        let (out, _) = h.run_with_mark(maps::PROG_POD_EGRESS, sent, 0);
+        assert_eq!(out.action, TC_ACT_REDIRECT, "{decision:?}: out of ETH1");
+        assert_eq!(h.counter(Counter::PodOutsideVpc), outside + 1);
+        assert_eq!(ttl(&out.packet), ttl(sent) - 1);
+        assert_eq!(parse(&out.packet).src, POD);
+    }
+}
+
 #[test]
 fn pod_to_pod_goes_straight_into_the_other_pod() {
     let h = harness();

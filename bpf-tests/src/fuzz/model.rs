@@ -1278,6 +1278,8 @@ fn leaves_untranslated(decision: Counter) -> bool {
             | Counter::EgressUntranslated
             | Counter::EgressNotOpening
             | Counter::EgressBranchNoSnat
+            | Counter::EgressIcmpErrorPass
+            | Counter::EgressIcmpOther
     )
 }
 

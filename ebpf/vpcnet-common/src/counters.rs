@@ -96,7 +96,7 @@ counters! {
     PodStrict => "pod_strict_branch", "pod: strict security-group pod, sent out its branch ENI";
     PodToService => "pod_pass_service", "pod: to a service CIDR, passed to the stack (kube-proxy)";
     PodToLocal => "pod_pass_local", "pod: to a node address, passed to the stack";
-    PodToSnat => "pod_pass_outside_vpc", "pod: to outside the VPC, passed to the stack (no primary ENI known yet, its TTL expiring, or nothing for the NAT, such as an ICMP error about no NATed flow)";
+    PodToSnat => "pod_pass_outside_vpc", "pod: to outside the VPC, passed to the stack (no primary ENI known yet, or its TTL expiring)";
     PodStackFlow => "pod_pass_stack_flow", "pod: reply of a flow that came through the stack (DNAT), passed back to it";
     PodFragment => "pod_pass_fragment", "pod: non-first fragment, sent the way its first fragment was (to the stack when that one went there or was not seen)";
 

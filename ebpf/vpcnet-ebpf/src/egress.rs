@@ -75,7 +75,8 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
 }
 
 /// Whether a decision leaves the packet with its pod's address, which
-/// must then leave by the pod's own ENI.
+/// must then leave by the pod's own ENI (ICMP messages the NAT leaves alone
+/// included: the VPC would drop them from another ENI).
 #[inline(always)]
 pub fn leaves_untranslated(decision: Counter) -> bool {
     matches!(
@@ -85,6 +86,8 @@ pub fn leaves_untranslated(decision: Counter) -> bool {
             | Counter::EgressUntranslated
             | Counter::EgressNotOpening
             | Counter::EgressBranchNoSnat
+            | Counter::EgressIcmpErrorPass
+            | Counter::EgressIcmpOther
     )
 }
 
