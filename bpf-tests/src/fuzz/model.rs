@@ -24,6 +24,7 @@ use vpcnet_common::{
 };
 
 use super::Program;
+use crate::packets::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 /// tc actions as `BPF_PROG_TEST_RUN` reports them.
 pub const ACT_PASS: i32 = -1;
@@ -32,10 +33,6 @@ pub const ACT_REDIRECT: i32 = 7;
 
 const ETH_P_IP: u16 = 0x0800;
 const IP: usize = 14;
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO: u8 = 8;
 
@@ -1269,7 +1266,8 @@ impl Model {
     }
 }
 
-/// Decisions that leave a packet with its pod's own address.
+/// Decisions that leave a packet with its pod's own address (the list the
+/// programs keep, written here again: the model shares no logic with them).
 fn leaves_untranslated(decision: Counter) -> bool {
     matches!(
         decision,
