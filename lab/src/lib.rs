@@ -28,6 +28,7 @@ pub mod cri;
 pub mod cri_pods;
 pub mod ec2;
 mod error;
+pub mod fuzz_settings;
 pub mod kube_proxy;
 pub mod kube_tools;
 mod lab;

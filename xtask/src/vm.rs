@@ -421,12 +421,9 @@ mod tests {
             kernel,
             &tests,
             &["--test-threads=1".into(), "it's".into()],
-            &[("VPCNET_FUZZ_PACKETS", "20000".into())],
+            &[("SOME_SETTING", "a b".into())],
         );
-        assert!(
-            script.contains("export VPCNET_FUZZ_PACKETS='20000'"),
-            "{script}"
-        );
+        assert!(script.contains("export SOME_SETTING='a b'"), "{script}");
         assert!(script.contains("mount -t bpf bpf /sys/fs/bpf"), "{script}");
         assert!(script.contains("modprobe -q \"$module\""), "{script}");
         assert!(

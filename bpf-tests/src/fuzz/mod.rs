@@ -33,14 +33,15 @@ use vpcnet_common::{
     maps,
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
 };
+use vpcnet_lab::fuzz_settings;
 
 use self::{
     generate::{Cast, Category, Generator},
     model::{Datagram, FirstWent, Half, Model, Tables, World},
 };
 use crate::{
-    Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, SERVICE_CIDR, TEST_RUN_IFINDEX,
-    VPC_CIDRS, packets,
+    Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, SERVICE_CIDR, TC_ACT_SHOT,
+    TEST_RUN_IFINDEX, VPC_CIDRS, packets,
 };
 
 /// Packets per episode, all programs together.
@@ -88,8 +89,7 @@ pub const DEFAULT_SEED: u64 = 0x7670_636e_6574;
 pub const DEFAULT_PACKETS_PER_PROGRAM: u64 = 1_000_000;
 
 impl Options {
-    /// From `VPCNET_FUZZ_PACKETS` (per program), `VPCNET_FUZZ_SEED` and
-    /// `VPCNET_FUZZ_EPISODE`.
+    /// From the environment ([`fuzz_settings`]).
     pub fn from_env() -> Self {
         let number = |name: &str| {
             std::env::var(name).ok().map(|v| {
@@ -102,10 +102,10 @@ impl Options {
             })
         };
         Self {
-            packets_per_program: number("VPCNET_FUZZ_PACKETS")
+            packets_per_program: number(fuzz_settings::PACKETS_VAR)
                 .unwrap_or(DEFAULT_PACKETS_PER_PROGRAM),
-            seed: number("VPCNET_FUZZ_SEED").unwrap_or(DEFAULT_SEED),
-            episode: number("VPCNET_FUZZ_EPISODE"),
+            seed: number(fuzz_settings::SEED_VAR).unwrap_or(DEFAULT_SEED),
+            episode: number(fuzz_settings::EPISODE_VAR),
         }
     }
 }
@@ -528,7 +528,7 @@ fn compare(
         ));
     }
     // Checked apart from the model: a rewrite keeps valid checksums valid.
-    if action != model::ACT_DROP
+    if action != TC_ACT_SHOT
         && let (Some(before), Some(after)) = (input_sums, checksums_hold(packet))
         && (before.0 && !after.0 || before.1 && !after.1)
     {

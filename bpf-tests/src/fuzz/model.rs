@@ -24,12 +24,10 @@ use vpcnet_common::{
 };
 
 use super::Program;
-use crate::packets::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
-
-/// tc actions as `BPF_PROG_TEST_RUN` reports them.
-pub const ACT_PASS: i32 = -1;
-pub const ACT_DROP: i32 = 2;
-pub const ACT_REDIRECT: i32 = 7;
+use crate::{
+    TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    packets::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+};
 
 const ETH_P_IP: u16 = 0x0800;
 const IP: usize = 14;
@@ -192,7 +190,7 @@ impl Out {
     fn pass(counter: Counter) -> Self {
         Self {
             counter,
-            action: ACT_PASS,
+            action: TC_ACT_UNSPEC,
             via: FRAG_VIA_PASS,
             ifindex: 0,
         }
@@ -486,7 +484,7 @@ impl Model {
             }
             Err(reason) => {
                 run.count(reason);
-                ACT_DROP
+                TC_ACT_SHOT
             }
         };
         Expected {
@@ -1003,7 +1001,7 @@ impl Model {
         run.p[6..12].copy_from_slice(&ep.host_mac);
         Out {
             counter,
-            action: ACT_REDIRECT,
+            action: TC_ACT_REDIRECT,
             via: FRAG_VIA_POD,
             ifindex: 0,
         }
@@ -1032,7 +1030,7 @@ impl Model {
         run.mark |= MARK_DECIDED;
         Ok(Out {
             counter,
-            action: ACT_REDIRECT,
+            action: TC_ACT_REDIRECT,
             via: if forwarded {
                 FRAG_VIA_ENI_FORWARDED
             } else {

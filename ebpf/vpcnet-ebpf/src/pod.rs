@@ -124,9 +124,9 @@ fn outside_vpc(
         }
         _ if egress::leaves_untranslated(decision) => ep.eni_ifindex,
         _ => {
-            // Nothing for the NAT and not the pod's own address (a node
-            // address, say): the stack routes it, and `eni_egress` must not
-            // decide it again.
+            // No decision comes here today: each one translated the
+            // packet or keeps the pod's address. Should one, the stack
+            // routes the packet, and `eni_egress` must not decide it again.
             mark_decided(ctx);
             return Ok(Counter::PodToSnat.into());
         }
