@@ -142,10 +142,6 @@ pub const NAT_OCCUPANCY_PERCENT: [u32; 3] = [10, 50, 90];
 const NAT_LOAD_GC_INTERVAL: &str = "1";
 /// Collector passes over the filled table to wait for before measuring.
 const PASSES_BEFORE: u64 = 2;
-/// Cycles of pods made and removed at each occupancy, as a multiple of the
-/// CNI part's: 200 ADDs by default (25 cycles of 8 pods), so that p99 is
-/// not simply the slowest of 40.
-const NAT_LOAD_CYCLES_FACTOR: usize = 5;
 
 /// The name of the measurements at `percent` occupancy.
 #[must_use]
@@ -169,11 +165,7 @@ pub fn run_under_nat_load(opts: &BenchOptions, round: usize) -> Result<Vec<Measu
         crate::nat_fill::fill(flows)?;
         let before = crate::nat_fill::collector()?.passes;
         crate::nat_fill::wait_passes(before + PASSES_BEFORE)?;
-        let many = BenchOptions {
-            cni_cycles: opts.cni_cycles * NAT_LOAD_CYCLES_FACTOR,
-            ..opts.clone()
-        };
-        let Cycles { adds, .. } = cycles(&lab, &many)?;
+        let Cycles { adds, .. } = cycles(&lab, opts)?;
         let collector = crate::nat_fill::collector()?;
         lab.down().context("taking the lab down")?;
         measurements.push(Measurement::of_durations(
