@@ -175,7 +175,7 @@ impl Harness {
 
     /// [`Harness::run_with_mark`], or the kernel's refusal of the frame
     /// (`BPF_PROG_TEST_RUN` takes no IPv4 frame shorter than an IPv4
-    /// header, which no link would hand tc either).
+    /// header, though tc on a real link may meet one).
     pub fn try_run_with_mark(
         &self,
         program: &'static str,

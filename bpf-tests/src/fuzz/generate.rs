@@ -8,8 +8,10 @@ use std::{collections::VecDeque, net::Ipv4Addr};
 
 use fastrand::Rng;
 use vpcnet_common::{
+    addr_to_raw,
     config::{MARK_DECIDED, MARK_VIA_SERVICE},
     nat::{FlowKey, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    raw_to_addr, raw_to_port,
 };
 
 use super::{Program, model::Model};
@@ -28,21 +30,6 @@ pub enum Category {
     Ipv6,
     ByteFlips,
     Garbage,
-}
-
-impl Category {
-    pub const ALL: [Self; 10] = [
-        Self::Valid,
-        Self::Reply,
-        Self::Truncated,
-        Self::IpOptions,
-        Self::Fragment,
-        Self::IcmpError,
-        Self::Vlan,
-        Self::Ipv6,
-        Self::ByteFlips,
-        Self::Garbage,
-    ];
 }
 
 /// One generated packet.
@@ -90,15 +77,6 @@ pub struct Generator {
     cast: Cast,
     /// Fragments of a series still to send, per program.
     queued: [VecDeque<Vec<u8>>; 4],
-}
-
-/// The node's address as flow keys carry it.
-fn cast_node(cast: &Cast) -> u32 {
-    u32::from_ne_bytes(cast.node.octets())
-}
-
-fn octets(a: Ipv4Addr) -> [u8; 4] {
-    a.octets()
 }
 
 impl Generator {
@@ -334,13 +312,15 @@ impl Generator {
         let picked: FlowKey = flows[self.rng.usize(..flows.len())];
         let flow = match program {
             _ if reversed => picked.reversed(),
-            Program::EniEgress if picked.daddr == cast_node(&self.cast) => picked.reversed(),
+            Program::EniEgress if picked.daddr == addr_to_raw(self.cast.node.octets()) => {
+                picked.reversed()
+            }
             Program::EniEgress | Program::PodEgress if self.rng.u32(0..4) == 0 => picked.reversed(),
             _ => picked,
         };
-        let src = Ipv4Addr::from(u32::from_be(flow.saddr));
-        let dst = Ipv4Addr::from(u32::from_be(flow.daddr));
-        let (sport, dport) = (u16::from_be(flow.sport), u16::from_be(flow.dport));
+        let src = Ipv4Addr::from(raw_to_addr(flow.saddr));
+        let dst = Ipv4Addr::from(raw_to_addr(flow.daddr));
+        let (sport, dport) = (raw_to_port(flow.sport), raw_to_port(flow.dport));
         let l4 = match flow.proto {
             PROTO_ICMP => {
                 // The echo identifier is the port of the side that asked.
@@ -583,7 +563,7 @@ fn pseudo_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, segment: &[u8]) -> u
     let len = u16::try_from(segment.len())
         .unwrap_or(u16::MAX)
         .to_be_bytes();
-    internet_checksum(&[&octets(src), &octets(dst), &[0, proto], &len, segment])
+    internet_checksum(&[&src.octets(), &dst.octets(), &[0, proto], &len, segment])
 }
 
 /// An Ethernet frame: `f`'s IPv4 header with `options` and the fragment
@@ -598,8 +578,8 @@ fn ip_frame(f: &Fields, options: &[u8], frag: u16, payload: &[u8]) -> Vec<u8> {
     ip[6..8].copy_from_slice(&frag.to_be_bytes());
     ip[8] = f.ttl;
     ip[9] = f.proto;
-    ip[12..16].copy_from_slice(&octets(f.src));
-    ip[16..20].copy_from_slice(&octets(f.dst));
+    ip[12..16].copy_from_slice(&f.src.octets());
+    ip[16..20].copy_from_slice(&f.dst.octets());
     ip[20..].copy_from_slice(options);
     let csum = internet_checksum(&[&ip]);
     ip[10..12].copy_from_slice(&csum.to_be_bytes());

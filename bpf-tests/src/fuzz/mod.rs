@@ -32,6 +32,7 @@ use vpcnet_common::{
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint, Eni},
     maps,
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
+    raw_to_addr, raw_to_port,
 };
 use vpcnet_lab::fuzz_settings;
 
@@ -405,14 +406,14 @@ fn install(h: &mut Harness, frags: &mut BpfHashMap<MapData, FragKey, FragPath>, 
         .iter()
         .map(|(net, len, kind)| {
             (
-                Ipv4Net::new(Ipv4Addr::from(u32::from_be(*net)), *len).expect("prefix"),
+                Ipv4Net::new(Ipv4Addr::from(raw_to_addr(*net)), *len).expect("prefix"),
                 *kind,
             )
         })
         .collect();
     maps.set_cidrs(&prefixes).expect("prefixes");
     for (addr, ep) in &world.endpoints {
-        maps.set_endpoint(Ipv4Addr::from(u32::from_be(*addr)), ep)
+        maps.set_endpoint(Ipv4Addr::from(raw_to_addr(*addr)), ep)
             .expect("endpoint");
     }
     let _ = maps.enis.remove(&TEST_RUN_IFINDEX);
@@ -616,7 +617,7 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
             {
                 Ok(ran) => ran,
                 Err(e) => {
-                    // Only frames no link hands tc may be refused.
+                    // Only frames shorter than the longest IPv4 header may be refused.
                     if generated.packet.len() >= REFUSED_BELOW {
                         report.disagree(format!(
                             "{place}: the kernel refused a {}-byte frame: {e}\n  in: {}",
@@ -687,10 +688,10 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
 fn show(k: &FlowKey) -> String {
     format!(
         "{}:{} > {}:{}/{}",
-        Ipv4Addr::from(u32::from_be(k.saddr)),
-        u16::from_be(k.sport),
-        Ipv4Addr::from(u32::from_be(k.daddr)),
-        u16::from_be(k.dport),
+        Ipv4Addr::from(raw_to_addr(k.saddr)),
+        raw_to_port(k.sport),
+        Ipv4Addr::from(raw_to_addr(k.daddr)),
+        raw_to_port(k.dport),
         k.proto
     )
 }

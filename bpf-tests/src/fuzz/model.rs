@@ -331,7 +331,8 @@ fn quoted(p: &[u8], outer: &Ip) -> Option<(Ip, FlowKey)> {
     Some((inner, flow))
 }
 
-/// Sum of 16-bit big-endian words, folded, of `bytes` (even length).
+/// Sum of 16-bit big-endian words, folded, of `bytes` (an odd last byte
+/// padded with zero, as the Internet checksum pads it).
 fn ones_sum(bytes: &[u8]) -> u32 {
     let mut sum: u32 = bytes
         .chunks(2)
@@ -404,19 +405,17 @@ impl Run<'_> {
         }
         if let Some((at, udp)) = l4_csum {
             let c = self.csum_at(at);
-            if udp && c == 0 {
-                return;
-            }
-            let mut value = moved(c, old, now);
-            if udp && value == 0 {
-                value = 0xffff;
-            }
-            self.put_csum(at, value);
             if !udp {
-                return;
+                self.put_csum(at, moved(c, old, now));
+            } else if c != 0 {
+                // UDP's zero means "none": never produced, and compared
+                // exactly, so not among `checksums`.
+                let value = match moved(c, old, now) {
+                    0 => 0xffff,
+                    v => v,
+                };
+                self.p[at..at + 2].copy_from_slice(&value.to_be_bytes());
             }
-            // UDP's checksum is compared exactly: not in `checksums`.
-            self.checksums.retain(|&o| o != at);
         }
     }
 
@@ -1284,9 +1283,6 @@ fn ones_sum_without(bytes: &[u8], skip: usize) -> u32 {
     let mut copy = bytes.to_vec();
     if let Some(word) = copy.get_mut(skip..skip + 2) {
         word.fill(0);
-    }
-    if copy.len() % 2 == 1 {
-        copy.push(0);
     }
     ones_sum(&copy)
 }
