@@ -750,7 +750,7 @@ fn seconds(flag: &str, value: f64) -> Result<Duration> {
 
 /// Collects garbage until SIGTERM or SIGINT, on a thread of its own at
 /// the lowest CPU priority, with map handles of its own: a pass over 236k
-/// flows takes about 0.35 s of CPU (`cargo xtask bench --parts nat-load`),
+/// flows takes a few hundred ms of CPU (`cargo xtask bench --parts nat-load`),
 /// and neither the datapath's lock (CNI ADD and DEL need it), this runtime
 /// nor an ADD's CPU time waits for it.
 async fn serve(
@@ -784,9 +784,13 @@ fn collect_until_stopped(
     report: &std::sync::Mutex<CollectorReport>,
     stopped: &std::sync::mpsc::Receiver<()>,
 ) {
-    // nice 19 for this thread alone (Linux's priorities are per thread).
-    // SAFETY: plain arguments; failing leaves the priority as it was.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) } != 0 {
+    // SCHED_IDLE for this thread alone (Linux's policies are per thread):
+    // any other task that wakes takes the CPU from it at once, where nice
+    // 19 still cost the ADDs' tail (`cargo xtask bench --parts nat-load`).
+    // A busy node still gives it a sliver of CPU, so passes go on.
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` lives through the call; failing changes nothing.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const param) } != 0 {
         warn!(error = %std::io::Error::last_os_error(), "the collector keeps its CPU priority");
     }
     loop {

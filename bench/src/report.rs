@@ -487,6 +487,21 @@ pub fn targets(results: &Results) -> Vec<Target> {
             );
         }
     }
+    let (fullest, emptiest) = (
+        crate::cni_latency::NAT_OCCUPANCY_PERCENT.last(),
+        crate::cni_latency::NAT_OCCUPANCY_PERCENT.first(),
+    );
+    if let (Some(&fullest), Some(&emptiest)) = (fullest, emptiest) {
+        let add = |percent| crate::cni_latency::nat_load_name("cni_add", percent);
+        let kept = results.paired_ratio((e, &add(fullest)), (e, &add(emptiest)), "p99_ms");
+        push(
+            format!(
+                "plugin ADD p99 with the NAT table {fullest}% full within 10% of its p99 at {emptiest}%"
+            ),
+            format!("{} of the p99 at {emptiest}%", ratio_cell(kept)),
+            kept.map(|v| v <= 1.1),
+        );
+    }
     out
 }
 

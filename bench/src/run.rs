@@ -45,6 +45,13 @@ pub struct BenchOptions {
     /// CNI latency: pods made (then removed) per cycle, and cycles per round.
     pub cni_pods: usize,
     pub cni_cycles: usize,
+    /// CNI latency under NAT load: pods made (then removed) per cycle, and
+    /// cycles per occupancy and round; enough ADDs for a p99 that is not
+    /// the slowest call.
+    #[serde(default = "BenchOptions::nat_load_pods_default")]
+    pub nat_load_pods: usize,
+    #[serde(default = "BenchOptions::nat_load_cycles_default")]
+    pub nat_load_cycles: usize,
     /// The agent's footprint: pods given to it (once per run).
     pub agent_pods: usize,
     /// NAT under churn: seconds of opening connections, from this many pods.
@@ -100,6 +107,8 @@ impl BenchOptions {
             scale_exclusions: vec![0, 64],
             cni_pods: 8,
             cni_cycles: 5,
+            nat_load_pods: Self::nat_load_pods_default(),
+            nat_load_cycles: Self::nat_load_cycles_default(),
             agent_pods: 1000,
             churn_s: 30.0,
             // Each holds up to its local port range (28232) or open-file
@@ -121,12 +130,25 @@ impl BenchOptions {
             scale_exclusions: vec![64],
             cni_pods: 2,
             cni_cycles: 1,
+            nat_load_pods: 2,
+            nat_load_cycles: 1,
             agent_pods: 20,
             churn_s: 1.0,
             churn_pods: 1,
             bin_dir,
             parts: Part::all(),
         }
+    }
+
+    /// 24 pods: an m5.large's pool (27 secondary addresses) holds them
+    /// all without a call to EC2 between cycles.
+    fn nat_load_pods_default() -> usize {
+        24
+    }
+
+    /// 10 cycles of 24: 240 ADDs per occupancy, the p99 the third slowest.
+    fn nat_load_cycles_default() -> usize {
+        10
     }
 
     fn duration(&self) -> Duration {

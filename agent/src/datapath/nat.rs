@@ -1,8 +1,7 @@
 //! The NAT table and the stack flows seen from user space: listing flows
 //! and garbage-collecting the ones that are over, a whole pair at a time.
 
-use std::collections::HashMap;
-
+use foldhash::{HashMap, HashMapExt as _};
 use vpcnet_common::nat::{
     FlowKey, FlowKind, FlowState, NatEntry, SEEN_ACK, SEEN_ANY, SEEN_SYN, Timeouts, flow_expired,
     flow_last_seen_ns, forward_key, pair_state, reply_key,
@@ -286,25 +285,20 @@ impl DatapathMaps {
             .map_err(DatapathError::map(vpcnet_common::maps::NAT_REV))?
             .into_iter()
             .collect();
-        let mut flows: Vec<Flow> = forward
+        // Each claim taken by its flow: what is left has no forward entry.
+        let flows = forward
             .into_iter()
-            .map(|(key, fwd)| Flow {
-                key,
-                fwd,
-                rev: None,
+            .map(|(key, fwd)| {
+                let mut flow = Flow {
+                    key,
+                    fwd,
+                    rev: None,
+                };
+                let reply = flow.reply_key();
+                flow.rev = claims.remove(&reply).map(|rev| (reply, rev));
+                flow
             })
             .collect();
-        let mut paired = Vec::with_capacity(flows.len());
-        for flow in &mut flows {
-            let reply = flow.reply_key();
-            if let Some(rev) = claims.get(&reply) {
-                flow.rev = Some((reply, *rev));
-                paired.push(reply);
-            }
-        }
-        for reply in paired {
-            claims.remove(&reply);
-        }
         Ok((flows, claims.into_iter().collect()))
     }
 
