@@ -1,14 +1,18 @@
 //! Configuration from the VPC CNI's environment variables, same names and
-//! meanings, validated at start: a bad value stops the agent with a message
-//! naming the variable and what it accepts.
+//! meanings. aws-node's own variables read as aws-node reads them (a value
+//! it falls back from, vpcnet falls back from too, saying so: [`Env`]);
+//! vpcnet's own stop the agent on a bad value, naming the variable and what
+//! it accepts.
 
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use vpcnet_common::{
     addr_to_raw,
     config::{self, Config, FLAG_EXTERNAL_SNAT, RandomizeMode},
 };
+
+use crate::env::Env;
 
 pub const ENV_EXTERNAL_SNAT: &str = "AWS_VPC_K8S_CNI_EXTERNALSNAT";
 pub const ENV_EXCLUDE_SNAT_CIDRS: &str = "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS";
@@ -23,17 +27,10 @@ pub const ENV_SNAT_PORT_RANGE: &str = "VPCNET_SNAT_PORT_RANGE";
 pub const ENV_SERVICE_CIDRS: &str = "VPCNET_SERVICE_CIDRS";
 pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
 
-/// The service CIDRs from the environment.
-pub fn service_cidrs_from_env() -> Result<Vec<Ipv4Net>, ConfigError> {
-    service_cidrs_from_lookup(|name| std::env::var(name).ok())
-}
-
-/// The service CIDRs from `lookup` (set but empty: none).
-pub fn service_cidrs_from_lookup(
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Vec<Ipv4Net>, ConfigError> {
-    let value = lookup(ENV_SERVICE_CIDRS).unwrap_or_else(|| DEFAULT_SERVICE_CIDRS.to_owned());
-    parse_cidrs(ENV_SERVICE_CIDRS, &value)
+/// The service CIDRs (set but empty: none).
+pub fn service_cidrs(env: &Env) -> Result<Vec<Ipv4Net>, ConfigError> {
+    let value = env.raw(ENV_SERVICE_CIDRS).unwrap_or(DEFAULT_SERVICE_CIDRS);
+    parse_cidrs(ENV_SERVICE_CIDRS, value)
 }
 
 /// Every variable the agent reads: the deployment's `ConfigMap` sets each,
@@ -63,6 +60,16 @@ pub const VARIABLES: &[&str] = &[
     crate::ipam::settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
     crate::ipam::settings::ENV_MAX_PODS,
     crate::pods::ENV_VETH_PREFIX,
+    crate::install::ENV_POD_MTU,
+    crate::install::ENV_PLUGIN_LOG_FILE,
+    crate::install::ENV_PLUGIN_LOG_LEVEL,
+    crate::install::ENV_ENABLE_BANDWIDTH_PLUGIN,
+    crate::install::ENV_DISABLE_POD_V6,
+    crate::cloud::ENV_EC2_ENDPOINT,
+    crate::cloud::ENV_HTTP_TIMEOUT,
+    crate::node::ENV_DISABLE_TCP_EARLY_DEMUX,
+    crate::logging::ENV_LOG_LEVEL,
+    crate::logging::ENV_LOG_FILE,
     crate::introspect::ENV_DISABLE_INTROSPECTION,
     crate::introspect::ENV_INTROSPECTION_BIND_ADDRESS,
     crate::introspect::ENV_DISABLE_METRICS,
@@ -102,36 +109,43 @@ impl Default for SnatSettings {
 }
 
 impl SnatSettings {
-    /// Reads the settings from the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// Reads the settings through `lookup` (unset variables: `None`).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut settings = Self::default();
-        if let Some(value) = lookup(ENV_EXTERNAL_SNAT) {
-            settings.external_snat = parse_bool(ENV_EXTERNAL_SNAT, &value)?;
+    /// Reads the settings as aws-node does: an unreadable boolean, an
+    /// invalid or IPv6 item of the exclusions, an unknown randomization or
+    /// an unreadable mark fall back as there; the port range (vpcnet's own)
+    /// must be valid.
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let mut settings = Self {
+            external_snat: env.bool_or(ENV_EXTERNAL_SNAT, false),
+            exclude_snat_cidrs: lenient_cidrs(env, ENV_EXCLUDE_SNAT_CIDRS),
+            ..Self::default()
+        };
+        if let Some(value) = env.get(ENV_RANDOMIZE_SNAT) {
+            settings.randomize = RandomizeMode::from_env_value(value.trim()).unwrap_or_else(|| {
+                env.tolerate(
+                    ENV_RANDOMIZE_SNAT,
+                    value,
+                    "not one of none, hashrandom, prng",
+                    "prng",
+                );
+                RandomizeMode::Prng
+            });
         }
-        if let Some(value) = lookup(ENV_EXCLUDE_SNAT_CIDRS) {
-            settings.exclude_snat_cidrs = parse_cidrs(ENV_EXCLUDE_SNAT_CIDRS, &value)?;
+        if let Some(value) = env.get(ENV_CONNMARK) {
+            settings.connmark = go_int(value.trim())
+                .and_then(|mark| u32::try_from(mark).ok())
+                .filter(|mark| *mark != 0)
+                .unwrap_or_else(|| {
+                    env.tolerate(
+                        ENV_CONNMARK,
+                        value,
+                        "not a mark from 1 to 2^32-1",
+                        format_args!("{:#x}", vpcnet_api::vpc_cni::DEFAULT_CONNMARK),
+                    );
+                    vpcnet_api::vpc_cni::DEFAULT_CONNMARK
+                });
         }
-        if let Some(value) = lookup(ENV_RANDOMIZE_SNAT) {
-            let trimmed = value.trim();
-            if !trimmed.is_empty() {
-                settings.randomize =
-                    RandomizeMode::from_env_value(trimmed).ok_or_else(|| ConfigError {
-                        variable: ENV_RANDOMIZE_SNAT,
-                        value: value.clone(),
-                        allowed: "one of none, hashrandom, prng",
-                    })?;
-            }
-        }
-        if let Some(value) = lookup(ENV_CONNMARK) {
-            settings.connmark = parse_mark(ENV_CONNMARK, &value)?;
-        }
-        if let Some(value) = lookup(ENV_SNAT_PORT_RANGE) {
-            (settings.port_min, settings.port_max) = parse_port_range(ENV_SNAT_PORT_RANGE, &value)?;
+        if let Some(value) = env.get(ENV_SNAT_PORT_RANGE) {
+            (settings.port_min, settings.port_max) = parse_port_range(ENV_SNAT_PORT_RANGE, value)?;
         }
         Ok(settings)
     }
@@ -156,17 +170,65 @@ impl SnatSettings {
     }
 }
 
-/// Go's `strconv.ParseBool`, which the VPC CNI uses.
+/// A boolean of vpcnet's own, as Go's `strconv.ParseBool` reads it (blank:
+/// false); anything else stops the agent.
 pub fn parse_bool(variable: &'static str, value: &str) -> Result<bool, ConfigError> {
-    match value.trim() {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" | "" => Ok(false),
-        _ => Err(ConfigError {
-            variable,
-            value: value.to_owned(),
-            allowed: "a boolean (true or false)",
-        }),
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Ok(false);
     }
+    crate::env::parse_go_bool(trimmed).ok_or_else(|| ConfigError {
+        variable,
+        value: value.to_owned(),
+        allowed: "a boolean (true or false)",
+    })
+}
+
+/// aws-node's CIDR lists: each item an IPv4 CIDR; an invalid or IPv6 item
+/// is left out, tolerated.
+fn lenient_cidrs(env: &Env, variable: &'static str) -> Vec<Ipv4Net> {
+    let Some(value) = env.get(variable) else {
+        return Vec::new();
+    };
+    let mut cidrs = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item.parse::<IpNet>() {
+            Ok(IpNet::V4(net)) => cidrs.push(net.trunc()),
+            Ok(IpNet::V6(_)) => env.tolerate(variable, item, "an IPv6 CIDR", "the list without it"),
+            Err(_) => env.tolerate(variable, item, "not a CIDR", "the list without it"),
+        }
+    }
+    cidrs
+}
+
+/// Go's `strconv.ParseInt(v, 0, 64)`: decimal, `0x` hex, `0o` or leading-0
+/// octal, `0b` binary, `_` between digits, an optional sign.
+fn go_int(value: &str) -> Option<i64> {
+    let (negative, digits) = match value.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, value.strip_prefix('+').unwrap_or(value)),
+    };
+    let lower = digits.to_ascii_lowercase();
+    let (radix, body) = if let Some(hex) = lower.strip_prefix("0x") {
+        (16, hex)
+    } else if let Some(octal) = lower.strip_prefix("0o") {
+        (8, octal)
+    } else if let Some(binary) = lower.strip_prefix("0b") {
+        (2, binary)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    // Underscores only between digits (and after a base prefix).
+    if body.is_empty() || body.ends_with('_') || body.contains("__") {
+        return None;
+    }
+    if body.starts_with('_') && radix == 10 {
+        return None;
+    }
+    let magnitude = i64::from_str_radix(&body.replace('_', ""), radix).ok()?;
+    Some(if negative { -magnitude } else { magnitude })
 }
 
 /// A comma-separated list of IPv4 CIDRs (spaces allowed, empty items skipped).
@@ -187,21 +249,6 @@ pub fn parse_cidrs(variable: &'static str, value: &str) -> Result<Vec<Ipv4Net>, 
         .collect()
 }
 
-/// A mark, decimal or `0x` hex (as Go's `strconv.ParseInt(v, 0, 32)` reads
-/// it in the VPC CNI); not zero.
-fn parse_mark(variable: &'static str, value: &str) -> Result<u32, ConfigError> {
-    let value_trimmed = value.trim();
-    let parsed = match value_trimmed.strip_prefix("0x") {
-        Some(hex) => u32::from_str_radix(hex, 16).ok(),
-        None => value_trimmed.parse().ok(),
-    };
-    parsed.filter(|mark| *mark != 0).ok_or_else(|| ConfigError {
-        variable,
-        value: value.to_owned(),
-        allowed: "a non-zero mark, decimal or 0x hex, e.g. 0x80",
-    })
-}
-
 fn parse_port_range(variable: &'static str, value: &str) -> Result<(u16, u16), ConfigError> {
     let err = || ConfigError {
         variable,
@@ -219,25 +266,21 @@ fn parse_port_range(variable: &'static str, value: &str) -> Result<(u16, u16), C
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
 
-    fn settings(vars: &[(&str, &str)]) -> Result<SnatSettings, ConfigError> {
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        SnatSettings::from_lookup(|name| vars.get(name).cloned())
+    fn settings(vars: &[(&str, &str)]) -> (Result<SnatSettings, ConfigError>, Env) {
+        let env = Env::from_pairs(vars.iter().copied());
+        (SnatSettings::from_env(&env), env)
     }
 
     #[test]
     fn defaults_match_the_vpc_cni() {
-        let s = settings(&[]).unwrap();
+        let s = settings(&[]).0.unwrap();
         assert!(!s.external_snat);
         assert_eq!(s.randomize, RandomizeMode::Prng);
         assert!(s.exclude_snat_cidrs.is_empty());
         assert_eq!((s.port_min, s.port_max), (1024, 65535));
+        assert_eq!(s.connmark, 0x80);
     }
 
     #[test]
@@ -247,7 +290,9 @@ mod tests {
             (ENV_EXCLUDE_SNAT_CIDRS, " 192.0.2.0/24, 198.51.100.7/16 ,"),
             (ENV_RANDOMIZE_SNAT, "hashrandom"),
             (ENV_SNAT_PORT_RANGE, "20000-29999"),
+            (ENV_CONNMARK, "0x100"),
         ])
+        .0
         .unwrap();
         assert!(s.external_snat);
         assert_eq!(
@@ -259,20 +304,60 @@ mod tests {
         );
         assert_eq!(s.randomize, RandomizeMode::HashRandom);
         assert_eq!((s.port_min, s.port_max), (20000, 29999));
+        assert_eq!(s.connmark, 0x100);
     }
 
     #[test]
-    fn bad_values_name_the_variable() {
-        for (var, value) in [
-            (ENV_EXTERNAL_SNAT, "yes"),
-            (ENV_EXCLUDE_SNAT_CIDRS, "10.0.0.0/33"),
-            (ENV_RANDOMIZE_SNAT, "random-fully"),
-            (ENV_SNAT_PORT_RANGE, "2000-1000"),
-            (ENV_SNAT_PORT_RANGE, "0-10"),
+    fn marks_read_as_go_reads_integers() {
+        for (value, mark) in [
+            ("0x80", 0x80),
+            ("0200", 0x80),
+            ("0o200", 0x80),
+            ("0b1000_0000", 0x80),
+            ("128", 0x80),
+            ("0X4000", 0x4000),
+            ("16_384", 0x4000),
         ] {
-            let err = settings(&[(var, value)]).unwrap_err();
-            assert_eq!(err.variable, var);
-            assert!(err.to_string().contains(var), "{err}");
+            let (s, env) = settings(&[(ENV_CONNMARK, value)]);
+            assert_eq!(s.unwrap().connmark, mark, "{value}");
+            assert!(env.tolerated().is_empty(), "{value}");
         }
+    }
+
+    #[test]
+    fn values_aws_node_tolerates_fall_back_as_there() {
+        let (s, env) = settings(&[
+            (ENV_EXTERNAL_SNAT, "yes"),
+            (ENV_EXCLUDE_SNAT_CIDRS, "10.0.0.0/33,fd00::/8,192.0.2.0/24"),
+            (ENV_RANDOMIZE_SNAT, "random-fully"),
+            (ENV_CONNMARK, "-1"),
+        ]);
+        let s = s.unwrap();
+        assert!(!s.external_snat);
+        assert_eq!(s.exclude_snat_cidrs, ["192.0.2.0/24".parse().unwrap()]);
+        assert_eq!(s.randomize, RandomizeMode::Prng);
+        assert_eq!(s.connmark, 0x80);
+        let said: Vec<String> = env.tolerated().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            said,
+            [
+                r#"AWS_VPC_K8S_CNI_EXTERNALSNAT="yes": not a boolean; using false, as aws-node does"#,
+                r#"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS="10.0.0.0/33": not a CIDR; using the list without it, as aws-node does"#,
+                r#"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS="fd00::/8": an IPv6 CIDR; using the list without it, as aws-node does"#,
+                r#"AWS_VPC_K8S_CNI_RANDOMIZESNAT="random-fully": not one of none, hashrandom, prng; using prng, as aws-node does"#,
+                r#"AWS_VPC_K8S_CNI_CONNMARK="-1": not a mark from 1 to 2^32-1; using 0x80, as aws-node does"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn vpcnets_own_variables_stop_on_a_bad_value() {
+        for value in ["2000-1000", "0-10", "many"] {
+            let err = settings(&[(ENV_SNAT_PORT_RANGE, value)]).0.unwrap_err();
+            assert_eq!(err.variable, ENV_SNAT_PORT_RANGE);
+            assert!(err.to_string().contains(value), "{err}");
+        }
+        let env = Env::from_pairs([(ENV_SERVICE_CIDRS, "10.100.0.0/16,nowhere")]);
+        assert_eq!(service_cidrs(&env).unwrap_err().variable, ENV_SERVICE_CIDRS);
     }
 }

@@ -18,6 +18,8 @@ use std::{
 use serde_json::Value;
 use vpcnet_api::{conflist, layout::EnforcingMode};
 
+use crate::{config::ConfigError, env::Env};
+
 /// The conflist's file name in the runtime's configuration directory.
 pub const CONFLIST_NAME: &str = "10-vpcnet.conflist";
 
@@ -44,28 +46,127 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
     }
 }
 
+/// The pods' MTU (their veth's), aws-node's entrypoint's; unset: the
+/// ENIs' (`AWS_VPC_ENI_MTU`).
+pub const ENV_POD_MTU: &str = "POD_MTU";
+/// The plugin's log file; "stderr" or blank: its standard error.
+pub const ENV_PLUGIN_LOG_FILE: &str = "AWS_VPC_K8S_PLUGIN_LOG_FILE";
+pub const ENV_PLUGIN_LOG_LEVEL: &str = "AWS_VPC_K8S_PLUGIN_LOG_LEVEL";
+/// Chains the `bandwidth` plugin (pods' `kubernetes.io/*-bandwidth`).
+pub const ENV_ENABLE_BANDWIDTH_PLUGIN: &str = "ENABLE_BANDWIDTH_PLUGIN";
+/// Chains the `tuning` plugin turning IPv6 off in pods.
+pub const ENV_DISABLE_POD_V6: &str = "DISABLE_POD_V6";
+
+/// What aws-node's variables put into the conflist besides the MTU.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginEnv {
+    /// `None`: the ENIs' MTU.
+    pub pod_mtu: Option<u32>,
+    /// `None`: the template's file; `Some("")`: standard error.
+    pub log_file: Option<String>,
+    /// `None`: the template's level.
+    pub log_level: Option<&'static str>,
+    pub bandwidth: bool,
+    pub disable_pod_v6: bool,
+}
+
+impl PluginEnv {
+    /// Reads the variables as aws-node's entrypoint does: it stops on an
+    /// MTU out of range and on a log file of `stdout` (the CNI result's
+    /// stream); an unknown level is debug there, said here.
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let pod_mtu = env
+            .get(ENV_POD_MTU)
+            .map(|v| crate::ipam::settings::parse_mtu(ENV_POD_MTU, v))
+            .transpose()?;
+        let log_file = match env.get(ENV_PLUGIN_LOG_FILE).map(str::trim) {
+            None => None,
+            Some(file) if file.eq_ignore_ascii_case("stdout") => {
+                return Err(ConfigError {
+                    variable: ENV_PLUGIN_LOG_FILE,
+                    value: file.to_owned(),
+                    allowed: "a file, or stderr (stdout carries the plugin's result)",
+                });
+            }
+            Some(file) if file.eq_ignore_ascii_case("stderr") => Some(String::new()),
+            Some(file) => Some(file.to_owned()),
+        };
+        let log_level = env.get(ENV_PLUGIN_LOG_LEVEL).map(|value| {
+            match value.trim().to_ascii_lowercase().as_str() {
+                "debug" => "debug",
+                "info" => "info",
+                "warn" => "warn",
+                // The plugin has no level above error.
+                "error" | "fatal" => "error",
+                _ => {
+                    env.tolerate(
+                        ENV_PLUGIN_LOG_LEVEL,
+                        value,
+                        "not debug, info, warn, error or fatal",
+                        "debug",
+                    );
+                    "debug"
+                }
+            }
+        });
+        Ok(Self {
+            pod_mtu,
+            log_file,
+            log_level,
+            bandwidth: env.bool_or(ENV_ENABLE_BANDWIDTH_PLUGIN, false),
+            disable_pod_v6: env.bool_or(ENV_DISABLE_POD_V6, false),
+        })
+    }
+}
+
 /// What the conflist says of the node, from the agent's settings.
 #[derive(Clone, Debug)]
 pub struct ConflistSettings {
     /// `AWS_VPC_ENI_MTU`.
-    pub mtu: u32,
+    pub eni_mtu: u32,
     /// `AWS_VPC_K8S_CNI_VETHPREFIX`.
     pub veth_prefix: String,
     /// `POD_SECURITY_GROUP_ENFORCING_MODE`.
     pub enforcing_mode: EnforcingMode,
     /// The agent's CNI socket.
     pub agent_socket: PathBuf,
+    pub plugin: PluginEnv,
 }
 
 /// The conflist for `settings`: the shipped template with the plugin's
-/// fields set.
+/// fields set, and the plugins aws-node would chain after it.
 pub fn render_conflist(settings: &ConflistSettings) -> Result<Value, InstallError> {
     let mut conflist = conflist::template().map_err(InstallError::Template)?;
     let plugin = conflist::plugin_mut(&mut conflist).map_err(InstallError::Template)?;
-    plugin["mtu"] = settings.mtu.into();
+    plugin["mtu"] = settings.plugin.pod_mtu.unwrap_or(settings.eni_mtu).into();
     plugin["vethPrefix"] = settings.veth_prefix.clone().into();
     plugin["podSGEnforcingMode"] = settings.enforcing_mode.env_value().into();
     plugin["agentSocket"] = settings.agent_socket.display().to_string().into();
+    if let Some(file) = &settings.plugin.log_file {
+        plugin["logFile"] = file.clone().into();
+    }
+    if let Some(level) = settings.plugin.log_level {
+        plugin["logLevel"] = level.into();
+    }
+    let chained = conflist["plugins"]
+        .as_array_mut()
+        .ok_or_else(|| InstallError::Template("its plugins are not a list".into()))?;
+    if settings.plugin.bandwidth {
+        chained.push(serde_json::json!({
+            "type": "bandwidth",
+            "capabilities": {"bandwidth": true}
+        }));
+    }
+    if settings.plugin.disable_pod_v6 {
+        chained.push(serde_json::json!({
+            "type": "tuning",
+            "sysctl": {
+                "net.ipv6.conf.all.disable_ipv6": "1",
+                "net.ipv6.conf.default.disable_ipv6": "1",
+                "net.ipv6.conf.lo.disable_ipv6": "1"
+            }
+        }));
+    }
     Ok(conflist)
 }
 
@@ -128,10 +229,11 @@ mod tests {
 
     fn settings() -> ConflistSettings {
         ConflistSettings {
-            mtu: 1500,
+            eni_mtu: 1500,
             veth_prefix: "vpc".into(),
             enforcing_mode: EnforcingMode::Standard,
             agent_socket: "/run/vpcnet/cni.sock".into(),
+            plugin: PluginEnv::default(),
         }
     }
 
@@ -145,7 +247,53 @@ mod tests {
         assert_eq!(plugins[0]["podSGEnforcingMode"], "standard");
         assert_eq!(plugins[0]["agentSocket"], "/run/vpcnet/cni.sock");
         assert_eq!(plugins[1]["type"], "portmap", "hostPorts stay chained");
+        assert_eq!(plugins.len(), 2);
         assert_eq!(conflist["name"], "aws-cni");
+    }
+
+    #[test]
+    fn aws_nodes_plugin_variables_reach_the_conflist() {
+        let env = Env::from_pairs([
+            (ENV_POD_MTU, "1400"),
+            (ENV_PLUGIN_LOG_FILE, "stderr"),
+            (ENV_PLUGIN_LOG_LEVEL, "DEBUG"),
+            (ENV_ENABLE_BANDWIDTH_PLUGIN, "true"),
+            (ENV_DISABLE_POD_V6, "true"),
+        ]);
+        let conflist = render_conflist(&ConflistSettings {
+            plugin: PluginEnv::from_env(&env).unwrap(),
+            ..settings()
+        })
+        .unwrap();
+        let plugins = conflist["plugins"].as_array().unwrap();
+        assert_eq!(plugins[0]["mtu"], 1400, "POD_MTU over the ENIs' 1500");
+        assert_eq!(plugins[0]["logFile"], "", "stderr");
+        assert_eq!(plugins[0]["logLevel"], "debug");
+        let types: Vec<&str> = plugins
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            types,
+            [conflist::PLUGIN_TYPE, "portmap", "bandwidth", "tuning"]
+        );
+        assert_eq!(plugins[3]["sysctl"]["net.ipv6.conf.all.disable_ipv6"], "1");
+        assert!(env.tolerated().is_empty());
+    }
+
+    #[test]
+    fn plugin_variables_aws_node_stops_on_stop_the_agent() {
+        for (variable, value) in [
+            (ENV_POD_MTU, "9002"),
+            (ENV_PLUGIN_LOG_FILE, "stdout"),
+            (ENV_PLUGIN_LOG_FILE, "STDOUT"),
+        ] {
+            let err = PluginEnv::from_env(&Env::from_pairs([(variable, value)])).unwrap_err();
+            assert_eq!(err.variable, variable);
+        }
+        let env = Env::from_pairs([(ENV_PLUGIN_LOG_LEVEL, "chatty")]);
+        assert_eq!(PluginEnv::from_env(&env).unwrap().log_level, Some("debug"));
+        assert_eq!(env.tolerated()[0].variable, ENV_PLUGIN_LOG_LEVEL);
     }
 
     #[test]

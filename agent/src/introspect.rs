@@ -65,10 +65,11 @@ use self::{
     },
 };
 use crate::{
-    config::{ConfigError, parse_bool},
+    config::ConfigError,
     datapath::{
         CollectorReport, Datapath, DatapathError, DatapathMaps, Flow, NatPressure, monotonic_now_ns,
     },
+    env::Env,
     ipam::{
         manager::{EniDetail, IpamStatus},
         settings::IpamSettings,
@@ -156,25 +157,14 @@ pub struct Endpoints {
 impl Endpoints {
     /// From the VPC CNI's variables; a flag (`run --introspection-address`,
     /// `--metrics-address`) names the address and serves it whatever the
-    /// variables say.
+    /// variables say. An address aws-node cannot listen on leaves it
+    /// without introspection (it retries forever, silently): here too,
+    /// said at start.
     pub fn from_env(
+        env: &Env,
         introspection_flag: Option<&str>,
         metrics_flag: Option<&str>,
     ) -> Result<Self, ConfigError> {
-        Self::from_lookup(
-            |name| std::env::var(name).ok(),
-            introspection_flag,
-            metrics_flag,
-        )
-    }
-
-    pub fn from_lookup(
-        lookup: impl Fn(&str) -> Option<String>,
-        introspection_flag: Option<&str>,
-        metrics_flag: Option<&str>,
-    ) -> Result<Self, ConfigError> {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let disabled = |name: &'static str| get(name).map_or(Ok(false), |v| parse_bool(name, &v));
         let parse = |source: &'static str, value: &str| {
             value.parse::<ListenAddr>().map_err(|_| ConfigError {
                 variable: source,
@@ -184,16 +174,26 @@ impl Endpoints {
         };
         let introspection = match introspection_flag {
             Some(flag) => Some(parse("--introspection-address", flag)?),
-            None if disabled(ENV_DISABLE_INTROSPECTION)? => None,
-            None => Some(parse(
-                ENV_INTROSPECTION_BIND_ADDRESS,
-                &get(ENV_INTROSPECTION_BIND_ADDRESS)
-                    .unwrap_or_else(|| DEFAULT_INTROSPECTION_ADDRESS.to_owned()),
-            )?),
+            None if env.bool_or(ENV_DISABLE_INTROSPECTION, false) => None,
+            None => {
+                let value = env
+                    .get(ENV_INTROSPECTION_BIND_ADDRESS)
+                    .unwrap_or(DEFAULT_INTROSPECTION_ADDRESS);
+                parse(ENV_INTROSPECTION_BIND_ADDRESS, value)
+                    .inspect_err(|_| {
+                        env.tolerate(
+                            ENV_INTROSPECTION_BIND_ADDRESS,
+                            value,
+                            "not address:port or unix:/path",
+                            "no introspection endpoint",
+                        );
+                    })
+                    .ok()
+            }
         };
         let metrics = match metrics_flag {
             Some(flag) => Some(parse("--metrics-address", flag)?),
-            None if disabled(ENV_DISABLE_METRICS)? => None,
+            None if env.bool_or(ENV_DISABLE_METRICS, false) => None,
             None => Some(parse("--metrics-address", DEFAULT_METRICS_ADDRESS)?),
         };
         Ok(Self {
@@ -1420,11 +1420,7 @@ mod tests {
     }
 
     fn endpoints(vars: &[(&str, &str)], intro: Option<&str>, metrics: Option<&str>) -> Endpoints {
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Endpoints::from_lookup(|name| vars.get(name).cloned(), intro, metrics).unwrap()
+        Endpoints::from_env(&Env::from_pairs(vars.iter().copied()), intro, metrics).unwrap()
     }
 
     #[test]
@@ -1469,12 +1465,17 @@ mod tests {
         assert_eq!(flags.introspection.unwrap().to_string(), "127.0.0.1:2");
         assert_eq!(flags.metrics.unwrap().to_string(), "127.0.0.1:3");
 
-        let vars: HashMap<&str, &str> = HashMap::from([(ENV_DISABLE_METRICS, "maybe")]);
-        let err =
-            Endpoints::from_lookup(|name| vars.get(name).map(|v| (*v).to_owned()), None, None)
-                .unwrap_err();
-        assert_eq!(err.variable, ENV_DISABLE_METRICS);
-        let err = Endpoints::from_lookup(|_| None, Some("nowhere"), None).unwrap_err();
+        // What aws-node tolerates: metrics stay on, introspection goes.
+        let env = Env::from_pairs([
+            (ENV_DISABLE_METRICS, "maybe"),
+            (ENV_INTROSPECTION_BIND_ADDRESS, "localhost"),
+        ]);
+        let tolerant = Endpoints::from_env(&env, None, None).unwrap();
+        assert!(tolerant.metrics.is_some() && tolerant.introspection.is_none());
+        let said: Vec<&str> = env.tolerated().iter().map(|t| t.variable).collect();
+        assert_eq!(said, [ENV_INTROSPECTION_BIND_ADDRESS, ENV_DISABLE_METRICS]);
+        let none = Env::from_pairs(std::iter::empty::<(&str, &str)>());
+        let err = Endpoints::from_env(&none, Some("nowhere"), None).unwrap_err();
         assert_eq!(err.variable, "--introspection-address");
     }
 

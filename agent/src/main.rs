@@ -18,23 +18,24 @@ use clap::{Parser, Subcommand, ValueEnum};
 use ipnet::Ipv4Net;
 use tracing::{error, info, warn};
 use vpcnet_agent::{
-    cloud::Cloud,
+    cloud::{Cloud, CloudOptions},
     cni_server,
-    config::{SnatSettings, parse_cidrs, service_cidrs_from_env},
+    config::{SnatSettings, parse_cidrs},
     datapath::{
         AttachMode, CollectorReport, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns,
         timeouts::{NETFILTER_SYSCTL_DIR, read_timeouts},
         verifier,
     },
+    env::{Env, aws_node},
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
         settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, IpamSettings},
     },
-    layout,
+    layout, logging,
     netlink::NetlinkHandle,
-    node::{NodeLinks, cidr_entries},
-    pods::{Pods, PodsOptions, veth_prefix_from_env},
+    node::{NodeLinks, NodeSysctls, cidr_entries},
+    pods::{Pods, PodsOptions},
     takeover,
 };
 use vpcnet_api::layout::NodeLayout;
@@ -62,6 +63,14 @@ enum Command {
     /// Run the agent: load the datapath, attach it, keep its maps filled and
     /// its NAT table clean until SIGTERM.
     Run(RunArgs),
+    /// Read the environment as `run` does and print the settings in force,
+    /// by variable, as JSON (what was tolerated or has no effect goes to
+    /// standard error); exits non-zero where `run` would not start.
+    Settings {
+        /// As `run --ipam`: the address manager's variables too.
+        #[arg(long)]
+        ipam: bool,
+    },
     /// Load the programs into a scratch pin directory and print what each
     /// cost this kernel's verifier (processed instructions, stack, load
     /// time) against vpcnet's budgets; exits non-zero when one is over.
@@ -243,18 +252,12 @@ fn main() {
 }
 
 fn run_command() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // Colours only for a person at a terminal, not in log files.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let cli = Cli::parse();
+    let env = Env::from_process();
+    logging::init(&env, matches!(cli.command, Command::Run(_)));
     match cli.command {
-        Command::Run(args) => run(&cli.pin_dir, &args),
+        Command::Run(args) => run(&cli.pin_dir, &args, &env),
+        Command::Settings { ipam } => print_settings(&env, ipam),
         Command::Verifier => print_verifier_budgets(),
         Command::Counters { all } => print_counters(&open(&cli.pin_dir)?, all),
         Command::Nat { summary: false } => print_nat(&open(&cli.pin_dir)?),
@@ -272,7 +275,7 @@ fn run_command() -> Result<()> {
         Command::Uninstall {
             cni_conf_dir,
             cni_socket,
-        } => uninstall(&cli.pin_dir, cni_conf_dir, &cni_socket),
+        } => uninstall(&cli.pin_dir, cni_conf_dir, &cni_socket, &env),
         Command::InstallPlugins { from, to } => {
             for path in install::install_plugins(&from, &to)? {
                 println!("installed {}", path.display());
@@ -316,6 +319,7 @@ fn uninstall(
     pin_dir: &std::path::Path,
     cni_conf_dir: Option<PathBuf>,
     cni_socket: &std::path::Path,
+    env: &Env,
 ) -> Result<()> {
     if std::os::unix::net::UnixStream::connect(cni_socket).is_ok() {
         bail!(
@@ -323,14 +327,15 @@ fn uninstall(
             cni_socket.display()
         );
     }
-    let snat = SnatSettings::from_env()?;
+    let snat = SnatSettings::from_env(env)?;
+    let cloud_opts = CloudOptions::from_env(env);
     let opts = takeover::HandBackOptions {
         pin_dir: pin_dir.to_owned(),
         checkpoint: std::env::var_os(ENV_BACKING_STORE)
             .map_or_else(|| PathBuf::from(DEFAULT_BACKING_STORE), PathBuf::from),
         cni_conf_dir,
         connmark: snat.connmark,
-        veth_prefix: veth_prefix_from_env(),
+        veth_prefix: vpcnet_agent::pods::veth_prefix(env)?,
     };
     if !vpcnet_agent::datapath::pins::datapath_pinned(pin_dir) {
         // Done before, or the node rebooted since: only the conflists.
@@ -357,7 +362,7 @@ fn uninstall(
         let device_number = async |mac: vpcnet_agent::netlink::MacAddr| {
             let failed = |message: String| takeover::TakeOverError::DeviceNumber { mac, message };
             let cloud = cloud
-                .get_or_try_init(Cloud::connect)
+                .get_or_try_init(|| Cloud::connect(cloud_opts.clone()))
                 .await
                 .map_err(|e| failed(e.to_string()))?;
             Ok(cloud
@@ -391,31 +396,163 @@ fn open(pin_dir: &std::path::Path) -> Result<DatapathMaps> {
     })
 }
 
-fn run(pin_dir: &std::path::Path, args: &RunArgs) -> Result<()> {
+/// Everything the agent reads from its environment, read before anything
+/// changes on the node.
+struct Settings {
+    snat: SnatSettings,
+    service_cidrs: Vec<Ipv4Net>,
+    ipam: Option<IpamSettings>,
+    endpoints: introspect::Endpoints,
+    plugin: install::PluginEnv,
+    veth_prefix: String,
+    cloud: CloudOptions,
+    sysctls: NodeSysctls,
+}
+
+impl Settings {
+    /// Reads `env`: a refused value or a bad one of vpcnet's own is an
+    /// error; what aws-node tolerates is in `env.tolerated()`.
+    fn read(
+        env: &Env,
+        ipam: bool,
+        introspection: Option<&str>,
+        metrics: Option<&str>,
+    ) -> Result<Self> {
+        let settings = Self {
+            snat: SnatSettings::from_env(env)?,
+            service_cidrs: vpcnet_agent::config::service_cidrs(env)?,
+            ipam: ipam.then(|| IpamSettings::from_env(env)).transpose()?,
+            endpoints: introspect::Endpoints::from_env(env, introspection, metrics)?,
+            plugin: install::PluginEnv::from_env(env)?,
+            veth_prefix: vpcnet_agent::pods::veth_prefix(env)?,
+            cloud: CloudOptions::from_env(env),
+            sysctls: NodeSysctls::from_env(env),
+        };
+        Ok(settings)
+    }
+
+    /// The settings in force by the variable each comes from (what aws-node
+    /// would use for the same environment, where it reads the variable).
+    fn view(&self, env: &Env) -> serde_json::Value {
+        use serde_json::json;
+        use vpcnet_agent::{cloud, config as snat, install as plugin, introspect as intro, node};
+        let s = &self.snat;
+        let mut view = serde_json::Map::new();
+        let mut put = |name: &str, value: serde_json::Value| {
+            view.insert(name.to_owned(), value);
+        };
+        put(snat::ENV_EXTERNAL_SNAT, json!(s.external_snat));
+        put(
+            snat::ENV_EXCLUDE_SNAT_CIDRS,
+            json!(cidr_texts(&s.exclude_snat_cidrs)),
+        );
+        put(snat::ENV_RANDOMIZE_SNAT, json!(s.randomize.env_value()));
+        put(snat::ENV_CONNMARK, json!(s.connmark));
+        put(
+            snat::ENV_SNAT_PORT_RANGE,
+            json!(format!("{}-{}", s.port_min, s.port_max)),
+        );
+        put(
+            snat::ENV_SERVICE_CIDRS,
+            json!(cidr_texts(&self.service_cidrs)),
+        );
+        if let Some(ipam) = &self.ipam {
+            for (name, value) in ipam.env_view() {
+                put(&name, value);
+            }
+            let pod_mtu = self.plugin.pod_mtu.unwrap_or(ipam.eni_mtu);
+            put(plugin::ENV_POD_MTU, json!(pod_mtu));
+        }
+        put(plugin::ENV_PLUGIN_LOG_FILE, json!(self.plugin.log_file));
+        put(plugin::ENV_PLUGIN_LOG_LEVEL, json!(self.plugin.log_level));
+        put(
+            plugin::ENV_ENABLE_BANDWIDTH_PLUGIN,
+            json!(self.plugin.bandwidth),
+        );
+        put(
+            plugin::ENV_DISABLE_POD_V6,
+            json!(self.plugin.disable_pod_v6),
+        );
+        put(vpcnet_agent::pods::ENV_VETH_PREFIX, json!(self.veth_prefix));
+        put(cloud::ENV_EC2_ENDPOINT, json!(self.cloud.ec2_endpoint));
+        put(
+            cloud::ENV_HTTP_TIMEOUT,
+            json!(self.cloud.http_timeout.as_secs()),
+        );
+        put(
+            node::ENV_DISABLE_TCP_EARLY_DEMUX,
+            json!(self.sysctls.disable_tcp_early_demux),
+        );
+        put(
+            intro::ENV_INTROSPECTION_BIND_ADDRESS,
+            json!(
+                self.endpoints
+                    .introspection
+                    .as_ref()
+                    .map(ToString::to_string)
+            ),
+        );
+        put(
+            intro::ENV_DISABLE_METRICS,
+            json!(self.endpoints.metrics.is_none()),
+        );
+        put(logging::ENV_LOG_LEVEL, json!(logging::level(env)));
+        put(
+            logging::ENV_LOG_FILE,
+            json!(match logging::target(env) {
+                logging::LogTarget::Stderr => "stderr".to_owned(),
+                logging::LogTarget::Stdout => "stdout".to_owned(),
+                logging::LogTarget::File(path) => path.display().to_string(),
+            }),
+        );
+        serde_json::Value::Object(view)
+    }
+}
+
+fn cidr_texts(cidrs: &[Ipv4Net]) -> Vec<String> {
+    cidrs.iter().map(ToString::to_string).collect()
+}
+
+/// Reads the settings and says, once, what has no effect and what was
+/// tolerated; a value aws-node's table refuses stops here.
+fn read_settings(
+    env: &Env,
+    ipam: bool,
+    introspection: Option<&str>,
+    metrics: Option<&str>,
+) -> Result<Settings> {
+    let no_effect = aws_node::check(env)?;
+    let settings = Settings::read(env, ipam, introspection, metrics)?;
+    for warning in no_effect {
+        warn!("{warning}");
+    }
+    for tolerated in env.tolerated() {
+        warn!("{tolerated}");
+    }
+    Ok(settings)
+}
+
+/// `vpcnet-agent settings`.
+fn print_settings(env: &Env, ipam: bool) -> Result<()> {
+    let settings = read_settings(env, ipam, None, None)?;
+    println!("{}", serde_json::to_string_pretty(&settings.view(env))?);
+    Ok(())
+}
+
+fn run(pin_dir: &std::path::Path, args: &RunArgs, env: &Env) -> Result<()> {
     // Every variable is checked before anything changes on the node.
-    let snat = SnatSettings::from_env()?;
-    let service_cidrs = service_cidrs_from_env()?;
-    let ipam = if args.ipam {
-        Some(IpamSettings::from_env()?)
-    } else {
-        None
-    };
-    let endpoints = introspect::Endpoints::from_env(
+    let settings = read_settings(
+        env,
+        args.ipam,
         args.introspection_address.as_deref(),
         args.metrics_address.as_deref(),
     )?;
+    info!(settings = %settings.view(env), "settings in force");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(run_node(
-        pin_dir,
-        args,
-        snat,
-        service_cidrs,
-        ipam,
-        &endpoints,
-    ))
+    runtime.block_on(run_node(pin_dir, args, settings))
 }
 
 /// What the node is: from the command line, or from IMDS with `--ipam`.
@@ -494,10 +631,10 @@ async fn start_manager(
 /// The region from IMDS, retried like the address manager's start: an
 /// IMDS that answers late (a busy node, a throttled endpoint) delays the
 /// start instead of ending it.
-async fn connect_cloud() -> Result<Cloud> {
+async fn connect_cloud(opts: &CloudOptions) -> Result<Cloud> {
     let mut retry = StartRetry::new();
     loop {
-        match Cloud::connect().await {
+        match Cloud::connect(opts.clone()).await {
             Ok(cloud) => return Ok(cloud),
             Err(e) if retry.pending() => retry.wait(&e, "connecting to IMDS").await,
             Err(e) => return Err(e).context("connecting to IMDS"),
@@ -533,20 +670,40 @@ impl StartRetry {
 }
 
 #[allow(clippy::too_many_lines)] // the node's start, step by step
-async fn run_node(
-    pin_dir: &std::path::Path,
-    args: &RunArgs,
-    snat: SnatSettings,
-    service_cidrs: Vec<Ipv4Net>,
-    ipam: Option<IpamSettings>,
-    endpoints: &introspect::Endpoints,
-) -> Result<()> {
+async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings) -> Result<()> {
+    let Settings {
+        snat,
+        service_cidrs,
+        ipam,
+        endpoints,
+        plugin,
+        veth_prefix,
+        cloud,
+        sysctls,
+    } = settings;
+    let endpoints = &endpoints;
     let netlink = NetlinkHandle::new()?;
     let cloud = match &ipam {
-        Some(_) => Some(connect_cloud().await?),
+        Some(_) => Some(connect_cloud(&cloud).await?),
         None => None,
     };
     let node = node_facts(args, cloud.as_ref(), &netlink).await?;
+    sysctls
+        .apply(&node.primary_interface)
+        .context("setting the node's sysctls")?;
+    if let Some(settings) = &ipam {
+        // aws-node gives the primary ENI the ENIs' MTU too.
+        let primary = netlink
+            .link_by_name(&node.primary_interface)
+            .await?
+            .with_context(|| format!("no link {}", node.primary_interface))?;
+        if primary.mtu != settings.eni_mtu {
+            netlink
+                .set_mtu(&primary.link_ref(), settings.eni_mtu)
+                .await?;
+            info!(interface = %node.primary_interface, mtu = settings.eni_mtu, "primary ENI's MTU set");
+        }
+    }
     let mut datapath = Datapath::load(&LoadOptions {
         pin_dir: pin_dir.to_owned(),
         nat_entries: args.nat_entries,
@@ -615,10 +772,11 @@ async fn run_node(
         // Pods with a branch ENI are served with ENABLE_POD_ENI only.
         let branch_mode = settings.pod_eni.then_some(settings.sg_enforcing_mode);
         let conflist_settings = install::ConflistSettings {
-            mtu: settings.eni_mtu,
-            veth_prefix: veth_prefix_from_env(),
+            eni_mtu: settings.eni_mtu,
+            veth_prefix: veth_prefix.clone(),
             enforcing_mode: settings.sg_enforcing_mode,
             agent_socket: args.cni_socket.clone(),
+            plugin,
         };
         let network = Arc::new(NodeLinks {
             netlink,
@@ -1038,7 +1196,7 @@ fn percent(part: usize, whole: u32) -> f64 {
 
 /// The running agent's collector figures, from its introspection endpoint.
 fn agent_collector() -> Result<introspect::views::CollectorView> {
-    let endpoints = introspect::Endpoints::from_env(None, None)?;
+    let endpoints = introspect::Endpoints::from_env(&Env::from_process(), None, None)?;
     let addr = endpoints
         .introspection
         .context("introspection is disabled: no figures from the running agent")?;

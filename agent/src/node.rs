@@ -147,3 +147,63 @@ impl NodeNetwork for NodeLinks {
         Ok(())
     }
 }
+
+/// Turns TCP early demux off (aws-node's init container's variable): a
+/// strict-mode branch-ENI pod's kubelet probes need it off, as its replies
+/// come back by another link than the one early demux cached.
+pub const ENV_DISABLE_TCP_EARLY_DEMUX: &str = "DISABLE_TCP_EARLY_DEMUX";
+
+/// The node's sysctls aws-node's init container sets, in the agent's
+/// network namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSysctls {
+    pub disable_tcp_early_demux: bool,
+}
+
+impl NodeSysctls {
+    pub fn from_env(env: &crate::env::Env) -> Self {
+        Self {
+            disable_tcp_early_demux: env.bool_or(ENV_DISABLE_TCP_EARLY_DEMUX, false),
+        }
+    }
+
+    /// What is written where: loose reverse-path filtering (2) on the
+    /// primary interface, whose replies may arrive for addresses of other
+    /// ENIs; TCP early demux 0 or 1 where the kernel has it (aws-node
+    /// writes 1 too, so a node's earlier 0 does not linger).
+    #[must_use]
+    pub fn writes(&self, primary_interface: &str) -> Vec<(std::path::PathBuf, &'static str)> {
+        let ipv4 = std::path::Path::new("/proc/sys/net/ipv4");
+        let mut writes = vec![(
+            ipv4.join("conf").join(primary_interface).join("rp_filter"),
+            "2",
+        )];
+        let early_demux = ipv4.join("tcp_early_demux");
+        if early_demux.exists() {
+            writes.push((
+                early_demux,
+                if self.disable_tcp_early_demux {
+                    "0"
+                } else {
+                    "1"
+                },
+            ));
+        }
+        writes
+    }
+
+    /// Writes them; aws-node's init container stops on a failure, so does
+    /// the agent's start.
+    pub fn apply(&self, primary_interface: &str) -> std::io::Result<()> {
+        for (path, value) in self.writes(primary_interface) {
+            std::fs::write(&path, value).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("writing {value} to {}: {e}", path.display()),
+                )
+            })?;
+            info!(sysctl = %path.display(), value, "node sysctl set, as aws-node's init container does");
+        }
+        Ok(())
+    }
+}

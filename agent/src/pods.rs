@@ -22,7 +22,9 @@ use vpcnet_common::{
 };
 
 use crate::{
+    config::ConfigError,
     datapath::{Datapath, DatapathError},
+    env::Env,
     ipam::{
         checkpoint::{IpamKey, IpamMetadata},
         datastore::AssignedAddr,
@@ -34,10 +36,21 @@ use crate::{
 /// The VPC CNI's host veth prefix variable (the plugin's `vethPrefix`).
 pub const ENV_VETH_PREFIX: &str = "AWS_VPC_K8S_CNI_VETHPREFIX";
 
-/// `AWS_VPC_K8S_CNI_VETHPREFIX`, or the VPC CNI's default.
-pub fn veth_prefix_from_env() -> String {
-    std::env::var(ENV_VETH_PREFIX)
-        .unwrap_or_else(|_| vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned())
+/// `AWS_VPC_K8S_CNI_VETHPREFIX`, or the VPC CNI's default. aws-node's
+/// entrypoint stops on a prefix longer than 4 characters or one naming
+/// the node's own links (`eth`, `lo`, `vlan`); so does vpcnet.
+pub fn veth_prefix(env: &Env) -> Result<String, ConfigError> {
+    let Some(prefix) = env.raw(ENV_VETH_PREFIX) else {
+        return Ok(vpcnet_api::pod::DEFAULT_VETH_PREFIX.to_owned());
+    };
+    if prefix.chars().count() > 4 || ["eth", "lo", "vlan"].contains(&prefix) {
+        return Err(ConfigError {
+            variable: ENV_VETH_PREFIX,
+            value: prefix.to_owned(),
+            allowed: "at most 4 characters, not eth, lo or vlan",
+        });
+    }
+    Ok(prefix.to_owned())
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -344,9 +344,10 @@ async fn cross_check(endpoint: &str) {
             .build(),
     );
     let world = prepare(&ec2).await;
-    let cloud = Cloud::connect_with(CloudOptions {
+    let cloud = Cloud::connect(CloudOptions {
         region: Some(REGION.to_owned()),
         ec2_endpoint: Some(endpoint.to_owned()),
+        ..CloudOptions::default()
     })
     .await
     .unwrap();

@@ -234,14 +234,14 @@ fn attach_operators_eni(
                 .build()
                 .expect("a runtime")
                 .block_on(async {
-                    let cloud = vpcnet_agent::cloud::Cloud::connect_with(
-                        vpcnet_agent::cloud::CloudOptions {
+                    let cloud =
+                        vpcnet_agent::cloud::Cloud::connect(vpcnet_agent::cloud::CloudOptions {
                             region: Some("us-west-2".into()),
                             ec2_endpoint: Some(vpcnet_lab::ec2::EC2_ENDPOINT_URL.into()),
-                        },
-                    )
-                    .await
-                    .expect("EC2");
+                            ..vpcnet_agent::cloud::CloudOptions::default()
+                        })
+                        .await
+                        .expect("EC2");
                     cloud
                         .attach_eni(&eni, &instance, 2)
                         .await

@@ -11,9 +11,13 @@ use k8s_openapi::api::{
     core::v1::{PodSpec, Probe},
 };
 use vpcnet_agent::{
-    config::{SnatSettings, VARIABLES, service_cidrs_from_lookup},
+    cloud::CloudOptions,
+    config::{SnatSettings, VARIABLES, service_cidrs},
+    env::{Env, aws_node},
+    install::PluginEnv,
     introspect::Endpoints,
     ipam::settings::IpamSettings,
+    node::NodeSysctls,
 };
 use vpcnet_deploy::{
     DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, kustomization_manifests, objects,
@@ -275,24 +279,33 @@ fn the_config_map_holds_every_variable_with_the_agents_defaults() {
             "the ConfigMap sets {key}, which the agent does not read"
         );
     }
-    // The agent reads the ConfigMap exactly as it reads nothing at all.
-    let lookup = |name: &str| data.get(name).cloned();
-    assert_eq!(
-        SnatSettings::from_lookup(lookup).unwrap(),
-        SnatSettings::default()
+    // The agent reads the ConfigMap exactly as it reads nothing at all,
+    // tolerating nothing and warning of nothing.
+    let (set, unset) = (
+        Env::from_pairs(data.clone()),
+        Env::from_pairs(std::iter::empty::<(String, String)>()),
     );
     assert_eq!(
-        IpamSettings::from_lookup(lookup).unwrap(),
-        IpamSettings::default()
+        SnatSettings::from_env(&set).unwrap(),
+        SnatSettings::from_env(&unset).unwrap()
     );
     assert_eq!(
-        Endpoints::from_lookup(lookup, None, None).unwrap(),
-        Endpoints::from_lookup(|_| None, None, None).unwrap()
+        IpamSettings::from_env(&set).unwrap(),
+        IpamSettings::from_env(&unset).unwrap()
     );
     assert_eq!(
-        service_cidrs_from_lookup(lookup).unwrap(),
-        service_cidrs_from_lookup(|_| None).unwrap()
+        Endpoints::from_env(&set, None, None).unwrap(),
+        Endpoints::from_env(&unset, None, None).unwrap()
     );
+    assert_eq!(service_cidrs(&set).unwrap(), service_cidrs(&unset).unwrap());
+    assert_eq!(
+        PluginEnv::from_env(&set).unwrap(),
+        PluginEnv::from_env(&unset).unwrap()
+    );
+    assert_eq!(CloudOptions::from_env(&set), CloudOptions::from_env(&unset));
+    assert_eq!(NodeSysctls::from_env(&set), NodeSysctls::from_env(&unset));
+    assert_eq!(aws_node::check(&set).unwrap(), Vec::<String>::new());
+    assert_eq!(set.tolerated(), []);
     assert_eq!(
         data["AWS_VPC_K8S_CNI_VETHPREFIX"],
         vpcnet_api::pod::DEFAULT_VETH_PREFIX
@@ -380,7 +393,7 @@ fn helm_values_keep_the_aws_vpc_cni_charts_names() {
     let data = charted.config_map().data.clone().unwrap_or_default();
     assert_eq!(data["AWS_VPC_K8S_CNI_EXTERNALSNAT"], "true");
     assert_eq!(data["WARM_IP_TARGET"], "5");
-    let settings = IpamSettings::from_lookup(|name| data.get(name).cloned()).unwrap();
+    let settings = IpamSettings::from_env(&Env::from_pairs(data.clone())).unwrap();
     assert_eq!(settings.warm_ip_target, 5);
     let sa = charted.service_accounts().next().unwrap();
     let annotations = sa.metadata.annotations.clone().unwrap_or_default();
@@ -425,5 +438,22 @@ fn helm_values_keep_the_aws_vpc_cni_charts_names() {
             .service_account_name
             .as_deref(),
         Some("aws-node")
+    );
+}
+
+/// The guide's table of aws-node's variables is the agent's.
+#[test]
+fn the_guide_prints_the_agents_table_of_aws_node_variables() {
+    let guide = std::fs::read_to_string(Path::new(DEPLOY_DIR).join("README.md")).unwrap();
+    let (begin, end) = (
+        "<!-- aws-node variables: begin -->\n",
+        "<!-- aws-node variables: end -->",
+    );
+    let start = guide.find(begin).expect("the table's begin marker") + begin.len();
+    let stop = guide.find(end).expect("the table's end marker");
+    let expected = aws_node::markdown_table();
+    assert!(
+        guide[start..stop] == expected,
+        "deploy/README.md's table differs from the agent's; it should read:\n{expected}"
     );
 }

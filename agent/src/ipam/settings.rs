@@ -1,14 +1,15 @@
-//! The address manager's configuration: the VPC CNI's variable names and
-//! defaults. Where aws-node falls back to the default on a value it cannot
-//! read, vpcnet stops with a message naming the variable and what it takes:
-//! a typo in `WARM_IP_TARGET` should not silently become "unset".
+//! The address manager's configuration: the VPC CNI's variable names,
+//! defaults and readings. Where aws-node falls back to the default on a
+//! value it cannot read, so does vpcnet, saying so at start ([`Env`]);
+//! where aws-node's entrypoint stops (an MTU out of range, a bad cooldown,
+//! a bad enforcing mode with `ENABLE_POD_ENI`), vpcnet stops too.
 
 use std::{path::PathBuf, time::Duration};
 
 use vpcnet_api::layout::EnforcingMode;
 
 use super::pool::PoolTargets;
-use crate::config::{ConfigError, parse_bool};
+use crate::{config::ConfigError, env::Env};
 
 pub const ENV_WARM_ENI_TARGET: &str = "WARM_ENI_TARGET";
 pub const ENV_WARM_IP_TARGET: &str = "WARM_IP_TARGET";
@@ -101,97 +102,88 @@ fn count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
     })
 }
 
-impl IpamSettings {
-    /// Reads the settings from the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
+/// An MTU in [`ENI_MTU_RANGE`]: aws-node's entrypoint stops on any other.
+pub fn parse_mtu(variable: &'static str, value: &str) -> Result<u32, ConfigError> {
+    value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|mtu| ENI_MTU_RANGE.contains(mtu))
+        .ok_or_else(|| ConfigError {
+            variable,
+            value: value.to_owned(),
+            allowed: "an MTU from 576 to 9001",
+        })
+}
 
-    /// Reads the settings through `lookup` (unset variables: `None`; empty
-    /// values count as unset, as aws-node's manifests often leave them).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let mut s = Self::default();
-        if let Some(v) = get(ENV_WARM_ENI_TARGET) {
-            s.warm_eni_target = count(ENV_WARM_ENI_TARGET, &v)?;
+impl IpamSettings {
+    /// Reads the settings from `env` (blank values count as unset, as
+    /// aws-node's manifests often leave them).
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let defaults = Self::default();
+        let mut s = Self {
+            warm_eni_target: env.count_or(ENV_WARM_ENI_TARGET, defaults.warm_eni_target),
+            warm_ip_target: env.count_or(ENV_WARM_IP_TARGET, 0),
+            minimum_ip_target: env.count_or(ENV_MINIMUM_IP_TARGET, 0),
+            warm_prefix_target: env.count_or(ENV_WARM_PREFIX_TARGET, 0),
+            prefix_delegation: env.bool_or(ENV_ENABLE_PREFIX_DELEGATION, false),
+            custom_network: env.bool_or(ENV_CUSTOM_NETWORK_CFG, false),
+            leaked_eni_cleanup: !env.bool_or(ENV_DISABLE_LEAKED_ENI_CLEANUP, false),
+            pod_eni: env.bool_or(ENV_ENABLE_POD_ENI, false),
+            cluster_name: env.get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned()),
+            ..defaults
+        };
+        if let Some(v) = env.get(ENV_MAX_ENI) {
+            // Below 1 means "the instance type's limit", as in aws-node.
+            match v.trim().parse::<i64>() {
+                Ok(n) => s.max_eni = usize::try_from(n).ok().filter(|&n| n >= 1),
+                Err(_) => env.tolerate(
+                    ENV_MAX_ENI,
+                    v,
+                    "not a whole number",
+                    "the instance type's limit",
+                ),
+            }
         }
-        if let Some(v) = get(ENV_WARM_IP_TARGET) {
-            s.warm_ip_target = count(ENV_WARM_IP_TARGET, &v)?;
-        }
-        if let Some(v) = get(ENV_MINIMUM_IP_TARGET) {
-            s.minimum_ip_target = count(ENV_MINIMUM_IP_TARGET, &v)?;
-        }
-        if let Some(v) = get(ENV_WARM_PREFIX_TARGET) {
-            s.warm_prefix_target = count(ENV_WARM_PREFIX_TARGET, &v)?;
-        }
-        if let Some(v) = get(ENV_ENABLE_PREFIX_DELEGATION) {
-            s.prefix_delegation = parse_bool(ENV_ENABLE_PREFIX_DELEGATION, &v)?;
-        }
-        if let Some(v) = get(ENV_MAX_ENI) {
-            // As aws-node: below 1 means "the instance type's limit".
-            let n: i64 = v.trim().parse().map_err(|_| ConfigError {
-                variable: ENV_MAX_ENI,
-                value: v.clone(),
-                allowed: "a whole number (below 1: the instance type's limit)",
-            })?;
-            s.max_eni = usize::try_from(n).ok().filter(|&n| n >= 1);
-        }
-        if let Some(v) = get(ENV_IP_COOLDOWN_PERIOD) {
+        if let Some(v) = env.get(ENV_IP_COOLDOWN_PERIOD) {
             s.ip_cooldown = Duration::from_secs(
-                u64::try_from(count(ENV_IP_COOLDOWN_PERIOD, &v)?).unwrap_or(u64::MAX),
+                u64::try_from(count(ENV_IP_COOLDOWN_PERIOD, v)?).unwrap_or(u64::MAX),
             );
         }
-        if let Some(v) = get(ENV_CUSTOM_NETWORK_CFG) {
-            s.custom_network = parse_bool(ENV_CUSTOM_NETWORK_CFG, &v)?;
+        if let Some(v) = env.get(ENV_ENI_MTU) {
+            s.eni_mtu = parse_mtu(ENV_ENI_MTU, v)?;
         }
-        if let Some(v) = get(ENV_ENI_MTU) {
-            s.eni_mtu = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|mtu| ENI_MTU_RANGE.contains(mtu))
-                .ok_or_else(|| ConfigError {
-                    variable: ENV_ENI_MTU,
-                    value: v.clone(),
-                    allowed: "an MTU from 576 to 9001",
-                })?;
-        }
-        if let Some(v) = get(ENV_DISABLE_LEAKED_ENI_CLEANUP) {
-            s.leaked_eni_cleanup = !parse_bool(ENV_DISABLE_LEAKED_ENI_CLEANUP, &v)?;
-        }
-        if let Some(v) = get(ENV_BACKING_STORE) {
+        if let Some(v) = env.get(ENV_BACKING_STORE) {
             s.backing_store = PathBuf::from(v.trim());
         }
-        if let Some(v) = get(ENV_ENABLE_POD_ENI) {
-            s.pod_eni = parse_bool(ENV_ENABLE_POD_ENI, &v)?;
-        }
-        if let Some(v) = get(ENV_SG_ENFORCING_MODE) {
+        if let Some(v) = env.get(ENV_SG_ENFORCING_MODE) {
             s.sg_enforcing_mode = match v.trim() {
                 "strict" => EnforcingMode::Strict,
                 "standard" => EnforcingMode::Standard,
-                _ => {
+                // aws-node's entrypoint stops only when the mode matters.
+                _ if s.pod_eni => {
                     return Err(ConfigError {
                         variable: ENV_SG_ENFORCING_MODE,
-                        value: v.clone(),
-                        allowed: "strict or standard",
+                        value: v.to_owned(),
+                        allowed: "strict or standard (ENABLE_POD_ENI is true)",
                     });
+                }
+                _ => {
+                    env.tolerate(ENV_SG_ENFORCING_MODE, v, "not strict or standard", "strict");
+                    EnforcingMode::Strict
                 }
             };
         }
-        s.cluster_name = get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned());
-        s.read_eni_config(&get)?;
-        if let Some(v) = get(ENV_MAX_PODS) {
-            s.max_pods = Some(count(ENV_MAX_PODS, &v)?).filter(|&n| n > 0);
+        s.read_eni_config(env)?;
+        if let Some(v) = env.get(ENV_MAX_PODS) {
+            s.max_pods = Some(count(ENV_MAX_PODS, v)?).filter(|&n| n > 0);
         }
         Ok(s)
     }
 
     /// Custom networking's subnet and security groups.
-    fn read_eni_config(
-        &mut self,
-        get: &impl Fn(&str) -> Option<String>,
-    ) -> Result<(), ConfigError> {
-        self.eni_config_subnet = get(ENV_ENI_CONFIG_SUBNET).map(|v| v.trim().to_owned());
+    fn read_eni_config(&mut self, env: &Env) -> Result<(), ConfigError> {
+        self.eni_config_subnet = env.get(ENV_ENI_CONFIG_SUBNET).map(|v| v.trim().to_owned());
         if let Some(subnet) = &self.eni_config_subnet
             && !subnet.starts_with("subnet-")
         {
@@ -201,7 +193,7 @@ impl IpamSettings {
                 allowed: "a subnet id (subnet-...)",
             });
         }
-        if let Some(v) = get(ENV_ENI_CONFIG_SECURITY_GROUPS) {
+        if let Some(v) = env.get(ENV_ENI_CONFIG_SECURITY_GROUPS) {
             self.eni_config_security_groups = v
                 .split(',')
                 .map(str::trim)
@@ -215,7 +207,7 @@ impl IpamSettings {
             {
                 return Err(ConfigError {
                     variable: ENV_ENI_CONFIG_SECURITY_GROUPS,
-                    value: v.clone(),
+                    value: v.to_owned(),
                     allowed: "security group ids (sg-...), comma-separated",
                 });
             }
@@ -293,11 +285,7 @@ mod tests {
     use super::*;
 
     fn settings(vars: &[(&str, &str)]) -> Result<IpamSettings, ConfigError> {
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        IpamSettings::from_lookup(|name| vars.get(name).cloned())
+        IpamSettings::from_env(&Env::from_pairs(vars.iter().copied()))
     }
 
     #[test]
@@ -371,20 +359,64 @@ mod tests {
     }
 
     #[test]
-    fn bad_values_stop_with_the_variable_named() {
-        for (var, value) in [
+    fn values_aws_node_tolerates_take_its_defaults_and_are_said() {
+        let env = Env::from_pairs([
             (ENV_WARM_ENI_TARGET, "-1"),
             (ENV_WARM_IP_TARGET, "five"),
-            (ENV_MINIMUM_IP_TARGET, "1.5"),
+            (ENV_MINIMUM_IP_TARGET, "-3"),
+            (ENV_WARM_PREFIX_TARGET, "1.5"),
             (ENV_ENABLE_PREFIX_DELEGATION, "yes"),
             (ENV_MAX_ENI, "many"),
-            (ENV_ENI_MTU, "9002"),
             (ENV_SG_ENFORCING_MODE, "lenient"),
-            (ENV_ENI_CONFIG_SUBNET, "pods"),
-            (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1,default"),
-            (ENV_MAX_PODS, "lots"),
+        ]);
+        let s = IpamSettings::from_env(&env).unwrap();
+        assert_eq!(
+            (
+                s.warm_eni_target,
+                s.warm_ip_target,
+                s.minimum_ip_target,
+                s.warm_prefix_target
+            ),
+            (1, 0, 0, 0)
+        );
+        assert!(!s.prefix_delegation);
+        assert_eq!(s.max_eni, None);
+        assert_eq!(s.sg_enforcing_mode, EnforcingMode::Strict);
+        let said: Vec<&str> = env.tolerated().iter().map(|t| t.variable).collect();
+        assert_eq!(
+            said,
+            [
+                ENV_WARM_ENI_TARGET,
+                ENV_WARM_IP_TARGET,
+                ENV_MINIMUM_IP_TARGET,
+                ENV_WARM_PREFIX_TARGET,
+                ENV_ENABLE_PREFIX_DELEGATION,
+                ENV_MAX_ENI,
+                ENV_SG_ENFORCING_MODE,
+            ]
+        );
+        assert_eq!(
+            env.tolerated()[0].to_string(),
+            r#"WARM_ENI_TARGET="-1": negative; using 1, as aws-node does"#
+        );
+    }
+
+    #[test]
+    fn values_aws_nodes_entrypoint_stops_on_stop_the_agent() {
+        for vars in [
+            &[(ENV_ENI_MTU, "9002")][..],
+            &[(ENV_ENI_MTU, "jumbo")],
+            &[(ENV_IP_COOLDOWN_PERIOD, "-1")],
+            &[
+                (ENV_ENABLE_POD_ENI, "true"),
+                (ENV_SG_ENFORCING_MODE, "lenient"),
+            ],
+            &[(ENV_ENI_CONFIG_SUBNET, "pods")],
+            &[(ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1,default")],
+            &[(ENV_MAX_PODS, "lots")],
         ] {
-            let err = settings(&[(var, value)]).unwrap_err();
+            let (var, value) = vars[vars.len() - 1];
+            let err = settings(vars).unwrap_err();
             assert_eq!(err.variable, var);
             assert!(
                 err.to_string().contains(var) && err.to_string().contains(value),
@@ -428,7 +460,7 @@ mod tests {
                 Some((name.clone(), text))
             })
             .collect();
-        let read_back = IpamSettings::from_lookup(|name| vars.get(name).cloned()).unwrap();
+        let read_back = IpamSettings::from_env(&Env::from_pairs(vars)).unwrap();
         assert_eq!(read_back, original);
     }
 }
