@@ -81,7 +81,8 @@ impl Env {
         self.vars.keys().map(String::as_str)
     }
 
-    /// Records that `variable`'s `value` is not used as set.
+    /// Records that `variable`'s `value` is not used as set; once, however
+    /// often it is read.
     pub fn tolerate(
         &self,
         variable: &'static str,
@@ -89,12 +90,16 @@ impl Env {
         why: &'static str,
         used: impl fmt::Display,
     ) {
-        self.tolerated.borrow_mut().push(Tolerated {
+        let tolerated = Tolerated {
             variable,
             value: value.to_owned(),
             used: used.to_string(),
             why,
-        });
+        };
+        let mut all = self.tolerated.borrow_mut();
+        if !all.contains(&tolerated) {
+            all.push(tolerated);
+        }
     }
 
     /// What was tolerated so far, in the order it was read.
@@ -158,6 +163,7 @@ mod tests {
         assert!(env.bool_or("C", true));
         assert!(!env.bool_or("D", false));
         assert!(env.bool_or("UNSET", true));
+        assert!(env.bool_or("C", true), "read twice, said once");
         let tolerated = env.tolerated();
         assert_eq!(tolerated.len(), 1, "{tolerated:?}");
         assert_eq!(

@@ -119,6 +119,19 @@ impl PluginEnv {
     }
 }
 
+impl PluginEnv {
+    /// The plugin's log file and level in force: these, or the template's.
+    pub fn logging_in_force(&self) -> Result<(String, String), InstallError> {
+        let mut conflist = conflist::template().map_err(InstallError::Template)?;
+        let template = conflist::plugin_mut(&mut conflist).map_err(InstallError::Template)?;
+        let field = |name: &str| template[name].as_str().unwrap_or_default().to_owned();
+        Ok((
+            self.log_file.clone().unwrap_or_else(|| field("logFile")),
+            self.log_level.map_or_else(|| field("logLevel"), str::to_owned),
+        ))
+    }
+}
+
 /// What the conflist says of the node, from the agent's settings.
 #[derive(Clone, Debug)]
 pub struct ConflistSettings {

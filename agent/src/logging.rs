@@ -15,7 +15,7 @@ pub const ENV_LOG_LEVEL: &str = "AWS_VPC_K8S_CNI_LOGLEVEL";
 pub const ENV_LOG_FILE: &str = "AWS_VPC_K8S_CNI_LOG_FILE";
 
 /// The level when neither variable says.
-const DEFAULT_LEVEL: &str = "info";
+pub const DEFAULT_LEVEL: &str = "info";
 
 /// Where the log goes.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -433,7 +433,7 @@ impl Settings {
 
     /// The settings in force by the variable each comes from (what aws-node
     /// would use for the same environment, where it reads the variable).
-    fn view(&self, env: &Env) -> serde_json::Value {
+    fn view(&self, env: &Env) -> Result<serde_json::Value> {
         use serde_json::json;
         use vpcnet_agent::{cloud, config as snat, install as plugin, introspect as intro, node};
         let s = &self.snat;
@@ -463,8 +463,9 @@ impl Settings {
             let pod_mtu = self.plugin.pod_mtu.unwrap_or(ipam.eni_mtu);
             put(plugin::ENV_POD_MTU, json!(pod_mtu));
         }
-        put(plugin::ENV_PLUGIN_LOG_FILE, json!(self.plugin.log_file));
-        put(plugin::ENV_PLUGIN_LOG_LEVEL, json!(self.plugin.log_level));
+        let (plugin_log_file, plugin_log_level) = self.plugin.logging_in_force()?;
+        put(plugin::ENV_PLUGIN_LOG_FILE, json!(plugin_log_file));
+        put(plugin::ENV_PLUGIN_LOG_LEVEL, json!(plugin_log_level));
         put(
             plugin::ENV_ENABLE_BANDWIDTH_PLUGIN,
             json!(self.plugin.bandwidth),
@@ -496,7 +497,10 @@ impl Settings {
             intro::ENV_DISABLE_METRICS,
             json!(self.endpoints.metrics.is_none()),
         );
-        put(logging::ENV_LOG_LEVEL, json!(logging::level(env)));
+        put(
+            logging::ENV_LOG_LEVEL,
+            json!(logging::level(env).unwrap_or(logging::DEFAULT_LEVEL)),
+        );
         put(
             logging::ENV_LOG_FILE,
             json!(match logging::target(env) {
@@ -505,7 +509,7 @@ impl Settings {
                 logging::LogTarget::File(path) => path.display().to_string(),
             }),
         );
-        serde_json::Value::Object(view)
+        Ok(serde_json::Value::Object(view))
     }
 }
 
@@ -535,7 +539,7 @@ fn read_settings(
 /// `vpcnet-agent settings`.
 fn print_settings(env: &Env, ipam: bool) -> Result<()> {
     let settings = read_settings(env, ipam, None, None)?;
-    println!("{}", serde_json::to_string_pretty(&settings.view(env))?);
+    println!("{}", serde_json::to_string_pretty(&settings.view(env)?)?);
     Ok(())
 }
 
@@ -547,7 +551,7 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs, env: &Env) -> Result<()> {
         args.introspection_address.as_deref(),
         args.metrics_address.as_deref(),
     )?;
-    info!(settings = %settings.view(env), "settings in force");
+    info!(settings = %settings.view(env)?, "settings in force");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
