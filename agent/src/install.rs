@@ -127,7 +127,8 @@ impl PluginEnv {
         let field = |name: &str| template[name].as_str().unwrap_or_default().to_owned();
         Ok((
             self.log_file.clone().unwrap_or_else(|| field("logFile")),
-            self.log_level.map_or_else(|| field("logLevel"), str::to_owned),
+            self.log_level
+                .map_or_else(|| field("logLevel"), str::to_owned),
         ))
     }
 }

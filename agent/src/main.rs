@@ -331,8 +331,7 @@ fn uninstall(
     let cloud_opts = CloudOptions::from_env(env);
     let opts = takeover::HandBackOptions {
         pin_dir: pin_dir.to_owned(),
-        checkpoint: std::env::var_os(ENV_BACKING_STORE)
-            .map_or_else(|| PathBuf::from(DEFAULT_BACKING_STORE), PathBuf::from),
+        checkpoint: PathBuf::from(env.get(ENV_BACKING_STORE).unwrap_or(DEFAULT_BACKING_STORE)),
         cni_conf_dir,
         connmark: snat.connmark,
         veth_prefix: vpcnet_agent::pods::veth_prefix(env)?,
