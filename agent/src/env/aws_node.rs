@@ -104,7 +104,7 @@ pub const VARIABLES: &[Variable] = &[
     ),
     no_effect(
         ENV_NODE_PORT_SUPPORT,
-        "vpcnet always answers a NodePort connection by the ENI it came in on",
+        "a NodePort connection's replies always go back through the node's stack and leave by the primary ENI, as this variable's rules make them in aws-node",
     ),
     refused(
         ENV_ENABLE_IPV4,
