@@ -18,7 +18,7 @@
 //! prints a table of each call and what came of it.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpStream},
@@ -35,7 +35,7 @@ use aws_sdk_ec2::{
 use ipnet::Ipv4Net;
 use vpcnet_agent::cloud::{
     Cloud, CloudError, CloudOptions, EniInfo, NewEni, TAG_CLUSTER_NAME, TAG_CREATED_AT,
-    TAG_INSTANCE_ID, eni_description,
+    TAG_INSTANCE_ID, eni_description, managed_eni_tags,
 };
 use vpcnet_lab::moto::MOTO_SERVER;
 
@@ -412,12 +412,13 @@ impl Check {
         let (cloud, world, ec2) = (&self.cloud, &self.world, &self.ec2);
         let instance = world.instance_id.as_str();
         let security_groups = [world.security_group.clone()];
+        let tags = managed_eni_tags(instance, Some(CLUSTER), &BTreeMap::new());
         let created = cloud
             .create_eni(&NewEni {
                 subnet_id: &world.subnet_id,
                 security_groups: &security_groups,
                 instance_id: instance,
-                cluster_name: Some(CLUSTER),
+                tags: &tags,
                 secondary_addrs: 3,
                 prefixes: 0,
             })

@@ -81,7 +81,6 @@ fn chart_with(log_dir: &Path, changes: &[(&'static str, &str)]) -> Vec<(&'static
 
 /// What the chart's defaults leave without effect here.
 const CHART_NO_EFFECT: &[&str] = &[
-    "ADDITIONAL_ENI_TAGS",
     "AWS_VPC_CNI_NODE_PORT_SUPPORT",
     "DISABLE_NETWORK_RESOURCE_PROVISIONING",
     "ENABLE_SUBNET_DISCOVERY",
@@ -229,6 +228,11 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                     ("ENABLE_BANDWIDTH_PLUGIN", "true"),
                     // aws-node: an unreadable boolean is its default.
                     ("DISABLE_POD_V6", "yes"),
+                    // aws-node leaves out a key of its own.
+                    (
+                        "ADDITIONAL_ENI_TAGS",
+                        r#"{"team":"payments","node.k8s.amazonaws.com/instance_id":"i-0"}"#,
+                    ),
                 ],
             ),
             expected: vec![
@@ -240,8 +244,12 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 ("POD_MTU", json!(1500)),
                 ("ENABLE_BANDWIDTH_PLUGIN", json!(true)),
                 ("DISABLE_POD_V6", json!(false)),
+                ("ADDITIONAL_ENI_TAGS", json!({"team": "payments"})),
             ],
-            tolerated: vec![("DISABLE_POD_V6", "false")],
+            tolerated: vec![
+                ("DISABLE_POD_V6", "false"),
+                ("ADDITIONAL_ENI_TAGS", "the tags without it"),
+            ],
             no_effect: CHART_NO_EFFECT.to_vec(),
         },
     ]

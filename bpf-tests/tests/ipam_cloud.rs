@@ -409,3 +409,63 @@ fn enis_of_others_are_left_alone_and_the_agents_own_links_are_put_back() {
     println!("{theirs} ({their_link}) left alone: {before:?}; {ours} put back: {settled:?}");
     drop(lab);
 }
+
+/// `CLUSTER_NAME` and `ADDITIONAL_ENI_TAGS`: the ENI the agent makes
+/// carries aws-node's tags and the operator's, and so does the primary ENI,
+/// which the agent manages without having made it; a key of aws-node's own
+/// in the operator's tags is left out.
+#[test]
+fn managed_enis_carry_aws_nodes_tags_and_the_operators() {
+    use vpcnet_agent::cloud::{ENI_OWNER, TAG_CLUSTER_NAME, TAG_ENI_OWNER};
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up(
+        "m5.large",
+        &[
+            ("CLUSTER_NAME", "lab"),
+            (
+                "ADDITIONAL_ENI_TAGS",
+                r#"{"team":"payments","node.k8s.amazonaws.com/no_manage":"true"}"#,
+            ),
+        ],
+    );
+    let instance = lab.emulator().instance_id().to_owned();
+    // More pods than the primary ENI holds: the agent makes a second ENI.
+    let (addrs, _) = lab.fill(0, 12);
+    assert_eq!(addrs.len(), 12);
+    let attached = |s: &vpcnet_lab::ec2::model::StateSnapshot| {
+        s.enis
+            .iter()
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance)
+            })
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let state = lab.wait_ec2(
+        "two ENIs attached, both with the operator's tag",
+        Duration::from_secs(30),
+        |s| {
+            let enis = attached(s);
+            enis.len() >= 2
+                && enis
+                    .iter()
+                    .all(|e| e.tags.get("team").map(String::as_str) == Some("payments"))
+        },
+    );
+    for eni in attached(&state) {
+        let tag = |key: &str| eni.tags.get(key).map(String::as_str);
+        assert_eq!(tag(TAG_INSTANCE_ID), Some(instance.as_str()), "{}", eni.id);
+        assert_eq!(tag(TAG_CLUSTER_NAME), Some("lab"), "{}", eni.id);
+        assert_eq!(tag(TAG_ENI_OWNER), Some(ENI_OWNER), "{}", eni.id);
+        assert_eq!(
+            tag(TAG_NO_MANAGE),
+            None,
+            "{}: the reserved key stays out",
+            eni.id
+        );
+        println!("{}: {:?}", eni.id, eni.tags);
+    }
+    drop(lab);
+}

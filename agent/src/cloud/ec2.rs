@@ -17,6 +17,9 @@ pub const TAG_INSTANCE_ID: &str = "node.k8s.amazonaws.com/instance_id";
 pub const TAG_CREATED_AT: &str = "node.k8s.amazonaws.com/createdAt";
 /// The cluster it belongs to.
 pub const TAG_CLUSTER_NAME: &str = "cluster.k8s.amazonaws.com/name";
+/// Who manages an ENI of a named cluster (aws-node's tag), and its value.
+pub const TAG_ENI_OWNER: &str = "eks:eni:owner";
+pub const ENI_OWNER: &str = "amazon-vpc-cni";
 /// An ENI tagged `true` is left alone: no address of it goes to pods.
 pub const TAG_NO_MANAGE: &str = "node.k8s.amazonaws.com/no_manage";
 
@@ -133,11 +136,31 @@ pub struct NewEni<'a> {
     pub subnet_id: &'a str,
     pub security_groups: &'a [String],
     pub instance_id: &'a str,
-    pub cluster_name: Option<&'a str>,
+    /// [`managed_eni_tags`]; `createdAt` is added.
+    pub tags: &'a BTreeMap<String, String>,
     /// Secondary addresses to assign with the ENI.
     pub secondary_addrs: usize,
     /// /28 prefixes to assign with the ENI (instead of addresses).
     pub prefixes: usize,
+}
+
+/// The tags aws-node keeps on every ENI it manages, the primary one
+/// included: this instance's, the cluster's and its owner's when the
+/// cluster is named, then the operator's (`ADDITIONAL_ENI_TAGS`, which
+/// cannot name aws-node's own keys).
+#[must_use]
+pub fn managed_eni_tags(
+    instance_id: &str,
+    cluster_name: Option<&str>,
+    additional: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut tags = BTreeMap::from([(TAG_INSTANCE_ID.to_owned(), instance_id.to_owned())]);
+    if let Some(cluster) = cluster_name {
+        tags.insert(TAG_CLUSTER_NAME.to_owned(), cluster.to_owned());
+        tags.insert(TAG_ENI_OWNER.to_owned(), ENI_OWNER.to_owned());
+    }
+    tags.extend(additional.iter().map(|(k, v)| (k.clone(), v.clone())));
+    tags
 }
 
 fn filter(name: &str, value: &str) -> Filter {
@@ -285,15 +308,9 @@ impl Cloud {
         let now = time_now_rfc3339();
         let mut tags = TagSpecification::builder()
             .resource_type(ResourceType::NetworkInterface)
-            .tags(
-                Tag::builder()
-                    .key(TAG_INSTANCE_ID)
-                    .value(new.instance_id)
-                    .build(),
-            )
             .tags(Tag::builder().key(TAG_CREATED_AT).value(now).build());
-        if let Some(cluster) = new.cluster_name {
-            tags = tags.tags(Tag::builder().key(TAG_CLUSTER_NAME).value(cluster).build());
+        for (key, value) in new.tags {
+            tags = tags.tags(Tag::builder().key(key).value(value).build());
         }
         let mut call = self
             .ec2

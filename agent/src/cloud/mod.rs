@@ -16,8 +16,9 @@ use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
 
 pub use self::{
     ec2::{
-        EniInfo, InstanceTypeLimits, NewEni, SubnetInfo, TAG_CLUSTER_NAME, TAG_CREATED_AT,
-        TAG_INSTANCE_ID, TAG_NO_MANAGE, eni_description, time_now_rfc3339,
+        ENI_OWNER, EniInfo, InstanceTypeLimits, NewEni, SubnetInfo, TAG_CLUSTER_NAME,
+        TAG_CREATED_AT, TAG_ENI_OWNER, TAG_INSTANCE_ID, TAG_NO_MANAGE, eni_description,
+        managed_eni_tags, time_now_rfc3339,
     },
     error::CloudError,
     imds::{ImdsEni, InstanceMetadata},

@@ -49,7 +49,6 @@ pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
 pub const ENV_ENABLE_SUBNET_DISCOVERY: &str = "ENABLE_SUBNET_DISCOVERY";
 pub const ENV_MANAGE_UNTAGGED_ENI: &str = "MANAGE_UNTAGGED_ENI";
-pub const ENV_ADDITIONAL_ENI_TAGS: &str = "ADDITIONAL_ENI_TAGS";
 pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
 pub const ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING: &str = "DISABLE_NETWORK_RESOURCE_PROVISIONING";
 pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
@@ -152,10 +151,7 @@ pub const VARIABLES: &[Variable] = &[
         ENV_MANAGE_UNTAGGED_ENI,
         "not implemented yet: every attached ENI without the no_manage tag is used",
     ),
-    no_effect(
-        ENV_ADDITIONAL_ENI_TAGS,
-        "not implemented yet: ENIs get vpcnet's own tags only",
-    ),
+    honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
     no_effect(
         ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,
         "not implemented yet: the agent allocates ENIs and addresses itself",

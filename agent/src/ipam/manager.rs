@@ -32,7 +32,7 @@ use super::{
 };
 use crate::cloud::{
     Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni,
-    TAG_CREATED_AT, TAG_INSTANCE_ID, time_now_rfc3339,
+    TAG_CREATED_AT, TAG_INSTANCE_ID, managed_eni_tags, time_now_rfc3339,
 };
 
 /// How long a detached ENI made by an agent may live before leaked-ENI
@@ -230,6 +230,8 @@ struct Node {
     /// Subnet and security groups of new ENIs.
     eni_subnet_id: String,
     eni_security_groups: Vec<String>,
+    /// The tags every ENI the manager manages carries.
+    eni_tags: BTreeMap<String, String>,
 }
 
 /// An attached ENI as the manager tracks it.
@@ -387,6 +389,11 @@ impl Manager {
         };
         // Fails early on a custom-networking subnet that does not exist.
         cloud.subnet(&eni_subnet_id).await?;
+        let eni_tags = managed_eni_tags(
+            &instance.instance_id,
+            settings.cluster_name.as_deref(),
+            &settings.additional_eni_tags,
+        );
         let node = Node {
             instance,
             limits,
@@ -395,6 +402,7 @@ impl Manager {
             primary_eni,
             eni_subnet_id,
             eni_security_groups,
+            eni_tags,
         };
         info!(
             instance = %node.instance.instance_id,
@@ -478,6 +486,25 @@ impl Manager {
         Ok(())
     }
 
+    /// Gives a managed ENI, the primary one included, the tags it lacks
+    /// (aws-node's, the operator's), as aws-node does when it takes one.
+    async fn tag_managed(&self, eni: &EniInfo) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let missing: Vec<(&str, &str)> = me
+            .node
+            .eni_tags
+            .iter()
+            .filter(|(key, value)| eni.tags.get(*key) != Some(*value))
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        me.cloud.tag(&eni.id, &missing).await?;
+        info!(eni = %eni.id, tags = ?missing, "ENI tagged");
+        Ok(())
+    }
+
     /// Takes an attached ENI into the pool (and the node's links).
     async fn track(&self, eni: &EniInfo) -> Result<(), ManagerError> {
         let me = &self.inner;
@@ -505,6 +532,9 @@ impl Manager {
                 (false, false) => "tagged no_manage: left alone",
             };
             info!(eni = %eni.id, %interface, %manager, role, "ENI link owner");
+        }
+        if !left_alone {
+            self.tag_managed(eni).await?;
         }
         if !primary && !left_alone {
             let addr = eni.primary_addr.ok_or(CloudError::Incomplete {
@@ -1062,7 +1092,7 @@ impl Manager {
                 subnet_id: &node.eni_subnet_id,
                 security_groups: &node.eni_security_groups,
                 instance_id: &node.instance.instance_id,
-                cluster_name: me.opts.settings.cluster_name.as_deref(),
+                tags: &node.eni_tags,
                 secondary_addrs: if prefixes { 0 } else { n },
                 prefixes: if prefixes { n } else { 0 },
             })

@@ -4,7 +4,7 @@
 //! where aws-node's entrypoint stops (an MTU out of range, a bad cooldown,
 //! a bad enforcing mode with `ENABLE_POD_ENI`), vpcnet stops too.
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use vpcnet_api::layout::EnforcingMode;
 
@@ -25,6 +25,11 @@ pub const ENV_BACKING_STORE: &str = "AWS_VPC_K8S_CNI_BACKING_STORE";
 pub const ENV_ENABLE_POD_ENI: &str = "ENABLE_POD_ENI";
 pub const ENV_SG_ENFORCING_MODE: &str = "POD_SECURITY_GROUP_ENFORCING_MODE";
 pub const ENV_CLUSTER_NAME: &str = "CLUSTER_NAME";
+/// The operator's tags for every ENI the agent manages: a JSON object of
+/// strings.
+pub const ENV_ADDITIONAL_ENI_TAGS: &str = "ADDITIONAL_ENI_TAGS";
+/// What no additional tag key may contain: aws-node's own keys.
+const RESERVED_TAG_PART: &str = "k8s.amazonaws.com";
 /// Custom networking's subnet for new ENIs: what an ENIConfig's
 /// `spec.subnet` says on EKS (vpcnet reads no Kubernetes objects yet).
 pub const ENV_ENI_CONFIG_SUBNET: &str = "VPCNET_ENI_CONFIG_SUBNET";
@@ -63,6 +68,8 @@ pub struct IpamSettings {
     pub pod_eni: bool,
     pub sg_enforcing_mode: EnforcingMode,
     pub cluster_name: Option<String>,
+    /// `ADDITIONAL_ENI_TAGS`.
+    pub additional_eni_tags: BTreeMap<String, String>,
     /// Custom networking: the subnet and security groups of new ENIs.
     pub eni_config_subnet: Option<String>,
     pub eni_config_security_groups: Vec<String>,
@@ -87,6 +94,7 @@ impl Default for IpamSettings {
             pod_eni: false,
             sg_enforcing_mode: EnforcingMode::Strict,
             cluster_name: None,
+            additional_eni_tags: BTreeMap::new(),
             eni_config_subnet: None,
             eni_config_security_groups: Vec::new(),
             max_pods: None,
@@ -100,6 +108,38 @@ fn count(variable: &'static str, value: &str) -> Result<usize, ConfigError> {
         value: value.to_owned(),
         allowed: "a whole number, 0 or more",
     })
+}
+
+/// `ADDITIONAL_ENI_TAGS` as aws-node reads it: a JSON object of strings,
+/// all of it ignored when it is not one; a key naming aws-node's own
+/// (containing `k8s.amazonaws.com`) left out.
+fn additional_eni_tags(env: &Env) -> BTreeMap<String, String> {
+    let Some(value) = env.get(ENV_ADDITIONAL_ENI_TAGS) else {
+        return BTreeMap::new();
+    };
+    let Ok(tags) = serde_json::from_str::<BTreeMap<String, String>>(value) else {
+        env.tolerate(
+            ENV_ADDITIONAL_ENI_TAGS,
+            value,
+            "not a JSON object of strings",
+            "no additional tag",
+        );
+        return BTreeMap::new();
+    };
+    tags.into_iter()
+        .filter(|(key, _)| {
+            let reserved = key.contains(RESERVED_TAG_PART);
+            if reserved {
+                env.tolerate(
+                    ENV_ADDITIONAL_ENI_TAGS,
+                    key,
+                    "a key of aws-node's own",
+                    "the tags without it",
+                );
+            }
+            !reserved
+        })
+        .collect()
 }
 
 /// An MTU in [`ENI_MTU_RANGE`]: aws-node's entrypoint stops on any other.
@@ -174,6 +214,7 @@ impl IpamSettings {
                 }
             };
         }
+        s.additional_eni_tags = additional_eni_tags(env);
         s.read_eni_config(env)?;
         if let Some(v) = env.get(ENV_MAX_PODS) {
             s.max_pods = Some(count(ENV_MAX_PODS, v)?).filter(|&n| n > 0);
@@ -250,6 +291,7 @@ impl IpamSettings {
                 json!(self.sg_enforcing_mode.env_value()),
             ),
             (ENV_CLUSTER_NAME, json!(self.cluster_name)),
+            (ENV_ADDITIONAL_ENI_TAGS, json!(self.additional_eni_tags)),
             (ENV_ENI_CONFIG_SUBNET, json!(self.eni_config_subnet)),
             (
                 ENV_ENI_CONFIG_SECURITY_GROUPS,
@@ -399,6 +441,29 @@ mod tests {
             env.tolerated()[0].to_string(),
             r#"WARM_ENI_TARGET="-1": negative; using 1, as aws-node does"#
         );
+    }
+
+    #[test]
+    fn additional_eni_tags_as_aws_node_reads_them() {
+        let env = Env::from_pairs([(
+            ENV_ADDITIONAL_ENI_TAGS,
+            r#"{"team":"payments","cluster.k8s.amazonaws.com/name":"other","eks:eni:owner":"me"}"#,
+        )]);
+        let s = IpamSettings::from_env(&env).unwrap();
+        assert_eq!(
+            s.additional_eni_tags,
+            BTreeMap::from([
+                ("eks:eni:owner".to_owned(), "me".to_owned()),
+                ("team".to_owned(), "payments".to_owned()),
+            ])
+        );
+        assert_eq!(env.tolerated().len(), 1, "the reserved key is said");
+        for bad in [r#"{"team":1}"#, "team=payments", "[]"] {
+            let env = Env::from_pairs([(ENV_ADDITIONAL_ENI_TAGS, bad)]);
+            let s = IpamSettings::from_env(&env).unwrap();
+            assert!(s.additional_eni_tags.is_empty(), "{bad}");
+            assert_eq!(env.tolerated()[0].used, "no additional tag");
+        }
     }
 
     #[test]
