@@ -91,24 +91,7 @@ impl PluginEnv {
             Some(file) if file.eq_ignore_ascii_case("stderr") => Some(String::new()),
             Some(file) => Some(file.to_owned()),
         };
-        let log_level = env.get(ENV_PLUGIN_LOG_LEVEL).map(|value| {
-            match value.trim().to_ascii_lowercase().as_str() {
-                "debug" => "debug",
-                "info" => "info",
-                "warn" => "warn",
-                // The plugin has no level above error.
-                "error" | "fatal" => "error",
-                _ => {
-                    env.tolerate(
-                        ENV_PLUGIN_LOG_LEVEL,
-                        value,
-                        "not debug, info, warn, error or fatal",
-                        "debug",
-                    );
-                    "debug"
-                }
-            }
-        });
+        let log_level = crate::logging::aws_node_level(env, ENV_PLUGIN_LOG_LEVEL);
         Ok(Self {
             pod_mtu,
             log_file,

@@ -25,19 +25,24 @@ pub enum LogTarget {
     File(std::path::PathBuf),
 }
 
-/// The level aws-node's variable asks for, as a tracing directive; unset:
-/// `None`; unknown: debug, as aws-node, tolerated.
+/// The agent's level, as a tracing directive ([`aws_node_level`]).
 pub fn level(env: &Env) -> Option<&'static str> {
-    let value = env.get(ENV_LOG_LEVEL)?;
+    aws_node_level(env, ENV_LOG_LEVEL)
+}
+
+/// A level as aws-node reads one (the agent's, the plugin's): debug, info,
+/// warn, error or fatal in any case, fatal being error here (nothing is
+/// above it); unset: `None`; unknown: debug, as aws-node, tolerated.
+pub fn aws_node_level(env: &Env, variable: &'static str) -> Option<&'static str> {
+    let value = env.get(variable)?;
     Some(match value.trim().to_ascii_lowercase().as_str() {
         "debug" => "debug",
         "info" => "info",
         "warn" => "warn",
-        // tracing has nothing above error.
         "error" | "fatal" => "error",
         _ => {
             env.tolerate(
-                ENV_LOG_LEVEL,
+                variable,
                 value,
                 "not debug, info, warn, error or fatal",
                 "debug",

@@ -34,8 +34,8 @@ use aws_sdk_ec2::{
 };
 use ipnet::Ipv4Net;
 use vpcnet_agent::cloud::{
-    Cloud, CloudError, CloudOptions, EniInfo, NewEni, TAG_CLUSTER_NAME, TAG_CREATED_AT,
-    TAG_INSTANCE_ID, eni_description, managed_eni_tags,
+    Cloud, CloudError, CloudOptions, ENI_OWNER, EniInfo, NewEni, TAG_CLUSTER_NAME, TAG_CREATED_AT,
+    TAG_ENI_OWNER, TAG_INSTANCE_ID, eni_description, managed_eni_tags,
 };
 use vpcnet_lab::moto::MOTO_SERVER;
 
@@ -529,7 +529,7 @@ impl Check {
         );
         assert_eq!(
             tagged.tags.len(),
-            4,
+            5,
             "the new tag joins the others: {:?}",
             tagged.tags
         );
@@ -640,7 +640,11 @@ fn check_created(eni: &EniInfo, world: &World) {
         aws_sdk_ec2::primitives::DateTimeFormat::DateTime,
     )
     .unwrap_or_else(|e| panic!("createdAt {created_at:?} is not RFC 3339: {e}"));
-    assert_eq!(eni.tags.len(), 3, "{:?}", eni.tags);
+    assert_eq!(
+        eni.tags.get(TAG_ENI_OWNER).map(String::as_str),
+        Some(ENI_OWNER)
+    );
+    assert_eq!(eni.tags.len(), 4, "{:?}", eni.tags);
     assert!(!eni.no_manage());
 }
 

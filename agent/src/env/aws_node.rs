@@ -149,7 +149,7 @@ pub const VARIABLES: &[Variable] = &[
     ),
     no_effect(
         ENV_MANAGE_UNTAGGED_ENI,
-        "not implemented yet: every attached ENI without the no_manage tag is used",
+        "not implemented yet: an ENI vpcnet or aws-node did not make is left alone, as aws-node does with false",
     ),
     honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
     no_effect(
