@@ -171,20 +171,6 @@ impl SnatSettings {
     }
 }
 
-/// A boolean of vpcnet's own, as Go's `strconv.ParseBool` reads it (blank:
-/// false); anything else stops the agent.
-pub fn parse_bool(variable: &'static str, value: &str) -> Result<bool, ConfigError> {
-    let trimmed = value.trim();
-    if trimmed.is_empty() {
-        return Ok(false);
-    }
-    crate::env::parse_go_bool(trimmed).ok_or_else(|| ConfigError {
-        variable,
-        value: value.to_owned(),
-        allowed: "a boolean (true or false)",
-    })
-}
-
 /// aws-node's CIDR lists: each item an IPv4 CIDR; an invalid or IPv6 item
 /// is left out, tolerated.
 fn lenient_cidrs(env: &Env, variable: &'static str) -> Vec<Ipv4Net> {

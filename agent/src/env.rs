@@ -70,17 +70,6 @@ impl Env {
         self.raw(name).filter(|v| !v.trim().is_empty())
     }
 
-    /// Whether the variable is in the environment at all.
-    #[must_use]
-    pub fn is_set(&self, name: &str) -> bool {
-        self.vars.contains_key(name)
-    }
-
-    /// The names set, in order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.vars.keys().map(String::as_str)
-    }
-
     /// Records that `variable`'s `value` is not used as set; once, however
     /// often it is read.
     pub fn tolerate(
@@ -142,8 +131,7 @@ impl Env {
 }
 
 /// Go's `strconv.ParseBool`.
-#[must_use]
-pub fn parse_go_bool(value: &str) -> Option<bool> {
+fn parse_go_bool(value: &str) -> Option<bool> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),

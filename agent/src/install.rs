@@ -100,9 +100,7 @@ impl PluginEnv {
             disable_pod_v6: env.bool_or(ENV_DISABLE_POD_V6, false),
         })
     }
-}
 
-impl PluginEnv {
     /// The plugin's log file and level in force: these, or the template's.
     pub fn logging_in_force(&self) -> Result<(String, String), InstallError> {
         let mut conflist = conflist::template().map_err(InstallError::Template)?;
