@@ -90,6 +90,21 @@ pub const EC2_ENDPOINT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 10);
 /// source address (the node asks from 10.20.11.162).
 pub const IMDS_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 
+/// The lab's Kubernetes API server (HTTPS, port [`KUBE_API_PORT`]), on the
+/// VPC router's `lo` in `vpcnet-vpc`, as EKS's control plane is reached
+/// through its cross-account ENIs at addresses of the VPC. In
+/// 10.20.0.0/24 with the EC2 endpoint: no subnet of the lab.
+pub const KUBE_API_ADDR: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 20);
+/// The API server's port.
+pub const KUBE_API_PORT: u16 = 443;
+/// The cluster's service CIDR. EKS picks 10.100.0.0/16 or, for a VPC in
+/// 10.0.0.0/8 like the lab's, 172.20.0.0/16 unless the cluster names one;
+/// the lab's cluster names 10.100.0.0/16, the CIDR its node port service
+/// always had.
+pub const SERVICE_CIDR: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(10, 100, 0, 0), 16);
+/// The `kubernetes` Service's cluster IP: the service CIDR's first address.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
+
 /// The VPC router's side of the node's primary ENI.
 pub const VPC_NODE_ETH0_LINK: &str = "n0-eth0";
 /// The VPC router's MAC on [`VPC_NODE_ETH0_LINK`].
@@ -358,6 +373,10 @@ mod tests {
         assert_eq!(eni_route_table(0), RT_TABLE_MAIN);
         assert_eq!(eni_route_table(2), 3);
         assert_eq!(vpc_eni_link(1), "n0-eth1");
+        assert!(SERVICE_CIDR.contains(&NODE_PORT_CLUSTER_IP));
+        assert!(SERVICE_CIDR.contains(&KUBERNETES_SERVICE_IP));
+        assert!(VPC_CIDR.contains(&KUBE_API_ADDR) && KUBE_API_ADDR != EC2_ENDPOINT_ADDR);
+        assert!(!NODE_SUBNET.contains(&KUBE_API_ADDR) && !PEER_SUBNET.contains(&KUBE_API_ADDR));
         let links: std::collections::HashSet<_> = (0..MAX_ENIS)
             .flat_map(|d| [eni_mac(d), vpc_eni_link_mac(d)])
             .collect();

@@ -29,6 +29,8 @@ pub mod cri_pods;
 pub mod ec2;
 mod error;
 pub mod fuzz_settings;
+pub mod helper_process;
+pub mod kube;
 pub mod kube_proxy;
 pub mod kube_tools;
 mod lab;
@@ -44,6 +46,7 @@ pub mod router;
 mod scratch;
 mod state;
 mod topology;
+mod unix_http;
 pub mod vpc_cni;
 
 pub use error::{LabError, Result};

@@ -8,7 +8,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::Parser;
 use tracing::{error, info};
-use vpcnet_lab::ec2::{self, Config, Emulator, EmulatorError, fabric::FabricMode};
+use vpcnet_lab::ec2::{Config, Emulator, EmulatorError, fabric::FabricMode};
 
 #[derive(Debug, Parser)]
 #[command(name = "vpcnet-lab-ec2", about = "The lab's EC2 emulator")]
@@ -53,8 +53,10 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), EmulatorError> {
     let config = Config::load(&args.config)?;
-    let listeners =
-        ec2::bind_listeners(args.netns.as_deref(), &[args.ec2_listen, args.imds_listen])?;
+    let listeners = vpcnet_lab::helper_process::bind_listeners(
+        args.netns.as_deref(),
+        &[args.ec2_listen, args.imds_listen],
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

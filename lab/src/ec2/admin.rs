@@ -8,9 +8,7 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
     net::Ipv4Addr,
-    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -244,26 +242,20 @@ impl AdminClient {
         body: Option<Vec<u8>>,
     ) -> Result<T, EmulatorError> {
         let what = format!("{method} {path} on {}", self.socket.display());
-        let io = |source| EmulatorError::Io {
+        let body = body.unwrap_or_default();
+        let (status, body) = crate::unix_http::exchange(
+            &self.socket,
+            method,
+            path,
+            "application/json",
+            &body,
+            CALL_TIMEOUT,
+        )
+        .map_err(|source| EmulatorError::Io {
             context: format!("admin call {what}"),
             source,
-        };
-        let mut stream = UnixStream::connect(&self.socket).map_err(io)?;
-        stream.set_read_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
-        stream.set_write_timeout(Some(CALL_TIMEOUT)).map_err(io)?;
-        let body = body.unwrap_or_default();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: vpcnet-lab-ec2\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).map_err(io)?;
-        stream.write_all(&body).map_err(io)?;
-        let mut reply = Vec::new();
-        stream.read_to_end(&mut reply).map_err(io)?;
-        let (status, body) = split_response(&reply).ok_or_else(|| EmulatorError::BadResponse {
-            request: what.clone(),
-            reason: format!("not an HTTP response: {}", String::from_utf8_lossy(&reply)),
         })?;
+        let body = body.as_slice();
         if status != 200 {
             let (code, message) = serde_json::from_slice::<AdminErrorBody>(body).map_or_else(
                 |_| (String::new(), String::from_utf8_lossy(body).into_owned()),
@@ -280,26 +272,5 @@ impl AdminClient {
             request: what,
             reason: err.to_string(),
         })
-    }
-}
-
-/// The status and body of a `Connection: close` HTTP/1.1 response with a
-/// `Content-Length` (what the emulator sends).
-fn split_response(reply: &[u8]) -> Option<(u16, &[u8])> {
-    let end = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&reply[..end]).ok()?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, &reply[end + 4..]))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_responses() {
-        let reply = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(split_response(reply), Some((404, &b"{}"[..])));
-        assert_eq!(split_response(b"garbage"), None);
     }
 }

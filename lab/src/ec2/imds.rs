@@ -17,7 +17,7 @@ use std::{
 
 use super::{
     model::{Ec2State, Eni, Instance, Rng},
-    xml::timestamp,
+    xml::timestamp_secs,
 };
 
 /// The TTL header of the token request (and of its answer).
@@ -324,15 +324,6 @@ fn dynamic(state: &Ec2State, instance: &Instance, rest: &str) -> Option<Reply> {
         )),
         _ => None,
     }
-}
-
-/// ISO 8601 without milliseconds, as IMDS writes its times.
-fn timestamp_secs(ms: u64) -> String {
-    let mut text = timestamp(ms - ms % 1000);
-    // "...:56.000Z" -> "...:56Z"
-    text.truncate(text.len() - 5);
-    text.push('Z');
-    text
 }
 
 /// The role's temporary credentials: fake, valid for six hours, enough for

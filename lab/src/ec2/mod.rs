@@ -29,10 +29,7 @@ pub mod query;
 pub mod server;
 pub mod xml;
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    path::PathBuf,
-};
+use std::path::PathBuf;
 
 pub use admin::AdminClient;
 pub use config::Config;
@@ -42,7 +39,7 @@ pub use process::{
 };
 pub use server::Emulator;
 
-use crate::{LabError, netns};
+use crate::LabError;
 
 /// What can go wrong starting, reaching or using the emulator.
 #[derive(Debug, thiserror::Error)]
@@ -87,55 +84,4 @@ pub enum EmulatorError {
 
     #[error(transparent)]
     Lab(#[from] LabError),
-}
-
-/// Binds TCP listeners on `addrs`, inside namespace `ns` if given (a thread
-/// enters it while the sockets are made: a socket stays in the namespace it
-/// was made in, the rest of the process stays where it is). A listen
-/// address that is neither unspecified nor loopback is put on the
-/// namespace's `lo` first if it is not there (as `/32`), which is how the
-/// lab's EC2 endpoint and IMDS addresses come to exist on the VPC router.
-pub fn bind_listeners(
-    ns: Option<&str>,
-    addrs: &[SocketAddr],
-) -> Result<Vec<std::net::TcpListener>, EmulatorError> {
-    if let Some(ns) = ns {
-        let mut lines = vec!["link set lo up".to_owned()];
-        for addr in addrs {
-            if let IpAddr::V4(ip) = addr.ip()
-                && !ip.is_unspecified()
-                && !ip.is_loopback()
-            {
-                // `replace` adds it if missing and changes nothing otherwise.
-                lines.push(format!("addr replace {ip}/32 dev lo"));
-            }
-        }
-        netns::ip_batch(Some(ns), &lines)?;
-    }
-    let bind = || {
-        addrs
-            .iter()
-            .map(|addr| {
-                let listener =
-                    std::net::TcpListener::bind(addr).map_err(|source| EmulatorError::Io {
-                        context: format!(
-                            "listening on {addr}{}",
-                            ns.map(|ns| format!(" in {ns}")).unwrap_or_default()
-                        ),
-                        source,
-                    })?;
-                listener
-                    .set_nonblocking(true)
-                    .map_err(|source| EmulatorError::Io {
-                        context: format!("making the listener on {addr} non-blocking"),
-                        source,
-                    })?;
-                Ok(listener)
-            })
-            .collect::<Result<Vec<_>, EmulatorError>>()
-    };
-    match ns {
-        Some(ns) => netns::run_in(ns, bind)?,
-        None => bind(),
-    }
 }

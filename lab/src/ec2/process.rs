@@ -10,13 +10,10 @@
 
 use std::{
     fs::{self, File},
-    io::{BufRead, BufReader, Read, Seek, SeekFrom},
     net::SocketAddr,
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::mpsc,
-    thread,
     time::Duration,
 };
 
@@ -29,6 +26,7 @@ use super::{
 };
 use crate::{
     addrs::{EC2_ENDPOINT_ADDR, IMDS_ADDR, NODE_PRIMARY_ADDR, NS_VPC},
+    helper_process::{SiblingError, log_tail, sibling_binary, wait_ready},
     state::state_dir,
 };
 
@@ -39,8 +37,6 @@ pub const EC2_ENDPOINT_URL: &str = "http://10.20.0.10";
 pub const IMDS_ENDPOINT_URL: &str = "http://169.254.169.254";
 /// The binary's name.
 pub const EMULATOR_BIN: &str = "vpcnet-lab-ec2";
-/// How much of the log an error shows.
-const LOG_TAIL_BYTES: u64 = 8 * 1024;
 
 /// How to run the emulator for the lab.
 #[derive(Debug, Clone)]
@@ -85,26 +81,16 @@ impl EmulatorOptions {
     }
 }
 
-/// The binary next to the running executable: a test's
-/// `target/<profile>/deps/<test>` gives `target/<profile>/vpcnet-lab-ec2`,
-/// a binary in `target/<profile>` its neighbour.
+/// The binary next to the running executable (see
+/// [`crate::helper_process::sibling_binary`]).
 pub fn emulator_binary() -> Result<PathBuf, EmulatorError> {
-    let exe = std::env::current_exe().map_err(|source| EmulatorError::Io {
-        context: "finding the running executable".into(),
-        source,
-    })?;
-    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let candidates = [
-        dir.join(EMULATOR_BIN),
-        dir.parent()
-            .map(|p| p.join(EMULATOR_BIN))
-            .unwrap_or_default(),
-    ];
-    candidates
-        .iter()
-        .find(|path| path.is_file())
-        .cloned()
-        .ok_or_else(|| EmulatorError::BinaryMissing(candidates[1].clone()))
+    sibling_binary(EMULATOR_BIN).map_err(|source| match source {
+        SiblingError::Missing(path) => EmulatorError::BinaryMissing(path),
+        SiblingError::Io(source) => EmulatorError::Io {
+            context: "finding the running executable".into(),
+            source,
+        },
+    })
 }
 
 /// The running emulator; killed when dropped.
@@ -236,35 +222,4 @@ impl Drop for EmulatorProcess {
         }
         let _ = self.child.wait();
     }
-}
-
-/// Waits for the `READY` line (read on a thread so the wait has a limit).
-fn wait_ready(stdout: impl Read + Send + 'static, timeout: Duration) -> Result<(), String> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    thread::Builder::new()
-        .name("ec2-ready".into())
-        .spawn(move || {
-            let mut line = String::new();
-            let result = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(match result {
-                Ok(_) if line.trim() == "READY" => Ok(()),
-                Ok(0) => Err("it exited before saying READY".to_owned()),
-                Ok(_) => Err(format!("it said {:?} instead of READY", line.trim())),
-                Err(err) => Err(format!("reading its output: {err}")),
-            });
-        })
-        .map_err(|err| format!("starting a thread: {err}"))?;
-    rx.recv_timeout(timeout)
-        .unwrap_or_else(|_| Err(format!("no READY within {timeout:?}")))
-}
-
-fn log_tail(path: &Path) -> String {
-    let Ok(mut file) = File::open(path) else {
-        return String::new();
-    };
-    let len = file.metadata().map_or(0, |m| m.len());
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
-    let mut tail = String::new();
-    let _ = file.read_to_string(&mut tail);
-    tail
 }

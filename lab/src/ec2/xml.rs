@@ -133,6 +133,16 @@ pub fn timestamp(ms: u64) -> String {
     )
 }
 
+/// ISO 8601 without milliseconds, as IMDS and Kubernetes write times:
+/// `2024-05-01T12:34:56Z`.
+pub fn timestamp_secs(ms: u64) -> String {
+    let mut text = timestamp(ms - ms % 1000);
+    // "...:56.000Z" -> "...:56Z"
+    text.truncate(text.len() - 5);
+    text.push('Z');
+    text
+}
+
 /// Howard Hinnant's `civil_from_days`: days since 1970-01-01 to a date.
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
