@@ -10,6 +10,7 @@ pub mod env;
 pub mod install;
 pub mod introspect;
 pub mod ipam;
+pub mod k8s;
 pub mod layout;
 pub mod link_owner;
 pub mod logging;

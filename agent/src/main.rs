@@ -32,9 +32,10 @@ use vpcnet_agent::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
         settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, IpamSettings},
     },
+    k8s::{self, K8sSettings, service_cidrs},
     layout, logging,
     netlink::NetlinkHandle,
-    node::{NodeLinks, NodeSysctls, cidr_entries},
+    node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
     pods::{Pods, PodsOptions},
     takeover,
 };
@@ -400,6 +401,9 @@ fn open(pin_dir: &std::path::Path) -> Result<DatapathMaps> {
 struct Settings {
     snat: SnatSettings,
     service_cidrs: Vec<Ipv4Net>,
+    /// `VPCNET_SERVICE_CIDRS` is set: the cluster's are not looked up.
+    service_cidrs_overridden: bool,
+    k8s: K8sSettings,
     ipam: Option<IpamSettings>,
     endpoints: introspect::Endpoints,
     plugin: install::PluginEnv,
@@ -420,6 +424,8 @@ impl Settings {
         let settings = Self {
             snat: SnatSettings::from_env(env)?,
             service_cidrs: vpcnet_agent::config::service_cidrs(env)?,
+            service_cidrs_overridden: env.get(vpcnet_agent::config::ENV_SERVICE_CIDRS).is_some(),
+            k8s: K8sSettings::from_env(env),
             ipam: ipam.then(|| IpamSettings::from_env(env)).transpose()?,
             endpoints: introspect::Endpoints::from_env(env, introspection, metrics)?,
             plugin: install::PluginEnv::from_env(env)?,
@@ -455,6 +461,9 @@ impl Settings {
             snat::ENV_SERVICE_CIDRS,
             json!(cidr_texts(&self.service_cidrs)),
         );
+        for (name, value) in self.k8s.view() {
+            put(name, value);
+        }
         if let Some(ipam) = &self.ipam {
             for (name, value) in ipam.env_view() {
                 put(&name, value);
@@ -613,6 +622,114 @@ async fn node_facts(
     })
 }
 
+/// The Kubernetes client, when the agent runs with an API server.
+fn connect_kubernetes(settings: &K8sSettings) -> Result<Option<kube::Client>> {
+    if !settings.enabled {
+        info!(
+            "no Kubernetes API ({} and {} unset): the node's facts come from IMDS and the environment",
+            k8s::ENV_SERVICE_HOST,
+            k8s::ENV_CLUSTER_ENDPOINT
+        );
+        return Ok(None);
+    }
+    let client = k8s::connect(settings)?;
+    info!(node = ?settings.node_name, "Kubernetes API client configured (in-cluster)");
+    Ok(Some(client))
+}
+
+/// What to do about the service CIDRs once the agent runs.
+enum ServiceCidrsNext {
+    /// Follow the ServiceCIDR objects.
+    Follow,
+    /// The API did not answer at start: look them up until it does.
+    Retry,
+    Nothing,
+}
+
+/// The cluster's service CIDRs at start; the defaults (`fallback`) when
+/// the API does not answer in time.
+async fn cluster_service_cidrs(
+    client: &kube::Client,
+    fallback: Vec<Ipv4Net>,
+) -> (Vec<Ipv4Net>, ServiceCidrsNext) {
+    match tokio::time::timeout(k8s::CALL_TIMEOUT, service_cidrs::discover(client)).await {
+        Ok(Ok(found)) => {
+            info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs");
+            let next = match found.origin {
+                service_cidrs::Origin::ServiceCidrObjects => ServiceCidrsNext::Follow,
+                service_cidrs::Origin::KubernetesService(_) => ServiceCidrsNext::Nothing,
+            };
+            (found.cidrs, next)
+        }
+        Ok(Err(error)) => {
+            warn!(%error, defaults = ?fallback, "the cluster's service CIDRs are unknown: the defaults until the API answers");
+            (fallback, ServiceCidrsNext::Retry)
+        }
+        Err(_) => {
+            warn!(timeout = ?k8s::CALL_TIMEOUT, defaults = ?fallback, "the Kubernetes API did not answer: the default service CIDRs until it does");
+            (fallback, ServiceCidrsNext::Retry)
+        }
+    }
+}
+
+/// Keeps the datapath's service CIDRs the cluster's.
+async fn follow_service_cidrs(
+    client: kube::Client,
+    next: ServiceCidrsNext,
+    classes: SharedCidrClasses,
+    datapath: Arc<std::sync::Mutex<Datapath>>,
+) {
+    let set = |cidrs: &[Ipv4Net]| {
+        if let Err(error) = classes.update(&datapath, |c| c.services = cidrs.to_vec()) {
+            error!(%error, "writing the service CIDRs into the datapath");
+        }
+    };
+    let follow = match next {
+        ServiceCidrsNext::Nothing => return,
+        ServiceCidrsNext::Follow => true,
+        ServiceCidrsNext::Retry => {
+            let mut delay = Duration::from_secs(1);
+            loop {
+                tokio::time::sleep(delay).await;
+                match service_cidrs::discover(&client).await {
+                    Ok(found) => {
+                        info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs, now that the API answers");
+                        set(&found.cidrs);
+                        break found.origin == service_cidrs::Origin::ServiceCidrObjects;
+                    }
+                    Err(error) => {
+                        warn!(%error, retry_in = ?delay, "looking up the cluster's service CIDRs");
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        }
+    };
+    if follow {
+        service_cidrs::follow(client, classes.get().services, set).await;
+    }
+}
+
+/// Max pods from the Node's capacity (what kubelet was started with), as
+/// aws-node reads it; `None` (computed from the instance type) when the
+/// API does not say.
+async fn node_max_pods(client: &kube::Client, settings: &K8sSettings) -> Option<usize> {
+    match tokio::time::timeout(k8s::CALL_TIMEOUT, k8s::node::get(client, settings)).await {
+        Ok(Ok(node)) => {
+            info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
+            node.max_pods
+        }
+        Ok(Err(error)) => {
+            warn!(%error, "max pods computed from the instance type: the Node could not be read");
+            None
+        }
+        Err(_) => {
+            warn!(timeout = ?k8s::CALL_TIMEOUT, "max pods computed from the instance type: the Kubernetes API did not answer");
+            None
+        }
+    }
+}
+
 /// Starts the address manager, retrying while EC2 throttles or fails.
 async fn start_manager(
     cloud: &Cloud,
@@ -677,6 +794,8 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
     let Settings {
         snat,
         service_cidrs,
+        service_cidrs_overridden,
+        k8s,
         ipam,
         endpoints,
         plugin,
@@ -691,6 +810,13 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         None => None,
     };
     let node = node_facts(args, cloud.as_ref(), &netlink).await?;
+    let kube = connect_kubernetes(&k8s)?;
+    let (service_cidrs, service_cidrs_next) = match &kube {
+        Some(client) if !service_cidrs_overridden => {
+            cluster_service_cidrs(client, service_cidrs).await
+        }
+        _ => (service_cidrs, ServiceCidrsNext::Nothing),
+    };
     sysctls
         .apply(&node.primary_interface)
         .context("setting the node's sysctls")?;
@@ -724,11 +850,15 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         .maps
         .set_config(&snat.datapath_config(node.node_addr, seed))?;
     sync_timeouts(&mut datapath.maps)?;
-    datapath.maps.set_cidrs(&cidr_entries(
-        &node.vpc_cidrs,
-        &snat.exclude_snat_cidrs,
-        &service_cidrs,
-    )?)?;
+    let cidr_classes = SharedCidrClasses::new(CidrClasses {
+        vpc: node.vpc_cidrs.clone(),
+        excluded: snat.exclude_snat_cidrs.clone(),
+        services: service_cidrs.clone(),
+    });
+    cidr_classes
+        .get()
+        .write(&mut datapath)
+        .map_err(|e| anyhow::anyhow!("writing the CIDR map: {e}"))?;
     if let Some(path) = &args.layout {
         let layout = NodeLayout::read(path)?;
         layout::apply(&mut datapath, &layout)
@@ -770,6 +900,14 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let in_flight = Arc::new(cni_server::InFlight::default());
+    if let Some(client) = &kube {
+        tasks.spawn(follow_service_cidrs(
+            client.clone(),
+            service_cidrs_next,
+            cidr_classes.clone(),
+            Arc::clone(&datapath),
+        ));
+    }
     let (ipam_settings, mut introspected_pods) = (ipam.clone(), None);
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
         // Pods with a branch ENI are served with ENABLE_POD_ENI only.
@@ -785,10 +923,15 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
             netlink,
             datapath: Arc::clone(&datapath),
             mtu: settings.eni_mtu,
-            excluded: snat.exclude_snat_cidrs.clone(),
-            services: service_cidrs.clone(),
+            cidrs: cidr_classes.clone(),
             owners: vpcnet_agent::link_owner::LinkOwners::default(),
         });
+        let mut settings = settings;
+        if settings.max_pods.is_none()
+            && let Some(client) = &kube
+        {
+            settings.max_pods = node_max_pods(client, &k8s).await;
+        }
         let opts = ManagerOptions {
             reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,
             min_eni_lifetime: seconds("--min-eni-lifetime", args.min_eni_lifetime)?,

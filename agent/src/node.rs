@@ -1,6 +1,6 @@
 //! The node's side of the address manager: an attached ENI's link set up
-//! through rtnetlink and handed to the datapath, the VPC's CIDRs put into
-//! the datapath's CIDR map.
+//! through rtnetlink and handed to the datapath, the VPC's and the
+//! cluster's CIDRs put into the datapath's CIDR map.
 
 use std::{
     future::Future,
@@ -44,15 +44,68 @@ pub fn cidr_entries(
     Ok(entries)
 }
 
+/// The classes of the datapath's CIDR map, kept together: any one of them
+/// can change (the VPC's CIDRs, the cluster's service CIDRs) and the map is
+/// then written whole.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CidrClasses {
+    pub vpc: Vec<Ipv4Net>,
+    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
+    pub excluded: Vec<Ipv4Net>,
+    pub services: Vec<Ipv4Net>,
+}
+
+impl CidrClasses {
+    /// Writes the classes into the datapath's CIDR map.
+    pub fn write(&self, datapath: &mut Datapath) -> NetworkResult {
+        let entries = cidr_entries(&self.vpc, &self.excluded, &self.services)?;
+        datapath.maps.set_cidrs(&entries)?;
+        Ok(())
+    }
+}
+
+/// The classes as the datapath has them, shared by whoever changes one.
+#[derive(Clone, Debug, Default)]
+pub struct SharedCidrClasses(Arc<Mutex<CidrClasses>>);
+
+impl SharedCidrClasses {
+    pub fn new(classes: CidrClasses) -> Self {
+        Self(Arc::new(Mutex::new(classes)))
+    }
+
+    /// Changes the classes with `change` and writes the map.
+    pub fn update(
+        &self,
+        datapath: &Mutex<Datapath>,
+        change: impl FnOnce(&mut CidrClasses),
+    ) -> NetworkResult {
+        let mut classes = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(&mut classes);
+        let mut datapath = datapath
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        classes.write(&mut datapath)
+    }
+
+    pub fn get(&self) -> CidrClasses {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
 /// Links and datapath of this node.
 pub struct NodeLinks {
     pub netlink: NetlinkHandle,
     pub datapath: Arc<Mutex<Datapath>>,
     /// `AWS_VPC_ENI_MTU`.
     pub mtu: u32,
-    /// `AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS`.
-    pub excluded: Vec<Ipv4Net>,
-    pub services: Vec<Ipv4Net>,
+    /// The CIDR map's classes (the VPC's change here).
+    pub cidrs: SharedCidrClasses,
     /// Who else claims the node's interfaces, for the log.
     pub owners: LinkOwners,
 }
@@ -141,8 +194,8 @@ impl NodeNetwork for NodeLinks {
     }
 
     fn vpc_cidrs_changed(&self, cidrs: &[Ipv4Net]) -> NetworkResult {
-        let entries = cidr_entries(cidrs, &self.excluded, &self.services)?;
-        self.datapath().maps.set_cidrs(&entries)?;
+        self.cidrs
+            .update(&self.datapath, |classes| classes.vpc = cidrs.to_vec())?;
         info!(?cidrs, "VPC CIDRs in the datapath");
         Ok(())
     }

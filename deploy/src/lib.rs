@@ -16,6 +16,7 @@ use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
         core::v1::{ConfigMap, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
     serde::{Deserialize, Serialize, de::DeserializeOwned},
 };
@@ -61,6 +62,8 @@ pub enum Object {
     DaemonSet(Box<DaemonSet>),
     ServiceAccount(Box<ServiceAccount>),
     ConfigMap(Box<ConfigMap>),
+    ClusterRole(Box<ClusterRole>),
+    ClusterRoleBinding(Box<ClusterRoleBinding>),
 }
 
 impl Object {
@@ -69,6 +72,8 @@ impl Object {
             Self::DaemonSet(_) => "DaemonSet",
             Self::ServiceAccount(_) => "ServiceAccount",
             Self::ConfigMap(_) => "ConfigMap",
+            Self::ClusterRole(_) => "ClusterRole",
+            Self::ClusterRoleBinding(_) => "ClusterRoleBinding",
         }
     }
 
@@ -77,6 +82,8 @@ impl Object {
             Self::DaemonSet(o) => &o.metadata,
             Self::ServiceAccount(o) => &o.metadata,
             Self::ConfigMap(o) => &o.metadata,
+            Self::ClusterRole(o) => &o.metadata,
+            Self::ClusterRoleBinding(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or_default()
     }
@@ -105,6 +112,20 @@ impl Objects {
     pub fn config_maps(&self) -> impl Iterator<Item = &ConfigMap> {
         self.0.iter().filter_map(|o| match o {
             Object::ConfigMap(cm) => Some(cm.as_ref()),
+            _ => None,
+        })
+    }
+
+    pub fn cluster_roles(&self) -> impl Iterator<Item = &ClusterRole> {
+        self.0.iter().filter_map(|o| match o {
+            Object::ClusterRole(role) => Some(role.as_ref()),
+            _ => None,
+        })
+    }
+
+    pub fn cluster_role_bindings(&self) -> impl Iterator<Item = &ClusterRoleBinding> {
+        self.0.iter().filter_map(|o| match o {
+            Object::ClusterRoleBinding(binding) => Some(binding.as_ref()),
             _ => None,
         })
     }
@@ -164,6 +185,12 @@ pub fn typed(doc: &Value, source_name: &str) -> Result<Object, ManifestError> {
             Object::ServiceAccount(Box::new(strict(doc, source_name, "ServiceAccount")?))
         }
         ("v1", "ConfigMap") => Object::ConfigMap(Box::new(strict(doc, source_name, "ConfigMap")?)),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
+            Object::ClusterRole(Box::new(strict(doc, source_name, "ClusterRole")?))
+        }
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            Object::ClusterRoleBinding(Box::new(strict(doc, source_name, "ClusterRoleBinding")?))
+        }
         _ => {
             return Err(ManifestError::UnexpectedKind {
                 source_name: source_name.to_owned(),

@@ -97,6 +97,46 @@ fn node_setup(ds: &DaemonSet) -> String {
 /// `ServiceAccount` and the `ConfigMap` of the same rendering, mounts only
 /// volumes it declares, runs on the node's network, and whose commands the
 /// agent binary accepts.
+/// The rules of every ClusterRole bound to ServiceAccount `account` in
+/// `namespace`, as (group, resource, sorted verbs), sorted.
+fn granted_rules(
+    all: &Objects,
+    namespace: &str,
+    account: &str,
+) -> Vec<(String, String, Vec<String>)> {
+    let mut rules = Vec::new();
+    for binding in all.cluster_role_bindings() {
+        let bound = binding.subjects.iter().flatten().any(|s| {
+            s.kind == "ServiceAccount"
+                && s.name == account
+                && s.namespace.as_deref() == Some(namespace)
+        });
+        if !bound {
+            continue;
+        }
+        let role = all
+            .cluster_roles()
+            .find(|r| r.metadata.name.as_deref() == Some(binding.role_ref.name.as_str()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "the bound ClusterRole {} is not in the rendering",
+                    binding.role_ref.name
+                )
+            });
+        for rule in role.rules.iter().flatten() {
+            for group in rule.api_groups.iter().flatten() {
+                for resource in rule.resources.iter().flatten() {
+                    let mut verbs = rule.verbs.clone();
+                    verbs.sort();
+                    rules.push((group.clone(), resource.clone(), verbs));
+                }
+            }
+        }
+    }
+    rules.sort();
+    rules
+}
+
 fn assert_consistent(all: &Objects, what: &str) {
     let ds = all.daemon_set();
     let spec = pod_spec(ds);
@@ -106,6 +146,27 @@ fn assert_consistent(all: &Objects, what: &str) {
         all.service_accounts()
             .any(|sa| sa.metadata.name.as_deref() == Some(account)),
         "{what}: the DaemonSet's ServiceAccount {account} is not in the rendering"
+    );
+    // The ServiceAccount may do exactly what the agent does with the API.
+    assert_eq!(
+        spec.automount_service_account_token,
+        Some(true),
+        "{what}: the token is mounted"
+    );
+    let namespace = ds.metadata.namespace.as_deref().unwrap_or("kube-system");
+    let mut used: Vec<(String, String, Vec<String>)> = vpcnet_agent::k8s::API_ACCESS
+        .iter()
+        .map(|(group, resource, verbs)| {
+            let mut verbs: Vec<String> = verbs.iter().map(|v| (*v).to_owned()).collect();
+            verbs.sort();
+            ((*group).to_owned(), (*resource).to_owned(), verbs)
+        })
+        .collect();
+    used.sort();
+    assert_eq!(
+        granted_rules(all, namespace, account),
+        used,
+        "{what}: the agent's RBAC"
     );
     let volumes: Vec<&str> = spec
         .volumes
@@ -158,13 +219,25 @@ fn assert_consistent(all: &Objects, what: &str) {
 fn the_manifests_are_valid_objects_that_fit_together() {
     let (all, kustomization) = kubernetes_manifests().unwrap();
     let kinds: Vec<&str> = all.0.iter().map(vpcnet_deploy::Object::kind).collect();
-    assert_eq!(kinds, ["ServiceAccount", "ConfigMap", "DaemonSet"]);
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet"
+        ]
+    );
     assert_consistent(&all, "deploy/kubernetes");
     for object in &all.0 {
         let namespace = match object {
             vpcnet_deploy::Object::DaemonSet(o) => &o.metadata.namespace,
             vpcnet_deploy::Object::ServiceAccount(o) => &o.metadata.namespace,
             vpcnet_deploy::Object::ConfigMap(o) => &o.metadata.namespace,
+            // Cluster-scoped.
+            vpcnet_deploy::Object::ClusterRole(_)
+            | vpcnet_deploy::Object::ClusterRoleBinding(_) => continue,
         };
         assert_eq!(
             namespace.as_deref(),

@@ -54,15 +54,10 @@ pub const ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING: &str = "DISABLE_NETWORK_RES
 pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
 pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
 pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
-pub const ENV_ENI_CONFIG_LABEL_DEF: &str = "ENI_CONFIG_LABEL_DEF";
-pub const ENV_ENI_CONFIG_ANNOTATION_DEF: &str = "ENI_CONFIG_ANNOTATION_DEF";
-pub const ENV_MY_NODE_NAME: &str = "MY_NODE_NAME";
-pub const ENV_MY_POD_NAME: &str = "MY_POD_NAME";
-pub const ENV_CLUSTER_ENDPOINT: &str = "CLUSTER_ENDPOINT";
 
-/// Why a part waiting for vpcnet's Kubernetes API client has no effect yet.
-const NEEDS_KUBERNETES_API: &str =
-    "it is read from or written to the Kubernetes API, which vpcnet does not call yet";
+/// Why a part waiting for more of vpcnet's Kubernetes API client has no
+/// effect yet.
+const NEEDS_KUBERNETES_API: &str = "not implemented yet: vpcnet reads the Node and the service CIDRs from the Kubernetes API, not yet this";
 
 const fn honoured(name: &'static str) -> Variable {
     Variable {
@@ -214,11 +209,17 @@ pub const VARIABLES: &[Variable] = &[
         "vpcnet enforces no network policy (deploy/README.md, \"Network policy\")",
     ),
     no_effect(ENV_ANNOTATE_POD_IP, NEEDS_KUBERNETES_API),
-    no_effect(ENV_ENI_CONFIG_LABEL_DEF, NEEDS_KUBERNETES_API),
-    no_effect(ENV_ENI_CONFIG_ANNOTATION_DEF, NEEDS_KUBERNETES_API),
-    no_effect(ENV_MY_NODE_NAME, NEEDS_KUBERNETES_API),
-    no_effect(ENV_MY_POD_NAME, NEEDS_KUBERNETES_API),
-    no_effect(ENV_CLUSTER_ENDPOINT, NEEDS_KUBERNETES_API),
+    no_effect(
+        crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF,
+        NEEDS_KUBERNETES_API,
+    ),
+    no_effect(
+        crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF,
+        NEEDS_KUBERNETES_API,
+    ),
+    honoured(crate::k8s::ENV_MY_NODE_NAME),
+    no_effect(crate::k8s::ENV_MY_POD_NAME, NEEDS_KUBERNETES_API),
+    honoured(crate::k8s::ENV_CLUSTER_ENDPOINT),
 ];
 
 /// A value of one of aws-node's variables vpcnet cannot serve.

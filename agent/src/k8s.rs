@@ -1,0 +1,187 @@
+//! The Kubernetes API, as aws-node uses it: in-cluster configuration with
+//! the pod's ServiceAccount token, the node's own Node object, the
+//! cluster's service CIDRs. Each part reads and follows its objects with
+//! kube-rs's watchers (which list again after `410 Gone` and reconnect
+//! with backoff); without an API server the agent runs on what it has.
+//!
+//! - [`node`]: max pods, the unschedulable taint, the ENIConfig name;
+//! - [`service_cidrs`]: the `networking.k8s.io/v1` ServiceCIDR objects, else the
+//!   `kubernetes` Service's address within EKS's defaults.
+
+pub mod node;
+pub mod service_cidrs;
+
+use std::time::Duration;
+
+use crate::env::Env;
+
+/// Where the in-cluster configuration finds the API server (set in every
+/// pod; kube-rs reads it with `KUBERNETES_SERVICE_PORT`).
+pub const ENV_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
+/// aws-node's override of the API server's URL (its `rest.Config.Host`).
+pub const ENV_CLUSTER_ENDPOINT: &str = "CLUSTER_ENDPOINT";
+/// The node's name (the chart fills it from `spec.nodeName`).
+pub const ENV_MY_NODE_NAME: &str = "MY_NODE_NAME";
+/// The agent's pod (Events are about it).
+pub const ENV_MY_POD_NAME: &str = "MY_POD_NAME";
+/// How long one call to the API server may take before it is retried
+/// (aws-node gives its Node GET 3 s; a busy lab needs more).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One rule of the agent's ClusterRole: API group, resource, verbs.
+pub type AccessRule = (&'static str, &'static str, &'static [&'static str]);
+
+/// What the agent does with the API, by group and resource. The ClusterRole
+/// `deploy/` ships grants exactly this (its tests compare), and the lab's
+/// API server enforces it.
+pub const API_ACCESS: &[AccessRule] = &[
+    ("", "nodes", &["get"]),
+    ("", "services", &["get"]),
+    ("networking.k8s.io", "servicecidrs", &["list", "watch"]),
+];
+
+/// What can go wrong with the Kubernetes API.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sError {
+    #[error(
+        "the in-cluster configuration could not be read ({ENV_SERVICE_HOST}, the ServiceAccount's token and CA): {0}"
+    )]
+    InCluster(#[source] kube::config::InClusterError),
+
+    #[error("{ENV_CLUSTER_ENDPOINT}={value:?} is not a URL: {reason}")]
+    ClusterEndpoint { value: String, reason: String },
+
+    #[error("making the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+
+    #[error("{ENV_MY_NODE_NAME} is not set: the agent cannot find its Node")]
+    NoNodeName,
+
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl K8sError {
+    pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let what = what.into();
+        move |source| Self::Api { what, source }
+    }
+
+    /// The API server's answer, when it gave one.
+    pub fn status_code(&self) -> Option<u16> {
+        match self {
+            Self::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
+/// How the agent reaches the API server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct K8sSettings {
+    /// Whether the agent runs with an API server: in a pod (the in-cluster
+    /// variables are set) or with [`ENV_CLUSTER_ENDPOINT`].
+    pub enabled: bool,
+    pub cluster_endpoint: Option<String>,
+    pub node_name: Option<String>,
+    pub pod_name: Option<String>,
+    pub eni_config_label: String,
+    pub eni_config_annotation: String,
+}
+
+impl K8sSettings {
+    pub fn from_env(env: &Env) -> Self {
+        let cluster_endpoint = env.get(ENV_CLUSTER_ENDPOINT).map(str::to_owned);
+        Self {
+            enabled: env.get(ENV_SERVICE_HOST).is_some() || cluster_endpoint.is_some(),
+            cluster_endpoint,
+            node_name: env.get(ENV_MY_NODE_NAME).map(str::to_owned),
+            pod_name: env.get(ENV_MY_POD_NAME).map(str::to_owned),
+            eni_config_label: env
+                .get(node::ENV_ENI_CONFIG_LABEL_DEF)
+                .unwrap_or(node::DEFAULT_ENI_CONFIG_KEY)
+                .to_owned(),
+            eni_config_annotation: env
+                .get(node::ENV_ENI_CONFIG_ANNOTATION_DEF)
+                .unwrap_or(node::DEFAULT_ENI_CONFIG_KEY)
+                .to_owned(),
+        }
+    }
+
+    /// The settings by variable, for `vpcnet-agent settings`.
+    pub fn view(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        vec![
+            ("kubernetes_api", json!(self.enabled)),
+            (ENV_CLUSTER_ENDPOINT, json!(self.cluster_endpoint)),
+            (ENV_MY_NODE_NAME, json!(self.node_name)),
+            (ENV_MY_POD_NAME, json!(self.pod_name)),
+            (node::ENV_ENI_CONFIG_LABEL_DEF, json!(self.eni_config_label)),
+            (
+                node::ENV_ENI_CONFIG_ANNOTATION_DEF,
+                json!(self.eni_config_annotation),
+            ),
+        ]
+    }
+
+    /// The node's name, which every per-node call needs.
+    pub fn node_name(&self) -> Result<&str, K8sError> {
+        self.node_name.as_deref().ok_or(K8sError::NoNodeName)
+    }
+}
+
+/// The client: the in-cluster configuration (the ServiceAccount's token,
+/// re-read as kubelet rotates it, and CA), with [`ENV_CLUSTER_ENDPOINT`]'s
+/// URL instead of the service address when set.
+pub fn connect(settings: &K8sSettings) -> Result<kube::Client, K8sError> {
+    let mut config = kube::Config::incluster_env().map_err(K8sError::InCluster)?;
+    if let Some(endpoint) = &settings.cluster_endpoint {
+        config.cluster_url =
+            endpoint
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| K8sError::ClusterEndpoint {
+                    value: endpoint.clone(),
+                    reason: e.to_string(),
+                })?;
+    }
+    config.connect_timeout = Some(CALL_TIMEOUT);
+    kube::Client::try_from(config).map_err(K8sError::Client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_api_is_used_in_a_pod_or_with_an_endpoint() {
+        let none = K8sSettings::from_env(&Env::from_pairs::<&str, &str>([]));
+        assert!(!none.enabled);
+        assert_eq!(none.eni_config_label, "k8s.amazonaws.com/eniConfig");
+        assert!(matches!(none.node_name(), Err(K8sError::NoNodeName)));
+        let pod = K8sSettings::from_env(&Env::from_pairs([
+            (ENV_SERVICE_HOST, "10.100.0.1"),
+            (
+                ENV_MY_NODE_NAME,
+                "ip-10-20-11-162.us-west-2.compute.internal",
+            ),
+            (
+                node::ENV_ENI_CONFIG_LABEL_DEF,
+                "topology.kubernetes.io/zone",
+            ),
+        ]));
+        assert!(pod.enabled);
+        assert_eq!(pod.eni_config_label, "topology.kubernetes.io/zone");
+        let endpoint = K8sSettings::from_env(&Env::from_pairs([(
+            ENV_CLUSTER_ENDPOINT,
+            "https://10.20.0.20",
+        )]));
+        assert!(endpoint.enabled);
+    }
+}
