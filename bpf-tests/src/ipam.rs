@@ -230,6 +230,44 @@ impl IpamLab {
     }
 }
 
+/// Runs `call` with an EC2 client such as the agent's, from the node (where
+/// the lab's EC2 endpoint answers): what an operator's tooling does to the
+/// account, through the Query API.
+pub fn ec2_call<T, Fut>(call: impl FnOnce(vpcnet_agent::cloud::Cloud) -> Fut + Send) -> T
+where
+    Fut: std::future::Future<Output = T>,
+    T: Send,
+{
+    vpcnet_lab::run_in(vpcnet_lab::addrs::NS_NODE, move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let cloud =
+                    vpcnet_agent::cloud::Cloud::connect(vpcnet_agent::cloud::CloudOptions {
+                        region: Some(vpcnet_lab::ec2::config::LAB_REGION.into()),
+                        ec2_endpoint: Some(vpcnet_lab::ec2::EC2_ENDPOINT_URL.into()),
+                        ..vpcnet_agent::cloud::CloudOptions::default()
+                    })
+                    .await
+                    .expect("an EC2 client");
+                call(cloud).await
+            })
+    })
+    .expect("running in the node")
+}
+
+/// Sets `tags` on an EC2 resource (a subnet, an ENI) through `CreateTags`.
+pub fn tag(resource_id: &str, tags: &[(&str, &str)]) {
+    ec2_call(|cloud| async move {
+        cloud
+            .tag(resource_id, tags)
+            .await
+            .unwrap_or_else(|e| panic!("tagging {resource_id}: {e}"));
+    });
+}
+
 /// What EC2 holds for `instance`: its attached ENIs, their addresses
 /// available to pods (secondaries and prefix addresses), and every ENI not
 /// attached to anything.

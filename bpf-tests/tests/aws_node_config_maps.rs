@@ -83,7 +83,6 @@ fn chart_with(log_dir: &Path, changes: &[(&'static str, &str)]) -> Vec<(&'static
 const CHART_NO_EFFECT: &[&str] = &[
     "AWS_VPC_CNI_NODE_PORT_SUPPORT",
     "DISABLE_NETWORK_RESOURCE_PROVISIONING",
-    "ENABLE_SUBNET_DISCOVERY",
     "VPC_CNI_VERSION",
     "NETWORK_POLICY_ENFORCING_MODE",
 ];
@@ -118,6 +117,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 ("ENABLE_POD_ENI", json!(false)),
                 ("HTTP_TIMEOUT", json!(10)),
                 ("DISABLE_TCP_EARLY_DEMUX", json!(false)),
+                ("ENABLE_SUBNET_DISCOVERY", json!(true)),
             ],
             tolerated: vec![],
             no_effect: CHART_NO_EFFECT.to_vec(),

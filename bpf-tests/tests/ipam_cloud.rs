@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use ipnet::Ipv4Net;
 use vpcnet_agent::cloud::{TAG_CREATED_AT, TAG_INSTANCE_ID, TAG_NO_MANAGE};
-use vpcnet_bpf_tests::ipam::{IpamLab, holdings, lab_lock};
+use vpcnet_bpf_tests::ipam::{IpamLab, ec2_call, holdings, lab_lock};
 use vpcnet_lab::ec2::config::LAB_NODE_SUBNET_ID;
 
 #[test]
@@ -226,30 +226,13 @@ fn attach_operators_eni(
         .admin()
         .create_leaked_eni(LAB_NODE_SUBNET_ID, &tags, 3)
         .expect("the operator's ENI");
-    vpcnet_lab::run_in(vpcnet_lab::addrs::NS_NODE, {
-        let (eni, instance) = (operators.clone(), instance.clone());
-        move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime")
-                .block_on(async {
-                    let cloud =
-                        vpcnet_agent::cloud::Cloud::connect(vpcnet_agent::cloud::CloudOptions {
-                            region: Some("us-west-2".into()),
-                            ec2_endpoint: Some(vpcnet_lab::ec2::EC2_ENDPOINT_URL.into()),
-                            ..vpcnet_agent::cloud::CloudOptions::default()
-                        })
-                        .await
-                        .expect("EC2");
-                    cloud
-                        .attach_eni(&eni, &instance, 2)
-                        .await
-                        .expect("attaching")
-                })
-        }
-    })
-    .expect("running in the node");
+    let eni = operators.as_str();
+    ec2_call(|cloud| async move {
+        cloud
+            .attach_eni(eni, &instance, 2)
+            .await
+            .expect("attaching")
+    });
     let state = lab.wait_ec2(
         "the operator's ENI attached",
         Duration::from_secs(10),
@@ -467,5 +450,185 @@ fn managed_enis_carry_aws_nodes_tags_and_the_operators() {
         );
         println!("{}: {:?}", eni.id, eni.tags);
     }
+    drop(lab);
+}
+
+/// The ENIs attached to `instance` in EC2, by device index.
+fn attached_enis(
+    state: &vpcnet_lab::ec2::model::StateSnapshot,
+    instance: &str,
+) -> Vec<vpcnet_lab::ec2::model::Eni> {
+    let mut enis: Vec<_> = state
+        .enis
+        .iter()
+        .filter(|e| {
+            e.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == instance)
+        })
+        .cloned()
+        .collect();
+    enis.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
+    enis
+}
+
+/// `ENABLE_SUBNET_DISCOVERY` (on by default): a new ENI goes to the
+/// subnet of the node's VPC and zone tagged `kubernetes.io/role/cni` with
+/// the most free addresses, or the primary ENI's subnet, untagged; a
+/// subnet tagged for other clusters only is not for this one; the ENI
+/// gets the primary ENI's security groups.
+#[test]
+fn subnet_discovery_puts_new_enis_in_the_tagged_subnet_with_most_free_addresses() {
+    use vpcnet_agent::ipam::subnets::{TAG_CLUSTER_PREFIX, TAG_ROLE_CNI};
+    use vpcnet_lab::{
+        addrs::{CUSTOM_POD_SUBNET, NODE_SUBNET},
+        ec2::config::{LAB_CUSTOM_SUBNET_ID, LAB_PEER_SUBNET_ID},
+    };
+    let _lock = lab_lock();
+    // One address ahead of the pods: an ENI comes only when the last is full.
+    let mut lab = IpamLab::up(
+        "m5.large",
+        &[("CLUSTER_NAME", "lab"), ("WARM_IP_TARGET", "1")],
+    );
+    let instance = lab.emulator().instance_id().to_owned();
+    let other_cluster = format!("{TAG_CLUSTER_PREFIX}other");
+    let this_cluster = format!("{TAG_CLUSTER_PREFIX}lab");
+    // The largest subnet of the zone is tagged for pods, of another
+    // cluster only.
+    vpcnet_bpf_tests::ipam::tag(
+        LAB_CUSTOM_SUBNET_ID,
+        &[(TAG_ROLE_CNI, "1"), (&other_cluster, "shared")],
+    );
+    let (addrs, _) = lab.fill(0, 12);
+    assert_eq!(addrs.len(), 12);
+    let state = lab.wait_ec2("a second ENI", Duration::from_secs(30), |s| {
+        attached_enis(s, &instance).len() == 2
+    });
+    let enis = attached_enis(&state, &instance);
+    assert_eq!(
+        enis[1].subnet_id, LAB_NODE_SUBNET_ID,
+        "another cluster's subnet is passed over for the primary ENI's"
+    );
+    assert!(addrs.iter().all(|a| NODE_SUBNET.contains(a)), "{addrs:?}");
+
+    // Now it is this cluster's too, and a smaller subnet is tagged as well:
+    // the next ENI goes to the one with most free addresses.
+    vpcnet_bpf_tests::ipam::tag(LAB_CUSTOM_SUBNET_ID, &[(&this_cluster, "shared")]);
+    vpcnet_bpf_tests::ipam::tag(LAB_PEER_SUBNET_ID, &[(TAG_ROLE_CNI, "1")]);
+    let (more, _) = lab.fill(12, 40);
+    assert_eq!(more.len(), 3 * 9 - 12, "the node fills its three ENIs");
+    let state = lab.ec2_state();
+    let enis = attached_enis(&state, &instance);
+    assert_eq!(enis.len(), 3);
+    let third = &enis[2];
+    assert_eq!(
+        third.subnet_id, LAB_CUSTOM_SUBNET_ID,
+        "the tagged subnet with most free addresses"
+    );
+    assert_eq!(
+        third.groups, enis[0].groups,
+        "a discovered subnet's ENI has the primary ENI's security groups"
+    );
+    let in_custom: Vec<_> = more
+        .iter()
+        .filter(|a| CUSTOM_POD_SUBNET.contains(*a))
+        .collect();
+    assert_eq!(in_custom.len(), 9, "the third ENI's addresses: {more:?}");
+    for addr in &in_custom {
+        assert!(third.secondary_ips.contains(addr), "{addr} of {}", third.id);
+    }
+    let subnets = state
+        .subnets
+        .iter()
+        .map(|s| (s.id.as_str(), s.available_ip_address_count));
+    println!(
+        "subnet discovery: ENI 2 in {} (the custom subnet was another cluster's), ENI 3 in {} with groups {:?}; free addresses: {:?}",
+        enis[1].subnet_id,
+        third.subnet_id,
+        third.groups,
+        subnets.collect::<Vec<_>>()
+    );
+    drop(lab);
+}
+
+/// A primary ENI whose subnet is tagged `kubernetes.io/role/cni=0` gives
+/// pods none of its addresses: its idle ones go back to EC2, and pods get
+/// addresses of ENIs in the subnet tagged for them.
+#[test]
+fn a_primary_subnet_tagged_0_gives_pods_none_of_its_addresses() {
+    use vpcnet_agent::ipam::subnets::TAG_ROLE_CNI;
+    use vpcnet_lab::{addrs::CUSTOM_POD_SUBNET, ec2::config::LAB_CUSTOM_SUBNET_ID};
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[("IP_COOLDOWN_PERIOD", "1")]);
+    let instance = lab.emulator().instance_id().to_owned();
+    let state = lab.wait_ec2(
+        "the primary ENI's warm addresses",
+        Duration::from_secs(30),
+        |s| attached_enis(s, &instance)[0].secondary_ips.len() == 9,
+    );
+    let primary = attached_enis(&state, &instance)[0].id.clone();
+    lab.lab.stop_agent().expect("stopping the agent");
+    vpcnet_bpf_tests::ipam::tag(LAB_NODE_SUBNET_ID, &[(TAG_ROLE_CNI, "0")]);
+    vpcnet_bpf_tests::ipam::tag(LAB_CUSTOM_SUBNET_ID, &[(TAG_ROLE_CNI, "1")]);
+    lab.lab.start_agent().expect("starting the agent");
+    lab.connect();
+
+    lab.wait_ec2(
+        "the primary ENI's idle addresses back in EC2",
+        Duration::from_secs(30),
+        |s| s.eni(&primary).is_some_and(|e| e.secondary_ips.is_empty()),
+    );
+    let (addrs, _) = lab.fill(0, 40);
+    assert_eq!(addrs.len(), 2 * 9, "the two other ENIs' addresses");
+    assert!(
+        addrs.iter().all(|a| CUSTOM_POD_SUBNET.contains(a)),
+        "every pod in the subnet tagged for pods: {addrs:?}"
+    );
+    let enis = attached_enis(&lab.ec2_state(), &instance);
+    assert!(
+        enis[1..]
+            .iter()
+            .all(|e| e.subnet_id == LAB_CUSTOM_SUBNET_ID),
+        "{enis:?}"
+    );
+    let log = std::fs::read_to_string(vpcnet_lab::agent_log_file()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&primary) && l.contains("no pod gets its addresses")),
+        "the agent says why {primary} serves no pod"
+    );
+    println!(
+        "primary ENI {primary} in a subnet tagged {TAG_ROLE_CNI}=0: its 9 addresses returned; pods got {} addresses of {}",
+        addrs.len(),
+        LAB_CUSTOM_SUBNET_ID
+    );
+    drop(lab);
+}
+
+/// `ENABLE_SUBNET_DISCOVERY=false`: new ENIs go to the primary ENI's
+/// subnet, whatever other subnets are tagged.
+#[test]
+fn without_subnet_discovery_new_enis_go_to_the_primary_enis_subnet() {
+    use vpcnet_agent::ipam::subnets::TAG_ROLE_CNI;
+    use vpcnet_lab::ec2::config::LAB_CUSTOM_SUBNET_ID;
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up(
+        "m5.large",
+        &[
+            ("ENABLE_SUBNET_DISCOVERY", "false"),
+            ("WARM_IP_TARGET", "1"),
+        ],
+    );
+    let instance = lab.emulator().instance_id().to_owned();
+    vpcnet_bpf_tests::ipam::tag(LAB_CUSTOM_SUBNET_ID, &[(TAG_ROLE_CNI, "1")]);
+    let (addrs, _) = lab.fill(0, 12);
+    assert_eq!(addrs.len(), 12);
+    let state = lab.wait_ec2("a second ENI", Duration::from_secs(30), |s| {
+        attached_enis(s, &instance).len() == 2
+    });
+    assert_eq!(
+        attached_enis(&state, &instance)[1].subnet_id,
+        LAB_NODE_SUBNET_ID
+    );
     drop(lab);
 }

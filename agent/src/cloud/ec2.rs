@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use aws_sdk_ec2::types::{
-    Filter, NetworkInterface, NetworkInterfaceAttachmentChanges, ResourceType, Tag,
+    Filter, NetworkInterface, NetworkInterfaceAttachmentChanges, ResourceType, Subnet, Tag,
     TagSpecification,
 };
 use ipnet::Ipv4Net;
@@ -45,6 +45,33 @@ pub struct SubnetInfo {
     pub id: String,
     pub cidr: Ipv4Net,
     pub available_addresses: u32,
+    pub vpc_id: String,
+    pub availability_zone: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl SubnetInfo {
+    fn from_sdk(action: &'static str, subnet: &Subnet) -> Result<Self, CloudError> {
+        let incomplete = |field| CloudError::Incomplete { action, field };
+        Ok(Self {
+            id: subnet.subnet_id().ok_or(incomplete("SubnetId"))?.to_owned(),
+            cidr: subnet
+                .cidr_block()
+                .and_then(|c| c.parse().ok())
+                .ok_or(incomplete("CidrBlock"))?,
+            available_addresses: subnet
+                .available_ip_address_count()
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            vpc_id: subnet.vpc_id().unwrap_or_default().to_owned(),
+            availability_zone: subnet.availability_zone().unwrap_or_default().to_owned(),
+            tags: subnet
+                .tags()
+                .iter()
+                .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
+                .collect(),
+        })
+    }
 }
 
 /// An ENI as EC2 describes it.
@@ -229,22 +256,36 @@ impl Cloud {
             .send()
             .await
             .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
-        let incomplete = |field| CloudError::Incomplete {
+        let subnet = out.subnets().first().ok_or(CloudError::Incomplete {
             action: ACTION,
-            field,
-        };
-        let subnet = out.subnets().first().ok_or(incomplete("Subnet"))?;
-        Ok(SubnetInfo {
-            id: id.to_owned(),
-            cidr: subnet
-                .cidr_block()
-                .and_then(|c| c.parse().ok())
-                .ok_or(incomplete("CidrBlock"))?,
-            available_addresses: subnet
-                .available_ip_address_count()
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(0),
-        })
+            field: "Subnet",
+        })?;
+        SubnetInfo::from_sdk(ACTION, subnet)
+    }
+
+    /// The subnets of VPC `vpc_id` in zone `zone`, every page, as EC2 lists
+    /// them.
+    pub async fn zone_subnets(
+        &self,
+        vpc_id: &str,
+        zone: &str,
+    ) -> Result<Vec<SubnetInfo>, CloudError> {
+        const ACTION: &str = "DescribeSubnets";
+        let mut pages = self
+            .ec2
+            .describe_subnets()
+            .filters(filter("vpc-id", vpc_id))
+            .filters(filter("availability-zone", zone))
+            .into_paginator()
+            .send();
+        let mut subnets = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+            for subnet in page.subnets() {
+                subnets.push(SubnetInfo::from_sdk(ACTION, subnet)?);
+            }
+        }
+        Ok(subnets)
     }
 
     /// ENIs matching `filters`, every page.

@@ -29,9 +29,10 @@ use super::{
     datastore::{AssignedAddr, Assignment, Datastore, DatastoreError, EniRecord},
     pool::{IPS_PER_PREFIX, PoolStats, PoolTargets},
     settings::IpamSettings,
+    subnets,
 };
 use crate::cloud::{
-    Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni,
+    Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni, SubnetInfo,
     TAG_CREATED_AT, TAG_INSTANCE_ID, managed_eni_tags, time_now_rfc3339,
 };
 
@@ -132,6 +133,8 @@ pub enum ManagerError {
     NoAddress(&'static str),
     #[error("setting up ENI {eni}: {reason}")]
     Network { eni: String, reason: String },
+    #[error("no subnet for a new ENI: {0}")]
+    NoSubnet(String),
     #[error("IMDS lists no primary ENI for MAC {0}")]
     NoPrimaryEni(String),
     #[error("ENI {eni} did not reach {state} within {timeout:?}")]
@@ -227,11 +230,32 @@ struct Node {
     max_enis: usize,
     max_pods: usize,
     primary_eni: ImdsEni,
-    /// Subnet and security groups of new ENIs.
-    eni_subnet_id: String,
+    /// The primary ENI's VPC: subnet discovery looks in it.
+    vpc_id: String,
+    /// Custom networking's subnet for new ENIs; `None`: the primary ENI's
+    /// subnet, or those subnet discovery finds.
+    custom_subnet_id: Option<String>,
+    /// Security groups of new ENIs.
     eni_security_groups: Vec<String>,
     /// The tags every ENI the manager manages carries.
     eni_tags: BTreeMap<String, String>,
+}
+
+impl Node {
+    /// Where new ENIs go, for the start's log line.
+    fn new_eni_subnets(&self, settings: &IpamSettings) -> String {
+        match &self.custom_subnet_id {
+            Some(custom) => format!("{custom} (custom networking)"),
+            None if settings.subnet_discovery => format!(
+                "discovered in {} {} ({}), or {}",
+                self.vpc_id,
+                self.instance.availability_zone,
+                subnets::TAG_ROLE_CNI,
+                self.primary_eni.subnet_id
+            ),
+            None => self.primary_eni.subnet_id.clone(),
+        }
+    }
 }
 
 /// An attached ENI as the manager tracks it.
@@ -240,7 +264,12 @@ struct TrackedEni {
     device_number: u32,
     mac: String,
     attachment_id: Option<String>,
+    subnet_id: String,
     subnet: Ipv4Net,
+    /// In a subnet subnet discovery excludes (tagged
+    /// `kubernetes.io/role/cni=0`, or another cluster's): none of its
+    /// addresses go to pods, its idle ones go back to EC2.
+    subnet_excluded: bool,
     /// The ENI's own address: never a pod's.
     primary_addr: Option<Ipv4Addr>,
     /// Tagged `no_manage`, or made by someone else than vpcnet or the VPC
@@ -373,22 +402,23 @@ impl Manager {
         let max_pods = settings
             .max_pods
             .unwrap_or_else(|| default_max_pods(limits, max_enis, settings.prefix_delegation));
-        let (eni_subnet_id, eni_security_groups) = match &settings.eni_config_subnet {
-            Some(subnet) if settings.custom_network => (
-                subnet.clone(),
-                if settings.eni_config_security_groups.is_empty() {
-                    primary_eni.security_groups.clone()
-                } else {
-                    settings.eni_config_security_groups.clone()
-                },
-            ),
-            _ => (
-                primary_eni.subnet_id.clone(),
-                primary_eni.security_groups.clone(),
-            ),
+        let custom_subnet_id = settings
+            .eni_config_subnet
+            .clone()
+            .filter(|_| settings.custom_network);
+        // Discovered subnets' ENIs get the primary ENI's groups, as aws-node
+        // gives them.
+        let eni_security_groups = match &custom_subnet_id {
+            Some(_) if !settings.eni_config_security_groups.is_empty() => {
+                settings.eni_config_security_groups.clone()
+            }
+            _ => primary_eni.security_groups.clone(),
         };
-        // Fails early on a custom-networking subnet that does not exist.
-        cloud.subnet(&eni_subnet_id).await?;
+        let vpc_id = cloud.subnet(&primary_eni.subnet_id).await?.vpc_id;
+        if let Some(custom) = &custom_subnet_id {
+            // Fails early on a custom-networking subnet that does not exist.
+            cloud.subnet(custom).await?;
+        }
         let eni_tags = managed_eni_tags(
             &instance.instance_id,
             settings.cluster_name.as_deref(),
@@ -400,7 +430,8 @@ impl Manager {
             max_enis,
             max_pods,
             primary_eni,
-            eni_subnet_id,
+            vpc_id,
+            custom_subnet_id,
             eni_security_groups,
             eni_tags,
         };
@@ -409,7 +440,7 @@ impl Manager {
             instance_type = %node.instance.instance_type,
             max_enis, max_pods,
             ips_per_eni = limits.ips_per_eni,
-            eni_subnet = %node.eni_subnet_id,
+            eni_subnets = node.new_eni_subnets(settings),
             prefix_delegation = settings.prefix_delegation,
             "address manager starting"
         );
@@ -462,8 +493,9 @@ impl Manager {
                 me.state.lock().await.draining.insert(eni.id.clone(), None);
             }
         }
+        let excluded = self.excluded_subnets().await?;
         for eni in &enis {
-            self.track(eni).await?;
+            self.track(eni, excluded.contains(&eni.subnet_id)).await?;
         }
         let mut st = me.state.lock().await;
         let path = &me.opts.settings.backing_store;
@@ -505,8 +537,93 @@ impl Manager {
         Ok(())
     }
 
-    /// Takes an attached ENI into the pool (and the node's links).
-    async fn track(&self, eni: &EniInfo) -> Result<(), ManagerError> {
+    /// With subnet discovery, the subnets of the node's VPC and zone whose
+    /// ENIs serve no pod.
+    async fn excluded_subnets(&self) -> Result<BTreeSet<String>, ManagerError> {
+        let me = &self.inner;
+        if !me.opts.settings.subnet_discovery {
+            return Ok(BTreeSet::new());
+        }
+        let cluster = me.opts.settings.cluster_name.as_deref();
+        let zone = self.zone_subnets().await?;
+        Ok(zone
+            .iter()
+            .filter(|s| subnets::excluded(&zone, &s.id, cluster))
+            .map(|s| s.id.clone())
+            .collect())
+    }
+
+    async fn zone_subnets(&self) -> Result<Vec<SubnetInfo>, CloudError> {
+        let node = &self.inner.node;
+        self.inner
+            .cloud
+            .zone_subnets(&node.vpc_id, &node.instance.availability_zone)
+            .await
+    }
+
+    /// The subnets to try a new ENI in, in order: custom networking's;
+    /// with subnet discovery, those tagged for pods (or the primary ENI's,
+    /// untagged), most free addresses first; else the primary ENI's, unless
+    /// it is tagged `0`. As aws-node, when EC2 cannot list the subnets, the
+    /// primary ENI's, if a second look says it is not excluded.
+    async fn subnets_for_new_eni(&self) -> Result<Vec<String>, ManagerError> {
+        let me = &self.inner;
+        let settings = &me.opts.settings;
+        let cluster = settings.cluster_name.as_deref();
+        if let Some(custom) = &me.node.custom_subnet_id {
+            return Ok(vec![custom.clone()]);
+        }
+        let primary = &me.node.primary_eni.subnet_id;
+        let primary_unless_excluded = |zone: &[SubnetInfo]| {
+            if subnets::excluded(zone, primary, cluster) {
+                Err(ManagerError::NoSubnet(format!(
+                    "the primary ENI's subnet {primary} is tagged {}=0 (or for other clusters only) and subnet discovery is {}",
+                    subnets::TAG_ROLE_CNI,
+                    if settings.subnet_discovery {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                )))
+            } else {
+                Ok(vec![primary.clone()])
+            }
+        };
+        if !settings.subnet_discovery {
+            return match self.zone_subnets().await {
+                Ok(zone) => primary_unless_excluded(&zone),
+                Err(e) => {
+                    warn!(error = %e, subnet = %primary, "cannot tell whether the primary ENI's subnet is excluded: creating the ENI there");
+                    Ok(vec![primary.clone()])
+                }
+            };
+        }
+        match self.zone_subnets().await {
+            Ok(zone) => {
+                let found: Vec<String> = subnets::for_new_enis(zone, primary, cluster)
+                    .into_iter()
+                    .map(|s| s.id)
+                    .collect();
+                if found.is_empty() {
+                    return Err(ManagerError::NoSubnet(format!(
+                        "no subnet of {} in {} is tagged {} for this cluster, and the primary ENI's subnet {primary} is tagged 0 (or for other clusters only)",
+                        me.node.vpc_id,
+                        me.node.instance.availability_zone,
+                        subnets::TAG_ROLE_CNI
+                    )));
+                }
+                Ok(found)
+            }
+            Err(e) => {
+                warn!(error = %e, "listing the zone's subnets failed: trying the primary ENI's subnet");
+                primary_unless_excluded(&self.zone_subnets().await?)
+            }
+        }
+    }
+
+    /// Takes an attached ENI into the pool (and the node's links);
+    /// `subnet_excluded`: its subnet serves no pod.
+    async fn track(&self, eni: &EniInfo, subnet_excluded: bool) -> Result<(), ManagerError> {
         let me = &self.inner;
         let device_number = eni.device_index.unwrap_or_default();
         let primary = eni.mac == me.node.instance.primary_mac;
@@ -532,6 +649,14 @@ impl Manager {
                 (false, false) => "tagged no_manage: left alone",
             };
             info!(eni = %eni.id, %interface, %manager, role, "ENI link owner");
+        }
+        if subnet_excluded && !left_alone {
+            info!(
+                eni = %eni.id,
+                subnet = %eni.subnet_id,
+                "ENI in a subnet tagged {}=0 (or for other clusters only): no pod gets its addresses, its idle ones go back to EC2",
+                subnets::TAG_ROLE_CNI
+            );
         }
         if !left_alone {
             self.tag_managed(eni).await?;
@@ -563,7 +688,9 @@ impl Manager {
                 device_number,
                 mac: eni.mac.clone(),
                 attachment_id: eni.attachment_id.clone(),
+                subnet_id: eni.subnet_id.clone(),
                 subnet,
+                subnet_excluded,
                 primary_addr: eni.primary_addr,
                 no_manage: left_alone,
                 attached_at: Instant::now(),
@@ -572,7 +699,7 @@ impl Manager {
         if left_alone {
             return Ok(());
         }
-        let excluded = primary && me.opts.settings.custom_network;
+        let excluded = (primary && me.opts.settings.custom_network) || subnet_excluded;
         st.datastore
             .add_eni(&eni.id, device_number, primary, excluded);
         st.datastore.add_addrs(&eni.id, &eni.secondary_addrs)?;
@@ -899,9 +1026,11 @@ impl Manager {
         }
     }
 
-    /// One pass: finish draining, grow if too low, shrink if too high.
+    /// One pass: finish draining, give back what excluded subnets' ENIs
+    /// hold idle, grow if too low, shrink if too high.
     async fn reconcile(&self) -> Result<(), ManagerError> {
         self.drain().await?;
+        self.release_excluded().await?;
         // Bounded: each step adds at least one address or an ENI.
         for _ in 0..self.inner.node.max_enis * 2 + 2 {
             let plan = self.plan_growth().await;
@@ -1027,14 +1156,23 @@ impl Manager {
         };
         match result {
             Err(ManagerError::Cloud(e)) if prefixes && e.is_insufficient_cidr_blocks() => {
-                me.state.lock().await.prefix_fallback = true;
+                let subnet = {
+                    let mut st = me.state.lock().await;
+                    st.prefix_fallback = true;
+                    match &plan {
+                        Growth::OnEni { eni, .. } => st
+                            .enis
+                            .get(eni)
+                            .map_or_else(String::new, |e| format!("subnet {}", e.subnet_id)),
+                        Growth::NewEni { .. } => "every subnet tried for a new ENI".to_owned(),
+                    }
+                };
                 bump(&me.counters.prefix_fallbacks, 1);
                 self.event(
                     "PrefixDelegationFallback",
                     format!(
-                        "subnet {} has no free /28 block (InsufficientCidrBlocks): \
-                         assigning single secondary addresses instead",
-                        me.node.eni_subnet_id
+                        "{subnet} has no free /28 block (InsufficientCidrBlocks): \
+                         assigning single secondary addresses instead"
                     ),
                 );
                 Ok(())
@@ -1086,18 +1224,34 @@ impl Manager {
     async fn new_eni(&self, device: u32, n: usize, prefixes: bool) -> Result<(), ManagerError> {
         let me = &self.inner;
         let node = &me.node;
-        let created = me
-            .cloud
-            .create_eni(&NewEni {
-                subnet_id: &node.eni_subnet_id,
-                security_groups: &node.eni_security_groups,
-                instance_id: &node.instance.instance_id,
-                tags: &node.eni_tags,
-                secondary_addrs: if prefixes { 0 } else { n },
-                prefixes: if prefixes { n } else { 0 },
-            })
-            .await?;
-        info!(eni = %created.id, device, "ENI created");
+        // Custom networking's subnet may be tagged 0 too; a discovered one
+        // is not.
+        let excluded = match &node.custom_subnet_id {
+            Some(custom) => self.excluded_subnets().await?.contains(custom),
+            None => false,
+        };
+        // Tried in order until EC2 makes one, as aws-node does.
+        let mut created = Err(ManagerError::NoSubnet("none to try".to_owned()));
+        for subnet_id in self.subnets_for_new_eni().await? {
+            created = me
+                .cloud
+                .create_eni(&NewEni {
+                    subnet_id: &subnet_id,
+                    security_groups: &node.eni_security_groups,
+                    instance_id: &node.instance.instance_id,
+                    tags: &node.eni_tags,
+                    secondary_addrs: if prefixes { 0 } else { n },
+                    prefixes: if prefixes { n } else { 0 },
+                })
+                .await
+                .map_err(ManagerError::from);
+            match &created {
+                Ok(_) => break,
+                Err(e) => info!(subnet = %subnet_id, error = %e, "no ENI in this subnet"),
+            }
+        }
+        let created = created?;
+        info!(eni = %created.id, device, subnet = %created.subnet_id, "ENI created");
         let attachment = match me
             .cloud
             .attach_eni(&created.id, &node.instance.instance_id, device)
@@ -1125,7 +1279,7 @@ impl Manager {
                 return Err(e);
             }
         };
-        if let Err(e) = self.track(&attached).await {
+        if let Err(e) = self.track(&attached, excluded).await {
             let mut st = me.state.lock().await;
             st.enis.remove(&created.id);
             let _ = st.datastore.remove_eni(&created.id);
@@ -1198,31 +1352,90 @@ impl Manager {
             (release, eni_to_free)
         };
         if let Some((eni, addrs, pfx)) = release {
-            let result = if addrs.is_empty() {
-                me.cloud.unassign_prefixes(&eni, &pfx).await
-            } else {
-                me.cloud.unassign_addrs(&eni, &addrs).await
-            };
-            if let Err(e) = result {
-                // Still the ENI's: back into the pool.
-                let mut st = me.state.lock().await;
-                st.datastore.add_addrs(&eni, &addrs)?;
-                for p in &pfx {
-                    st.datastore.add_prefix(&eni, *p)?;
-                }
-                return Err(e.into());
-            }
-            bump(&me.counters.addrs_freed, addrs.len());
-            bump(&me.counters.prefixes_freed, pfx.len());
-            info!(
-                eni,
-                addrs = addrs.len(),
-                prefixes = pfx.len(),
-                "returned to EC2"
-            );
+            self.return_to_ec2(&eni, &addrs, &pfx).await?;
         }
         if eni_to_free.is_some() {
             self.drain().await?;
+        }
+        Ok(())
+    }
+
+    /// Gives EC2 back addresses or prefixes already out of the datastore;
+    /// if EC2 refuses, they go back into the pool.
+    async fn return_to_ec2(
+        &self,
+        eni: &str,
+        addrs: &[Ipv4Addr],
+        pfx: &[Ipv4Net],
+    ) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let result = if addrs.is_empty() {
+            me.cloud.unassign_prefixes(eni, pfx).await
+        } else {
+            me.cloud.unassign_addrs(eni, addrs).await
+        };
+        if let Err(e) = result {
+            // Still the ENI's: back into the pool.
+            let mut st = me.state.lock().await;
+            st.datastore.add_addrs(eni, addrs)?;
+            for p in pfx {
+                st.datastore.add_prefix(eni, *p)?;
+            }
+            return Err(e.into());
+        }
+        bump(&me.counters.addrs_freed, addrs.len());
+        bump(&me.counters.prefixes_freed, pfx.len());
+        info!(
+            eni,
+            addrs = addrs.len(),
+            prefixes = pfx.len(),
+            "returned to EC2"
+        );
+        Ok(())
+    }
+
+    /// Gives back the idle addresses and prefixes of ENIs in excluded
+    /// subnets, which no pod may get (aws-node does so at start; here
+    /// also for those pods release later).
+    async fn release_excluded(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let now = Instant::now();
+        let cooldown = me.opts.settings.ip_cooldown;
+        // One ENI a pass, as `shrink` does.
+        let release = {
+            let mut st = me.state.lock().await;
+            let found = st
+                .enis
+                .iter()
+                .filter(|(_, e)| e.subnet_excluded && !e.no_manage)
+                .find_map(|(id, _)| {
+                    let record = st.datastore.eni(id)?;
+                    let addrs = record.idle_secondary_addrs(now, cooldown);
+                    let pfx = record.idle_prefixes(now, cooldown);
+                    (!addrs.is_empty() || !pfx.is_empty()).then(|| (id.clone(), addrs, pfx))
+                });
+            if let Some((eni, addrs, pfx)) = &found {
+                for a in addrs {
+                    st.datastore.remove_addr(eni, *a)?;
+                }
+                for p in pfx {
+                    st.datastore.remove_prefix(eni, *p)?;
+                }
+            }
+            found
+        };
+        let Some((eni, addrs, pfx)) = release else {
+            return Ok(());
+        };
+        // EC2 takes addresses or prefixes in one call, not both.
+        if !pfx.is_empty()
+            && let Err(e) = self.return_to_ec2(&eni, &[], &pfx).await
+        {
+            me.state.lock().await.datastore.add_addrs(&eni, &addrs)?;
+            return Err(e);
+        }
+        if !addrs.is_empty() {
+            self.return_to_ec2(&eni, &addrs, &[]).await?;
         }
         Ok(())
     }

@@ -6,3 +6,4 @@ pub mod datastore;
 pub mod manager;
 pub mod pool;
 pub mod settings;
+pub mod subnets;

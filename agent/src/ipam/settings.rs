@@ -28,6 +28,10 @@ pub const ENV_CLUSTER_NAME: &str = "CLUSTER_NAME";
 /// The operator's tags for every ENI the agent manages: a JSON object of
 /// strings.
 pub const ENV_ADDITIONAL_ENI_TAGS: &str = "ADDITIONAL_ENI_TAGS";
+/// New ENIs go to the subnets of the node's VPC and zone tagged for
+/// pods (`kubernetes.io/role/cni`), the one with most free addresses first
+/// (without custom networking); an ENI in a subnet tagged `0` serves no pod.
+pub const ENV_ENABLE_SUBNET_DISCOVERY: &str = "ENABLE_SUBNET_DISCOVERY";
 /// What no additional tag key may contain: aws-node's own keys.
 const RESERVED_TAG_PART: &str = "k8s.amazonaws.com";
 /// Custom networking's subnet for new ENIs: what an ENIConfig's
@@ -70,6 +74,8 @@ pub struct IpamSettings {
     pub cluster_name: Option<String>,
     /// `ADDITIONAL_ENI_TAGS`.
     pub additional_eni_tags: BTreeMap<String, String>,
+    /// `ENABLE_SUBNET_DISCOVERY`.
+    pub subnet_discovery: bool,
     /// Custom networking: the subnet and security groups of new ENIs.
     pub eni_config_subnet: Option<String>,
     pub eni_config_security_groups: Vec<String>,
@@ -95,6 +101,7 @@ impl Default for IpamSettings {
             sg_enforcing_mode: EnforcingMode::Strict,
             cluster_name: None,
             additional_eni_tags: BTreeMap::new(),
+            subnet_discovery: true,
             eni_config_subnet: None,
             eni_config_security_groups: Vec::new(),
             max_pods: None,
@@ -170,6 +177,7 @@ impl IpamSettings {
             custom_network: env.bool_or(ENV_CUSTOM_NETWORK_CFG, false),
             leaked_eni_cleanup: !env.bool_or(ENV_DISABLE_LEAKED_ENI_CLEANUP, false),
             pod_eni: env.bool_or(ENV_ENABLE_POD_ENI, false),
+            subnet_discovery: env.bool_or(ENV_ENABLE_SUBNET_DISCOVERY, defaults.subnet_discovery),
             cluster_name: env.get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned()),
             ..defaults
         };
@@ -292,6 +300,7 @@ impl IpamSettings {
             ),
             (ENV_CLUSTER_NAME, json!(self.cluster_name)),
             (ENV_ADDITIONAL_ENI_TAGS, json!(self.additional_eni_tags)),
+            (ENV_ENABLE_SUBNET_DISCOVERY, json!(self.subnet_discovery)),
             (ENV_ENI_CONFIG_SUBNET, json!(self.eni_config_subnet)),
             (
                 ENV_ENI_CONFIG_SECURITY_GROUPS,
@@ -342,6 +351,7 @@ mod tests {
         );
         assert_eq!(s.sg_enforcing_mode, EnforcingMode::Strict);
         assert!(s.leaked_eni_cleanup);
+        assert!(s.subnet_discovery);
     }
 
     #[test]
@@ -364,6 +374,7 @@ mod tests {
             (ENV_ENI_CONFIG_SUBNET, "subnet-0pods"),
             (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1, sg-2"),
             (ENV_MAX_PODS, "58"),
+            (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
         ])
         .unwrap();
         assert_eq!(
@@ -384,6 +395,7 @@ mod tests {
         assert_eq!(s.eni_config_subnet.as_deref(), Some("subnet-0pods"));
         assert_eq!(s.eni_config_security_groups, ["sg-1", "sg-2"]);
         assert_eq!(s.max_pods, Some(58));
+        assert!(!s.subnet_discovery);
         let t = s.pool_targets(30, 110);
         assert!(t.ip_targets_defined());
     }
@@ -502,6 +514,7 @@ mod tests {
             (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1,sg-2"),
             (ENV_DISABLE_LEAKED_ENI_CLEANUP, "true"),
             (ENV_CLUSTER_NAME, "prod"),
+            (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
         ])
         .unwrap();
         let view = original.env_view();
