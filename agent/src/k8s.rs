@@ -24,9 +24,16 @@ pub const ENV_CLUSTER_ENDPOINT: &str = "CLUSTER_ENDPOINT";
 pub const ENV_MY_NODE_NAME: &str = "MY_NODE_NAME";
 /// The agent's pod (Events are about it).
 pub const ENV_MY_POD_NAME: &str = "MY_POD_NAME";
-/// How long one call to the API server may take before it is retried
-/// (aws-node gives its Node GET 3 s; a busy lab needs more).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The variables of this module the ConfigMap does not hold: the
+/// DaemonSet sets the node's and the pod's names from the pod (`fieldRef`),
+/// and an operator sets the endpoint only to bypass the service address.
+pub const VARIABLES: &[&str] = &[ENV_MY_NODE_NAME, ENV_MY_POD_NAME, ENV_CLUSTER_ENDPOINT];
+
+/// How long connecting to the API server may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a lookup at start may hold the start up before the agent goes
+/// on with what it knows (aws-node gives its Node GET 3 s).
+pub const START_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One rule of the agent's ClusterRole: API group, resource, verbs.
 pub type AccessRule = (&'static str, &'static str, &'static [&'static str]);
@@ -141,6 +148,9 @@ impl K8sSettings {
 /// re-read as kubelet rotates it, and CA), with [`ENV_CLUSTER_ENDPOINT`]'s
 /// URL instead of the service address when set.
 pub fn connect(settings: &K8sSettings) -> Result<kube::Client, K8sError> {
+    // Both of rustls's providers are built in (the SDK's aws-lc-rs, kube's
+    // ring): rustls then needs the process's named. Already named is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut config = kube::Config::incluster_env().map_err(K8sError::InCluster)?;
     if let Some(endpoint) = &settings.cluster_endpoint {
         config.cluster_url =
@@ -151,7 +161,7 @@ pub fn connect(settings: &K8sSettings) -> Result<kube::Client, K8sError> {
                     reason: e.to_string(),
                 })?;
     }
-    config.connect_timeout = Some(CALL_TIMEOUT);
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
     kube::Client::try_from(config).map_err(K8sError::Client)
 }
 

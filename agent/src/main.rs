@@ -652,24 +652,22 @@ async fn cluster_service_cidrs(
     client: &kube::Client,
     fallback: Vec<Ipv4Net>,
 ) -> (Vec<Ipv4Net>, ServiceCidrsNext) {
-    match tokio::time::timeout(k8s::CALL_TIMEOUT, service_cidrs::discover(client)).await {
+    let error = match tokio::time::timeout(k8s::START_CALL_TIMEOUT, service_cidrs::discover(client))
+        .await
+    {
         Ok(Ok(found)) => {
             info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs");
             let next = match found.origin {
                 service_cidrs::Origin::ServiceCidrObjects => ServiceCidrsNext::Follow,
                 service_cidrs::Origin::KubernetesService(_) => ServiceCidrsNext::Nothing,
             };
-            (found.cidrs, next)
+            return (found.cidrs, next);
         }
-        Ok(Err(error)) => {
-            warn!(%error, defaults = ?fallback, "the cluster's service CIDRs are unknown: the defaults until the API answers");
-            (fallback, ServiceCidrsNext::Retry)
-        }
-        Err(_) => {
-            warn!(timeout = ?k8s::CALL_TIMEOUT, defaults = ?fallback, "the Kubernetes API did not answer: the default service CIDRs until it does");
-            (fallback, ServiceCidrsNext::Retry)
-        }
-    }
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => format!("no answer within {:?}", k8s::START_CALL_TIMEOUT),
+    };
+    warn!(%error, defaults = ?fallback, "the cluster's service CIDRs are unknown: the defaults until the API answers");
+    (fallback, ServiceCidrsNext::Retry)
 }
 
 /// Keeps the datapath's service CIDRs the cluster's.
@@ -714,7 +712,7 @@ async fn follow_service_cidrs(
 /// aws-node reads it; `None` (computed from the instance type) when the
 /// API does not say.
 async fn node_max_pods(client: &kube::Client, settings: &K8sSettings) -> Option<usize> {
-    match tokio::time::timeout(k8s::CALL_TIMEOUT, k8s::node::get(client, settings)).await {
+    match tokio::time::timeout(k8s::START_CALL_TIMEOUT, k8s::node::get(client, settings)).await {
         Ok(Ok(node)) => {
             info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
             node.max_pods
@@ -724,7 +722,7 @@ async fn node_max_pods(client: &kube::Client, settings: &K8sSettings) -> Option<
             None
         }
         Err(_) => {
-            warn!(timeout = ?k8s::CALL_TIMEOUT, "max pods computed from the instance type: the Kubernetes API did not answer");
+            warn!(timeout = ?k8s::START_CALL_TIMEOUT, "max pods computed from the instance type: the Kubernetes API did not answer");
             None
         }
     }

@@ -34,8 +34,10 @@ use tracing::{info, warn};
 
 use crate::{
     addrs::{NODE_ETH0, NODE_PRIMARY_ADDR, NS_NODE, VPC_CIDRS},
+    cluster,
     ec2::EmulatorProcess,
     error::{Context, LabError, Result},
+    kube::KubeApiOptions,
     netns::{describe, netns_path, spawn_error},
     options::LabOptions,
     pidfd,
@@ -61,9 +63,17 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
     let mut command = Command::new("nsenter");
     command
         .arg(format!("--net={}", netns_path(NS_NODE).display()))
-        .arg("--")
-        .arg(agent_bin)
-        .arg("run");
+        .arg("--");
+    if opts.kube_api() {
+        // In-cluster, as in its pod: the ServiceAccount's files where
+        // every pod has them, the API server behind the `kubernetes`
+        // Service.
+        let files = KubeApiOptions::default().files();
+        command
+            .args(cluster::service_account_prefix(&files))
+            .envs(cluster::agent_env());
+    }
+    command.arg(agent_bin).arg("run");
     if let Some(ipam) = &opts.ipam {
         // Everything else from IMDS, as on EC2.
         command

@@ -85,6 +85,12 @@ pub fn service_ports(opts: &LabOptions, pods: &[PodInfo]) -> Vec<ServicePort> {
     for service in &opts.cluster_ips {
         ports.extend(cluster_ip_ports(service, pods));
     }
+    if opts.kube_api() {
+        ports.extend(cluster_ip_ports(
+            &crate::cluster::kubernetes_service(),
+            pods,
+        ));
+    }
     ports
 }
 

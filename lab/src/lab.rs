@@ -14,11 +14,12 @@ use tracing::{info, warn};
 
 use crate::{
     addrs::{BPF_PIN_DIR, NS_NODE},
-    agent,
+    agent, cluster,
     cri::{self, Containerd, CriClient},
     cri_pods,
     ec2::{EmulatorOptions, EmulatorProcess},
     error::{Context, LabError, Result},
+    kube::{KubeApiOptions, KubeApiProcess},
     kube_proxy, layout,
     netns::{self, lab_namespaces},
     options::{Datapath, LabOptions},
@@ -39,6 +40,8 @@ pub struct Lab {
     emulator: Option<EmulatorProcess>,
     /// The container runtime of a lab whose pods come through CRI.
     containerd: Option<Containerd>,
+    /// The Kubernetes API server of a lab with one (killed when dropped).
+    kube_api: Option<KubeApiProcess>,
     teardown_on_drop: bool,
 }
 
@@ -67,6 +70,7 @@ impl Lab {
             agent: None,
             emulator: None,
             containerd: None,
+            kube_api: None,
             teardown_on_drop: true,
         };
         match lab.build() {
@@ -121,6 +125,25 @@ impl Lab {
             if opts.datapath == Datapath::Iptables {
                 crate::vpc_cni::record_aws_node_state(&emulator, &self.state.pods)?;
             }
+            if ipam.kube_api {
+                let kube_api =
+                    KubeApiProcess::start(&KubeApiOptions::default()).map_err(|err| {
+                        LabError::InvalidOption(format!(
+                            "starting the Kubernetes API server: {err}"
+                        ))
+                    })?;
+                fs::write(state::kube_api_pid_file(), format!("{}\n", kube_api.pid()))
+                    .context(|| "writing the Kubernetes API server's pid file".to_owned())?;
+                self.kube_api = Some(kube_api);
+                let kube_api = self.kube_api.as_ref().expect("just set");
+                cluster::bootstrap(
+                    kube_api.admin(),
+                    kube_api.files(),
+                    &ipam.instance_type,
+                    emulator.instance_id(),
+                )?;
+                cluster::make_service_account_mount()?;
+            }
             self.emulator = Some(emulator);
         }
         if opts.datapath == Datapath::Ebpf {
@@ -149,6 +172,7 @@ impl Lab {
             agent: self.agent.take(),
             emulator: self.emulator.take(),
             containerd: self.containerd.take(),
+            kube_api: self.kube_api.take(),
         }
     }
 
@@ -199,6 +223,7 @@ impl Lab {
             agent: None,
             emulator: None,
             containerd: None,
+            kube_api: None,
             teardown_on_drop: false,
         })
     }
@@ -215,6 +240,9 @@ impl Lab {
         if let Some(emulator) = self.emulator.take() {
             emulator.leave_running();
         }
+        if let Some(kube_api) = self.kube_api.take() {
+            kube_api.leave_running();
+        }
         if let Some(containerd) = self.containerd.take() {
             containerd.leave_running();
         }
@@ -226,6 +254,11 @@ impl Lab {
     pub fn down(mut self) -> Result<()> {
         self.teardown_on_drop = false;
         teardown(self.take_processes())
+    }
+
+    /// The Kubernetes API server, in a lab with one this process started.
+    pub fn kube_api(&self) -> Option<&KubeApiProcess> {
+        self.kube_api.as_ref()
     }
 
     /// The EC2 emulator, in an address-manager lab this process started.
@@ -430,6 +463,7 @@ struct Processes {
     agent: Option<Child>,
     emulator: Option<EmulatorProcess>,
     containerd: Option<Containerd>,
+    kube_api: Option<KubeApiProcess>,
 }
 
 fn teardown(processes: Processes) -> Result<()> {
@@ -437,6 +471,7 @@ fn teardown(processes: Processes) -> Result<()> {
         agent: mut agent_child,
         emulator,
         containerd,
+        kube_api,
     } = processes;
     let mut problems = Vec::new();
 
@@ -451,8 +486,21 @@ fn teardown(processes: Processes) -> Result<()> {
     }
 
     drop(emulator);
-    // An emulator some earlier process left (its owner was killed).
-    kill_recorded_emulator();
+    drop(kube_api);
+    // Those some earlier process left (their owner was killed).
+    kill_recorded(
+        &state::emulator_pid_file(),
+        crate::ec2::EMULATOR_BIN,
+        "the EC2 emulator",
+    );
+    kill_recorded(
+        &state::kube_api_pid_file(),
+        crate::kube::KUBE_API_BIN,
+        "the Kubernetes API server",
+    );
+    if let Err(err) = cluster::remove_service_account_mount() {
+        problems.push(err.to_string());
+    }
 
     // The agent first: it holds the node's namespace and its programs.
     let recorded_agent = LabState::load().ok().and_then(|state| state.agent);
@@ -496,23 +544,23 @@ fn teardown(processes: Processes) -> Result<()> {
     }
 }
 
-/// Kills the EC2 emulator its pid file names, if that pid is still the
-/// emulator (a pid can be reused).
-fn kill_recorded_emulator() {
-    let Some(pid) = fs::read_to_string(state::emulator_pid_file())
+/// Kills the helper process (`binary`) its pid file names, if that pid is
+/// still it (a pid can be reused).
+fn kill_recorded(pid_file: &Path, binary: &str, what: &str) {
+    let Some(pid) = fs::read_to_string(pid_file)
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
     else {
         return;
     };
-    let is_emulator = fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(crate::ec2::EMULATOR_BIN));
-    if is_emulator {
+    let is_it = fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(binary));
+    if is_it {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-        info!(pid, "killed the EC2 emulator left running");
+        info!(pid, "killed {what}, left running");
     }
 }
 

@@ -24,6 +24,7 @@
 
 pub mod addrs;
 pub mod agent;
+pub mod cluster;
 pub mod cri;
 pub mod cri_pods;
 pub mod ec2;

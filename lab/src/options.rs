@@ -246,6 +246,10 @@ pub struct IpamLabOptions {
     /// as kubelet makes it do on EKS.
     #[serde(default)]
     pub cri: Option<CriLabOptions>,
+    /// A Kubernetes API server for the cluster ([`crate::kube`], with the
+    /// objects [`crate::cluster`] makes): the agent runs in-cluster.
+    #[serde(default)]
+    pub kube_api: bool,
 }
 
 /// The container runtime of a lab whose pods are made through CRI.
@@ -253,6 +257,13 @@ pub struct IpamLabOptions {
 pub struct CriLabOptions {
     /// The `vpcnet-cni` binary.
     pub cni_plugin: PathBuf,
+}
+
+impl LabOptions {
+    /// Whether the lab has a Kubernetes API server.
+    pub fn kube_api(&self) -> bool {
+        self.ipam.as_ref().is_some_and(|ipam| ipam.kube_api)
+    }
 }
 
 impl IpamLabOptions {
@@ -263,6 +274,7 @@ impl IpamLabOptions {
             env: Vec::new(),
             agent_args: Vec::new(),
             cri: None,
+            kube_api: false,
         }
     }
 }

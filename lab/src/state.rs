@@ -212,6 +212,17 @@ pub fn emulator_pid_file() -> PathBuf {
     state_dir().join("ec2.pid")
 }
 
+/// The Kubernetes API server's pid (a lab left running).
+pub fn kube_api_pid_file() -> PathBuf {
+    state_dir().join("kube-api.pid")
+}
+
+/// Written when the lab made the ServiceAccount mount point (no pod runs on
+/// this machine): `down` removes what it made.
+pub fn service_account_mount_marker() -> PathBuf {
+    state_dir().join("service-account-mount-made")
+}
+
 /// The agent's CNI backend socket (an address-manager lab).
 pub fn cni_socket_file() -> PathBuf {
     state_dir().join("cni.sock")

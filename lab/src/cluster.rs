@@ -1,0 +1,269 @@
+//! The cluster around the lab's node, in the lab's API server: what EKS,
+//! kubelet and the VPC resource controller make before aws-node (or
+//! vpcnet) starts, and what the operator applies.
+//!
+//! - the node's Node (named as EKS names it, its zone, instance type,
+//!   provider ID, and kubelet's max pods in its capacity);
+//! - its CNINode, as the resource controller makes one per node;
+//! - the agent's own Pod in `kube-system` (Events are about it);
+//! - `deploy/kubernetes/rbac.yaml`, applied with kubectl as an operator
+//!   applies it;
+//! - the agent's in-cluster environment: `KUBERNETES_SERVICE_HOST` is the
+//!   `kubernetes` Service's cluster IP, which kube-proxy's rules in the node
+//!   send to the API server, and the ServiceAccount's token and CA where
+//!   every pod has them.
+
+use std::{
+    net::SocketAddrV4,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_json::json;
+
+use crate::{
+    addrs::{KUBE_API_ADDR, KUBE_API_PORT, KUBERNETES_SERVICE_IP, NODE_PRIMARY_ADDR, NS_NODE},
+    ec2::{
+        config::{LAB_AZ, LAB_REGION},
+        instance_types,
+    },
+    error::{Context, LabError, Result},
+    kube::{KubeAdmin, pki::ClusterFiles},
+    kube_tools::KUBECTL,
+    netns::netns_path,
+    options::{ClusterIpService, ServiceBackend},
+    state,
+};
+
+/// Where every pod finds its ServiceAccount's token, CA and namespace
+/// (kube-rs and client-go read these paths, fixed).
+pub const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The agent's pod, as the DaemonSet would name it.
+pub const AGENT_POD_NAME: &str = "vpcnet-lab0";
+/// The namespace the agent runs in.
+pub const AGENT_NAMESPACE: &str = "kube-system";
+
+/// The node's name, as EKS names nodes: its private DNS name.
+pub fn node_name() -> String {
+    let dashed = NODE_PRIMARY_ADDR.to_string().replace('.', "-");
+    format!("ip-{dashed}.{LAB_REGION}.compute.internal")
+}
+
+/// The EKS max-pods value of `instance_type` (its ENIs times their
+/// secondary addresses, plus 2 host-network pods), as kubelet is started
+/// with on EKS.
+pub fn eks_max_pods(instance_type: &str) -> Result<u32> {
+    let limits = instance_types::lookup(instance_type)
+        .ok_or_else(|| LabError::InvalidOption(format!("unknown instance type {instance_type}")))?;
+    Ok(limits.max_enis * (limits.ipv4_per_eni - 1) + 2)
+}
+
+/// The `kubernetes` Service as kube-proxy's rules see it: its cluster IP
+/// in front of the API server.
+pub fn kubernetes_service() -> ClusterIpService {
+    ClusterIpService {
+        name: "kubernetes".to_owned(),
+        addr: SocketAddrV4::new(KUBERNETES_SERVICE_IP, 443),
+        backend: ServiceBackend::Remote(SocketAddrV4::new(KUBE_API_ADDR, KUBE_API_PORT)),
+    }
+}
+
+/// The agent's in-cluster environment (besides the mounted token).
+pub fn agent_env() -> Vec<(String, String)> {
+    [
+        ("KUBERNETES_SERVICE_HOST", KUBERNETES_SERVICE_IP.to_string()),
+        ("KUBERNETES_SERVICE_PORT", "443".to_owned()),
+        ("MY_NODE_NAME", node_name()),
+        ("MY_POD_NAME", AGENT_POD_NAME.to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+fn api(err: &crate::kube::KubeApiError) -> LabError {
+    LabError::InvalidOption(format!("setting the lab's cluster up: {err}"))
+}
+
+/// Makes what the cluster has before the agent starts.
+pub fn bootstrap(
+    admin: &KubeAdmin,
+    files: &ClusterFiles,
+    instance_type: &str,
+    instance_id: &str,
+) -> Result<()> {
+    let name = node_name();
+    let max_pods = eks_max_pods(instance_type)?;
+    admin
+        .apply(
+            &format!("/api/v1/nodes/{name}"),
+            &json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "node.kubernetes.io/instance-type": instance_type,
+                    "topology.kubernetes.io/region": LAB_REGION,
+                    "topology.kubernetes.io/zone": LAB_AZ,
+                }},
+                "spec": {"providerID": format!("aws:///{LAB_AZ}/{instance_id}")},
+                "status": {
+                    "capacity": {"pods": max_pods.to_string()},
+                    "allocatable": {"pods": max_pods.to_string()},
+                    "addresses": [{"type": "InternalIP", "address": NODE_PRIMARY_ADDR.to_string()}],
+                },
+            }),
+        )
+        .map_err(|e| api(&e))?;
+    admin
+        .apply(
+            &format!("/apis/vpcresources.k8s.aws/v1alpha1/cninodes/{name}"),
+            &json!({
+                "apiVersion": "vpcresources.k8s.aws/v1alpha1",
+                "kind": "CNINode",
+                "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux"}},
+                "spec": {"tags": {"node.k8s.amazonaws.com/instance_id": instance_id}},
+            }),
+        )
+        .map_err(|e| api(&e))?;
+    admin
+        .apply(
+            &format!("/api/v1/namespaces/{AGENT_NAMESPACE}/pods/{AGENT_POD_NAME}"),
+            &json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": AGENT_POD_NAME, "namespace": AGENT_NAMESPACE,
+                    "labels": {"app.kubernetes.io/name": "vpcnet"}},
+                "spec": {"nodeName": name, "hostNetwork": true, "serviceAccountName": "vpcnet",
+                    "containers": [{"name": "vpcnet-agent", "image": "vpcnet:lab"}]},
+            }),
+        )
+        .map_err(|e| api(&e))?;
+    apply_with_kubectl(files, &deploy_rbac())
+}
+
+/// Makes [`SERVICE_ACCOUNT_MOUNT`] if this machine has none (no pod runs on
+/// it), so the agent's mount namespace can bind the lab's token there;
+/// records what it made for [`remove_service_account_mount`].
+pub fn make_service_account_mount() -> Result<()> {
+    let mount = Path::new(SERVICE_ACCOUNT_MOUNT);
+    if mount.exists() {
+        return Ok(());
+    }
+    let mut top = mount;
+    while let Some(parent) = top.parent()
+        && !parent.exists()
+    {
+        top = parent;
+    }
+    std::fs::create_dir_all(mount).context(|| format!("creating {SERVICE_ACCOUNT_MOUNT}"))?;
+    std::fs::write(
+        state::service_account_mount_marker(),
+        top.as_os_str().as_encoded_bytes(),
+    )
+    .context(|| "recording the mount point made".to_owned())
+}
+
+/// Removes what [`make_service_account_mount`] made (empty directories
+/// only: nothing is mounted there outside the agent's own namespace).
+pub fn remove_service_account_mount() -> Result<()> {
+    let marker = state::service_account_mount_marker();
+    let Ok(top) = std::fs::read_to_string(&marker) else {
+        return Ok(());
+    };
+    let top = Path::new(&top);
+    let mut dir = Path::new(SERVICE_ACCOUNT_MOUNT);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(LabError::Io {
+                    context: format!("removing {}", dir.display()),
+                    source,
+                });
+            }
+        }
+        if dir == top {
+            break;
+        }
+        match dir.parent() {
+            Some(parent) => dir = parent,
+            None => break,
+        }
+    }
+    std::fs::remove_file(&marker).context(|| format!("removing {}", marker.display()))
+}
+
+/// The command prefix that runs the agent in its own mount namespace with
+/// the lab's ServiceAccount files bound at [`SERVICE_ACCOUNT_MOUNT`], as a
+/// pod's are: `unshare` and `sh` exec in turn, so the agent keeps the pid
+/// the lab started.
+pub fn service_account_prefix(files: &ClusterFiles) -> Vec<String> {
+    [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "slave",
+        "--",
+        "sh",
+        "-c",
+        r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
+        "sh",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain([
+        files.service_account_dir().display().to_string(),
+        SERVICE_ACCOUNT_MOUNT.to_owned(),
+    ])
+    .collect()
+}
+
+/// The deployment's RBAC manifest.
+pub fn deploy_rbac() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/rbac.yaml")
+}
+
+/// `kubectl apply -f <manifest>` as the cluster's administrator, from the
+/// node (the API server's address is reached through the VPC router).
+pub fn apply_with_kubectl(files: &ClusterFiles, manifest: &Path) -> Result<()> {
+    let output = Command::new("nsenter")
+        .arg(format!("--net={}", netns_path(NS_NODE).display()))
+        .arg(KUBECTL)
+        .arg("--kubeconfig")
+        .arg(files.admin_kubeconfig())
+        .arg("--cache-dir")
+        .arg(files.dir().join("kubectl-cache"))
+        .args(["--request-timeout=20s", "apply", "-f"])
+        .arg(manifest)
+        .output()
+        .map_err(|source| LabError::Io {
+            context: format!("running {KUBECTL}"),
+            source,
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(LabError::CommandFailed {
+            command: format!("kubectl apply -f {}", manifest.display()),
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_is_named_and_sized_as_on_eks() {
+        assert_eq!(node_name(), "ip-10-20-11-162.us-west-2.compute.internal");
+        // The EKS max-pods table: m5.large 29, t3.medium 17.
+        assert_eq!(eks_max_pods("m5.large").unwrap(), 29);
+        assert_eq!(eks_max_pods("t3.medium").unwrap(), 17);
+    }
+}
