@@ -5,9 +5,11 @@
 //! with backoff); without an API server the agent runs on what it has.
 //!
 //! - [`node`]: max pods, the unschedulable taint, the ENIConfig name;
+//! - [`cninode`]: the `SecurityGroupsForPods` feature with `ENABLE_POD_ENI`;
 //! - [`service_cidrs`]: the `networking.k8s.io/v1` ServiceCIDR objects, else the
 //!   `kubernetes` Service's address within EKS's defaults.
 
+pub mod cninode;
 pub mod node;
 pub mod service_cidrs;
 
@@ -43,6 +45,7 @@ pub type AccessRule = (&'static str, &'static str, &'static [&'static str]);
 /// API server enforces it.
 pub const API_ACCESS: &[AccessRule] = &[
     ("", "nodes", &["get"]),
+    ("vpcresources.k8s.aws", "cninodes", &["get", "patch"]),
     ("", "services", &["get"]),
     ("networking.k8s.io", "servicecidrs", &["list", "watch"]),
 ];

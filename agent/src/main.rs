@@ -938,6 +938,14 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
             ..ManagerOptions::new(settings)
         };
         let manager = start_manager(&cloud, &opts, network).await?;
+        if branch_mode.is_some()
+            && let Some(client) = &kube
+        {
+            tasks.spawn(k8s::cninode::enable_security_groups_for_pods(
+                client.clone(),
+                k8s.clone(),
+            ));
+        }
         tasks.spawn(manager.clone().run());
         let netlink_for_pods = NetlinkHandle::new()?;
         let pods = Pods::new(

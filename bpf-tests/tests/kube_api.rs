@@ -140,3 +140,47 @@ fn the_agent_reads_its_node_and_follows_the_clusters_service_cidrs() {
     assert!(forbidden.is_empty(), "{forbidden:?}");
     lab.down().unwrap();
 }
+
+#[test]
+fn with_pod_eni_the_agent_asks_for_a_trunk_on_its_cninode() {
+    let _lock = lab_lock();
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.kube_api = true;
+    ipam.env = vec![("ENABLE_POD_ENI".to_owned(), "true".to_owned())];
+    let lab = Lab::up(&LabOptions {
+        ipam: Some(ipam),
+        ..LabOptions::ebpf(0, agent_binary())
+    })
+    .unwrap();
+    let admin = lab.kube_api().unwrap().admin().clone();
+    let path = format!(
+        "/apis/vpcresources.k8s.aws/v1alpha1/cninodes/{}",
+        node_name()
+    );
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    let cninode = loop {
+        let cninode = admin.get(&path).unwrap();
+        if cninode["spec"]["features"].is_array() || Instant::now() > deadline {
+            break cninode;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // As aws-node writes it: the feature without a value, the controller's
+    // tags kept.
+    assert_eq!(
+        cninode["spec"]["features"],
+        json!([{"name": "SecurityGroupsForPods"}]),
+        "{cninode}"
+    );
+    assert!(
+        cninode["spec"]["tags"]["node.k8s.amazonaws.com/instance_id"].is_string(),
+        "{cninode}"
+    );
+    let calls = admin.calls().unwrap();
+    assert_eq!(
+        calls.answers(AGENT, "patch", "cninodes").get(&200),
+        Some(&1),
+        "{calls:?}"
+    );
+    lab.down().unwrap();
+}
