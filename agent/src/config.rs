@@ -23,13 +23,15 @@ pub const ENV_CONNMARK: &str = "AWS_VPC_K8S_CNI_CONNMARK";
 /// vpcnet's own: the SNAT source port range, `MIN-MAX`.
 pub const ENV_SNAT_PORT_RANGE: &str = "VPCNET_SNAT_PORT_RANGE";
 /// vpcnet's own: the cluster's service CIDRs, whose packets go through the
-/// node's stack (kube-proxy). Default: EKS's two possible service ranges.
+/// node's stack (kube-proxy). Unset or blank: the cluster's, from the
+/// Kubernetes API (`crate::k8s::service_cidrs`); without an API server,
+/// EKS's two possible service ranges. Set: an override of both.
 pub const ENV_SERVICE_CIDRS: &str = "VPCNET_SERVICE_CIDRS";
 pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
 
-/// The service CIDRs (set but empty: none).
+/// The service CIDRs the override names, else the defaults.
 pub fn service_cidrs(env: &Env) -> Result<Vec<Ipv4Net>, ConfigError> {
-    let value = env.raw(ENV_SERVICE_CIDRS).unwrap_or(DEFAULT_SERVICE_CIDRS);
+    let value = env.get(ENV_SERVICE_CIDRS).unwrap_or(DEFAULT_SERVICE_CIDRS);
     parse_cidrs(ENV_SERVICE_CIDRS, value)
 }
 
@@ -61,6 +63,7 @@ pub const VARIABLES: &[&str] = &[
     crate::ipam::settings::ENV_ENI_CONFIG_SUBNET,
     crate::ipam::settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
     crate::ipam::settings::ENV_MAX_PODS,
+    crate::takeover::network_policy::ENV_TAKE_OVER_POLICY_NODE,
     crate::pods::ENV_VETH_PREFIX,
     crate::install::ENV_POD_MTU,
     crate::install::ENV_PLUGIN_LOG_FILE,

@@ -131,7 +131,7 @@ impl Env {
 }
 
 /// Go's `strconv.ParseBool`.
-fn parse_go_bool(value: &str) -> Option<bool> {
+pub(crate) fn parse_go_bool(value: &str) -> Option<bool> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),

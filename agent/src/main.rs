@@ -37,7 +37,7 @@ use vpcnet_agent::{
     netlink::NetlinkHandle,
     node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
     pods::{Pods, PodsOptions},
-    takeover,
+    takeover::{self, network_policy},
 };
 use vpcnet_api::layout::NodeLayout;
 use vpcnet_common::{
@@ -241,6 +241,10 @@ struct RunArgs {
     /// backend serves: the runtime's configuration directory, as mounted.
     #[arg(long, requires = "ipam")]
     cni_conf_dir: Option<PathBuf>,
+    /// Where aws-node's network policy agent pins its programs: a node
+    /// with any is taken over only with `VPCNET_TAKE_OVER_NETWORK_POLICY_NODE`.
+    #[arg(long, default_value = network_policy::NETWORK_POLICY_PROGRAMS_DIR)]
+    network_policy_pins: PathBuf,
 }
 
 fn main() {
@@ -560,6 +564,17 @@ fn run(pin_dir: &std::path::Path, args: &RunArgs, env: &Env) -> Result<()> {
         args.metrics_address.as_deref(),
     )?;
     info!(settings = %settings.view(env)?, "settings in force");
+    if args.ipam {
+        // Before anything changes on the node.
+        if let Some(enforcement) = network_policy::check(env, &args.network_policy_pins)? {
+            warn!(
+                programs = enforcement.programs.len(),
+                dir = %enforcement.dir.display(),
+                "taking over a node where aws-node's network policy agent enforced NetworkPolicy, as {} says: its policies are no longer enforced",
+                network_policy::ENV_TAKE_OVER_POLICY_NODE
+            );
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

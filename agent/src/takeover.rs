@@ -23,6 +23,8 @@
 //! datapath translated ([`export_flows`]), detaches the programs and puts
 //! aws-node's conflist back.
 
+pub mod network_policy;
+
 use std::{
     collections::BTreeSet,
     net::Ipv4Addr,

@@ -269,3 +269,67 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall(
     );
     lab.down().expect("lab down");
 }
+
+/// The network policy agent's pins, as it names them: one program per
+/// direction of each pod it enforces policies on.
+const NETWORK_POLICY_PINS: [&str; 2] = [
+    "web-7d4b9-default_handle_ingress",
+    "web-7d4b9-default_handle_egress",
+];
+
+#[test]
+fn a_node_where_aws_node_enforced_network_policy_is_taken_over_only_knowingly() {
+    let _lock = serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    // The pins' directory as the agent reads it (names only: a directory
+    // the test owns stands in for the machine's bpffs).
+    let pins = ScratchDir::new("vpcnet-np-pins").expect("a pin directory");
+    for name in NETWORK_POLICY_PINS {
+        std::fs::write(pins.path().join(name), "").unwrap();
+    }
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.agent_args = FAST_AGENT_ARGS
+        .iter()
+        .map(|a| (*a).to_owned())
+        .chain([
+            "--network-policy-pins".to_owned(),
+            pins.path().display().to_string(),
+        ])
+        .collect();
+    let opts = LabOptions {
+        ipam: Some(ipam),
+        agent_bin: Some(agent_binary()),
+        ..LabOptions::iptables(2)
+    };
+    let mut lab = Lab::up(&opts).expect("an aws-node node");
+    let aws_node = node_wiring(&lab);
+
+    let refused = lab
+        .start_agent()
+        .expect_err("the agent refuses the node")
+        .to_string();
+    assert!(
+        refused.contains(
+            "aws-node's network policy agent enforced NetworkPolicy on this node (2 programs pinned"
+        ) && refused
+            .contains("set VPCNET_TAKE_OVER_NETWORK_POLICY_NODE=true to take it over knowingly"),
+        "{refused}"
+    );
+    assert_eq!(node_wiring(&lab), aws_node, "the refusal changed the node");
+
+    lab.set_agent_env("VPCNET_TAKE_OVER_NETWORK_POLICY_NODE", "true")
+        .unwrap();
+    lab.start_agent().expect("taken over knowingly");
+    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
+    assert!(
+        log.contains(
+            "taking over a node where aws-node's network policy agent enforced NetworkPolicy"
+        ),
+        "{log}"
+    );
+    assert!(
+        aws_node_parts(&node_wiring(&lab)).is_empty(),
+        "aws-node's wiring left after the take-over"
+    );
+    lab.down().unwrap();
+}

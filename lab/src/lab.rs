@@ -295,6 +295,15 @@ impl Lab {
         self.state.save()
     }
 
+    /// Sets one of the agent's environment variables for its next start
+    /// (what an operator's ConfigMap change does).
+    pub fn set_agent_env(&mut self, name: &str, value: &str) -> Result<()> {
+        let env = &mut self.state.options.agent_env;
+        env.retain(|(k, _)| k != name);
+        env.push((name.to_owned(), value.to_owned()));
+        self.state.save()
+    }
+
     /// Replaces the agent and the CNI plugin with other builds, as a
     /// rolling update does: the running agent is stopped
     /// (SIGTERM, then SIGKILL), the plugin swapped where the runtime finds
