@@ -63,7 +63,7 @@ struct Cli {
 enum Command {
     /// Run the agent: load the datapath, attach it, keep its maps filled and
     /// its NAT table clean until SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Read the environment as `run` does and print the settings in force,
     /// by variable, as JSON (what was tolerated or has no effect goes to
     /// standard error); exits non-zero where `run` would not start.
