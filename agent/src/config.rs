@@ -60,6 +60,7 @@ pub const VARIABLES: &[&str] = &[
     crate::ipam::settings::ENV_CLUSTER_NAME,
     crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS,
     crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY,
+    crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI,
     crate::ipam::settings::ENV_ENI_CONFIG_SUBNET,
     crate::ipam::settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
     crate::ipam::settings::ENV_MAX_PODS,

@@ -118,6 +118,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 ("HTTP_TIMEOUT", json!(10)),
                 ("DISABLE_TCP_EARLY_DEMUX", json!(false)),
                 ("ENABLE_SUBNET_DISCOVERY", json!(true)),
+                ("MANAGE_UNTAGGED_ENI", json!(true)),
             ],
             tolerated: vec![],
             no_effect: CHART_NO_EFFECT.to_vec(),

@@ -316,10 +316,13 @@ fn link_view(link: &str) -> (serde_json::Value, serde_json::Value, Vec<String>, 
     )
 }
 
+/// With `MANAGE_UNTAGGED_ENI=false`, an ENI someone else attached is left
+/// as it is; the agent's own links are put back when something rewrites
+/// them.
 #[test]
 fn enis_of_others_are_left_alone_and_the_agents_own_links_are_put_back() {
     let _lock = lab_lock();
-    let mut lab = IpamLab::up("m5.large", &[]);
+    let mut lab = IpamLab::up("m5.large", &[("MANAGE_UNTAGGED_ENI", "false")]);
     // An ENI attached by someone else, untagged: neither vpcnet's nor the
     // VPC CNI's, and not tagged no_manage either.
     let (theirs, state) = attach_operators_eni(&lab, &[("team", "storage")]);
@@ -390,6 +393,62 @@ fn enis_of_others_are_left_alone_and_the_agents_own_links_are_put_back() {
         |s| restored(s) > restored_before && link_view(&ours) == settled,
     );
     println!("{theirs} ({their_link}) left alone: {before:?}; {ours} put back: {settled:?}");
+    drop(lab);
+}
+
+/// `MANAGE_UNTAGGED_ENI` (true unless set, as in aws-node): an ENI someone
+/// else attached, without this instance's tag, is the pool's: it gets
+/// aws-node's tags, the agent sets its link up and its addresses go to pods.
+#[test]
+fn an_untagged_eni_someone_else_attached_is_managed_by_default() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    let instance = lab.emulator().instance_id().to_owned();
+    let (theirs, state) = attach_operators_eni(&lab, &[("team", "storage")]);
+    let their_eni = state.eni(&theirs).expect("attached").clone();
+    // The agent learns the node's ENIs at start.
+    lab.lab.stop_agent().expect("stopping the agent");
+    lab.lab.start_agent().expect("starting the agent");
+    lab.connect();
+
+    let state = lab.wait_ec2(
+        "the ENI tagged as one of this instance's",
+        Duration::from_secs(30),
+        |s| {
+            s.eni(&theirs)
+                .is_some_and(|e| e.tags.get(TAG_INSTANCE_ID) == Some(&instance))
+        },
+    );
+    assert_eq!(
+        state
+            .eni(&theirs)
+            .expect("kept")
+            .tags
+            .get("team")
+            .map(String::as_str),
+        Some("storage"),
+        "its own tags stay"
+    );
+    let (addrs, _) = lab.fill(0, 40);
+    assert_eq!(addrs.len(), 3 * 9, "three ENIs' addresses, theirs included");
+    for addr in &their_eni.secondary_ips {
+        assert!(addrs.contains(addr), "{addr} of {theirs} went to no pod");
+    }
+    let their_link = vpcnet_lab::addrs::eni_ifname(2);
+    let (mtu, _, link_addrs, _) = link_view(&their_link);
+    assert_eq!(mtu, 9001, "{their_link} set up as the agent's own");
+    assert_eq!(link_addrs, [format!("{}/24", their_eni.primary_ip)]);
+    let log = std::fs::read_to_string(vpcnet_lab::agent_log_file()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&theirs) && l.contains("managed (MANAGE_UNTAGGED_ENI is true)")),
+        "the agent says whose {theirs} is"
+    );
+    println!(
+        "{theirs} ({their_link}), attached untagged: tagged {TAG_INSTANCE_ID}={instance}, its {} addresses among the pods' {}",
+        their_eni.secondary_ips.len(),
+        addrs.len()
+    );
     drop(lab);
 }
 

@@ -90,15 +90,26 @@ pub struct EniInfo {
     pub secondary_addrs: Vec<Ipv4Addr>,
     pub prefixes: Vec<Ipv4Net>,
     pub tags: BTreeMap<String, String>,
+    /// `interface`, `trunk`, `efa`, `efa-only`, ...
+    pub interface_type: Option<String>,
 }
 
 impl EniInfo {
-    /// Tagged `no_manage=true`: an ENI the operator keeps for themselves.
+    /// Tagged `no_manage=true` (exactly, as aws-node reads it): an ENI the
+    /// operator keeps for themselves.
     #[must_use]
     pub fn no_manage(&self) -> bool {
-        self.tags
-            .get(TAG_NO_MANAGE)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        self.tags.get(TAG_NO_MANAGE).is_some_and(|v| v == "true")
+    }
+
+    /// An interface whose addresses may go to pods: not a trunk (the VPC
+    /// resource controller's, for branch ENIs) nor an EFA-only one.
+    #[must_use]
+    pub fn holds_addresses(&self) -> bool {
+        matches!(
+            self.interface_type.as_deref(),
+            None | Some("interface" | "efa")
+        )
     }
 
     fn from_sdk(action: &'static str, eni: &NetworkInterface) -> Result<Self, CloudError> {
@@ -153,6 +164,7 @@ impl EniInfo {
                 .iter()
                 .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
                 .collect(),
+            interface_type: eni.interface_type().map(|t| t.as_str().to_owned()),
         })
     }
 }

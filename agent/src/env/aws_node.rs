@@ -47,7 +47,6 @@ pub const ENV_VPC_CNI_VERSION: &str = "VPC_CNI_VERSION";
 pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MODE";
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
-pub const ENV_MANAGE_UNTAGGED_ENI: &str = "MANAGE_UNTAGGED_ENI";
 pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
 pub const ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING: &str = "DISABLE_NETWORK_RESOURCE_PROVISIONING";
 pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
@@ -138,10 +137,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(crate::cloud::ENV_EC2_ENDPOINT),
     honoured(crate::cloud::ENV_HTTP_TIMEOUT),
     honoured(crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY),
-    no_effect(
-        ENV_MANAGE_UNTAGGED_ENI,
-        "not implemented yet: an ENI vpcnet or aws-node did not make is left alone, as aws-node does with false",
-    ),
+    honoured(crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI),
     honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
     no_effect(
         ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,

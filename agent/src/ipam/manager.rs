@@ -33,7 +33,7 @@ use super::{
 };
 use crate::cloud::{
     Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni, SubnetInfo,
-    TAG_CREATED_AT, TAG_INSTANCE_ID, managed_eni_tags, time_now_rfc3339,
+    TAG_CREATED_AT, TAG_INSTANCE_ID, TAG_NO_MANAGE, managed_eni_tags, time_now_rfc3339,
 };
 
 /// How long a detached ENI made by an agent may live before leaked-ENI
@@ -258,6 +258,68 @@ impl Node {
     }
 }
 
+/// Whose an attached ENI is, as aws-node's `setUnmanagedENIs` decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EniRole {
+    /// The instance's primary ENI: always the pool's.
+    Primary,
+    /// Made for this instance by vpcnet or the VPC CNI (its instance tag),
+    /// or tagged `no_manage` with another value than `true`.
+    Own,
+    /// Someone else's, taken in: `MANAGE_UNTAGGED_ENI` is true.
+    Untagged,
+    /// Tagged `no_manage=true`: left alone.
+    NoManage,
+    /// Someone else's, left alone: `MANAGE_UNTAGGED_ENI` is false.
+    Foreign,
+    /// A trunk (the VPC resource controller's) or EFA-only interface: left
+    /// alone.
+    NotForAddresses,
+}
+
+impl EniRole {
+    fn of(eni: &EniInfo, primary: bool, instance_id: &str, manage_untagged: bool) -> Self {
+        if primary {
+            return Self::Primary;
+        }
+        if !eni.holds_addresses() {
+            return Self::NotForAddresses;
+        }
+        match eni.tags.get(TAG_NO_MANAGE) {
+            Some(_) if eni.no_manage() => Self::NoManage,
+            Some(_) => Self::Own,
+            None if eni.tags.get(TAG_INSTANCE_ID).map(String::as_str) == Some(instance_id) => {
+                Self::Own
+            }
+            None if manage_untagged => Self::Untagged,
+            None => Self::Foreign,
+        }
+    }
+
+    /// Whether its addresses are the pool's and its link the agent's.
+    fn managed(self) -> bool {
+        matches!(self, Self::Primary | Self::Own | Self::Untagged)
+    }
+
+    /// What the log says of it, when it is not plainly the agent's own.
+    fn said(self) -> Option<&'static str> {
+        match self {
+            Self::Primary => {
+                Some("the primary ENI: vpcnet attaches its programs, changes nothing else")
+            }
+            Self::Own => None,
+            Self::Untagged => Some(
+                "not made for this instance by vpcnet or the VPC CNI: managed (MANAGE_UNTAGGED_ENI is true)",
+            ),
+            Self::NoManage => Some("tagged no_manage: left alone"),
+            Self::Foreign => Some(
+                "not made by vpcnet or the VPC CNI for this instance: left alone (MANAGE_UNTAGGED_ENI is false)",
+            ),
+            Self::NotForAddresses => Some("a trunk or EFA-only interface: left alone"),
+        }
+    }
+}
+
 /// An attached ENI as the manager tracks it.
 #[derive(Clone, Debug)]
 struct TrackedEni {
@@ -272,8 +334,8 @@ struct TrackedEni {
     subnet_excluded: bool,
     /// The ENI's own address: never a pod's.
     primary_addr: Option<Ipv4Addr>,
-    /// Tagged `no_manage`, or made by someone else than vpcnet or the VPC
-    /// CNI: holds a device, gives no address, its link is not touched.
+    /// Not the pool's ([`EniRole`]): holds a device, gives no address, its
+    /// link is not touched.
     no_manage: bool,
     attached_at: Instant,
 }
@@ -632,23 +694,20 @@ impl Manager {
         } else {
             me.cloud.imds_eni(&eni.mac).await?.subnet_cidr
         };
-        // Only ENIs vpcnet or the VPC CNI made (their instance tag), besides
-        // the primary one, are the pool's: any other is someone else's, its
-        // link and addresses left alone, as with no_manage.
-        let foreign = !primary && !eni.tags.contains_key(TAG_INSTANCE_ID);
-        let left_alone = foreign || eni.no_manage();
-        if primary || left_alone {
+        let role = EniRole::of(
+            eni,
+            primary,
+            &me.node.instance.instance_id,
+            me.opts.settings.manage_untagged_eni,
+        );
+        let left_alone = !role.managed();
+        if let Some(said) = role.said() {
             let (interface, manager) = me
                 .network
                 .interface_owner(&eni.mac)
                 .await
                 .unwrap_or_else(|| ("(no link)".to_owned(), "unknown".to_owned()));
-            let role = match (primary, foreign) {
-                (true, _) => "the primary ENI: vpcnet attaches its programs, changes nothing else",
-                (false, true) => "not made by vpcnet or the VPC CNI: left alone",
-                (false, false) => "tagged no_manage: left alone",
-            };
-            info!(eni = %eni.id, %interface, %manager, role, "ENI link owner");
+            info!(eni = %eni.id, %interface, %manager, role = said, "ENI link owner");
         }
         if subnet_excluded && !left_alone {
             info!(

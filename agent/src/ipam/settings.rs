@@ -32,6 +32,9 @@ pub const ENV_ADDITIONAL_ENI_TAGS: &str = "ADDITIONAL_ENI_TAGS";
 /// pods (`kubernetes.io/role/cni`), the one with most free addresses first
 /// (without custom networking); an ENI in a subnet tagged `0` serves no pod.
 pub const ENV_ENABLE_SUBNET_DISCOVERY: &str = "ENABLE_SUBNET_DISCOVERY";
+/// Whether an attached ENI that carries neither this instance's
+/// `node.k8s.amazonaws.com/instance_id` tag nor `no_manage` is the pool's.
+pub const ENV_MANAGE_UNTAGGED_ENI: &str = "MANAGE_UNTAGGED_ENI";
 /// What no additional tag key may contain: aws-node's own keys.
 const RESERVED_TAG_PART: &str = "k8s.amazonaws.com";
 /// Custom networking's subnet for new ENIs: what an ENIConfig's
@@ -76,6 +79,8 @@ pub struct IpamSettings {
     pub additional_eni_tags: BTreeMap<String, String>,
     /// `ENABLE_SUBNET_DISCOVERY`.
     pub subnet_discovery: bool,
+    /// `MANAGE_UNTAGGED_ENI`.
+    pub manage_untagged_eni: bool,
     /// Custom networking: the subnet and security groups of new ENIs.
     pub eni_config_subnet: Option<String>,
     pub eni_config_security_groups: Vec<String>,
@@ -102,6 +107,7 @@ impl Default for IpamSettings {
             cluster_name: None,
             additional_eni_tags: BTreeMap::new(),
             subnet_discovery: true,
+            manage_untagged_eni: true,
             eni_config_subnet: None,
             eni_config_security_groups: Vec::new(),
             max_pods: None,
@@ -178,6 +184,7 @@ impl IpamSettings {
             leaked_eni_cleanup: !env.bool_or(ENV_DISABLE_LEAKED_ENI_CLEANUP, false),
             pod_eni: env.bool_or(ENV_ENABLE_POD_ENI, false),
             subnet_discovery: env.bool_or(ENV_ENABLE_SUBNET_DISCOVERY, defaults.subnet_discovery),
+            manage_untagged_eni: env.bool_or(ENV_MANAGE_UNTAGGED_ENI, defaults.manage_untagged_eni),
             cluster_name: env.get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned()),
             ..defaults
         };
@@ -301,6 +308,7 @@ impl IpamSettings {
             (ENV_CLUSTER_NAME, json!(self.cluster_name)),
             (ENV_ADDITIONAL_ENI_TAGS, json!(self.additional_eni_tags)),
             (ENV_ENABLE_SUBNET_DISCOVERY, json!(self.subnet_discovery)),
+            (ENV_MANAGE_UNTAGGED_ENI, json!(self.manage_untagged_eni)),
             (ENV_ENI_CONFIG_SUBNET, json!(self.eni_config_subnet)),
             (
                 ENV_ENI_CONFIG_SECURITY_GROUPS,
@@ -352,6 +360,7 @@ mod tests {
         assert_eq!(s.sg_enforcing_mode, EnforcingMode::Strict);
         assert!(s.leaked_eni_cleanup);
         assert!(s.subnet_discovery);
+        assert!(s.manage_untagged_eni);
     }
 
     #[test]
@@ -375,6 +384,7 @@ mod tests {
             (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1, sg-2"),
             (ENV_MAX_PODS, "58"),
             (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
+            (ENV_MANAGE_UNTAGGED_ENI, "false"),
         ])
         .unwrap();
         assert_eq!(
@@ -396,6 +406,7 @@ mod tests {
         assert_eq!(s.eni_config_security_groups, ["sg-1", "sg-2"]);
         assert_eq!(s.max_pods, Some(58));
         assert!(!s.subnet_discovery);
+        assert!(!s.manage_untagged_eni);
         let t = s.pool_targets(30, 110);
         assert!(t.ip_targets_defined());
     }
@@ -515,6 +526,7 @@ mod tests {
             (ENV_DISABLE_LEAKED_ENI_CLEANUP, "true"),
             (ENV_CLUSTER_NAME, "prod"),
             (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
+            (ENV_MANAGE_UNTAGGED_ENI, "false"),
         ])
         .unwrap();
         let view = original.env_view();
