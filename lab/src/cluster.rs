@@ -5,7 +5,8 @@
 //! - the node's Node (named as EKS names it, its zone, instance type,
 //!   provider ID, and kubelet's max pods in its capacity);
 //! - its CNINode, as the resource controller makes one per node;
-//! - the agent's own Pod in `kube-system` (Events are about it);
+//! - the agent's own Pod in `kube-system` (Events are about it), and the
+//!   lab's pods, bound to the node and running as kubelet reports them;
 //! - `deploy/kubernetes/rbac.yaml`, applied with kubectl as an operator
 //!   applies it;
 //! - the agent's in-cluster environment: `KUBERNETES_SERVICE_HOST` is the
@@ -142,6 +143,40 @@ pub fn bootstrap(
         )
         .map_err(|e| api(&e))?;
     apply_with_kubectl(files, &deploy_rbac())
+}
+
+/// The namespace the lab's pods are in.
+const POD_NAMESPACE: &str = crate::addrs::POD_K8S_NAMESPACE;
+
+/// A pod of the lab as the scheduler leaves it: bound to the node, not
+/// yet running.
+pub fn bind_pod(admin: &KubeAdmin, name: &str) -> Result<()> {
+    admin
+        .apply(
+            &format!("/api/v1/namespaces/{POD_NAMESPACE}/pods/{name}"),
+            &json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": POD_NAMESPACE},
+                "spec": {"nodeName": node_name(),
+                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.9"}]},
+                "status": {"phase": "Pending"},
+            }),
+        )
+        .map(drop)
+        .map_err(|e| api(&e))
+}
+
+/// What kubelet reports once the pod's sandbox runs: its address.
+pub fn pod_running(admin: &KubeAdmin, name: &str, addr: std::net::Ipv4Addr) -> Result<()> {
+    admin
+        .merge_patch(
+            &format!("/api/v1/namespaces/{POD_NAMESPACE}/pods/{name}"),
+            &json!({"status": {"phase": "Running", "podIP": addr.to_string(),
+                "podIPs": [{"ip": addr.to_string()}], "hostIP": NODE_PRIMARY_ADDR.to_string()}}),
+        )
+        .map(drop)
+        .map_err(|e| api(&e))
 }
 
 /// Makes [`SERVICE_ACCOUNT_MOUNT`] if this machine has none (no pod runs on

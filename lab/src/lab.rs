@@ -157,7 +157,14 @@ impl Lab {
             let client = containerd.client()?;
             self.containerd = Some(containerd);
             for index in 0..opts.pods {
+                // kubelet runs what the API server bound to its node.
+                if let Some(kube_api) = &self.kube_api {
+                    cluster::bind_pod(kube_api.admin(), &crate::addrs::pod_name(index))?;
+                }
                 let pod = cri_pods::run_pod(&client, index, &cri_pods::pod_spec(index))?;
+                if let Some(kube_api) = &self.kube_api {
+                    cluster::pod_running(kube_api.admin(), &pod.k8s_name, pod.addr)?;
+                }
                 info!(pod = %pod.k8s_name, addr = %pod.addr, eni = %pod.eni, "pod running");
                 self.state.pods.push(pod);
                 self.state.save()?;

@@ -167,13 +167,17 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         opts.agent_bin = Some(agent_bin);
     }
     if args.through_cri() {
-        println!("building vpcnet-cni and the EC2 emulator...");
+        println!("building vpcnet-cni, the EC2 emulator and the Kubernetes API server...");
         let cni_plugin =
             crate::build::cni_plugin_binary(false).context("building the CNI plugin")?;
         crate::build::binary("vpcnet-lab", vpcnet_lab::ec2::EMULATOR_BIN, false)
             .context("building the EC2 emulator")?;
+        crate::build::binary("vpcnet-lab", vpcnet_lab::kube::KUBE_API_BIN, false)
+            .context("building the Kubernetes API server")?;
         let mut ipam = IpamLabOptions::new(&args.instance_type);
         ipam.cri = Some(CriLabOptions { cni_plugin });
+        // The agent in-cluster, as on EKS.
+        ipam.kube_api = true;
         opts.ipam = Some(ipam);
     }
     opts.validate()?;
@@ -203,6 +207,17 @@ fn print_state(state: &LabState) {
             addrs::NS_NODE,
             ipam.instance_type
         );
+        if ipam.kube_api {
+            println!(
+                "the cluster's API server at {} (kubectl --kubeconfig {}); the agent in-cluster as node {}",
+                vpcnet_lab::kube::kube_api_url(),
+                vpcnet_lab::kube::KubeApiOptions::default()
+                    .files()
+                    .admin_kubeconfig()
+                    .display(),
+                vpcnet_lab::cluster::node_name()
+            );
+        }
     }
     println!(
         "lab: datapath {}, {} pod(s), {} ENI(s), external SNAT {}, randomize SNAT {}, SNAT exclusions [{}]",
@@ -308,6 +323,27 @@ fn demo(args: &UpArgs) -> Result<()> {
     // Dropped at the end, on error or on panic: the lab goes with it.
     let lab = Lab::up(&opts).context("bringing the lab up")?;
     print_state(lab.state());
+    if let Some(kube_api) = lab.kube_api() {
+        // The cluster as kubectl sees it from the node: the node and its
+        // pods.
+        let kubeconfig = kube_api.files().admin_kubeconfig();
+        let kubectl = vpcnet_lab::exec_ok(
+            addrs::NS_NODE,
+            &[
+                vpcnet_lab::kube_tools::KUBECTL,
+                "--kubeconfig",
+                &kubeconfig.display().to_string(),
+                "--request-timeout=20s",
+                "get",
+                "nodes,pods",
+                "-A",
+            ],
+        );
+        match kubectl {
+            Ok(out) => print!("\n{out}"),
+            Err(err) => println!("kubectl: {err}"),
+        }
+    }
 
     let far_ends = [
         ("peer (same VPC)", addrs::NS_PEER, addrs::PEER_ADDR),
