@@ -208,15 +208,7 @@ fn print_state(state: &LabState) {
             ipam.instance_type
         );
         if ipam.kube_api {
-            println!(
-                "the cluster's API server at {} (kubectl --kubeconfig {}); the agent in-cluster as node {}",
-                vpcnet_lab::kube::kube_api_url(),
-                vpcnet_lab::kube::KubeApiOptions::default()
-                    .files()
-                    .admin_kubeconfig()
-                    .display(),
-                vpcnet_lab::cluster::node_name()
-            );
+            print_kube_api();
         }
     }
     println!(
@@ -323,27 +315,7 @@ fn demo(args: &UpArgs) -> Result<()> {
     // Dropped at the end, on error or on panic: the lab goes with it.
     let lab = Lab::up(&opts).context("bringing the lab up")?;
     print_state(lab.state());
-    if let Some(kube_api) = lab.kube_api() {
-        // The cluster as kubectl sees it from the node: the node and its
-        // pods.
-        let kubeconfig = kube_api.files().admin_kubeconfig();
-        let kubectl = vpcnet_lab::exec_ok(
-            addrs::NS_NODE,
-            &[
-                vpcnet_lab::kube_tools::KUBECTL,
-                "--kubeconfig",
-                &kubeconfig.display().to_string(),
-                "--request-timeout=20s",
-                "get",
-                "nodes,pods",
-                "-A",
-            ],
-        );
-        match kubectl {
-            Ok(out) => print!("\n{out}"),
-            Err(err) => println!("kubectl: {err}"),
-        }
-    }
+    print_cluster(&lab);
 
     let far_ends = [
         ("peer (same VPC)", addrs::NS_PEER, addrs::PEER_ADDR),
@@ -497,4 +469,40 @@ fn describe(outcome: vpcnet_lab::Result<Option<String>>) -> String {
         Ok(None) => "no reply (dropped on the way)".to_owned(),
         Err(err) => format!("error: {err}"),
     }
+}
+
+/// The cluster as kubectl sees it from the node: the node and its pods.
+fn print_cluster(lab: &Lab) {
+    let Some(kube_api) = lab.kube_api() else {
+        return;
+    };
+    let kubeconfig = kube_api.files().admin_kubeconfig();
+    let kubectl = vpcnet_lab::exec_ok(
+        addrs::NS_NODE,
+        &[
+            vpcnet_lab::kube_tools::KUBECTL,
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--request-timeout=20s",
+            "get",
+            "nodes,pods",
+            "-A",
+        ],
+    );
+    match kubectl {
+        Ok(out) => print!("\n{out}"),
+        Err(err) => println!("kubectl: {err}"),
+    }
+}
+
+fn print_kube_api() {
+    println!(
+        "the cluster's API server at {} (kubectl --kubeconfig {}); the agent in-cluster as node {}",
+        vpcnet_lab::kube::kube_api_url(),
+        vpcnet_lab::kube::KubeApiOptions::default()
+            .files()
+            .admin_kubeconfig()
+            .display(),
+        vpcnet_lab::cluster::node_name()
+    );
 }
