@@ -61,6 +61,7 @@ pub const VARIABLES: &[&str] = &[
     crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS,
     crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY,
     crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI,
+    crate::ipam::settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,
     crate::ipam::settings::ENV_ENI_CONFIG_SUBNET,
     crate::ipam::settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
     crate::ipam::settings::ENV_MAX_PODS,

@@ -203,6 +203,10 @@ struct RunArgs {
     /// Seconds between two reads of the VPC's CIDRs from IMDS.
     #[arg(long, default_value_t = 30.0)]
     vpc_cidr_interval: f64,
+    /// Seconds between two looks for ENIs and addresses someone else
+    /// attached or took away (aws-node's node IP pool reconcile).
+    #[arg(long, env = "VPCNET_NODE_RECONCILE_INTERVAL", default_value_t = 60.0)]
+    node_reconcile_interval: f64,
     /// Seconds between two sweeps for pods gone without a DEL (their host
     /// veth vanished): their entries go and their addresses are released.
     #[arg(long, default_value_t = 5.0)]
@@ -950,6 +954,10 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
             min_eni_lifetime: seconds("--min-eni-lifetime", args.min_eni_lifetime)?,
             leaked_eni_interval: seconds("--leaked-eni-interval", args.leaked_eni_interval)?,
             vpc_cidr_interval: seconds("--vpc-cidr-interval", args.vpc_cidr_interval)?,
+            node_reconcile_interval: seconds(
+                "--node-reconcile-interval",
+                args.node_reconcile_interval,
+            )?,
             ..ManagerOptions::new(settings)
         };
         let manager = start_manager(&cloud, &opts, network).await?;

@@ -33,6 +33,11 @@ pub const FAST_AGENT_ARGS: &[&str] = &[
     "1",
 ];
 
+/// The node's reconcile every second (aws-node: every minute), as an
+/// environment variable: the agent releases the upgrade test starts know no
+/// such flag.
+pub const FAST_AGENT_ENV: &[(&str, &str)] = &[("VPCNET_NODE_RECONCILE_INTERVAL", "1")];
+
 /// The lab, a runtime and a client of the agent's CNI backend.
 pub struct IpamLab {
     pub lab: Lab,
@@ -74,8 +79,9 @@ impl IpamLab {
     /// [`IpamLab::up`] with more `vpcnet-agent run` arguments.
     pub fn up_with_args(instance_type: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
         let mut ipam = IpamLabOptions::new(instance_type);
-        ipam.env = env
+        ipam.env = FAST_AGENT_ENV
             .iter()
+            .chain(env)
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         ipam.agent_args = FAST_AGENT_ARGS

@@ -82,7 +82,6 @@ fn chart_with(log_dir: &Path, changes: &[(&'static str, &str)]) -> Vec<(&'static
 /// What the chart's defaults leave without effect here.
 const CHART_NO_EFFECT: &[&str] = &[
     "AWS_VPC_CNI_NODE_PORT_SUPPORT",
-    "DISABLE_NETWORK_RESOURCE_PROVISIONING",
     "VPC_CNI_VERSION",
     "NETWORK_POLICY_ENFORCING_MODE",
 ];
@@ -119,6 +118,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 ("DISABLE_TCP_EARLY_DEMUX", json!(false)),
                 ("ENABLE_SUBNET_DISCOVERY", json!(true)),
                 ("MANAGE_UNTAGGED_ENI", json!(true)),
+                ("DISABLE_NETWORK_RESOURCE_PROVISIONING", json!(false)),
             ],
             tolerated: vec![],
             no_effect: CHART_NO_EFFECT.to_vec(),

@@ -452,6 +452,117 @@ fn an_untagged_eni_someone_else_attached_is_managed_by_default() {
     drop(lab);
 }
 
+/// `DISABLE_NETWORK_RESOURCE_PROVISIONING=true`: the agent tags nothing,
+/// assigns, releases, makes and frees nothing; its reconcile finds the ENI
+/// someone else attaches while it runs (and its going), and pods get that
+/// ENI's addresses, which stay assigned when they are released.
+#[test]
+fn without_provisioning_pods_get_what_others_attach_and_nothing_is_changed() {
+    use tonic::Code;
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up(
+        "m5.large",
+        &[
+            ("DISABLE_NETWORK_RESOURCE_PROVISIONING", "true"),
+            ("CLUSTER_NAME", "lab"),
+            ("IP_COOLDOWN_PERIOD", "1"),
+        ],
+    );
+    let counter = |s: &vpcnet_api::cni::IpamStatusReply, name: &str| {
+        s.counters
+            .get(&format!("vpcnet_ipam_{name}_total"))
+            .copied()
+            .unwrap_or(0)
+    };
+    // The primary ENI has no secondary address, and none comes.
+    let refused = lab.add(0).expect_err("no address to give");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused}");
+    assert!(
+        refused
+            .message()
+            .contains("DISABLE_NETWORK_RESOURCE_PROVISIONING"),
+        "{refused}"
+    );
+
+    let (theirs, state) = attach_operators_eni(&lab, &[("team", "storage")]);
+    let their_eni = state.eni(&theirs).expect("attached").clone();
+    lab.wait_status(
+        "the attached ENI's addresses in the pool",
+        Duration::from_secs(15),
+        |s| counter(s, "enis_found") == 1 && s.total_addrs == 3,
+    );
+    let (addrs, _) = lab.fill(1, 10);
+    assert_eq!(
+        addrs
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        their_eni.secondary_ips.iter().copied().collect(),
+        "the pods have the attached ENI's addresses, and only those"
+    );
+    let their_link = vpcnet_lab::addrs::eni_ifname(2);
+    let (_, _, link_addrs, _) = link_view(&their_link);
+    assert_eq!(link_addrs, [format!("{}/24", their_eni.primary_ip)]);
+    for id in 1..=3 {
+        lab.del(id).expect("DEL");
+    }
+    // Past the cooldown, two more passes: nothing is given back.
+    let passes = counter(&lab.status(), "node_reconciles");
+    let status = lab.wait_status(
+        "two more passes of the reconcile",
+        Duration::from_secs(15),
+        |s| counter(s, "node_reconciles") >= passes + 2,
+    );
+    assert_eq!((status.total_addrs, status.assigned_addrs), (3, 0));
+
+    // Someone else detaches it: out of the pool.
+    let attachment = their_eni.attachment.clone().expect("attached").id;
+    ec2_call(|cloud| async move {
+        cloud.detach_eni(&attachment).await.expect("detaching");
+    });
+    lab.wait_status(
+        "the detached ENI out of the pool",
+        Duration::from_secs(15),
+        |s| counter(s, "enis_lost") == 1 && s.total_addrs == 0 && s.enis == 1,
+    );
+
+    let calls = lab
+        .emulator()
+        .admin()
+        .calls()
+        .expect("the emulator's calls");
+    for action in [
+        "CreateTags",
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+        "DeleteNetworkInterface",
+        "AssignPrivateIpAddresses",
+        "UnassignPrivateIpAddresses",
+        "ModifyNetworkInterfaceAttribute",
+        "DetachNetworkInterface",
+    ] {
+        // The test's own attach (with delete-on-termination) and detach.
+        let own = u64::from(matches!(
+            action,
+            "AttachNetworkInterface" | "ModifyNetworkInterfaceAttribute" | "DetachNetworkInterface"
+        ));
+        assert_eq!(calls.action(action).calls, own, "{action}");
+    }
+    let state = lab.ec2_state();
+    let after = state.eni(&theirs).expect("left in EC2");
+    assert_eq!(
+        after.secondary_ips, their_eni.secondary_ips,
+        "none released"
+    );
+    assert_eq!(after.tags, their_eni.tags, "not tagged");
+    println!(
+        "no provisioning: {theirs} found ({} addresses to pods), left as it was, found gone; EC2 calls: {:?}",
+        addrs.len(),
+        calls.actions.keys().collect::<Vec<_>>()
+    );
+    drop(lab);
+}
+
 /// `CLUSTER_NAME` and `ADDITIONAL_ENI_TAGS`: the ENI the agent makes
 /// carries aws-node's tags and the operator's, and so does the primary ENI,
 /// which the agent manages without having made it; a key of aws-node's own

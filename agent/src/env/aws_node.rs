@@ -48,7 +48,6 @@ pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MO
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
 pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
-pub const ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING: &str = "DISABLE_NETWORK_RESOURCE_PROVISIONING";
 pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
 pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
 pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
@@ -139,10 +138,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY),
     honoured(crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI),
     honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
-    no_effect(
-        ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,
-        "not implemented yet: the agent allocates ENIs and addresses itself",
-    ),
+    honoured(crate::ipam::settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING),
     no_effect(ENV_MANAGE_ENIS_NON_SCHEDULABLE, NEEDS_KUBERNETES_API),
     refused(
         ENV_ENABLE_MULTI_NIC,

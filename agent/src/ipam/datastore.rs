@@ -179,6 +179,44 @@ impl Datastore {
         Ok(())
     }
 
+    /// Removes an ENI gone from the instance with all its addresses, those
+    /// pods hold too (they no longer work); returns the pods that held one.
+    pub fn forget_eni(&mut self, id: &str) -> Vec<(IpamKey, Ipv4Addr)> {
+        let Some(eni) = self.enis.remove(id) else {
+            return Vec::new();
+        };
+        eni.addrs
+            .into_iter()
+            .filter_map(|(addr, a)| match a.state {
+                AddrState::Assigned { key, .. } => Some((key, addr)),
+                AddrState::Free { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Removes secondary addresses and whole prefixes EC2 no longer lists
+    /// on `eni`, those pods hold too; returns the pods that held one.
+    pub fn forget_addrs(
+        &mut self,
+        eni: &str,
+        addrs: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+    ) -> Result<Vec<(IpamKey, Ipv4Addr)>, DatastoreError> {
+        let record = self.eni_mut(eni)?;
+        let mut held = Vec::new();
+        record.addrs.retain(|addr, a| {
+            let gone = match a.prefix {
+                Some(prefix) => prefixes.contains(&prefix),
+                None => addrs.contains(addr),
+            };
+            if gone && let AddrState::Assigned { key, .. } = &a.state {
+                held.push((key.clone(), *addr));
+            }
+            !gone
+        });
+        Ok(held)
+    }
+
     /// The ENIs, by id.
     pub fn enis(&self) -> impl Iterator<Item = (&String, &EniRecord)> {
         self.enis.iter()
@@ -638,5 +676,28 @@ mod tests {
             "both addresses are held"
         );
         assert_eq!(restarted.checkpoint().allocations, saved.allocations);
+    }
+
+    #[test]
+    fn what_ec2_no_longer_lists_is_forgotten_held_or_not() {
+        let mut ds = Datastore::new(Duration::ZERO);
+        let now = Instant::now();
+        let a1 = Ipv4Addr::new(10, 0, 0, 11);
+        let a2 = Ipv4Addr::new(10, 0, 0, 12);
+        let prefix: Ipv4Net = "10.0.1.0/28".parse().unwrap();
+        ds.add_eni("eni-1", 1, false, false);
+        ds.add_addrs("eni-1", &[a1, a2]).unwrap();
+        ds.add_prefix("eni-1", prefix).unwrap();
+        let held = ds.assign(&key("c1"), &pod("p"), now, 0).unwrap();
+        let lost = ds.forget_addrs("eni-1", &[held.addr], &[prefix]).unwrap();
+        assert_eq!(lost, [(key("c1"), held.addr)]);
+        let eni = ds.eni("eni-1").unwrap();
+        assert_eq!(eni.total(), 1, "the other address stays");
+        assert!(eni.prefixes().is_empty());
+        assert_eq!(ds.assignment_of(&key("c1")), None);
+        let other = ds.assign(&key("c2"), &pod("p"), now, 0).unwrap();
+        assert_eq!(ds.forget_eni("eni-1"), [(key("c2"), other.addr)]);
+        assert!(ds.eni("eni-1").is_none());
+        assert!(ds.forget_eni("eni-1").is_empty(), "gone already");
     }
 }

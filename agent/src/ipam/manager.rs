@@ -45,6 +45,9 @@ const EVENTS_KEPT: usize = 64;
 const COOLDOWN_RECHECK: Duration = Duration::from_millis(100);
 /// How long an attach or detach may take before it counts as failed.
 const ATTACH_TIMEOUT: Duration = Duration::from_mins(1);
+/// How long what the agent itself assigned or gave back is left out of the
+/// node's reconcile: IMDS and EC2 may show it late (aws-node waits as long).
+const RECENT_GRACE: Duration = Duration::from_mins(1);
 
 /// The manager's knobs beyond the VPC CNI's variables (intervals mostly,
 /// shortened by tests).
@@ -57,6 +60,9 @@ pub struct ManagerOptions {
     pub leaked_eni_interval: Duration,
     /// Between two reads of the VPC's CIDRs from IMDS.
     pub vpc_cidr_interval: Duration,
+    /// Between two looks for ENIs and addresses attached or taken away by
+    /// someone else (aws-node's node IP pool reconcile).
+    pub node_reconcile_interval: Duration,
     /// How long an ADD waits for the pool to grow before failing.
     pub assign_wait: Duration,
     /// An ENI younger than this is not freed (aws-node: one minute), so a
@@ -74,6 +80,7 @@ impl ManagerOptions {
             reconcile_interval: Duration::from_secs(5),
             leaked_eni_interval: Duration::from_mins(10),
             vpc_cidr_interval: Duration::from_secs(30),
+            node_reconcile_interval: Duration::from_mins(1),
             assign_wait: Duration::from_secs(10),
             min_eni_lifetime: Duration::from_mins(1),
             backoff_base: Duration::from_millis(200),
@@ -211,6 +218,11 @@ counters! {
     ec2_throttled: "EC2 calls refused with RequestLimitExceeded.",
     subnet_exhausted: "EC2 calls refused for lack of addresses in the subnet.",
     links_restored: "Checks that found an ENI's link rewritten by someone else (MTU, address, routes in main, gateway neighbour) and put it back.",
+    node_reconciles: "Looks at the ENIs and addresses IMDS lists for the instance, for what someone else attached or took away.",
+    enis_found: "ENIs found attached by someone else and taken in (or left alone, as their tags say).",
+    enis_lost: "ENIs found detached by someone else and taken out of the pool.",
+    addrs_found: "Addresses (prefixes' included) found assigned by someone else and taken into the pool.",
+    addrs_lost: "Addresses (prefixes' included) found unassigned by someone else and taken out of the pool.",
 }
 
 fn bump(counter: &AtomicU64, n: usize) {
@@ -349,7 +361,25 @@ struct State {
     draining: BTreeMap<String, Option<String>>,
     /// Prefix delegation hit InsufficientCidrBlocks: grow with addresses.
     prefix_fallback: bool,
+    /// Addresses (/32) and prefixes the agent assigned or gave back, and
+    /// when: the node's reconcile leaves them alone for [`RECENT_GRACE`].
+    recent: BTreeMap<Ipv4Net, Instant>,
     vpc_cidrs: Vec<Ipv4Net>,
+}
+
+impl State {
+    /// Records addresses or prefixes the agent just assigned or gave back.
+    fn recently_changed(&mut self, nets: impl IntoIterator<Item = Ipv4Net>) {
+        let now = Instant::now();
+        self.recent.extend(nets.into_iter().map(|n| (n, now)));
+    }
+
+    /// Whether the agent changed `net` within [`RECENT_GRACE`].
+    fn changed_recently(&self, net: Ipv4Net, now: Instant) -> bool {
+        self.recent
+            .get(&net)
+            .is_some_and(|at| now.saturating_duration_since(*at) < RECENT_GRACE)
+    }
 }
 
 /// Exponential backoff with "equal jitter": half fixed, half random, so
@@ -516,6 +546,7 @@ impl Manager {
                     enis: BTreeMap::new(),
                     draining: BTreeMap::new(),
                     prefix_fallback: false,
+                    recent: BTreeMap::new(),
                     vpc_cidrs: Vec::new(),
                 }),
                 opts,
@@ -549,8 +580,12 @@ impl Manager {
                 _ => enis.push(self.wait_attachment(&eni.id, "attached").await?),
             }
         }
+        let provisioning = me.opts.settings.provisioning;
         for eni in me.cloud.detached_agent_enis(None).await? {
-            if eni.tags.get(TAG_INSTANCE_ID) == Some(instance_id) && !eni.no_manage() {
+            if provisioning
+                && eni.tags.get(TAG_INSTANCE_ID) == Some(instance_id)
+                && !eni.no_manage()
+            {
                 info!(eni = %eni.id, "deleting this node's detached ENI left by an earlier run");
                 me.state.lock().await.draining.insert(eni.id.clone(), None);
             }
@@ -584,6 +619,9 @@ impl Manager {
     /// (aws-node's, the operator's), as aws-node does when it takes one.
     async fn tag_managed(&self, eni: &EniInfo) -> Result<(), ManagerError> {
         let me = &self.inner;
+        if !me.opts.settings.provisioning {
+            return Ok(());
+        }
         let missing: Vec<(&str, &str)> = me
             .node
             .eni_tags
@@ -857,6 +895,12 @@ impl Manager {
                     Err(e) => return Err(e.into()),
                 }
             }
+            if !cooling && !me.opts.settings.provisioning {
+                bump(&me.counters.assign_failures, 1);
+                return Err(ManagerError::NoAddress(
+                    "no free address, and DISABLE_NETWORK_RESOURCE_PROVISIONING leaves adding any to others",
+                ));
+            }
             if !cooling && self.plan_growth().await.is_none() {
                 // Full: every ENI slot and address in use, or max pods.
                 bump(&me.counters.assign_failures, 1);
@@ -1035,8 +1079,19 @@ impl Manager {
         let mut next_leak_sweep = Instant::now();
         let mut next_cidr_read = Instant::now();
         let mut next_link_check = Instant::now();
+        let mut next_node_reconcile = Instant::now() + me.opts.node_reconcile_interval;
+        let provisioning = me.opts.settings.provisioning;
         loop {
-            let mut result = self.reconcile().await;
+            let mut result = if provisioning {
+                self.reconcile().await
+            } else {
+                Ok(())
+            };
+            if Instant::now() >= next_node_reconcile {
+                let found = self.reconcile_attached().await;
+                next_node_reconcile = Instant::now() + me.opts.node_reconcile_interval;
+                result = result.and(found);
+            }
             if result.is_ok() && Instant::now() >= next_cidr_read {
                 result = self.refresh_vpc_cidrs().await;
                 next_cidr_read = Instant::now() + me.opts.vpc_cidr_interval;
@@ -1046,6 +1101,7 @@ impl Manager {
                 next_link_check = Instant::now() + LINK_CHECK_INTERVAL;
             }
             if result.is_ok()
+                && provisioning
                 && me.opts.settings.leaked_eni_cleanup
                 && Instant::now() >= next_leak_sweep
             {
@@ -1260,6 +1316,7 @@ impl Manager {
             for p in &got {
                 st.datastore.add_prefix(eni, *p)?;
             }
+            st.recently_changed(got.iter().copied());
             bump(&me.counters.prefixes_allocated, got.len());
             info!(eni, prefixes = ?got, "prefixes assigned");
         } else {
@@ -1270,6 +1327,7 @@ impl Manager {
             let primary = st.enis.get(eni).and_then(|e| e.primary_addr);
             got.retain(|a| Some(*a) != primary);
             st.datastore.add_addrs(eni, &got)?;
+            st.recently_changed(got.iter().map(|a| Ipv4Net::from(*a)));
             drop(st);
             bump(&me.counters.addrs_allocated, got.len());
             info!(eni, addrs = got.len(), "secondary addresses assigned");
@@ -1345,6 +1403,13 @@ impl Manager {
             st.draining.insert(created.id.clone(), Some(attachment));
             return Err(e);
         }
+        me.state.lock().await.recently_changed(
+            attached
+                .secondary_addrs
+                .iter()
+                .map(|a| Ipv4Net::from(*a))
+                .chain(attached.prefixes.iter().copied()),
+        );
         bump(&me.counters.enis_created, 1);
         let (addrs, pfx) = (attached.secondary_addrs.len(), attached.prefixes.len());
         bump(&me.counters.addrs_allocated, addrs);
@@ -1442,6 +1507,12 @@ impl Manager {
             }
             return Err(e.into());
         }
+        me.state.lock().await.recently_changed(
+            addrs
+                .iter()
+                .map(|a| Ipv4Net::from(*a))
+                .chain(pfx.iter().copied()),
+        );
         bump(&me.counters.addrs_freed, addrs.len());
         bump(&me.counters.prefixes_freed, pfx.len());
         info!(
@@ -1619,6 +1690,199 @@ impl Manager {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Brings the pool in line with what is attached to the instance,
+    /// whoever attached or assigned it (aws-node's node IP pool
+    /// reconcile): ENIs attached or detached, addresses and prefixes
+    /// assigned or unassigned by someone else. IMDS says whether anything
+    /// differs; EC2, the authority, then says what. The only way to the
+    /// pool with `DISABLE_NETWORK_RESOURCE_PROVISIONING`.
+    async fn reconcile_attached(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        bump(&me.counters.node_reconciles, 1);
+        let imds = me.cloud.imds_enis().await?;
+        if !self.differs_from(&imds).await {
+            return Ok(());
+        }
+        let attached: Vec<EniInfo> = me
+            .cloud
+            .instance_enis(&me.node.instance.instance_id)
+            .await?
+            .into_iter()
+            .filter(|e| e.attachment_status.as_deref() == Some("attached"))
+            .collect();
+        let (new, gone): (Vec<EniInfo>, Vec<String>) = {
+            let st = me.state.lock().await;
+            (
+                attached
+                    .iter()
+                    .filter(|e| !st.enis.contains_key(&e.id) && !st.draining.contains_key(&e.id))
+                    .cloned()
+                    .collect(),
+                st.enis
+                    .keys()
+                    .filter(|id| !attached.iter().any(|e| &e.id == *id))
+                    .cloned()
+                    .collect(),
+            )
+        };
+        for id in gone {
+            self.forget_eni(&id).await?;
+        }
+        if !new.is_empty() {
+            let excluded = self.excluded_subnets().await?;
+            for eni in &new {
+                info!(eni = %eni.id, device = ?eni.device_index, "ENI attached by someone else");
+                self.track(eni, excluded.contains(&eni.subnet_id)).await?;
+                bump(&me.counters.enis_found, 1);
+            }
+        }
+        for eni in &attached {
+            self.reconcile_addrs(eni).await?;
+        }
+        me.pool_changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Whether IMDS shows other ENIs, addresses or prefixes than the pool
+    /// holds.
+    async fn differs_from(&self, imds: &[ImdsEni]) -> bool {
+        let st = self.inner.state.lock().await;
+        if imds.len() != st.enis.len() {
+            return true;
+        }
+        imds.iter().any(|listed| {
+            let Some((id, tracked)) = st.enis.iter().find(|(_, t)| t.mac == listed.mac) else {
+                return true;
+            };
+            let Some(record) = st.datastore.eni(id) else {
+                // Left alone: only its being there matters.
+                return false;
+            };
+            let addrs: BTreeSet<Ipv4Addr> = listed
+                .local_ipv4s
+                .iter()
+                .copied()
+                .filter(|a| Some(*a) != tracked.primary_addr)
+                .collect();
+            let prefixes: BTreeSet<Ipv4Net> = listed.prefixes.iter().copied().collect();
+            addrs != record.secondary_addrs().into_iter().collect()
+                || prefixes != record.prefixes().into_iter().collect()
+        })
+    }
+
+    /// Takes an ENI detached by someone else out of the pool; the pods that
+    /// held its addresses lost them.
+    async fn forget_eni(&self, id: &str) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let mut st = me.state.lock().await;
+        if st.enis.remove(id).is_none() {
+            return Ok(());
+        }
+        let lost = st.datastore.forget_eni(id);
+        st.datastore
+            .checkpoint()
+            .write(&me.opts.settings.backing_store)?;
+        drop(st);
+        for (key, addr) in &lost {
+            warn!(eni = id, %addr, pod = %key.container_id, "the pod's address left with its ENI");
+        }
+        bump(&me.counters.enis_lost, 1);
+        self.event(
+            "ENIDetached",
+            format!(
+                "ENI {id} was detached by someone else: out of the pool ({} pods held its addresses)",
+                lost.len()
+            ),
+        );
+        Ok(())
+    }
+
+    /// Takes into the pool the addresses and prefixes EC2 lists on a
+    /// managed ENI that the pool lacks, and out of it those EC2 no longer
+    /// lists; what the agent itself changed lately is left as it is.
+    async fn reconcile_addrs(&self, eni: &EniInfo) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let now = Instant::now();
+        let mut st = me.state.lock().await;
+        st.recent
+            .retain(|_, at| now.saturating_duration_since(*at) < RECENT_GRACE);
+        let Some(record) = st.datastore.eni(&eni.id) else {
+            return Ok(());
+        };
+        let pooled_addrs: BTreeSet<Ipv4Addr> = record.secondary_addrs().into_iter().collect();
+        let pooled_prefixes: BTreeSet<Ipv4Net> = record.prefixes().into_iter().collect();
+        let listed_addrs: BTreeSet<Ipv4Addr> = eni
+            .secondary_addrs
+            .iter()
+            .copied()
+            .filter(|a| Some(*a) != eni.primary_addr)
+            .collect();
+        let listed_prefixes: BTreeSet<Ipv4Net> = eni.prefixes.iter().copied().collect();
+        let settled_addr = |a: &&Ipv4Addr| !st.changed_recently(Ipv4Net::from(**a), now);
+        let settled_prefix = |p: &&Ipv4Net| !st.changed_recently(**p, now);
+        let found_addrs: Vec<Ipv4Addr> = listed_addrs
+            .difference(&pooled_addrs)
+            .filter(settled_addr)
+            .copied()
+            .collect();
+        let found_prefixes: Vec<Ipv4Net> = listed_prefixes
+            .difference(&pooled_prefixes)
+            .filter(settled_prefix)
+            .copied()
+            .collect();
+        let lost_addrs: Vec<Ipv4Addr> = pooled_addrs
+            .difference(&listed_addrs)
+            .filter(settled_addr)
+            .copied()
+            .collect();
+        let lost_prefixes: Vec<Ipv4Net> = pooled_prefixes
+            .difference(&listed_prefixes)
+            .filter(settled_prefix)
+            .copied()
+            .collect();
+        if found_addrs.is_empty()
+            && found_prefixes.is_empty()
+            && lost_addrs.is_empty()
+            && lost_prefixes.is_empty()
+        {
+            return Ok(());
+        }
+        st.datastore.add_addrs(&eni.id, &found_addrs)?;
+        for p in &found_prefixes {
+            st.datastore.add_prefix(&eni.id, *p)?;
+        }
+        let held = st
+            .datastore
+            .forget_addrs(&eni.id, &lost_addrs, &lost_prefixes)?;
+        if !held.is_empty() {
+            st.datastore
+                .checkpoint()
+                .write(&me.opts.settings.backing_store)?;
+        }
+        drop(st);
+        for (key, addr) in &held {
+            warn!(eni = %eni.id, %addr, pod = %key.container_id, "the pod's address was unassigned by someone else");
+        }
+        let per_prefix = IPS_PER_PREFIX;
+        bump(
+            &me.counters.addrs_found,
+            found_addrs.len() + found_prefixes.len() * per_prefix,
+        );
+        bump(
+            &me.counters.addrs_lost,
+            lost_addrs.len() + lost_prefixes.len() * per_prefix,
+        );
+        info!(
+            eni = %eni.id,
+            found = ?found_addrs,
+            found_prefixes = ?found_prefixes,
+            lost = ?lost_addrs,
+            lost_prefixes = ?lost_prefixes,
+            "addresses assigned or unassigned by someone else"
+        );
         Ok(())
     }
 

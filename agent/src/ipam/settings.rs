@@ -35,6 +35,9 @@ pub const ENV_ENABLE_SUBNET_DISCOVERY: &str = "ENABLE_SUBNET_DISCOVERY";
 /// Whether an attached ENI that carries neither this instance's
 /// `node.k8s.amazonaws.com/instance_id` tag nor `no_manage` is the pool's.
 pub const ENV_MANAGE_UNTAGGED_ENI: &str = "MANAGE_UNTAGGED_ENI";
+/// `true`: the agent makes no ENI, assigns and releases no address or
+/// prefix, tags nothing; it serves pods from what others attach and assign.
+pub const ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING: &str = "DISABLE_NETWORK_RESOURCE_PROVISIONING";
 /// What no additional tag key may contain: aws-node's own keys.
 const RESERVED_TAG_PART: &str = "k8s.amazonaws.com";
 /// Custom networking's subnet for new ENIs: what an ENIConfig's
@@ -81,6 +84,9 @@ pub struct IpamSettings {
     pub subnet_discovery: bool,
     /// `MANAGE_UNTAGGED_ENI`.
     pub manage_untagged_eni: bool,
+    /// Not `DISABLE_NETWORK_RESOURCE_PROVISIONING`: the agent creates,
+    /// frees and tags ENIs and assigns and releases addresses.
+    pub provisioning: bool,
     /// Custom networking: the subnet and security groups of new ENIs.
     pub eni_config_subnet: Option<String>,
     pub eni_config_security_groups: Vec<String>,
@@ -108,6 +114,7 @@ impl Default for IpamSettings {
             additional_eni_tags: BTreeMap::new(),
             subnet_discovery: true,
             manage_untagged_eni: true,
+            provisioning: true,
             eni_config_subnet: None,
             eni_config_security_groups: Vec::new(),
             max_pods: None,
@@ -185,6 +192,7 @@ impl IpamSettings {
             pod_eni: env.bool_or(ENV_ENABLE_POD_ENI, false),
             subnet_discovery: env.bool_or(ENV_ENABLE_SUBNET_DISCOVERY, defaults.subnet_discovery),
             manage_untagged_eni: env.bool_or(ENV_MANAGE_UNTAGGED_ENI, defaults.manage_untagged_eni),
+            provisioning: !env.bool_or(ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING, false),
             cluster_name: env.get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned()),
             ..defaults
         };
@@ -309,6 +317,10 @@ impl IpamSettings {
             (ENV_ADDITIONAL_ENI_TAGS, json!(self.additional_eni_tags)),
             (ENV_ENABLE_SUBNET_DISCOVERY, json!(self.subnet_discovery)),
             (ENV_MANAGE_UNTAGGED_ENI, json!(self.manage_untagged_eni)),
+            (
+                ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,
+                json!(!self.provisioning),
+            ),
             (ENV_ENI_CONFIG_SUBNET, json!(self.eni_config_subnet)),
             (
                 ENV_ENI_CONFIG_SECURITY_GROUPS,
@@ -361,6 +373,7 @@ mod tests {
         assert!(s.leaked_eni_cleanup);
         assert!(s.subnet_discovery);
         assert!(s.manage_untagged_eni);
+        assert!(s.provisioning);
     }
 
     #[test]
@@ -385,6 +398,7 @@ mod tests {
             (ENV_MAX_PODS, "58"),
             (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
             (ENV_MANAGE_UNTAGGED_ENI, "false"),
+            (ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING, "true"),
         ])
         .unwrap();
         assert_eq!(
@@ -407,6 +421,7 @@ mod tests {
         assert_eq!(s.max_pods, Some(58));
         assert!(!s.subnet_discovery);
         assert!(!s.manage_untagged_eni);
+        assert!(!s.provisioning);
         let t = s.pool_targets(30, 110);
         assert!(t.ip_targets_defined());
     }
@@ -527,6 +542,7 @@ mod tests {
             (ENV_CLUSTER_NAME, "prod"),
             (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
             (ENV_MANAGE_UNTAGGED_ENI, "false"),
+            (ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING, "true"),
         ])
         .unwrap();
         let view = original.env_view();
