@@ -14,6 +14,18 @@ use std::{
 
 use crate::{LabError, netns};
 
+/// Logs to standard error, filtered by `RUST_LOG` or else `default_filter`:
+/// a helper binary's standard output is its `READY` line alone.
+pub fn log_to_stderr(default_filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// How much of a log an error quotes.
 const LOG_TAIL_BYTES: u64 = 8 * 1024;
 

@@ -34,13 +34,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "vpcnet_lab=info,vpcnet_lab_ec2=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    vpcnet_lab::helper_process::log_to_stderr("vpcnet_lab=info,vpcnet_lab_ec2=info");
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
