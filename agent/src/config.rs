@@ -17,6 +17,10 @@ use crate::env::Env;
 pub const ENV_EXTERNAL_SNAT: &str = "AWS_VPC_K8S_CNI_EXTERNALSNAT";
 pub const ENV_EXCLUDE_SNAT_CIDRS: &str = "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS";
 pub const ENV_RANDOMIZE_SNAT: &str = "AWS_VPC_K8S_CNI_RANDOMIZESNAT";
+/// Destinations a pod on a secondary ENI reaches by the node's route (the
+/// primary ENI) instead of its own ENI, as aws-node's rule 1535
+/// (`to <cidr> lookup main`) sends them: comma-separated IPv4 CIDRs.
+pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
 /// The connmark aws-node's rules use: what the take-over removes and
 /// `uninstall` writes back (the datapath itself marks nothing).
 pub const ENV_CONNMARK: &str = "AWS_VPC_K8S_CNI_CONNMARK";
@@ -42,6 +46,7 @@ pub const VARIABLES: &[&str] = &[
     ENV_EXCLUDE_SNAT_CIDRS,
     ENV_RANDOMIZE_SNAT,
     ENV_CONNMARK,
+    ENV_EXTERNAL_SERVICE_CIDRS,
     ENV_SNAT_PORT_RANGE,
     ENV_SERVICE_CIDRS,
     crate::ipam::settings::ENV_WARM_ENI_TARGET,
@@ -90,11 +95,14 @@ pub struct ConfigError {
     pub allowed: &'static str,
 }
 
-/// The SNAT settings of the VPC CNI.
+/// The SNAT settings of the VPC CNI, and the routing exception that goes
+/// with them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnatSettings {
     pub external_snat: bool,
     pub exclude_snat_cidrs: Vec<Ipv4Net>,
+    /// `AWS_EXTERNAL_SERVICE_CIDRS`.
+    pub external_service_cidrs: Vec<Ipv4Net>,
     pub randomize: RandomizeMode,
     pub port_min: u16,
     pub port_max: u16,
@@ -107,6 +115,7 @@ impl Default for SnatSettings {
         Self {
             external_snat: false,
             exclude_snat_cidrs: Vec::new(),
+            external_service_cidrs: Vec::new(),
             randomize: RandomizeMode::Prng,
             port_min: config::DEFAULT_PORT_MIN,
             port_max: config::DEFAULT_PORT_MAX,
@@ -124,6 +133,7 @@ impl SnatSettings {
         let mut settings = Self {
             external_snat: env.bool_or(ENV_EXTERNAL_SNAT, false),
             exclude_snat_cidrs: lenient_cidrs(env, ENV_EXCLUDE_SNAT_CIDRS),
+            external_service_cidrs: lenient_cidrs(env, ENV_EXTERNAL_SERVICE_CIDRS),
             ..Self::default()
         };
         if let Some(value) = env.get(ENV_RANDOMIZE_SNAT) {
@@ -272,6 +282,7 @@ mod tests {
         assert!(!s.external_snat);
         assert_eq!(s.randomize, RandomizeMode::Prng);
         assert!(s.exclude_snat_cidrs.is_empty());
+        assert!(s.external_service_cidrs.is_empty());
         assert_eq!((s.port_min, s.port_max), (1024, 65535));
         assert_eq!(s.connmark, 0x80);
     }
@@ -284,6 +295,7 @@ mod tests {
             (ENV_RANDOMIZE_SNAT, "hashrandom"),
             (ENV_SNAT_PORT_RANGE, "20000-29999"),
             (ENV_CONNMARK, "0x100"),
+            (ENV_EXTERNAL_SERVICE_CIDRS, "203.0.113.0/24, 192.0.2.7/24"),
         ])
         .0
         .unwrap();
@@ -298,6 +310,13 @@ mod tests {
         assert_eq!(s.randomize, RandomizeMode::HashRandom);
         assert_eq!((s.port_min, s.port_max), (20000, 29999));
         assert_eq!(s.connmark, 0x100);
+        assert_eq!(
+            s.external_service_cidrs,
+            vec![
+                "203.0.113.0/24".parse().unwrap(),
+                "192.0.2.0/24".parse().unwrap()
+            ]
+        );
     }
 
     #[test]
@@ -324,12 +343,17 @@ mod tests {
             (ENV_EXCLUDE_SNAT_CIDRS, "10.0.0.0/33,fd00::/8,192.0.2.0/24"),
             (ENV_RANDOMIZE_SNAT, "random-fully"),
             (ENV_CONNMARK, "-1"),
+            (ENV_EXTERNAL_SERVICE_CIDRS, "fd00::/8,203.0.113.0/24,bogus"),
         ]);
         let s = s.unwrap();
         assert!(!s.external_snat);
         assert_eq!(s.exclude_snat_cidrs, ["192.0.2.0/24".parse().unwrap()]);
         assert_eq!(s.randomize, RandomizeMode::Prng);
         assert_eq!(s.connmark, 0x80);
+        assert_eq!(
+            s.external_service_cidrs,
+            ["203.0.113.0/24".parse().unwrap()]
+        );
         let said: Vec<String> = env.tolerated().iter().map(ToString::to_string).collect();
         assert_eq!(
             said,
@@ -337,6 +361,8 @@ mod tests {
                 r#"AWS_VPC_K8S_CNI_EXTERNALSNAT="yes": not a boolean; using false, as aws-node does"#,
                 r#"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS="10.0.0.0/33": not a CIDR; using the list without it, as aws-node does"#,
                 r#"AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS="fd00::/8": an IPv6 CIDR; using the list without it, as aws-node does"#,
+                r#"AWS_EXTERNAL_SERVICE_CIDRS="fd00::/8": an IPv6 CIDR; using the list without it, as aws-node does"#,
+                r#"AWS_EXTERNAL_SERVICE_CIDRS="bogus": not a CIDR; using the list without it, as aws-node does"#,
                 r#"AWS_VPC_K8S_CNI_RANDOMIZESNAT="random-fully": not one of none, hashrandom, prng; using prng, as aws-node does"#,
                 r#"AWS_VPC_K8S_CNI_CONNMARK="-1": not a mark from 1 to 2^32-1; using 0x80, as aws-node does"#,
             ]

@@ -459,6 +459,10 @@ impl Settings {
             snat::ENV_EXCLUDE_SNAT_CIDRS,
             json!(cidr_texts(&s.exclude_snat_cidrs)),
         );
+        put(
+            snat::ENV_EXTERNAL_SERVICE_CIDRS,
+            json!(cidr_texts(&s.external_service_cidrs)),
+        );
         put(snat::ENV_RANDOMIZE_SNAT, json!(s.randomize.env_value()));
         put(snat::ENV_CONNMARK, json!(s.connmark));
         put(
@@ -876,6 +880,10 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         .get()
         .write(&mut datapath)
         .map_err(|e| anyhow::anyhow!("writing the CIDR map: {e}"))?;
+    // Read at start only, as aws-node writes its rules 1535 at start.
+    datapath
+        .maps
+        .set_external_service_cidrs(&snat.external_service_cidrs)?;
     if let Some(path) = &args.layout {
         let layout = NodeLayout::read(path)?;
         layout::apply(&mut datapath, &layout)
@@ -1412,6 +1420,9 @@ fn print_config(maps: &DatapathMaps) -> Result<()> {
     println!("primary_link   {}", cfg.primary_ifindex);
     for (net, kind) in maps.cidrs()? {
         println!("cidr           {net:<20} {kind:?}");
+    }
+    for net in maps.external_service_cidrs()? {
+        println!("cidr           {net:<20} ExternalService");
     }
     Ok(())
 }

@@ -119,6 +119,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 ("ENABLE_SUBNET_DISCOVERY", json!(true)),
                 ("MANAGE_UNTAGGED_ENI", json!(true)),
                 ("DISABLE_NETWORK_RESOURCE_PROVISIONING", json!(false)),
+                ("AWS_EXTERNAL_SERVICE_CIDRS", json!([])),
             ],
             tolerated: vec![],
             no_effect: CHART_NO_EFFECT.to_vec(),

@@ -601,3 +601,90 @@ fn strict_pods_reach_services_through_the_stack_and_are_never_snated() {
     assert_eq!(h.counter(Counter::EgressBranchNoSnat), 1);
     assert_eq!(h.counter(Counter::EgressSteered), 1);
 }
+
+/// `AWS_EXTERNAL_SERVICE_CIDRS`: a pod on a secondary ENI reaches them by
+/// the node's route (aws-node's rule 1535: the main table), so its packet
+/// goes to the stack, marked for the replies to come back through it, and
+/// the primary ENI's program leaves it there instead of steering it to the
+/// pod's ENI; any other destination is as before, and so is a pod whose
+/// ENI is the primary.
+#[test]
+fn external_service_cidrs_take_the_nodes_route_instead_of_the_pods_eni() {
+    use vpcnet_common::config::MARK_VIA_SERVICE;
+    let mut h = harness();
+    h.datapath
+        .maps
+        .set_external_service_cidrs(&[
+            "10.20.12.0/24".parse().unwrap(),
+            "203.0.113.0/24".parse().unwrap(),
+        ])
+        .unwrap();
+    for (dst, after_stack) in [
+        (PEER, Counter::EgressNoSnatCidr),
+        (INET, Counter::EgressSnatNew),
+    ] {
+        let sent = from_pod(packets::udp(POD, 5000, dst, 53, b"q"));
+        let (out, mark) = h.run_with_mark(maps::PROG_POD_EGRESS, &sent, 0);
+        assert_eq!(out.action, TC_ACT_UNSPEC, "{dst}: to the stack");
+        assert_eq!(out.packet, sent, "{dst}: untouched");
+        assert_eq!(
+            mark & MARK_VIA_SERVICE,
+            MARK_VIA_SERVICE,
+            "{dst}: replies through the stack"
+        );
+        // The stack routes it out of the primary ENI, the test run's device.
+        let steered = h.counter(Counter::EgressSteered);
+        let (out, _) = h.run_with_mark(maps::PROG_ENI_EGRESS, &sent, mark);
+        assert_eq!(
+            out.action, TC_ACT_UNSPEC,
+            "{dst}: left on the stack's route"
+        );
+        assert_eq!(
+            h.counter(Counter::EgressSteered),
+            steered,
+            "{dst}: not steered"
+        );
+        assert_eq!(h.counter(after_stack), 1, "{dst}: {after_stack:?}");
+    }
+    assert_eq!(h.counter(Counter::PodExternalService), 2);
+    assert_eq!(
+        h.counter(Counter::EgressExternalService),
+        1,
+        "the un-NATed one"
+    );
+    assert_eq!(h.counter(Counter::EgressServiceFlow), 2, "both remembered");
+    // Another VPC address leaves by the pod's own ENI, as before.
+    let other = Ipv4Addr::new(10, 20, 13, 5);
+    let out = h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::udp(POD, 5000, other, 53, b"q")),
+    );
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::PodSteered), 1);
+    // A pod on the primary ENI leaves by it straight, past the stack.
+    h.add_endpoint(
+        POD,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: TEST_RUN_IFINDEX,
+            mac: POD_MAC,
+            host_mac: HOST_VETH_MAC,
+            flags: 0,
+        },
+    );
+    let out = h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod(packets::udp(POD, 5001, PEER, 53, b"q")),
+    );
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(h.counter(Counter::PodSteered), 2);
+    assert_eq!(h.counter(Counter::PodExternalService), 2);
+    // The agent's table, read back.
+    assert_eq!(
+        h.datapath.maps.external_service_cidrs().unwrap(),
+        [
+            "10.20.12.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+            "203.0.113.0/24".parse().unwrap()
+        ]
+    );
+}

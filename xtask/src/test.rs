@@ -92,9 +92,10 @@ const VERDICT_TARGETS: [&str; 6] = [
 const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 13] = [
+const DATAPATH_TARGETS: [&str; 14] = [
     "differential",
     "external_snat",
+    "external_service_cidrs",
     "time_wait",
     "anti_spoofing",
     "gc",

@@ -17,7 +17,7 @@ use aya::{
     },
 };
 use vpcnet_common::{
-    cidr::CidrValue,
+    cidr::{CidrValue, ExternalServiceCidr},
     config::Config,
     counters::Counter,
     endpoint::{Endpoint, Eni},
@@ -42,6 +42,7 @@ enum Source {
     Config(Array<MapData, Config>),
     Timeouts(Array<MapData, Timeouts>),
     Cidrs(LpmTrie<MapData, [u8; 4], CidrValue>),
+    ExternalServiceCidrs(LpmTrie<MapData, [u8; 4], ExternalServiceCidr>),
     /// NAT and stack flows, and what the first pass copied of them.
     Flows(
         HashMap<MapData, FlowKey, NatEntry>,
@@ -67,6 +68,9 @@ impl Carry {
             names::CONFIG => Source::Config(Array::try_from(opened).map_err(typed)?),
             names::CT_TIMEOUTS => Source::Timeouts(Array::try_from(opened).map_err(typed)?),
             names::CIDRS => Source::Cidrs(LpmTrie::try_from(opened).map_err(typed)?),
+            names::EXTERNAL_SERVICE_CIDRS => {
+                Source::ExternalServiceCidrs(LpmTrie::try_from(opened).map_err(typed)?)
+            }
             names::NAT_FWD | names::NAT_REV | names::STACK_FLOWS => {
                 Source::Flows(HashMap::try_from(opened).map_err(typed)?, StdHashMap::new())
             }
@@ -109,6 +113,20 @@ impl Carry {
                     let (key, value): (Key<[u8; 4]>, CidrValue) = entry.map_err(err)?;
                     tally
                         .count(maps.cidrs.insert(&key, value, 0).map(|()| true))
+                        .map_err(err)?;
+                }
+                tally
+            }
+            Source::ExternalServiceCidrs(from) => {
+                let mut tally = Tally::default();
+                for entry in from.iter() {
+                    let (key, value) = entry.map_err(err)?;
+                    tally
+                        .count(
+                            maps.external_service_cidrs
+                                .insert(&key, value, 0)
+                                .map(|()| true),
+                        )
                         .map_err(err)?;
                 }
                 tally
@@ -177,6 +195,7 @@ impl Carry {
             Source::Config(_)
             | Source::Timeouts(_)
             | Source::Cidrs(_)
+            | Source::ExternalServiceCidrs(_)
             | Source::Endpoints(_)
             | Source::Enis(_) => Tally::default(),
         };

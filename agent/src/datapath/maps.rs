@@ -7,7 +7,7 @@ use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Ke
 use ipnet::Ipv4Net;
 use vpcnet_common::{
     addr_to_raw,
-    cidr::{CidrKind, CidrValue},
+    cidr::{CidrKind, CidrValue, EXTERNAL_SERVICE_CIDR, ExternalServiceCidr},
     config::Config,
     counters::Counter,
     endpoint::{ENI_PRIMARY, Endpoint, Eni},
@@ -33,6 +33,8 @@ pub struct DatapathMaps {
     /// Flows whose packets the stack must see (kube-proxy's DNAT), a pair
     /// each (see `vpcnet_common::maps::STACK_FLOWS`).
     pub stack_flows: HashMap<MapData, FlowKey, NatEntry>,
+    /// `AWS_EXTERNAL_SERVICE_CIDRS`.
+    pub external_service_cidrs: LpmTrie<MapData, [u8; 4], ExternalServiceCidr>,
 }
 
 impl DatapathMaps {
@@ -50,6 +52,7 @@ impl DatapathMaps {
             take(maps::ENDPOINTS)?,
             take(maps::ENIS)?,
             take(maps::STACK_FLOWS)?,
+            take(maps::EXTERNAL_SERVICE_CIDRS)?,
         ])
     }
 
@@ -75,6 +78,7 @@ impl DatapathMaps {
             open(maps::ENDPOINTS)?,
             open(maps::ENIS)?,
             open(maps::STACK_FLOWS)?,
+            open(maps::EXTERNAL_SERVICE_CIDRS)?,
         ])
     }
 
@@ -90,7 +94,8 @@ impl DatapathMaps {
             endpoints,
             enis,
             stack_flows,
-        ]: [Map; 9],
+            external_service_cidrs,
+        ]: [Map; 10],
     ) -> Result<Self, DatapathError> {
         Ok(Self {
             config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
@@ -105,6 +110,8 @@ impl DatapathMaps {
             enis: HashMap::try_from(enis).map_err(DatapathError::map(maps::ENIS))?,
             stack_flows: HashMap::try_from(stack_flows)
                 .map_err(DatapathError::map(maps::STACK_FLOWS))?,
+            external_service_cidrs: LpmTrie::try_from(external_service_cidrs)
+                .map_err(DatapathError::map(maps::EXTERNAL_SERVICE_CIDRS))?,
         })
     }
 
@@ -222,6 +229,55 @@ impl DatapathMaps {
             }
         }
         Ok(())
+    }
+
+    /// Makes the external service trie hold exactly `prefixes`, added
+    /// before the others go (as [`Self::set_cidrs`]).
+    pub fn set_external_service_cidrs(
+        &mut self,
+        prefixes: &[Ipv4Net],
+    ) -> Result<(), DatapathError> {
+        let err = |source| DatapathError::Map {
+            name: maps::EXTERNAL_SERVICE_CIDRS,
+            source,
+        };
+        let wanted: Vec<Key<[u8; 4]>> = prefixes.iter().map(|net| cidr_key(net.trunc())).collect();
+        let value = ExternalServiceCidr {
+            marker: EXTERNAL_SERVICE_CIDR,
+        };
+        for key in &wanted {
+            self.external_service_cidrs
+                .insert(key, value, 0)
+                .map_err(err)?;
+        }
+        let present: Vec<Key<[u8; 4]>> = self
+            .external_service_cidrs
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(err)?;
+        for key in present {
+            let keep = wanted
+                .iter()
+                .any(|w| w.prefix_len() == key.prefix_len() && w.data() == key.data());
+            if !keep {
+                self.external_service_cidrs.remove(&key).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The external service trie's prefixes.
+    pub fn external_service_cidrs(&self) -> Result<Vec<Ipv4Net>, DatapathError> {
+        self.external_service_cidrs
+            .keys()
+            .map(|key| {
+                key.map(|key| {
+                    Ipv4Net::new(Ipv4Addr::from(key.data()), prefix_len_u8(key.prefix_len()))
+                        .expect("the trie holds valid prefix lengths")
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map_err(DatapathError::map(maps::EXTERNAL_SERVICE_CIDRS))
     }
 
     /// The prefixes in the trie.

@@ -48,7 +48,6 @@ pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MO
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
 pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
-pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
 pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
 pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
 
@@ -89,10 +88,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(crate::config::ENV_EXCLUDE_SNAT_CIDRS),
     honoured(crate::config::ENV_RANDOMIZE_SNAT),
     honoured(crate::config::ENV_CONNMARK),
-    no_effect(
-        ENV_EXTERNAL_SERVICE_CIDRS,
-        "not implemented yet: secondary-ENI pods reach these CIDRs by their own ENI",
-    ),
+    honoured(crate::config::ENV_EXTERNAL_SERVICE_CIDRS),
     no_effect(
         ENV_NODE_PORT_SUPPORT,
         "a NodePort connection's replies always go back through the node's stack and leave by the primary ENI, as this variable's rules make them in aws-node",

@@ -37,4 +37,17 @@ pub struct CidrValue {
     pub kind: u32,
 }
 
-crate::impl_pod!(CidrValue);
+/// Value of the external service trie
+/// ([`crate::maps::EXTERNAL_SERVICE_CIDRS`]): a prefix there is one of
+/// `AWS_EXTERNAL_SERVICE_CIDRS`; the trie needs a value, this is it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExternalServiceCidr {
+    /// Always [`EXTERNAL_SERVICE_CIDR`].
+    pub marker: u32,
+}
+
+/// The one value of [`ExternalServiceCidr::marker`].
+pub const EXTERNAL_SERVICE_CIDR: u32 = 1;
+
+crate::impl_pod!(CidrValue, ExternalServiceCidr);

@@ -119,6 +119,8 @@ counters! {
     EgressDecided => "egress_pass_decided", "egress: packet a vpcnet program already translated or steered, passed";
     StackFlowUntracked => "stack_flow_untracked", "stack flows: a packet of a flow through the node's stack that could not be remembered because the table is full (the flow's packets take the stack's path only where their destination sends them there)";
     NatEarlyDrop => "nat_early_drop", "NAT: the table was full, an unanswered flow created shortly before was dropped to make room for a new one (conntrack's early drop)";
+    PodExternalService => "pod_pass_external_service", "pod: a pod on a secondary ENI to an AWS_EXTERNAL_SERVICE_CIDRS destination, passed to the stack to take the node's route (aws-node's rule 1535: the main table), its replies back through it";
+    EgressExternalService => "egress_external_service", "egress: a pod's packet to an AWS_EXTERNAL_SERVICE_CIDRS destination, left on the route the stack gave it instead of steered to the pod's own ENI";
 
 }
 

@@ -31,6 +31,12 @@ pub const COUNTERS: &str = "VPCNET_COUNTERS";
 pub const ENDPOINTS: &str = "VPCNET_ENDPOINTS";
 /// `HashMap<u32 (link ifindex), Eni>`: the node's ENIs and branch links.
 pub const ENIS: &str = "VPCNET_ENIS";
+/// `LpmTrie<[u8; 4], ExternalServiceCidr>`: `AWS_EXTERNAL_SERVICE_CIDRS`. A
+/// packet from a pod on a secondary ENI to one of them takes the node's
+/// route (the main table: the primary ENI), not its own ENI, as aws-node's
+/// `to <cidr> lookup main` rule (priority 1535, before the pods' 1536) sends
+/// it; a trie of its own, as it may overlap the VPC's or excluded CIDRs.
+pub const EXTERNAL_SERVICE_CIDRS: &str = "VPCNET_EXT_SERVICE_CIDRS";
 /// `HashMap<FlowKey, NatEntry>`: flows whose packets must go through the
 /// node's stack (kube-proxy's DNAT and un-DNAT, the node's own sockets),
 /// each a pair like a NAT flow's: keyed by the pod's tuple (the pod's
@@ -57,7 +63,7 @@ const fn pinned(name: &'static str, layout: u16) -> PinnedMap {
 
 /// Every pinned map with its layout, for loading, clean-up and the object
 /// check.
-pub const ALL: [PinnedMap; 10] = [
+pub const ALL: [PinnedMap; 11] = [
     pinned(CONFIG, 1),
     pinned(CT_TIMEOUTS, 1),
     pinned(CIDRS, 1),
@@ -71,6 +77,7 @@ pub const ALL: [PinnedMap; 10] = [
     pinned(ENDPOINTS, 1),
     pinned(ENIS, 1),
     pinned(STACK_FLOWS, 1),
+    pinned(EXTERNAL_SERVICE_CIDRS, 1),
 ];
 
 /// Maps earlier versions pinned that this one no longer uses: removed at
@@ -88,6 +95,8 @@ pub const STACK_FLOWS_LRU: &str = "VPCNET_STACK_FLOWS";
 pub const NAT_DEFAULT_ENTRIES: u32 = 262_144;
 /// Prefixes the CIDR trie holds (VPC CIDRs, exclusions, node addresses).
 pub const CIDRS_MAX_ENTRIES: u32 = 16_384;
+/// Prefixes the external service trie holds.
+pub const EXTERNAL_SERVICE_CIDRS_MAX_ENTRIES: u32 = 1_024;
 /// Fragmented datagrams in flight whose first fragment's path is remembered.
 pub const FRAG_PATHS_MAX_ENTRIES: u32 = 8_192;
 /// Pods on one node (an EKS node's max pods is far below).

@@ -17,8 +17,8 @@ use crate::{
     maps::{ENIS, NAT_FWD, config, count, endpoint},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
-        ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_SADDR_OFF, Ipv4, L4, is_ipv4,
-        l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
+        ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, IP_SADDR_OFF, Ipv4, L4,
+        is_ipv4, l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
     },
     stack,
 };
@@ -113,7 +113,9 @@ fn remember_service_flow(ctx: &TcContext) -> Result<(), Counter> {
 /// Traffic that went through the stack left by the main table's route, the
 /// primary ENI; a pod address owned by another ENI (or a branch ENI) goes
 /// out of that one instead, or the VPC would drop it (source/destination
-/// check). The stack routed it already: the TTL stays.
+/// check). The stack routed it already: the TTL stays. Except to
+/// `AWS_EXTERNAL_SERVICE_CIDRS`, which keep the stack's route, as aws-node's
+/// rule 1535 comes before the pod's own (a strict pod's come before both).
 #[inline(always)]
 fn steer(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
     let saddr: u32 = load(ctx, IP_SADDR_OFF)?;
@@ -125,6 +127,10 @@ fn steer(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
         return Ok(decision.into());
     }
     count(decision);
+    let daddr: u32 = load(ctx, IP_DADDR_OFF)?;
+    if !ep.strict() && cidr::external_service(daddr) {
+        return Ok(Counter::EgressExternalService.into());
+    }
     via_eni(ctx, ep.eni_ifindex, false, Counter::EgressSteered)
 }
 

@@ -7,13 +7,14 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use vpcnet_common::{
-    cidr::CidrValue,
+    cidr::{CidrValue, ExternalServiceCidr},
     config::Config,
     counters::{COUNTER_SLOTS, Counter},
     endpoint::{Endpoint, Eni},
     maps::{
-        CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES, FRAG_PATHS_MAX_ENTRIES,
-        NAT_DEFAULT_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
+        CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES,
+        EXTERNAL_SERVICE_CIDRS_MAX_ENTRIES, FRAG_PATHS_MAX_ENTRIES, NAT_DEFAULT_ENTRIES,
+        STACK_FLOWS_DEFAULT_ENTRIES,
     },
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
 };
@@ -28,6 +29,10 @@ pub static CT_TIMEOUTS: Array<Timeouts> = Array::pinned(1, 0);
 
 #[map(name = "VPCNET_CIDRS")]
 pub static CIDRS: LpmTrie<[u8; 4], CidrValue> = LpmTrie::pinned(CIDRS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_EXT_SERVICE_CIDRS")]
+pub static EXTERNAL_SERVICE_CIDRS: LpmTrie<[u8; 4], ExternalServiceCidr> =
+    LpmTrie::pinned(EXTERNAL_SERVICE_CIDRS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_NAT_FWD")]
 pub static NAT_FWD: HashMap<FlowKey, NatEntry> = HashMap::pinned(NAT_DEFAULT_ENTRIES, 0);

@@ -5,10 +5,12 @@
 //! a strict security-group pod's packets all leave by its branch ENI; a
 //! reply of a flow that reached the pod through the stack goes back through
 //! it (kube-proxy must undo its DNAT); to a local pod, straight into it; to
-//! a service CIDR or a node address, to the stack; to the VPC or an excluded
-//! CIDR, out of the pod's own ENI to its gateway; anything else gets the
-//! SNAT decision here, as `eni_egress` would make it, and leaves by the
-//! primary ENI translated (or by its own ENI un-NATed), past the stack.
+//! a service CIDR or a node address, to the stack; from a pod on a secondary
+//! ENI to one of `AWS_EXTERNAL_SERVICE_CIDRS`, to the stack too, whose route
+//! it takes as aws-node's rule 1535 makes it; to the VPC or an excluded CIDR,
+//! out of the pod's own ENI to its gateway; anything else gets the SNAT
+//! decision here, as `eni_egress` would make it, and leaves by the primary
+//! ENI translated (or by its own ENI un-NATed), past the stack.
 
 use aya_ebpf::programs::TcContext;
 use vpcnet_common::{
@@ -54,7 +56,7 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         // Services still need kube-proxy's DNAT; the stack's route then
         // meets `eni_egress`, which sends it out of the branch ENI.
         if cidr::lookup(ip.daddr) == Some(CidrKind::Service) {
-            return Ok(to_service(ctx));
+            return Ok(to_stack_and_back(ctx, Counter::PodToService));
         }
         return via_eni(ctx, ep.eni_ifindex, true, Counter::PodStrict);
     }
@@ -91,8 +93,12 @@ fn whole_or_first(
         }
     }
     match cidr::lookup(ip.daddr) {
-        Some(CidrKind::Service) => Ok(to_service(ctx)),
+        Some(CidrKind::Service) => Ok(to_stack_and_back(ctx, Counter::PodToService)),
         Some(CidrKind::Local) => Ok(Counter::PodToLocal.into()),
+        // A pod on the primary ENI leaves by it either way.
+        _ if ep.eni_ifindex != cfg.primary_ifindex && cidr::external_service(ip.daddr) => {
+            Ok(to_stack_and_back(ctx, Counter::PodExternalService))
+        }
         Some(CidrKind::Vpc | CidrKind::Excluded) => {
             via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
         }
@@ -134,15 +140,16 @@ fn outside_vpc(
     via_eni(ctx, leave_by, true, Counter::PodOutsideVpc)
 }
 
-/// A packet to a service goes to the stack for kube-proxy's DNAT, marked so
-/// that `eni_egress` remembers the translated flow: its replies must come
-/// back through the stack to be un-DNATed.
+/// A packet the stack must route (a service, for kube-proxy's DNAT; an
+/// external service CIDR, for the node's route) goes to it marked so that
+/// `eni_egress` remembers the flow: its replies must come back through the
+/// stack too (to be un-DNATed; for conntrack to see both ways).
 #[inline(always)]
-fn to_service(ctx: &TcContext) -> Verdict {
+fn to_stack_and_back(ctx: &TcContext, counter: Counter) -> Verdict {
     // SAFETY: the context's skb is valid for the program's run.
     let mark = unsafe { (*ctx.skb.skb).mark };
     ctx.set_mark(mark | MARK_VIA_SERVICE);
-    Counter::PodToService.into()
+    counter.into()
 }
 
 /// `pod_ingress`: a packet the node's stack hands a pod. The stack only
