@@ -125,6 +125,10 @@ fn status_of(e: &PodError) -> Status {
     };
     match e {
         PodError::Manager(ManagerError::NoAddress(_)) => Status::resource_exhausted(message),
+        // Nothing was done: kubelet's next try may succeed.
+        PodError::BranchEniPending { .. } | PodError::PodUnknown { .. } => {
+            Status::failed_precondition(message)
+        }
         PodError::NoHostVeth(_)
         | PodError::BadMac(_)
         | PodError::BadAnnotation { .. }
@@ -175,6 +179,13 @@ impl CniBackend for Backend {
             )
             .await
             .map_err(|e| status_of(&e))?;
+        if let Some(cluster) = self.pods.cluster_pods() {
+            cluster.annotate_added(
+                &metadata.k8s_pod_namespace,
+                &metadata.k8s_pod_name,
+                pod.addr,
+            );
+        }
         Ok(Response::new(AddNetworkReply {
             ipv4_addr: pod.addr.to_string(),
             eni_id: pod.eni_id,
@@ -192,12 +203,15 @@ impl CniBackend for Backend {
     ) -> Result<Response<DelNetworkReply>, Status> {
         let _serving = self.in_flight.enter();
         let request = request.into_inner();
-        let (key, _) = key_of(request.pod)?;
+        let (key, metadata) = key_of(request.pod)?;
         let released = self
             .pods
             .del(&key, &request.host_veth)
             .await
             .map_err(|e| status_of(&e))?;
+        if let (Some(cluster), Some(addr)) = (self.pods.cluster_pods(), released) {
+            cluster.annotate_deleted(&metadata.k8s_pod_namespace, &metadata.k8s_pod_name, addr);
+        }
         Ok(Response::new(DelNetworkReply {
             ipv4_addr: released.map(|a| a.to_string()).unwrap_or_default(),
         }))

@@ -62,6 +62,7 @@ pub const VARIABLES: &[&str] = &[
     crate::ipam::settings::ENV_BACKING_STORE,
     crate::ipam::settings::ENV_ENABLE_POD_ENI,
     crate::ipam::settings::ENV_SG_ENFORCING_MODE,
+    crate::k8s::pods::ENV_ANNOTATE_POD_IP,
     crate::ipam::settings::ENV_CLUSTER_NAME,
     crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS,
     crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY,

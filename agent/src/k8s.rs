@@ -6,11 +6,15 @@
 //!
 //! - [`node`]: max pods, the unschedulable taint, the ENIConfig name;
 //! - [`cninode`]: the `SecurityGroupsForPods` feature with `ENABLE_POD_ENI`;
+//! - [`pods`]: this node's pods, for ADD's branch ENI and `ANNOTATE_POD_IP`;
+//! - [`events`]: the address manager's events on the agent's pod;
 //! - [`service_cidrs`]: the `networking.k8s.io/v1` ServiceCIDR objects, else the
 //!   `kubernetes` Service's address within EKS's defaults.
 
 pub mod cninode;
+pub mod events;
 pub mod node;
+pub mod pods;
 pub mod service_cidrs;
 
 use std::time::Duration;
@@ -48,6 +52,8 @@ pub const API_ACCESS: &[AccessRule] = &[
     ("vpcresources.k8s.aws", "cninodes", &["get", "patch"]),
     ("", "services", &["get"]),
     ("networking.k8s.io", "servicecidrs", &["list", "watch"]),
+    ("", "pods", &["get", "list", "watch", "patch"]),
+    ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
 /// What can go wrong with the Kubernetes API.
@@ -66,6 +72,12 @@ pub enum K8sError {
 
     #[error("{ENV_MY_NODE_NAME} is not set: the agent cannot find its Node")]
     NoNodeName,
+
+    #[error("{what}: no answer within {after:?}")]
+    Timeout {
+        what: String,
+        after: std::time::Duration,
+    },
 
     #[error("{what}: {source}")]
     Api {
@@ -104,6 +116,8 @@ pub struct K8sSettings {
     pub pod_name: Option<String>,
     pub eni_config_label: String,
     pub eni_config_annotation: String,
+    /// `ANNOTATE_POD_IP`.
+    pub annotate_pod_ip: bool,
 }
 
 impl K8sSettings {
@@ -122,6 +136,7 @@ impl K8sSettings {
                 .get(node::ENV_ENI_CONFIG_ANNOTATION_DEF)
                 .unwrap_or(node::DEFAULT_ENI_CONFIG_KEY)
                 .to_owned(),
+            annotate_pod_ip: pods::annotate_pod_ip(env),
         }
     }
 
@@ -138,6 +153,7 @@ impl K8sSettings {
                 node::ENV_ENI_CONFIG_ANNOTATION_DEF,
                 json!(self.eni_config_annotation),
             ),
+            (pods::ENV_ANNOTATE_POD_IP, json!(self.annotate_pod_ip)),
         ]
     }
 

@@ -977,6 +977,21 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
                 k8s.clone(),
             ));
         }
+        let mut cluster_pods = None;
+        if let Some(client) = &kube {
+            tasks.spawn(k8s::events::publish(
+                client.clone(),
+                k8s.clone(),
+                manager.subscribe_events(),
+            ));
+            match k8s::pods::NodePods::follow(client.clone(), &k8s, k8s.annotate_pod_ip) {
+                Ok((pods, follow)) => {
+                    tasks.spawn(follow);
+                    cluster_pods = Some(pods);
+                }
+                Err(error) => warn!(%error, "this node's pods are not followed"),
+            }
+        }
         tasks.spawn(manager.clone().run());
         let netlink_for_pods = NetlinkHandle::new()?;
         let pods = Pods::new(
@@ -987,6 +1002,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
                 veth_prefix: conflist_settings.veth_prefix.clone(),
                 orphan_grace: seconds("--orphan-grace", args.orphan_grace)?,
                 branch_mode,
+                cluster_pods,
             },
         );
         // Before the plugin is served: pods aws-node left keep their

@@ -30,6 +30,7 @@ use crate::{
         datastore::AssignedAddr,
         manager::{Manager, ManagerError, PodAddress, gateway_of},
     },
+    k8s::pods::{BranchDecision, NodePods},
     netlink::{MacAddr, NetlinkError, NetlinkHandle},
 };
 
@@ -78,6 +79,18 @@ pub enum PodError {
     )]
     PodEniDisabled,
     #[error(
+        "pod {pod} asks for {resource} but has no {annotation} annotation yet: the VPC resource controller has not given it a branch ENI; kubelet will try again",
+        resource = crate::k8s::pods::POD_ENI_RESOURCE,
+        annotation = vpcnet_api::pod::POD_ENI_ANNOTATION
+    )]
+    BranchEniPending { pod: String },
+    #[error("pod {pod} could not be looked up in the Kubernetes API (ENABLE_POD_ENI needs it)")]
+    PodUnknown {
+        pod: String,
+        #[source]
+        source: crate::k8s::K8sError,
+    },
+    #[error(
         "no link has the MAC {mac} of branch ENI {eni} (VLAN {vlan_id}): the trunk's vlan.eth.{vlan_id} is missing"
     )]
     NoBranchLink {
@@ -98,6 +111,8 @@ pub struct PodsOptions {
     /// `POD_SECURITY_GROUP_ENFORCING_MODE` when `ENABLE_POD_ENI` is on:
     /// pods with a branch ENI are served only then.
     pub branch_mode: Option<EnforcingMode>,
+    /// This node's pods in the Kubernetes API, when the agent has one.
+    pub cluster_pods: Option<NodePods>,
 }
 
 /// A pod as `ListAttachments` shows it.
@@ -158,6 +173,11 @@ impl Pods {
         &self.inner.manager
     }
 
+    /// This node's pods in the Kubernetes API, when the agent has one.
+    pub fn cluster_pods(&self) -> Option<&NodePods> {
+        self.inner.opts.cluster_pods.as_ref()
+    }
+
     fn datapath(&self) -> std::sync::MutexGuard<'_, Datapath> {
         // A panic elsewhere leaves the maps as they were: usable.
         self.inner
@@ -177,6 +197,14 @@ impl Pods {
         pod_mac: &str,
         annotations: &HashMap<String, String>,
     ) -> Result<PodAddress, PodError> {
+        let from_api = self.branch_from_api(metadata).await?;
+        let annotations = match &from_api {
+            Some(value) => &HashMap::from([(
+                vpcnet_api::pod::POD_ENI_ANNOTATION.to_owned(),
+                value.to_string(),
+            )]),
+            None => annotations,
+        };
         let branch = branch_eni(annotations).map_err(|source| PodError::BadAnnotation {
             annotation: vpcnet_api::pod::POD_ENI_ANNOTATION,
             source,
@@ -203,6 +231,34 @@ impl Pods {
             return Err(e);
         }
         Ok(pod)
+    }
+
+    /// With `ENABLE_POD_ENI` and an API server, what the API says of the
+    /// pod's branch ENI, as aws-node asks it: the controller's annotation
+    /// (`None`: an ordinary pod, or no API server: the runtime's
+    /// annotations decide), or a retryable error while a pod that asks for
+    /// one has none yet.
+    async fn branch_from_api(
+        &self,
+        metadata: &IpamMetadata,
+    ) -> Result<Option<std::sync::Arc<str>>, PodError> {
+        let (Some(_), Some(cluster)) = (self.inner.opts.branch_mode, &self.inner.opts.cluster_pods)
+        else {
+            return Ok(None);
+        };
+        let pod = format!("{}/{}", metadata.k8s_pod_namespace, metadata.k8s_pod_name);
+        let view = cluster
+            .pod(&metadata.k8s_pod_namespace, &metadata.k8s_pod_name)
+            .await
+            .map_err(|source| PodError::PodUnknown {
+                pod: pod.clone(),
+                source,
+            })?;
+        match view.branch_decision() {
+            BranchDecision::Pool => Ok(None),
+            BranchDecision::Branch(annotation) => Ok(Some(annotation)),
+            BranchDecision::Pending => Err(PodError::BranchEniPending { pod }),
+        }
     }
 
     /// A pod with a branch ENI (security groups for pods): its address is

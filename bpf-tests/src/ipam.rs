@@ -78,6 +78,18 @@ impl IpamLab {
 
     /// [`IpamLab::up`] with more `vpcnet-agent run` arguments.
     pub fn up_with_args(instance_type: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
+        Self::up_with_options(Self::options(instance_type, env, args))
+    }
+
+    /// [`IpamLab::up`] with the lab's Kubernetes API server: the agent runs
+    /// in-cluster.
+    pub fn up_in_cluster(instance_type: &str, env: &[(&str, &str)]) -> Self {
+        let mut ipam = Self::options(instance_type, env, &[]);
+        ipam.kube_api = true;
+        Self::up_with_options(ipam)
+    }
+
+    fn options(instance_type: &str, env: &[(&str, &str)], args: &[&str]) -> IpamLabOptions {
         let mut ipam = IpamLabOptions::new(instance_type);
         ipam.env = FAST_AGENT_ENV
             .iter()
@@ -89,6 +101,10 @@ impl IpamLab {
             .chain(args)
             .map(|a| (*a).to_owned())
             .collect();
+        ipam
+    }
+
+    fn up_with_options(ipam: IpamLabOptions) -> Self {
         let opts = LabOptions {
             ipam: Some(ipam),
             ..LabOptions::ebpf(0, agent_binary())

@@ -219,6 +219,7 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
                 throttle: 0.1,
                 unavailable: 0.1,
                 internal: 0.1,
+                ..FaultRule::default()
             }])
             .expect("injecting faults");
         // The start-up (IMDS, instance type, subnet, ENIs) under faults too.

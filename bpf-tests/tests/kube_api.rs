@@ -5,15 +5,25 @@
 //! Node and keeps the datapath's service CIDRs the cluster's
 //! ServiceCIDR objects, also when they change; with the API server answering 503
 //! it starts from what it knows, says so, and catches up once it answers.
+//! It looks at this node's pods as aws-node does: a pod asking for a
+//! branch ENI gets none of the pool's addresses while the resource
+//! controller has not annotated it, and `ANNOTATE_POD_IP` writes the pods'
+//! addresses; its address manager's events go to its Pod.
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use vpcnet_bpf_tests::{agent_binary, cri::ipam_status, ipam::lab_lock};
+use tonic::Code;
+use vpcnet_bpf_tests::{
+    agent_binary,
+    cri::ipam_status,
+    ipam::{IpamLab, lab_lock},
+};
 use vpcnet_lab::{
     IpamLabOptions, Lab, LabOptions,
     addrs::NS_NODE,
-    cluster::node_name,
+    cluster::{AGENT_NAMESPACE, AGENT_POD_NAME, node_name},
+    ec2::config::FaultRule as Ec2FaultRule,
     kube::{KubeAdmin, server::FaultRule},
 };
 
@@ -183,4 +193,148 @@ fn with_pod_eni_the_agent_asks_for_a_trunk_on_its_cninode() {
         "{calls:?}"
     );
     lab.down().unwrap();
+}
+
+/// Polls `path` (bounded) until `check` holds for the object.
+fn wait_object(
+    admin: &KubeAdmin,
+    path: &str,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    loop {
+        let object = admin.get(path).unwrap();
+        if check(&object) {
+            return object;
+        }
+        assert!(Instant::now() < deadline, "{what}: {object}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A pod of the `default` namespace bound to the node, as the ipam lab's
+/// ADD `id` names it; `limits` on its first container.
+fn bind_pod(admin: &KubeAdmin, id: usize, limits: &serde_json::Value) -> String {
+    let path = format!("/api/v1/namespaces/default/pods/pod-{id}");
+    admin
+        .apply(
+            &path,
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("pod-{id}"), "namespace": "default"},
+                "spec": {"nodeName": node_name(), "containers": [{"name": "app",
+                    "image": "registry.k8s.io/pause:3.9", "resources": {"limits": limits}}]}}),
+        )
+        .unwrap();
+    path
+}
+
+#[test]
+fn a_pod_waiting_for_its_branch_eni_gets_no_address_and_pod_ips_are_annotated() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up_in_cluster(
+        "m5.large",
+        &[
+            ("ENABLE_POD_ENI", "true"),
+            ("ANNOTATE_POD_IP", "true"),
+            ("WARM_IP_TARGET", "1"),
+        ],
+    );
+    let admin = lab.lab.kube_api().unwrap().admin().clone();
+    let sgp_pod = bind_pod(&admin, 1, &json!({"vpc.amazonaws.com/pod-eni": "1"}));
+    let plain_pod = bind_pod(&admin, 2, &json!({"cpu": "100m"}));
+    let assigned = lab.status().assigned_addrs;
+
+    // Asks for a branch ENI, has none yet: kubelet is told to try again,
+    // and no pool address is taken.
+    let waiting = lab.add(1).unwrap_err();
+    assert_eq!(waiting.code(), Code::FailedPrecondition, "{waiting:?}");
+    assert!(
+        waiting.message().contains("default/pod-1")
+            && waiting.message().contains("vpc.amazonaws.com/pod-eni"),
+        "{waiting:?}"
+    );
+    assert_eq!(lab.status().assigned_addrs, assigned);
+
+    // Once the controller annotated it, the branch ENI of the annotation
+    // is what the ADD looks for (this node has no trunk: no such link).
+    admin
+        .merge_patch(
+            &sgp_pod,
+            &json!({"metadata": {"annotations": {"vpc.amazonaws.com/pod-eni":
+                r#"[{"eniId":"eni-0b1a2c3d4e5f60718","ifAddress":"0a:1b:2c:3d:4e:5f","privateIp":"10.20.11.200","vlanId":7,"subnetCidr":"10.20.11.0/24"}]"#}}}),
+        )
+        .unwrap();
+    let no_trunk = lab.add(1).unwrap_err();
+    assert!(
+        no_trunk.message().contains("eni-0b1a2c3d4e5f60718"),
+        "{no_trunk:?}"
+    );
+    assert_eq!(lab.status().assigned_addrs, assigned);
+
+    // An ordinary pod gets a pool address, written into its annotation.
+    let addr = lab.add(2).unwrap().ipv4_addr;
+    let annotation = |pod: &serde_json::Value| {
+        pod["metadata"]["annotations"]["vpc.amazonaws.com/pod-ips"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    wait_object(&admin, &plain_pod, "the pod's address annotated", |pod| {
+        annotation(pod).as_deref() == Some(addr.as_str())
+    });
+    assert_eq!(lab.del(2).unwrap().map(|a| a.to_string()), Some(addr));
+    wait_object(&admin, &plain_pod, "the annotation blanked on DEL", |pod| {
+        annotation(pod).as_deref() == Some("")
+    });
+    let calls = admin.calls().unwrap();
+    assert!(
+        calls.answers(AGENT, "patch", "pods").get(&200) >= Some(&2),
+        "{calls:?}"
+    );
+    lab.lab.down().unwrap();
+}
+
+#[test]
+fn the_address_managers_events_are_events_on_the_agents_pod() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up_in_cluster("m5.large", &[("WARM_IP_TARGET", "1")]);
+    let admin = lab.lab.kube_api().unwrap().admin().clone();
+    // The node's IAM role lost AssignPrivateIpAddresses: the pool cannot
+    // grow back after the next ADD takes its spare address.
+    lab.emulator()
+        .admin()
+        .set_faults(&[Ec2FaultRule {
+            action: "AssignPrivateIpAddresses".into(),
+            unauthorized: 1.0,
+            ..Ec2FaultRule::default()
+        }])
+        .unwrap();
+    lab.add(1).unwrap();
+    let events_path = format!("/apis/events.k8s.io/v1/namespaces/{AGENT_NAMESPACE}/events");
+    let events = wait_object(
+        &admin,
+        &events_path,
+        "a MissingIAMPermissions event",
+        |list| {
+            list["items"]
+                .as_array()
+                .is_some_and(|items| items.iter().any(|e| e["reason"] == "MissingIAMPermissions"))
+        },
+    );
+    let event = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "MissingIAMPermissions")
+        .unwrap();
+    // As aws-node sends it: a warning on the agent's pod, the EC2 call as
+    // the action.
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert_eq!(event["action"], "AssignPrivateIpAddresses", "{event}");
+    assert_eq!(event["regarding"]["kind"], "Pod", "{event}");
+    assert_eq!(event["regarding"]["name"], AGENT_POD_NAME, "{event}");
+    assert!(event["regarding"]["uid"].is_string(), "{event}");
+    assert_eq!(event["reportingController"], "vpcnet-agent", "{event}");
+    lab.emulator().admin().set_faults(&[]).unwrap();
+    lab.lab.down().unwrap();
 }

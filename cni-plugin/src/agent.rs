@@ -86,6 +86,15 @@ impl AgentError {
             );
         }
         match self {
+            // A pod not ready for its network yet (its branch ENI is
+            // still coming): nothing was done, kubelet tries again.
+            Self::Status { status, .. } if status.code() == Code::FailedPrecondition => {
+                CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    "the pod is not ready for its network yet",
+                    details,
+                )
+            }
             Self::Status { status, .. } if status.code() == Code::ResourceExhausted => {
                 CniError::new(
                     code::NO_ADDRESS,
@@ -227,6 +236,9 @@ mod tests {
             status(Code::ResourceExhausted).to_cni().code,
             code::NO_ADDRESS
         );
+        let not_yet = status(Code::FailedPrecondition);
+        assert_eq!(not_yet.to_cni().code, code::TRY_AGAIN_LATER);
+        assert!(!not_yet.outcome_unknown() && !not_yet.unavailable());
         let refused = status(Code::InvalidArgument).to_cni();
         assert_eq!(refused.code, code::AGENT_REFUSED);
         assert!(refused.details.contains("the pool is empty"), "{refused:?}");

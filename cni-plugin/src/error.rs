@@ -11,7 +11,7 @@
 //! | 5 | I/O failure: reading the config from stdin |
 //! | 6 | failed to decode: malformed JSON, a field of the wrong type, a malformed `prevResult` |
 //! | 7 | invalid network config: a value out of range, a missing `name` or `prevResult` |
-//! | 11 | try again later: the agent is unreachable or did not answer within `agentTimeoutSeconds` |
+//! | 11 | try again later: the agent is unreachable or did not answer within `agentTimeoutSeconds`, or the pod is not ready for its network yet (gRPC `FAILED_PRECONDITION`: its branch ENI is still coming) |
 //! | 50 | plugin not available (STATUS): the agent is unreachable or not ready |
 //! | 100 | the interface `CNI_IFNAME` exists already in the pod's namespace, or the kernel refused the veth names as taken |
 //! | 101 | the host veth name is held by another attachment the agent knows (another sandbox of the same pod) |

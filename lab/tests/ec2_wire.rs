@@ -925,6 +925,14 @@ fn ec2_injected_faults_are_ec2_errors_and_counted() {
                 "InternalError",
                 500,
             ),
+            (
+                FaultRule {
+                    unauthorized: 1.0,
+                    ..FaultRule::default()
+                },
+                "UnauthorizedOperation",
+                403,
+            ),
         ] {
             ctx.emulator.set_faults(vec![FaultRule {
                 action: "DescribeNetworkInterfaces".into(),
@@ -957,8 +965,14 @@ fn ec2_injected_faults_are_ec2_errors_and_counted() {
         let calls = ctx.emulator.calls();
         let dni = calls.action("DescribeNetworkInterfaces");
         assert_eq!(
-            (dni.calls, dni.throttled, dni.unavailable, dni.internal),
-            (3, 1, 1, 1)
+            (
+                dni.calls,
+                dni.throttled,
+                dni.unavailable,
+                dni.internal,
+                dni.unauthorized
+            ),
+            (4, 1, 1, 1, 1)
         );
         let subnets = calls.action("DescribeSubnets");
         assert_eq!(subnets.calls, 40);

@@ -73,6 +73,17 @@ impl CloudError {
         }
     }
 
+    /// The EC2 call that failed (`None` for IMDS).
+    #[must_use]
+    pub fn action(&self) -> Option<&'static str> {
+        match self {
+            Self::Api { action, .. }
+            | Self::Transport { action, .. }
+            | Self::Incomplete { action, .. } => Some(action),
+            Self::Imds { .. } | Self::ImdsValue { .. } => None,
+        }
+    }
+
     /// EC2's error code, if EC2 answered with one.
     #[must_use]
     pub fn code(&self) -> Option<&str> {

@@ -49,7 +49,6 @@ pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
 pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
 pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
-pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
 
 /// Why a part waiting for more of vpcnet's Kubernetes API client has no
 /// effect yet.
@@ -192,7 +191,7 @@ pub const VARIABLES: &[Variable] = &[
         ENV_NETWORK_POLICY_ENFORCING_MODE,
         "vpcnet enforces no network policy (deploy/README.md, \"Network policy\")",
     ),
-    no_effect(ENV_ANNOTATE_POD_IP, NEEDS_KUBERNETES_API),
+    honoured(crate::k8s::pods::ENV_ANNOTATE_POD_IP),
     no_effect(
         crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF,
         NEEDS_KUBERNETES_API,
@@ -202,7 +201,7 @@ pub const VARIABLES: &[Variable] = &[
         NEEDS_KUBERNETES_API,
     ),
     honoured(crate::k8s::ENV_MY_NODE_NAME),
-    no_effect(crate::k8s::ENV_MY_POD_NAME, NEEDS_KUBERNETES_API),
+    honoured(crate::k8s::ENV_MY_POD_NAME),
     honoured(crate::k8s::ENV_CLUSTER_ENDPOINT),
 ];
 

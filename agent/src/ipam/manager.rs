@@ -179,12 +179,24 @@ pub struct PodAddress {
     pub gateway: Ipv4Addr,
 }
 
-/// Something operators should hear about (a Kubernetes event on EKS).
+/// Something operators should hear about (a Kubernetes event on the
+/// agent's pod, with an API server).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpamEvent {
     pub time: SystemTime,
+    pub severity: Severity,
     pub reason: &'static str,
+    /// What was being done: the EC2 call for an API error, else the
+    /// manager's step.
+    pub action: &'static str,
     pub message: String,
+}
+
+/// An event's Kubernetes type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Normal,
+    Warning,
 }
 
 macro_rules! counters {
@@ -442,6 +454,8 @@ struct Inner {
     pool_changed: Notify,
     counters: IpamCounters,
     events: std::sync::Mutex<VecDeque<IpamEvent>>,
+    /// The events as they happen, for whoever publishes them.
+    published_events: tokio::sync::broadcast::Sender<IpamEvent>,
 }
 
 /// Now, in nanoseconds since the epoch (the checkpoint's clock).
@@ -554,6 +568,7 @@ impl Manager {
                 pool_changed: Notify::new(),
                 counters: IpamCounters::default(),
                 events: std::sync::Mutex::new(VecDeque::new()),
+                published_events: tokio::sync::broadcast::channel(EVENTS_KEPT).0,
             }),
         };
         manager.rebuild().await?;
@@ -1054,17 +1069,63 @@ impl Manager {
         enis
     }
 
-    fn event(&self, reason: &'static str, message: String) {
-        warn!(reason, "{message}");
+    fn event(
+        &self,
+        severity: Severity,
+        reason: &'static str,
+        action: &'static str,
+        message: String,
+    ) {
+        match severity {
+            Severity::Normal => info!(reason, action, "{message}"),
+            Severity::Warning => warn!(reason, action, "{message}"),
+        }
+        let event = IpamEvent {
+            time: SystemTime::now(),
+            severity,
+            reason,
+            action,
+            message,
+        };
+        // Nobody listening (no API server) is fine.
+        let _ = self.inner.published_events.send(event.clone());
         if let Ok(mut events) = self.inner.events.lock() {
             if events.len() == EVENTS_KEPT {
                 events.pop_front();
             }
-            events.push_back(IpamEvent {
-                time: SystemTime::now(),
-                reason,
-                message,
-            });
+            events.push_back(event);
+        }
+    }
+
+    /// The events from now on (a lagging receiver loses the oldest).
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<IpamEvent> {
+        self.inner.published_events.subscribe()
+    }
+
+    /// The events an EC2 error is worth: the ones aws-node raises, and the
+    /// ones an operator acts on. Raised when the error's code changes, not
+    /// on every retry.
+    fn cloud_error_event(&self, error: &CloudError) {
+        let Some(action) = error.action() else {
+            return;
+        };
+        if error.code() == Some("UnauthorizedOperation") {
+            self.event(
+                Severity::Warning,
+                "MissingIAMPermissions",
+                action,
+                format!(
+                    "Unauthorized operation: ec2:{action} was refused for missing permissions; \
+                     the node's IAM role needs the VPC CNI's policy (AmazonEKS_CNI_Policy)"
+                ),
+            );
+        } else if error.is_subnet_exhausted() {
+            self.event(
+                Severity::Warning,
+                "SubnetExhausted",
+                action,
+                format!("the subnet has no free address for the pool: {error}"),
+            );
         }
     }
 
@@ -1081,6 +1142,9 @@ impl Manager {
         let mut next_link_check = Instant::now();
         let mut next_node_reconcile = Instant::now() + me.opts.node_reconcile_interval;
         let provisioning = me.opts.settings.provisioning;
+        // The EC2 call and code of the last failed pass: an event is
+        // raised when they change, not on every retry.
+        let mut last_failure: Option<(Option<&'static str>, Option<String>)> = None;
         loop {
             let mut result = if provisioning {
                 self.reconcile().await
@@ -1114,6 +1178,7 @@ impl Manager {
             let pause = match result {
                 Ok(()) => {
                     backoff.reset();
+                    last_failure = None;
                     me.opts.reconcile_interval
                 }
                 Err(e) => {
@@ -1123,6 +1188,11 @@ impl Manager {
                         }
                         if c.is_subnet_exhausted() {
                             bump(&me.counters.subnet_exhausted, 1);
+                        }
+                        let failure = (c.action(), c.code().map(str::to_owned));
+                        if last_failure.as_ref() != Some(&failure) {
+                            self.cloud_error_event(c);
+                            last_failure = Some(failure);
                         }
                     }
                     bump(&me.counters.ec2_errors, 1);
@@ -1284,7 +1354,13 @@ impl Manager {
                 };
                 bump(&me.counters.prefix_fallbacks, 1);
                 self.event(
+                    Severity::Warning,
                     "PrefixDelegationFallback",
+                    if matches!(plan, Growth::NewEni { .. }) {
+                        "CreateNetworkInterface"
+                    } else {
+                        "AssignPrivateIpAddresses"
+                    },
                     format!(
                         "{subnet} has no free /28 block (InsufficientCidrBlocks): \
                          assigning single secondary addresses instead"
@@ -1682,7 +1758,12 @@ impl Manager {
                 match me.cloud.delete_eni(&eni.id).await {
                     Ok(()) => {
                         bump(&me.counters.leaked_enis_deleted, 1);
-                        self.event("LeakedENIDeleted", format!("deleted leaked ENI {}", eni.id));
+                        self.event(
+                            Severity::Normal,
+                            "LeakedENIDeleted",
+                            "DeleteNetworkInterface",
+                            format!("deleted leaked ENI {}", eni.id),
+                        );
                     }
                     // Another node's sweep got it first.
                     Err(e) if e.code() == Some("InvalidNetworkInterfaceID.NotFound") => {}
@@ -1791,7 +1872,9 @@ impl Manager {
         }
         bump(&me.counters.enis_lost, 1);
         self.event(
+            Severity::Warning,
             "ENIDetached",
+            "NodeReconcile",
             format!(
                 "ENI {id} was detached by someone else: out of the pool ({} pods held its addresses)",
                 lost.len()

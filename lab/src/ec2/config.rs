@@ -110,6 +110,10 @@ pub struct FaultRule {
     /// HTTP 500 `InternalError`.
     #[serde(default)]
     pub internal: f64,
+    /// HTTP 403 `UnauthorizedOperation`: the node's IAM role lacks the
+    /// action.
+    #[serde(default)]
+    pub unauthorized: f64,
 }
 
 impl Config {
@@ -214,7 +218,12 @@ impl Config {
 impl FaultRule {
     /// Rates in 0..=1 that add up to at most 1.
     pub fn validate(&self) -> Result<(), String> {
-        let rates = [self.throttle, self.unavailable, self.internal];
+        let rates = [
+            self.throttle,
+            self.unavailable,
+            self.internal,
+            self.unauthorized,
+        ];
         if rates.iter().any(|rate| !(0.0..=1.0).contains(rate)) || rates.iter().sum::<f64>() > 1.0 {
             return Err(format!(
                 "fault rates for {} must be within 0..1 and add up to at most 1",

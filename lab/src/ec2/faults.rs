@@ -1,6 +1,8 @@
 //! Injected faults and call counters. EC2 throttles (`RequestLimitExceeded`,
 //! HTTP 503) and has bad moments (503 `Unavailable`, 500 `InternalError`);
-//! an agent must retry with backoff and never lose state over them. Rates
+//! an agent must retry with backoff and never lose state over them. A
+//! node's IAM role may also lack an action (403 `UnauthorizedOperation`),
+//! which the agent must report. Rates
 //! per action (or `*` for all) are set in the configuration or at run time
 //! through the admin API; every call and every injected fault is counted
 //! per action so tests can check what the agent did.
@@ -27,6 +29,9 @@ pub struct ActionCounters {
     pub unavailable: u64,
     /// Injected `InternalError`.
     pub internal: u64,
+    /// Injected `UnauthorizedOperation`.
+    #[serde(default)]
+    pub unauthorized: u64,
 }
 
 /// The fault rules, their random draws, and the counters.
@@ -82,6 +87,12 @@ impl Faults {
             Ec2Error::new(
                 "InternalError",
                 "An internal error has occurred. Retry your request.",
+            )
+        } else if draw < rule.throttle + rule.unavailable + rule.internal + rule.unauthorized {
+            counters.unauthorized += 1;
+            Ec2Error::new(
+                "UnauthorizedOperation",
+                "You are not authorized to perform this operation.",
             )
         } else {
             return None;

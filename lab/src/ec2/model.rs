@@ -65,11 +65,13 @@ impl Ec2Error {
     }
 
     /// The HTTP status EC2 sends with this code: 503 for throttling and
-    /// unavailability, 500 for internal errors, 400 for the client's.
+    /// unavailability, 500 for internal errors, 403 for a missing
+    /// permission, 400 for the client's other errors.
     pub fn http_status(&self) -> u16 {
         match self.code.as_str() {
             "RequestLimitExceeded" | "Unavailable" | "ServiceUnavailable" => 503,
             "InternalError" | "InternalFailure" => 500,
+            "UnauthorizedOperation" => 403,
             _ => 400,
         }
     }
