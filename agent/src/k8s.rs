@@ -44,7 +44,7 @@ pub type AccessRule = (&'static str, &'static str, &'static [&'static str]);
 /// `deploy/` ships grants exactly this (its tests compare), and the lab's
 /// API server enforces it.
 pub const API_ACCESS: &[AccessRule] = &[
-    ("", "nodes", &["get"]),
+    ("", "nodes", &["list", "watch"]),
     ("vpcresources.k8s.aws", "cninodes", &["get", "patch"]),
     ("", "services", &["get"]),
     ("networking.k8s.io", "servicecidrs", &["list", "watch"]),

@@ -733,21 +733,24 @@ async fn follow_service_cidrs(
 
 /// Max pods from the Node's capacity (what kubelet was started with), as
 /// aws-node reads it; `None` (computed from the instance type) when the
-/// API does not say.
-async fn node_max_pods(client: &kube::Client, settings: &K8sSettings) -> Option<usize> {
-    match tokio::time::timeout(k8s::START_CALL_TIMEOUT, k8s::node::get(client, settings)).await {
-        Ok(Ok(node)) => {
-            info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
-            node.max_pods
-        }
-        Ok(Err(error)) => {
-            warn!(%error, "max pods computed from the instance type: the Node could not be read");
-            None
-        }
-        Err(_) => {
-            warn!(timeout = ?k8s::START_CALL_TIMEOUT, "max pods computed from the instance type: the Kubernetes API did not answer");
-            None
-        }
+/// API does not say in time.
+async fn node_max_pods(views: &k8s::node::NodeViews) -> Option<usize> {
+    let Some(node) = k8s::node::first(views, k8s::START_CALL_TIMEOUT).await else {
+        warn!(timeout = ?k8s::START_CALL_TIMEOUT, "max pods computed from the instance type: the Node could not be read in time");
+        return None;
+    };
+    info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
+    node.max_pods
+}
+
+/// Follows the node's Node for as long as the agent runs.
+async fn follow_node(
+    client: kube::Client,
+    settings: K8sSettings,
+    views: tokio::sync::watch::Sender<Option<k8s::node::NodeView>>,
+) {
+    if let Err(error) = k8s::node::follow(client, settings, views).await {
+        error!(%error, "the Node cannot be followed");
     }
 }
 
@@ -925,6 +928,11 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let in_flight = Arc::new(cni_server::InFlight::default());
+    let node_views = kube.as_ref().map(|client| {
+        let (views, subscribed) = k8s::node::channel();
+        tasks.spawn(follow_node(client.clone(), k8s.clone(), views));
+        subscribed
+    });
     if let Some(client) = &kube {
         tasks.spawn(follow_service_cidrs(
             client.clone(),
@@ -953,9 +961,9 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         });
         let mut settings = settings;
         if settings.max_pods.is_none()
-            && let Some(client) = &kube
+            && let Some(views) = &node_views
         {
-            settings.max_pods = node_max_pods(client, &k8s).await;
+            settings.max_pods = node_max_pods(views).await;
         }
         let opts = ManagerOptions {
             reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,
