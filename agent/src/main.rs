@@ -30,7 +30,7 @@ use vpcnet_agent::{
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
-        settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, IpamSettings},
+        settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, EniConfig, IpamSettings},
     },
     k8s::{self, K8sSettings, service_cidrs},
     layout, logging,
@@ -754,6 +754,42 @@ async fn follow_node(
     }
 }
 
+/// What the address manager follows of the cluster: the Node's cordon,
+/// and with custom networking the node's ENIConfig, unless
+/// `VPCNET_ENI_CONFIG_SUBNET` overrides it.
+fn follow_for_manager(
+    client: &kube::Client,
+    views: &k8s::node::NodeViews,
+    settings: &IpamSettings,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> (
+    tokio::sync::watch::Receiver<bool>,
+    Option<tokio::sync::watch::Receiver<Option<EniConfig>>>,
+) {
+    let (cordoned, follow_cordon) =
+        k8s::node::derived(views.clone(), false, |node| node.unschedulable);
+    tasks.spawn(follow_cordon);
+    if !settings.custom_network {
+        return (cordoned, None);
+    }
+    if let Some(config) = settings.eni_config_override() {
+        info!(
+            subnet = %config.subnet_id,
+            security_groups = ?config.security_groups,
+            "custom networking from {}: ENIConfig objects are not read",
+            config.source
+        );
+        return (cordoned, None);
+    }
+    let (configs, subscribed) = tokio::sync::watch::channel(None);
+    tasks.spawn(k8s::eni_config::follow(
+        client.clone(),
+        views.clone(),
+        configs,
+    ));
+    (cordoned, Some(subscribed))
+}
+
 /// Starts the address manager, retrying while EC2 throttles or fails.
 async fn start_manager(
     cloud: &Cloud,
@@ -965,7 +1001,16 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         {
             settings.max_pods = node_max_pods(views).await;
         }
+        let (cordoned, eni_configs) = match (&kube, &node_views) {
+            (Some(client), Some(views)) => {
+                let (cordoned, configs) = follow_for_manager(client, views, &settings, &mut tasks);
+                (Some(cordoned), configs)
+            }
+            _ => (None, None),
+        };
         let opts = ManagerOptions {
+            cordoned,
+            eni_configs,
             reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,
             min_eni_lifetime: seconds("--min-eni-lifetime", args.min_eni_lifetime)?,
             leaked_eni_interval: seconds("--leaked-eni-interval", args.leaked_eni_interval)?,

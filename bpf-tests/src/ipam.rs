@@ -78,7 +78,18 @@ impl IpamLab {
 
     /// [`IpamLab::up`] with more `vpcnet-agent run` arguments.
     pub fn up_with_args(instance_type: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
+        Self::start(instance_type, env, args, false)
+    }
+
+    /// [`IpamLab::up`] with the agent in-cluster: the lab's API server with
+    /// the node's Node and deploy's RBAC.
+    pub fn up_in_cluster(instance_type: &str, env: &[(&str, &str)]) -> Self {
+        Self::start(instance_type, env, &[], true)
+    }
+
+    fn start(instance_type: &str, env: &[(&str, &str)], args: &[&str], kube_api: bool) -> Self {
         let mut ipam = IpamLabOptions::new(instance_type);
+        ipam.kube_api = kube_api;
         ipam.env = FAST_AGENT_ENV
             .iter()
             .chain(env)

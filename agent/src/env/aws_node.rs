@@ -47,7 +47,6 @@ pub const ENV_VPC_CNI_VERSION: &str = "VPC_CNI_VERSION";
 pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MODE";
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
-pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
 pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
 pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
 
@@ -135,7 +134,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI),
     honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
     honoured(crate::ipam::settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING),
-    no_effect(ENV_MANAGE_ENIS_NON_SCHEDULABLE, NEEDS_KUBERNETES_API),
+    honoured(crate::ipam::settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE),
     refused(
         ENV_ENABLE_MULTI_NIC,
         true,
@@ -193,14 +192,8 @@ pub const VARIABLES: &[Variable] = &[
         "vpcnet enforces no network policy (deploy/README.md, \"Network policy\")",
     ),
     no_effect(ENV_ANNOTATE_POD_IP, NEEDS_KUBERNETES_API),
-    no_effect(
-        crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF,
-        NEEDS_KUBERNETES_API,
-    ),
-    no_effect(
-        crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF,
-        NEEDS_KUBERNETES_API,
-    ),
+    honoured(crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF),
+    honoured(crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF),
     honoured(crate::k8s::ENV_MY_NODE_NAME),
     no_effect(crate::k8s::ENV_MY_POD_NAME, NEEDS_KUBERNETES_API),
     honoured(crate::k8s::ENV_CLUSTER_ENDPOINT),
