@@ -8,10 +8,12 @@
 //! - [`cninode`]: the `SecurityGroupsForPods` feature with `ENABLE_POD_ENI`;
 //! - [`pods`]: this node's pods, for ADD's branch ENI and `ANNOTATE_POD_IP`;
 //! - [`events`]: the address manager's events on the agent's pod;
+//! - [`eni_config`]: custom networking's ENIConfig objects;
 //! - [`service_cidrs`]: the `networking.k8s.io/v1` ServiceCIDR objects, else the
 //!   `kubernetes` Service's address within EKS's defaults.
 
 pub mod cninode;
+pub mod eni_config;
 pub mod events;
 pub mod node;
 pub mod pods;
@@ -48,7 +50,8 @@ pub type AccessRule = (&'static str, &'static str, &'static [&'static str]);
 /// `deploy/` ships grants exactly this (its tests compare), and the lab's
 /// API server enforces it.
 pub const API_ACCESS: &[AccessRule] = &[
-    ("", "nodes", &["get"]),
+    ("", "nodes", &["list", "watch"]),
+    (eni_config::GROUP, eni_config::PLURAL, &["list", "watch"]),
     ("vpcresources.k8s.aws", "cninodes", &["get", "patch"]),
     ("", "services", &["get"]),
     ("networking.k8s.io", "servicecidrs", &["list", "watch"]),
@@ -120,11 +123,17 @@ pub struct K8sSettings {
     pub annotate_pod_ip: bool,
 }
 
+/// Whether the agent runs with an API server: in a pod (the in-cluster
+/// variables are set) or with [`ENV_CLUSTER_ENDPOINT`].
+pub fn api_server_configured(env: &Env) -> bool {
+    env.get(ENV_SERVICE_HOST).is_some() || env.get(ENV_CLUSTER_ENDPOINT).is_some()
+}
+
 impl K8sSettings {
     pub fn from_env(env: &Env) -> Self {
         let cluster_endpoint = env.get(ENV_CLUSTER_ENDPOINT).map(str::to_owned);
         Self {
-            enabled: env.get(ENV_SERVICE_HOST).is_some() || cluster_endpoint.is_some(),
+            enabled: api_server_configured(env),
             cluster_endpoint,
             node_name: env.get(ENV_MY_NODE_NAME).map(str::to_owned),
             pod_name: env.get(ENV_MY_POD_NAME).map(str::to_owned),

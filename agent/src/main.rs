@@ -30,7 +30,7 @@ use vpcnet_agent::{
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
-        settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, IpamSettings},
+        settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, EniConfig, IpamSettings},
     },
     k8s::{self, K8sSettings, service_cidrs},
     layout, logging,
@@ -733,22 +733,61 @@ async fn follow_service_cidrs(
 
 /// Max pods from the Node's capacity (what kubelet was started with), as
 /// aws-node reads it; `None` (computed from the instance type) when the
-/// API does not say.
-async fn node_max_pods(client: &kube::Client, settings: &K8sSettings) -> Option<usize> {
-    match tokio::time::timeout(k8s::START_CALL_TIMEOUT, k8s::node::get(client, settings)).await {
-        Ok(Ok(node)) => {
-            info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
-            node.max_pods
-        }
-        Ok(Err(error)) => {
-            warn!(%error, "max pods computed from the instance type: the Node could not be read");
-            None
-        }
-        Err(_) => {
-            warn!(timeout = ?k8s::START_CALL_TIMEOUT, "max pods computed from the instance type: the Kubernetes API did not answer");
-            None
-        }
+/// API does not say in time.
+async fn node_max_pods(views: &k8s::node::NodeViews) -> Option<usize> {
+    let Some(node) = k8s::node::first(views, k8s::START_CALL_TIMEOUT).await else {
+        warn!(timeout = ?k8s::START_CALL_TIMEOUT, "max pods computed from the instance type: the Node could not be read in time");
+        return None;
+    };
+    info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
+    node.max_pods
+}
+
+/// Follows the node's Node for as long as the agent runs.
+async fn follow_node(
+    client: kube::Client,
+    settings: K8sSettings,
+    views: tokio::sync::watch::Sender<Option<k8s::node::NodeView>>,
+) {
+    if let Err(error) = k8s::node::follow(client, settings, views).await {
+        error!(%error, "the Node cannot be followed");
     }
+}
+
+/// What the address manager follows of the cluster: the Node's cordon,
+/// and with custom networking the node's ENIConfig, unless
+/// `VPCNET_ENI_CONFIG_SUBNET` overrides it.
+fn follow_for_manager(
+    client: &kube::Client,
+    views: &k8s::node::NodeViews,
+    settings: &IpamSettings,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> (
+    tokio::sync::watch::Receiver<bool>,
+    Option<tokio::sync::watch::Receiver<Option<EniConfig>>>,
+) {
+    let (cordoned, follow_cordon) =
+        k8s::node::derived(views.clone(), false, |node| node.unschedulable);
+    tasks.spawn(follow_cordon);
+    if !settings.custom_network {
+        return (cordoned, None);
+    }
+    if let Some(config) = settings.eni_config_override() {
+        info!(
+            subnet = %config.subnet_id,
+            security_groups = ?config.security_groups,
+            "custom networking from {}: ENIConfig objects are not read",
+            config.source
+        );
+        return (cordoned, None);
+    }
+    let (configs, subscribed) = tokio::sync::watch::channel(None);
+    tasks.spawn(k8s::eni_config::follow(
+        client.clone(),
+        views.clone(),
+        configs,
+    ));
+    (cordoned, Some(subscribed))
 }
 
 /// Starts the address manager, retrying while EC2 throttles or fails.
@@ -925,6 +964,11 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let in_flight = Arc::new(cni_server::InFlight::default());
+    let node_views = kube.as_ref().map(|client| {
+        let (views, subscribed) = k8s::node::channel();
+        tasks.spawn(follow_node(client.clone(), k8s.clone(), views));
+        subscribed
+    });
     if let Some(client) = &kube {
         tasks.spawn(follow_service_cidrs(
             client.clone(),
@@ -953,11 +997,20 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         });
         let mut settings = settings;
         if settings.max_pods.is_none()
-            && let Some(client) = &kube
+            && let Some(views) = &node_views
         {
-            settings.max_pods = node_max_pods(client, &k8s).await;
+            settings.max_pods = node_max_pods(views).await;
         }
+        let (cordoned, eni_configs) = match (&kube, &node_views) {
+            (Some(client), Some(views)) => {
+                let (cordoned, configs) = follow_for_manager(client, views, &settings, &mut tasks);
+                (Some(cordoned), configs)
+            }
+            _ => (None, None),
+        };
         let opts = ManagerOptions {
+            cordoned,
+            eni_configs,
             reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,
             min_eni_lifetime: seconds("--min-eni-lifetime", args.min_eni_lifetime)?,
             leaked_eni_interval: seconds("--leaked-eni-interval", args.leaked_eni_interval)?,

@@ -163,7 +163,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 &[
                     ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", "true"),
                     ("ENI_CONFIG_LABEL_DEF", "topology.kubernetes.io/zone"),
-                    // The ENIConfig's subnet, until vpcnet reads ENIConfigs.
+                    // No API server here: the ENIConfig's subnet.
                     ("VPCNET_ENI_CONFIG_SUBNET", LAB_CUSTOM_SUBNET_ID),
                     // aws-node skips an IPv6 item and one that is no CIDR.
                     (
@@ -178,6 +178,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
             ),
             expected: vec![
                 ("AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG", json!(true)),
+                ("ENI_CONFIG_LABEL_DEF", json!("topology.kubernetes.io/zone")),
                 ("VPCNET_ENI_CONFIG_SUBNET", json!(LAB_CUSTOM_SUBNET_ID)),
                 (
                     "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
@@ -191,7 +192,7 @@ fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
                 ("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS", "the list without it"),
                 ("HTTP_TIMEOUT", "10"),
             ],
-            no_effect: [CHART_NO_EFFECT, &["ENI_CONFIG_LABEL_DEF"]].concat(),
+            no_effect: CHART_NO_EFFECT.to_vec(),
         },
         ConfigMap {
             name: "security groups for pods",

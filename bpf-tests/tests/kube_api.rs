@@ -131,10 +131,12 @@ fn the_agent_reads_its_node_and_follows_the_clusters_service_cidrs() {
             .contains_key(&503),
         "{calls:?}"
     );
-    assert!(
-        calls.answers(AGENT, "get", "nodes").contains_key(&200),
-        "{calls:?}"
-    );
+    for verb in ["list", "watch"] {
+        assert!(
+            calls.answers(AGENT, verb, "nodes").contains_key(&200),
+            "{verb} nodes: {calls:?}"
+        );
+    }
     assert!(
         calls
             .answers(AGENT, "watch", "servicecidrs")

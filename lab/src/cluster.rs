@@ -265,25 +265,47 @@ pub fn deploy_rbac() -> PathBuf {
 /// `kubectl apply -f <manifest>` as the cluster's administrator, from the
 /// node (the API server's address is reached through the VPC router).
 pub fn apply_with_kubectl(files: &ClusterFiles, manifest: &Path) -> Result<()> {
-    let output = Command::new("nsenter")
+    let manifest = manifest.display().to_string();
+    kubectl(files, &["apply", "-f", &manifest], None).map(drop)
+}
+
+/// `kubectl <args>` as the cluster's administrator, from the node, with
+/// `stdin` on its standard input (`-f -`); what it printed.
+pub fn kubectl(files: &ClusterFiles, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    use std::io::Write as _;
+    let mut child = Command::new("nsenter")
         .arg(format!("--net={}", netns_path(NS_NODE).display()))
         .arg(KUBECTL)
         .arg("--kubeconfig")
         .arg(files.admin_kubeconfig())
         .arg("--cache-dir")
         .arg(files.dir().join("kubectl-cache"))
-        .args(["--request-timeout=20s", "apply", "-f"])
-        .arg(manifest)
-        .output()
+        .arg("--request-timeout=20s")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .map_err(|source| LabError::Io {
             context: format!("running {KUBECTL}"),
             source,
         })?;
+    let mut input = child.stdin.take().expect("piped");
+    if let Some(text) = stdin {
+        input
+            .write_all(text.as_bytes())
+            .context(|| "writing kubectl's input".to_owned())?;
+    }
+    drop(input);
+    let output = child.wait_with_output().map_err(|source| LabError::Io {
+        context: format!("running {KUBECTL}"),
+        source,
+    })?;
     if output.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(LabError::CommandFailed {
-            command: format!("kubectl apply -f {}", manifest.display()),
+            command: format!("kubectl {}", args.join(" ")),
             status: output.status.to_string(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         })

@@ -47,12 +47,7 @@ pub const ENV_VPC_CNI_VERSION: &str = "VPC_CNI_VERSION";
 pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MODE";
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
-pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
 pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
-
-/// Why a part waiting for more of vpcnet's Kubernetes API client has no
-/// effect yet.
-const NEEDS_KUBERNETES_API: &str = "not implemented yet: vpcnet reads the Node and the service CIDRs from the Kubernetes API, not yet this";
 
 const fn honoured(name: &'static str) -> Variable {
     Variable {
@@ -134,7 +129,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI),
     honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
     honoured(crate::ipam::settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING),
-    no_effect(ENV_MANAGE_ENIS_NON_SCHEDULABLE, NEEDS_KUBERNETES_API),
+    honoured(crate::ipam::settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE),
     refused(
         ENV_ENABLE_MULTI_NIC,
         true,
@@ -192,14 +187,8 @@ pub const VARIABLES: &[Variable] = &[
         "vpcnet enforces no network policy (deploy/README.md, \"Network policy\")",
     ),
     honoured(crate::k8s::pods::ENV_ANNOTATE_POD_IP),
-    no_effect(
-        crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF,
-        NEEDS_KUBERNETES_API,
-    ),
-    no_effect(
-        crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF,
-        NEEDS_KUBERNETES_API,
-    ),
+    honoured(crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF),
+    honoured(crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF),
     honoured(crate::k8s::ENV_MY_NODE_NAME),
     honoured(crate::k8s::ENV_MY_POD_NAME),
     honoured(crate::k8s::ENV_CLUSTER_ENDPOINT),

@@ -21,19 +21,23 @@ use std::{
 };
 
 use ipnet::Ipv4Net;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::{Mutex, Notify, watch};
 use tracing::{debug, info, warn};
 
 use super::{
     checkpoint::{Checkpoint, CheckpointError, IpamKey, IpamMetadata},
     datastore::{AssignedAddr, Assignment, Datastore, DatastoreError, EniRecord},
     pool::{IPS_PER_PREFIX, PoolStats, PoolTargets},
-    settings::IpamSettings,
+    settings::{ENV_MANAGE_ENIS_NON_SCHEDULABLE, EniConfig, IpamSettings},
     subnets,
 };
-use crate::cloud::{
-    Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni, SubnetInfo,
-    TAG_CREATED_AT, TAG_INSTANCE_ID, TAG_NO_MANAGE, managed_eni_tags, time_now_rfc3339,
+use crate::{
+    cloud::{
+        Cloud, CloudError, EniInfo, ImdsEni, InstanceMetadata, InstanceTypeLimits, NewEni,
+        SubnetInfo, TAG_CREATED_AT, TAG_INSTANCE_ID, TAG_NO_MANAGE, managed_eni_tags,
+        time_now_rfc3339,
+    },
+    k8s::node::UNSCHEDULABLE_TAINT,
 };
 
 /// How long a detached ENI made by an agent may live before leaked-ENI
@@ -70,6 +74,12 @@ pub struct ManagerOptions {
     pub min_eni_lifetime: Duration,
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// `true` while the node is cordoned (its Node's unschedulable taint);
+    /// `None`: never (no API server).
+    pub cordoned: Option<watch::Receiver<bool>>,
+    /// Custom networking's config for new ENIs as the node's ENIConfig says
+    /// (`None` in it: none valid yet); `None`: the settings' override.
+    pub eni_configs: Option<watch::Receiver<Option<EniConfig>>>,
 }
 
 impl ManagerOptions {
@@ -85,6 +95,8 @@ impl ManagerOptions {
             min_eni_lifetime: Duration::from_mins(1),
             backoff_base: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
+            cordoned: None,
+            eni_configs: None,
         }
     }
 }
@@ -235,6 +247,7 @@ counters! {
     enis_lost: "ENIs found detached by someone else and taken out of the pool.",
     addrs_found: "Addresses (prefixes' included) found assigned by someone else and taken into the pool.",
     addrs_lost: "Addresses (prefixes' included) found unassigned by someone else and taken out of the pool.",
+    cordon_held: "Passes that found the pool below its targets on a cordoned node and left it so (the variable to manage ENIs on such nodes is not true).",
 }
 
 fn bump(counter: &AtomicU64, n: usize) {
@@ -256,28 +269,43 @@ struct Node {
     primary_eni: ImdsEni,
     /// The primary ENI's VPC: subnet discovery looks in it.
     vpc_id: String,
-    /// Custom networking's subnet for new ENIs; `None`: the primary ENI's
-    /// subnet, or those subnet discovery finds.
-    custom_subnet_id: Option<String>,
-    /// Security groups of new ENIs.
-    eni_security_groups: Vec<String>,
     /// The tags every ENI the manager manages carries.
     eni_tags: BTreeMap<String, String>,
 }
 
+/// Where a new ENI goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum EniPlacement {
+    /// The primary ENI's subnet, or those subnet discovery finds, with the
+    /// primary ENI's security groups.
+    NodeSubnets,
+    /// Custom networking's subnet and groups.
+    Custom(EniConfig),
+    /// Custom networking with no valid ENIConfig yet: no ENI.
+    NoEniConfig,
+}
+
 impl Node {
     /// Where new ENIs go, for the start's log line.
-    fn new_eni_subnets(&self, settings: &IpamSettings) -> String {
-        match &self.custom_subnet_id {
-            Some(custom) => format!("{custom} (custom networking)"),
-            None if settings.subnet_discovery => format!(
+    fn new_eni_subnets(&self, settings: &IpamSettings, placement: &EniPlacement) -> String {
+        match placement {
+            EniPlacement::Custom(config) => {
+                format!(
+                    "{} (custom networking, {})",
+                    config.subnet_id, config.source
+                )
+            }
+            EniPlacement::NoEniConfig => {
+                "custom networking: the node's ENIConfig's, once there is one".to_owned()
+            }
+            EniPlacement::NodeSubnets if settings.subnet_discovery => format!(
                 "discovered in {} {} ({}), or {}",
                 self.vpc_id,
                 self.instance.availability_zone,
                 subnets::TAG_ROLE_CNI,
                 self.primary_eni.subnet_id
             ),
-            None => self.primary_eni.subnet_id.clone(),
+            EniPlacement::NodeSubnets => self.primary_eni.subnet_id.clone(),
         }
     }
 }
@@ -458,6 +486,35 @@ struct Inner {
     published_events: tokio::sync::broadcast::Sender<IpamEvent>,
 }
 
+/// Whether the node is cordoned, as far as the manager is told.
+fn cordoned(opts: &ManagerOptions) -> bool {
+    opts.cordoned.as_ref().is_some_and(|c| *c.borrow())
+}
+
+/// Where new ENIs go now.
+fn placement(opts: &ManagerOptions) -> EniPlacement {
+    if !opts.settings.custom_network {
+        return EniPlacement::NodeSubnets;
+    }
+    let config = match &opts.eni_configs {
+        Some(configs) => configs.borrow().clone(),
+        None => opts.settings.eni_config_override(),
+    };
+    config.map_or(EniPlacement::NoEniConfig, EniPlacement::Custom)
+}
+
+/// Returns when `input` changes; never once its sender is gone (or if
+/// there is none).
+async fn input_changed<T>(input: &mut Option<watch::Receiver<T>>) {
+    if let Some(receiver) = input.as_mut() {
+        if receiver.changed().await.is_ok() {
+            return;
+        }
+        *input = None;
+    }
+    std::future::pending::<()>().await;
+}
+
 /// Now, in nanoseconds since the epoch (the checkpoint's clock).
 pub fn unix_ns() -> i64 {
     SystemTime::now()
@@ -508,22 +565,12 @@ impl Manager {
         let max_pods = settings
             .max_pods
             .unwrap_or_else(|| default_max_pods(limits, max_enis, settings.prefix_delegation));
-        let custom_subnet_id = settings
-            .eni_config_subnet
-            .clone()
-            .filter(|_| settings.custom_network);
-        // Discovered subnets' ENIs get the primary ENI's groups, as aws-node
-        // gives them.
-        let eni_security_groups = match &custom_subnet_id {
-            Some(_) if !settings.eni_config_security_groups.is_empty() => {
-                settings.eni_config_security_groups.clone()
-            }
-            _ => primary_eni.security_groups.clone(),
-        };
         let vpc_id = cloud.subnet(&primary_eni.subnet_id).await?.vpc_id;
-        if let Some(custom) = &custom_subnet_id {
+        if opts.eni_configs.is_none()
+            && let Some(custom) = settings.eni_config_override()
+        {
             // Fails early on a custom-networking subnet that does not exist.
-            cloud.subnet(custom).await?;
+            cloud.subnet(&custom.subnet_id).await?;
         }
         let eni_tags = managed_eni_tags(
             &instance.instance_id,
@@ -537,16 +584,15 @@ impl Manager {
             max_pods,
             primary_eni,
             vpc_id,
-            custom_subnet_id,
-            eni_security_groups,
             eni_tags,
         };
+        let placement = placement(&opts);
         info!(
             instance = %node.instance.instance_id,
             instance_type = %node.instance.instance_type,
             max_enis, max_pods,
             ips_per_eni = limits.ips_per_eni,
-            eni_subnets = node.new_eni_subnets(settings),
+            eni_subnets = node.new_eni_subnets(settings, &placement),
             prefix_delegation = settings.prefix_delegation,
             "address manager starting"
         );
@@ -681,12 +727,21 @@ impl Manager {
     /// untagged), most free addresses first; else the primary ENI's, unless
     /// it is tagged `0`. As aws-node, when EC2 cannot list the subnets, the
     /// primary ENI's, if a second look says it is not excluded.
-    async fn subnets_for_new_eni(&self) -> Result<Vec<String>, ManagerError> {
+    async fn subnets_for_new_eni(
+        &self,
+        placement: &EniPlacement,
+    ) -> Result<Vec<String>, ManagerError> {
         let me = &self.inner;
         let settings = &me.opts.settings;
         let cluster = settings.cluster_name.as_deref();
-        if let Some(custom) = &me.node.custom_subnet_id {
-            return Ok(vec![custom.clone()]);
+        match placement {
+            EniPlacement::Custom(config) => return Ok(vec![config.subnet_id.clone()]),
+            EniPlacement::NoEniConfig => {
+                return Err(ManagerError::NoSubnet(
+                    "custom networking has no valid ENIConfig for this node".to_owned(),
+                ));
+            }
+            EniPlacement::NodeSubnets => {}
         }
         let primary = &me.node.primary_eni.subnet_id;
         let primary_unless_excluded = |zone: &[SubnetInfo]| {
@@ -1145,7 +1200,12 @@ impl Manager {
         // The EC2 call and code of the last failed pass: an event is
         // raised when they change, not on every retry.
         let mut last_failure: Option<(Option<&'static str>, Option<String>)> = None;
+        // Their changes wake the loop.
+        let (mut cordon_changes, mut eni_config_changes) =
+            (me.opts.cordoned.clone(), me.opts.eni_configs.clone());
+        let mut was_cordoned = false;
         loop {
+            self.say_cordon(&mut was_cordoned);
             let mut result = if provisioning {
                 self.reconcile().await
             } else {
@@ -1207,7 +1267,11 @@ impl Manager {
                     continue;
                 }
             };
-            let _ = tokio::time::timeout(pause, me.wake.notified()).await;
+            tokio::select! {
+                _ = tokio::time::timeout(pause, me.wake.notified()) => {}
+                () = input_changed(&mut cordon_changes) => {}
+                () = input_changed(&mut eni_config_changes) => {}
+            }
         }
     }
 
@@ -1216,13 +1280,59 @@ impl Manager {
     async fn reconcile(&self) -> Result<(), ManagerError> {
         self.drain().await?;
         self.release_excluded().await?;
-        // Bounded: each step adds at least one address or an ENI.
-        for _ in 0..self.inner.node.max_enis * 2 + 2 {
-            let plan = self.plan_growth().await;
-            let Some(plan) = plan else { break };
-            self.grow(plan).await?;
+        let held = self.cordon_holds();
+        if held {
+            if self.plan_growth().await.is_some() {
+                bump(&self.inner.counters.cordon_held, 1);
+            }
+        } else {
+            // Bounded: each step adds at least one address or an ENI.
+            for _ in 0..self.inner.node.max_enis * 2 + 2 {
+                let plan = self.plan_growth().await;
+                let Some(plan) = plan else { break };
+                self.grow(plan).await?;
+            }
         }
-        self.shrink().await
+        self.shrink(held).await
+    }
+
+    /// Whether the node is cordoned and `AWS_MANAGE_ENIS_NON_SCHEDULABLE`
+    /// is not true: no ENI attached or freed, no address or prefix
+    /// assigned (aws-node's `isENIAttachmentAllowed`, `tryFreeENI`).
+    fn cordon_holds(&self) -> bool {
+        let opts = &self.inner.opts;
+        !opts.settings.manage_enis_non_schedulable && cordoned(opts)
+    }
+
+    /// Logs (and records) the node's cordon when it changes from `was`.
+    fn say_cordon(&self, was: &mut bool) {
+        let now = cordoned(&self.inner.opts);
+        if now == *was {
+            return;
+        }
+        *was = now;
+        let message = match (now, self.inner.opts.settings.manage_enis_non_schedulable) {
+            (true, false) => format!(
+                "the node is cordoned (its Node is tainted {UNSCHEDULABLE_TAINT}:NoSchedule): \
+                 no ENI attached or freed and no address or prefix assigned until it is not \
+                 ({ENV_MANAGE_ENIS_NON_SCHEDULABLE} is false); pods get the warm pool's addresses"
+            ),
+            (true, true) => format!(
+                "the node is cordoned (its Node is tainted {UNSCHEDULABLE_TAINT}:NoSchedule): \
+                 the pool is managed anyway ({ENV_MANAGE_ENIS_NON_SCHEDULABLE} is true)"
+            ),
+            (false, _) => "the node is schedulable again: the pool follows its targets".to_owned(),
+        };
+        self.event(
+            Severity::Normal,
+            if now {
+                "NodeCordoned"
+            } else {
+                "NodeSchedulable"
+            },
+            "NodeWatch",
+            message,
+        );
     }
 
     /// The links of the pool's secondary ENIs as `track` set them up, every
@@ -1317,6 +1427,11 @@ impl Manager {
         let attached = st.enis.len() + st.draining.len();
         if attached >= me.node.max_enis {
             debug!("pool too low but every ENI slot and address is in use");
+            return None;
+        }
+        if placement(&me.opts) == EniPlacement::NoEniConfig {
+            // Said by the ENIConfig's follower.
+            debug!("pool too low but custom networking has no ENIConfig to make an ENI from");
             return None;
         }
         let device = (1..=u32::MAX).find(|d| !used.contains(d)).unwrap_or(1);
@@ -1417,20 +1532,31 @@ impl Manager {
     async fn new_eni(&self, device: u32, n: usize, prefixes: bool) -> Result<(), ManagerError> {
         let me = &self.inner;
         let node = &me.node;
+        // The config in force now, for the whole of this ENI.
+        let placement = placement(&me.opts);
         // Custom networking's subnet may be tagged 0 too; a discovered one
         // is not.
-        let excluded = match &node.custom_subnet_id {
-            Some(custom) => self.excluded_subnets().await?.contains(custom),
-            None => false,
+        let (excluded, security_groups) = match &placement {
+            EniPlacement::Custom(config) => (
+                self.excluded_subnets().await?.contains(&config.subnet_id),
+                if config.security_groups.is_empty() {
+                    node.primary_eni.security_groups.clone()
+                } else {
+                    config.security_groups.clone()
+                },
+            ),
+            // Discovered subnets' ENIs get the primary ENI's groups, as
+            // aws-node gives them.
+            _ => (false, node.primary_eni.security_groups.clone()),
         };
         // Tried in order until EC2 makes one, as aws-node does.
         let mut created = Err(ManagerError::NoSubnet("none to try".to_owned()));
-        for subnet_id in self.subnets_for_new_eni().await? {
+        for subnet_id in self.subnets_for_new_eni(&placement).await? {
             created = me
                 .cloud
                 .create_eni(&NewEni {
                     subnet_id: &subnet_id,
-                    security_groups: &node.eni_security_groups,
+                    security_groups: &security_groups,
                     instance_id: &node.instance.instance_id,
                     tags: &node.eni_tags,
                     secondary_addrs: if prefixes { 0 } else { n },
@@ -1496,7 +1622,8 @@ impl Manager {
 
     /// Gives back what the targets do not need: idle addresses or prefixes
     /// (highest ENIs first), then a whole ENI when that is safe.
-    async fn shrink(&self) -> Result<(), ManagerError> {
+    /// `held`: the node is cordoned, no ENI is freed.
+    async fn shrink(&self, held: bool) -> Result<(), ManagerError> {
         let me = &self.inner;
         let now = Instant::now();
         let cooldown = me.opts.settings.ip_cooldown;
@@ -1544,7 +1671,7 @@ impl Manager {
                     st.datastore.remove_prefix(eni, *p)?;
                 }
             }
-            let eni_to_free = if release.is_none() {
+            let eni_to_free = if release.is_none() && !held {
                 self.freeable_eni(&mut st, now)
             } else {
                 None

@@ -38,13 +38,19 @@ pub const ENV_MANAGE_UNTAGGED_ENI: &str = "MANAGE_UNTAGGED_ENI";
 /// `true`: the agent makes no ENI, assigns and releases no address or
 /// prefix, tags nothing; it serves pods from what others attach and assign.
 pub const ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING: &str = "DISABLE_NETWORK_RESOURCE_PROVISIONING";
+/// `true`: the pool is managed on a cordoned node too; unset or false: while
+/// the Node is tainted `node.kubernetes.io/unschedulable:NoSchedule`, no ENI
+/// is attached or freed and no address or prefix assigned.
+pub const ENV_MANAGE_ENIS_NON_SCHEDULABLE: &str = "AWS_MANAGE_ENIS_NON_SCHEDULABLE";
 /// What no additional tag key may contain: aws-node's own keys.
 const RESERVED_TAG_PART: &str = "k8s.amazonaws.com";
-/// Custom networking's subnet for new ENIs: what an ENIConfig's
-/// `spec.subnet` says on EKS (vpcnet reads no Kubernetes objects yet).
+/// Custom networking's subnet for new ENIs instead of the node's
+/// ENIConfig's `spec.subnet` (`crate::k8s::eni_config`); without an API
+/// server, the subnet custom networking needs.
 pub const ENV_ENI_CONFIG_SUBNET: &str = "VPCNET_ENI_CONFIG_SUBNET";
-/// Custom networking's security groups for new ENIs, comma-separated (an
-/// ENIConfig's `spec.securityGroups`); unset: the primary ENI's.
+/// Custom networking's security groups for new ENIs with
+/// [`ENV_ENI_CONFIG_SUBNET`], comma-separated (an ENIConfig's
+/// `spec.securityGroups`); unset: the primary ENI's.
 pub const ENV_ENI_CONFIG_SECURITY_GROUPS: &str = "VPCNET_ENI_CONFIG_SECURITY_GROUPS";
 /// The kubelet's max pods for this node; unset: computed from the instance
 /// type as the EKS max-pods calculator does.
@@ -55,6 +61,17 @@ pub const DEFAULT_BACKING_STORE: &str = "/var/run/aws-node/ipam.json";
 pub const DEFAULT_ENI_MTU: u32 = 9001;
 /// The MTUs the VPC CNI accepts for ENIs.
 pub const ENI_MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=9001;
+
+/// Custom networking's subnet and security groups for new ENIs: an
+/// ENIConfig's, or those [`ENV_ENI_CONFIG_SUBNET`] names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EniConfig {
+    /// Where it comes from, for the log (`ENIConfig us-west-2a`).
+    pub source: String,
+    pub subnet_id: String,
+    /// Empty: the primary ENI's.
+    pub security_groups: Vec<String>,
+}
 
 /// One field per VPC CNI variable (hence the booleans).
 #[allow(clippy::struct_excessive_bools)]
@@ -87,6 +104,8 @@ pub struct IpamSettings {
     /// Not `DISABLE_NETWORK_RESOURCE_PROVISIONING`: the agent creates,
     /// frees and tags ENIs and assigns and releases addresses.
     pub provisioning: bool,
+    /// `AWS_MANAGE_ENIS_NON_SCHEDULABLE`.
+    pub manage_enis_non_schedulable: bool,
     /// Custom networking: the subnet and security groups of new ENIs.
     pub eni_config_subnet: Option<String>,
     pub eni_config_security_groups: Vec<String>,
@@ -115,6 +134,7 @@ impl Default for IpamSettings {
             subnet_discovery: true,
             manage_untagged_eni: true,
             provisioning: true,
+            manage_enis_non_schedulable: false,
             eni_config_subnet: None,
             eni_config_security_groups: Vec::new(),
             max_pods: None,
@@ -193,6 +213,7 @@ impl IpamSettings {
             subnet_discovery: env.bool_or(ENV_ENABLE_SUBNET_DISCOVERY, defaults.subnet_discovery),
             manage_untagged_eni: env.bool_or(ENV_MANAGE_UNTAGGED_ENI, defaults.manage_untagged_eni),
             provisioning: !env.bool_or(ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING, false),
+            manage_enis_non_schedulable: env.bool_or(ENV_MANAGE_ENIS_NON_SCHEDULABLE, false),
             cluster_name: env.get(ENV_CLUSTER_NAME).map(|v| v.trim().to_owned()),
             ..defaults
         };
@@ -276,14 +297,33 @@ impl IpamSettings {
                 });
             }
         }
-        if self.custom_network && self.eni_config_subnet.is_none() {
+        // With an API server, the node's ENIConfig says.
+        if self.custom_network
+            && self.eni_config_subnet.is_none()
+            && !crate::k8s::api_server_configured(env)
+        {
             return Err(ConfigError {
                 variable: ENV_ENI_CONFIG_SUBNET,
                 value: String::new(),
-                allowed: "a subnet id: AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG=true needs the pods' subnet",
+                allowed: "a subnet id: AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG=true without the Kubernetes API needs the pods' subnet",
             });
         }
         Ok(())
+    }
+
+    /// Custom networking's config from [`ENV_ENI_CONFIG_SUBNET`], if set
+    /// and custom networking is on.
+    #[must_use]
+    pub fn eni_config_override(&self) -> Option<EniConfig> {
+        let subnet_id = self
+            .eni_config_subnet
+            .clone()
+            .filter(|_| self.custom_network)?;
+        Some(EniConfig {
+            source: ENV_ENI_CONFIG_SUBNET.to_owned(),
+            subnet_id,
+            security_groups: self.eni_config_security_groups.clone(),
+        })
     }
 
     /// The settings in force, keyed by the variable each comes from (what
@@ -320,6 +360,10 @@ impl IpamSettings {
             (
                 ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,
                 json!(!self.provisioning),
+            ),
+            (
+                ENV_MANAGE_ENIS_NON_SCHEDULABLE,
+                json!(self.manage_enis_non_schedulable),
             ),
             (ENV_ENI_CONFIG_SUBNET, json!(self.eni_config_subnet)),
             (
@@ -399,6 +443,7 @@ mod tests {
             (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
             (ENV_MANAGE_UNTAGGED_ENI, "false"),
             (ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING, "true"),
+            (ENV_MANAGE_ENIS_NON_SCHEDULABLE, "true"),
         ])
         .unwrap();
         assert_eq!(
@@ -422,14 +467,35 @@ mod tests {
         assert!(!s.subnet_discovery);
         assert!(!s.manage_untagged_eni);
         assert!(!s.provisioning);
+        assert!(s.manage_enis_non_schedulable);
         let t = s.pool_targets(30, 110);
         assert!(t.ip_targets_defined());
     }
 
     #[test]
-    fn custom_networking_needs_the_pods_subnet() {
+    fn custom_networking_needs_the_pods_subnet_without_the_kubernetes_api() {
         let err = settings(&[(ENV_CUSTOM_NETWORK_CFG, "true")]).unwrap_err();
         assert_eq!(err.variable, ENV_ENI_CONFIG_SUBNET);
+        let in_cluster = settings(&[
+            (ENV_CUSTOM_NETWORK_CFG, "true"),
+            (crate::k8s::ENV_SERVICE_HOST, "10.100.0.1"),
+        ])
+        .unwrap();
+        assert_eq!(in_cluster.eni_config_override(), None, "the ENIConfig's");
+        let overridden = settings(&[
+            (ENV_CUSTOM_NETWORK_CFG, "true"),
+            (ENV_ENI_CONFIG_SUBNET, "subnet-1"),
+        ])
+        .unwrap()
+        .eni_config_override()
+        .unwrap();
+        assert_eq!(
+            (
+                overridden.subnet_id.as_str(),
+                overridden.security_groups.len()
+            ),
+            ("subnet-1", 0)
+        );
     }
 
     #[test]
@@ -543,6 +609,7 @@ mod tests {
             (ENV_ENABLE_SUBNET_DISCOVERY, "false"),
             (ENV_MANAGE_UNTAGGED_ENI, "false"),
             (ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING, "true"),
+            (ENV_MANAGE_ENIS_NON_SCHEDULABLE, "true"),
         ])
         .unwrap();
         let view = original.env_view();

@@ -9,9 +9,18 @@
 //!   `vpc.amazonaws.com/externalEniConfig`, else the annotation
 //!   `ENI_CONFIG_ANNOTATION_DEF`, else the label `ENI_CONFIG_LABEL_DEF`,
 //!   else `default` (aws-node's `GetNodeSpecificENIConfigName`).
+//!
+//! [`follow`] watches the Node and publishes its [`NodeView`] on one
+//! `tokio::sync::watch` channel; the parts that act on it subscribe.
 
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use kube::{
+    Api,
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::sync::watch;
+use tracing::{info, warn};
 
 use super::{K8sError, K8sSettings};
 
@@ -83,14 +92,100 @@ impl NodeView {
     }
 }
 
-/// The node's Node, now.
-pub async fn get(client: &kube::Client, settings: &K8sSettings) -> Result<NodeView, K8sError> {
-    let name = settings.node_name()?;
-    let node = Api::<Node>::all(client.clone())
-        .get(name)
-        .await
-        .map_err(K8sError::api(format!("reading Node {name}")))?;
-    Ok(NodeView::of(&node, settings))
+/// The channel [`follow`] publishes on: `None` until the Node is first
+/// read; a deleted Node leaves its last view.
+pub type NodeViews = watch::Receiver<Option<NodeView>>;
+
+/// A channel for [`follow`] and its first subscriber.
+#[must_use]
+pub fn channel() -> (watch::Sender<Option<NodeView>>, NodeViews) {
+    watch::channel(None)
+}
+
+/// Follows the node's Node (a watch on `metadata.name`: kube-rs lists
+/// again after `410 Gone` and reconnects with backoff), publishing its view
+/// on `views` each time it changes. Runs until every subscriber is gone or
+/// the task is dropped; an error is logged once until the watch recovers.
+pub async fn follow(
+    client: kube::Client,
+    settings: K8sSettings,
+    views: watch::Sender<Option<NodeView>>,
+) -> Result<(), K8sError> {
+    let name = settings.node_name()?.to_owned();
+    let nodes = Api::<Node>::all(client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(nodes, config).default_backoff().boxed();
+    let mut failing: Option<String> = None;
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = views.closed() => return Ok(()),
+        };
+        let Some(event) = event else {
+            return Ok(());
+        };
+        let node = match event {
+            Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => node,
+            Ok(_) => continue,
+            Err(error) => {
+                let error = error.to_string();
+                if failing.as_ref() != Some(&error) {
+                    warn!(node = %name, %error, "watching the Node: retrying with backoff");
+                    failing = Some(error);
+                }
+                continue;
+            }
+        };
+        if failing.take().is_some() {
+            info!(node = %name, "watching the Node again");
+        }
+        let view = NodeView::of(&node, &settings);
+        views.send_if_modified(|current| {
+            let changed = current.as_ref() != Some(&view);
+            *current = Some(view);
+            changed
+        });
+    }
+}
+
+/// The node's view once [`follow`] has read it, within `timeout`.
+pub async fn first(views: &NodeViews, timeout: std::time::Duration) -> Option<NodeView> {
+    let mut views = views.clone();
+    match tokio::time::timeout(timeout, views.wait_for(Option::is_some)).await {
+        Ok(Ok(view)) => view.clone(),
+        _ => None,
+    }
+}
+
+/// A channel of what `pick` takes from each view of the Node, `initial`
+/// until it is read, and the task that keeps it up to date (to be spawned;
+/// it ends when either side goes).
+pub fn derived<T: Clone + PartialEq + Send + Sync + 'static>(
+    mut views: NodeViews,
+    initial: T,
+    pick: impl Fn(&NodeView) -> T + Send + 'static,
+) -> (
+    watch::Receiver<T>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (tx, rx) = watch::channel(initial);
+    let task = async move {
+        loop {
+            if let Some(view) = views.borrow_and_update().as_ref() {
+                let value = pick(view);
+                tx.send_if_modified(|current| {
+                    let changed = *current != value;
+                    *current = value;
+                    changed
+                });
+            }
+            tokio::select! {
+                changed = views.changed() => if changed.is_err() { return },
+                () = tx.closed() => return,
+            }
+        }
+    };
+    (rx, task)
 }
 
 #[cfg(test)]
