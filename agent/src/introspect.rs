@@ -5,7 +5,8 @@
 //! has no variable for its address, `run --metrics-address` sets it).
 //!
 //! Introspection (JSON): `/v1/enis`, `/v1/pods`, `/v1/nat?limit=N`,
-//! `/v1/config`. Metrics: `/metrics`, the `awscni_` names that mean what
+//! `/v1/config`, and aws-node's `/v1/eni-configs`,
+//! `/v1/ipamd-env-settings`, `/v1/networkutils-env-settings`. Metrics: `/metrics`, the `awscni_` names that mean what
 //! they mean with aws-node, `vpcnet_ipam_*` for the address manager's own
 //! counters, `vpcnet_datapath_*` and `vpcnet_nat_*` for the datapath.
 //!
@@ -13,7 +14,9 @@
 //! on the blocking pool: a scrape walking a large NAT table neither holds
 //! the datapath's lock (which pod ADDs take) nor stalls the runtime.
 
+pub mod env_settings;
 pub mod exposition;
+pub mod recorder;
 pub mod views;
 
 use std::{
@@ -85,17 +88,28 @@ pub const ENV_DISABLE_METRICS: &str = "DISABLE_METRICS";
 /// aws-node's addresses.
 pub const DEFAULT_INTROSPECTION_ADDRESS: &str = "127.0.0.1:61679";
 pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:61678";
+/// The label cni-metrics-helper finds aws-node's pods by (in
+/// `kube-system`, not configurable): vpcnet's pods carry it only when the
+/// operator asks (`deploy/README.md`, "cni-metrics-helper").
+pub const METRICS_HELPER_POD_LABEL: (&str, &str) = ("k8s-app", "aws-node");
 /// Flows `/v1/nat` returns unless `?limit=` says otherwise.
 pub const DEFAULT_NAT_LIMIT: usize = 1000;
 
 /// The introspection endpoints, in the order `GET /` lists them.
-pub const PATHS: [&str; 5] = [
+pub const PATHS: [&str; 8] = [
     "/v1/enis",
     "/v1/pods",
     "/v1/nat",
     "/v1/nat/summary",
     "/v1/config",
+    PATH_ENI_CONFIGS,
+    PATH_IPAMD_ENV_SETTINGS,
+    PATH_NETWORKUTILS_ENV_SETTINGS,
 ];
+/// aws-node's paths (see [`env_settings`]).
+pub const PATH_ENI_CONFIGS: &str = "/v1/eni-configs";
+pub const PATH_IPAMD_ENV_SETTINGS: &str = "/v1/ipamd-env-settings";
+pub const PATH_NETWORKUTILS_ENV_SETTINGS: &str = "/v1/networkutils-env-settings";
 pub const METRICS_PATH: &str = "/metrics";
 
 /// Connections served at once per listener; more wait in the backlog.
@@ -236,6 +250,41 @@ struct State {
     endpoints: Endpoints,
     netlink: NetlinkHandle,
     collector: Arc<Mutex<CollectorReport>>,
+    /// aws-node's three settings paths, read once at start (the process's
+    /// variables do not change); an error is the answer.
+    env_answers: EnvAnswers,
+}
+
+/// The answers of aws-node's settings paths.
+struct EnvAnswers {
+    eni_configs: Result<views::EniConfigView, String>,
+    ipamd: Result<BTreeMap<String, serde_json::Value>, String>,
+    networkutils: Result<BTreeMap<String, serde_json::Value>, String>,
+}
+
+impl EnvAnswers {
+    /// From the process's variables; the address manager's settings if it
+    /// runs, else read from them too.
+    fn read(ipam: Option<&IpamSettings>) -> Self {
+        let env = Env::from_process();
+        let ipam = match ipam {
+            Some(settings) => Ok(settings.clone()),
+            None => IpamSettings::from_env(&env).map_err(|e| e.to_string()),
+        };
+        Self {
+            eni_configs: ipam
+                .as_ref()
+                .map(env_settings::eni_config_in_force)
+                .map_err(Clone::clone),
+            ipamd: ipam
+                .as_ref()
+                .map(|s| env_settings::ipamd_env_settings(s, &env))
+                .map_err(Clone::clone),
+            networkutils: ipam.as_ref().map_err(Clone::clone).and_then(|s| {
+                env_settings::networkutils_env_settings(s, &env).map_err(|e| e.to_string())
+            }),
+        }
+    }
 }
 
 impl State {
@@ -280,6 +329,7 @@ pub fn start(
         |poisoned| poisoned.into_inner().pin_dir().to_owned(),
         |d| d.pin_dir().to_owned(),
     );
+    let env_answers = EnvAnswers::read(sources.ipam_settings.as_ref());
     let state = Arc::new(State {
         maps: DatapathMaps::open_pinned(&pin_dir)?,
         datapath: sources.datapath,
@@ -289,6 +339,7 @@ pub fn start(
         endpoints: endpoints.clone(),
         netlink: NetlinkHandle::new()?,
         collector: sources.collector,
+        env_answers,
     });
     for (addr, role) in [
         (&endpoints.introspection, Role::Introspection),
@@ -537,6 +588,11 @@ async fn route(state: &Arc<State>, role: Role, request: &Request<Incoming>) -> R
         (Role::Introspection, "/v1/config") => {
             config(state).await.map(|view| json(StatusCode::OK, &view))
         }
+        (Role::Introspection, PATH_ENI_CONFIGS) => Ok(env_answer(&state.env_answers.eni_configs)),
+        (Role::Introspection, PATH_IPAMD_ENV_SETTINGS) => Ok(env_answer(&state.env_answers.ipamd)),
+        (Role::Introspection, PATH_NETWORKUTILS_ENV_SETTINGS) => {
+            Ok(env_answer(&state.env_answers.networkutils))
+        }
         (Role::Introspection, _) => Ok(error(
             StatusCode::NOT_FOUND,
             &format!("no endpoint {path}: try {}", PATHS.join(", ")),
@@ -550,6 +606,13 @@ async fn route(state: &Arc<State>, role: Role, request: &Request<Incoming>) -> R
         warn!(path, error = %e, "introspection");
         error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
     })
+}
+
+fn env_answer(answer: &Result<impl Serialize, String>) -> Reply {
+    match answer {
+        Ok(view) => json(StatusCode::OK, view),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
 }
 
 /// `limit=N` in the query; none: the default.
@@ -944,22 +1007,53 @@ pub struct MetricsSnapshot {
     pub external_snat: bool,
     pub pressure: NatPressure,
     pub collector: CollectorReport,
+    /// Addresses assigned to pods per pool CIDR: each secondary address
+    /// (`/32`) and each prefix (`/28`).
+    pub per_cidr: Vec<(String, usize)>,
+    /// What the cloud client, the address manager and the CNI backend
+    /// recorded.
+    pub recorded: recorder::Recorded,
+}
+
+/// Addresses assigned per pool CIDR, as aws-node's datastore keeps them:
+/// a secondary address is a `/32`, a prefix a `/28`.
+#[must_use]
+pub fn assigned_per_cidr(enis: &[EniDetail]) -> Vec<(String, usize)> {
+    enis.iter()
+        .filter(|eni| !eni.no_manage)
+        .flat_map(|eni| {
+            let singles = eni.secondary_addrs.iter().map(|addr| {
+                let held = eni.assigned.iter().filter(|a| a.addr == *addr).count();
+                (format!("{addr}/32"), held)
+            });
+            let prefixes = eni.prefixes.iter().map(|prefix| {
+                let prefix = prefix.trunc();
+                let held = eni
+                    .assigned
+                    .iter()
+                    .filter(|a| prefix.contains(&a.addr))
+                    .count();
+                (prefix.to_string(), held)
+            });
+            singles.chain(prefixes)
+        })
+        .collect()
 }
 
 async fn metrics(state: &Arc<State>) -> Result<String, IntrospectError> {
-    let ipam = match &state.pods {
+    let (ipam, per_cidr) = match &state.pods {
         Some(pods) => {
             let manager = pods.manager();
             let status = manager.status().await;
-            let per_eni = manager
-                .enis()
-                .await
+            let enis = manager.enis().await;
+            let per_cidr = assigned_per_cidr(&enis);
+            let per_eni = enis
                 .into_iter()
                 .map(|eni| (eni.id, eni.assigned.len()))
                 .collect();
-            Some((status, per_eni))
+            (Some((status, per_eni)), per_cidr)
         }
-        None => None,
+        None => (None, Vec::new()),
     };
     read_maps(state, move |s| {
         let maps = &s.maps;
@@ -972,6 +1066,8 @@ async fn metrics(state: &Arc<State>) -> Result<String, IntrospectError> {
             external_snat: maps.config()?.external_snat(),
             pressure: maps.nat_pressure()?,
             collector: s.collector(),
+            per_cidr,
+            recorded: recorder::snapshot(),
         }))
     })
     .await
@@ -1001,6 +1097,12 @@ fn ipam_counter_help(name: &str) -> &'static str {
         "ec2_errors" => "Pool reconcile passes that ended on an error.",
         "ec2_throttled" => "Pool reconcile passes refused by EC2 with RequestLimitExceeded.",
         "subnet_exhausted" => "Pool reconcile passes refused for lack of addresses in the subnet.",
+        "cidrs_found" => {
+            "Addresses and prefixes (one each) the node's reconcile found assigned by someone else."
+        }
+        "cidrs_lost" => {
+            "Addresses and prefixes (one each) the node's reconcile found unassigned by someone else."
+        }
         _ => "An address manager counter.",
     }
 }
@@ -1017,7 +1119,9 @@ pub fn render_metrics(snapshot: &MetricsSnapshot) -> String {
     );
     if let Some((status, per_eni)) = &snapshot.ipam {
         render_ipam(&mut e, status, per_eni);
+        render_ipam_actions(&mut e, status, snapshot);
     }
+    render_recorded(&mut e, &snapshot.recorded);
     render_datapath(&mut e, snapshot);
     e.finish()
 }
@@ -1097,19 +1201,6 @@ fn render_ipam(e: &mut Exposition, status: &IpamStatus, per_eni: &[(String, usiz
         "The number of errors encountered in ipamd (fn=reconcile: pool passes that failed)",
         [(vec![("fn", "reconcile".to_owned())], counter("ec2_errors"))],
     );
-    e.family(
-        "awscni_aws_api_error_count",
-        C,
-        "The number of times AWS API returns an error (throttling only; every failed pass \
-         is in awscni_ipamd_error_count)",
-        [(
-            vec![
-                ("api", "EC2".to_owned()),
-                ("error", "RequestLimitExceeded".to_owned()),
-            ],
-            counter("ec2_throttled"),
-        )],
-    );
     e.single(
         "awscni_force_removed_enis",
         C,
@@ -1156,6 +1247,153 @@ fn render_ipam(e: &mut Exposition, status: &IpamStatus, per_eni: &[(String, usiz
             *value,
         );
     }
+}
+
+/// aws-node's reconcile counters by its function names, from the address
+/// manager's counters: ENIs and addresses or prefixes someone else
+/// attached, assigned, detached or unassigned.
+const RECONCILE_COUNTS: [(&str, &str); 4] = [
+    ("eniReconcileAdd", "enis_found"),
+    ("eniReconcileDel", "enis_lost"),
+    ("eniDataStorePoolReconcileAdd", "cidrs_found"),
+    ("eniIPPoolReconcileDel", "cidrs_lost"),
+];
+
+/// What the address manager does (its actions, its reconcile's finds) and
+/// where the pods' addresses are.
+fn render_ipam_actions(e: &mut Exposition, status: &IpamStatus, snapshot: &MetricsSnapshot) {
+    use MetricType::{Counter as C, Gauge as G};
+    let counter = |name: &str| {
+        status
+            .counters
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| *v)
+    };
+    e.family(
+        "awscni_ipamd_action_inprogress",
+        G,
+        "The number of ipamd actions in progress",
+        recorder::ACTIONS.iter().map(|action| {
+            let under_way = snapshot.recorded.actions.get(action).copied();
+            (vec![("fn", (*action).to_owned())], under_way.unwrap_or(0))
+        }),
+    );
+    e.family(
+        "awscni_reconcile_count",
+        C,
+        "The number of times ipamd reconciles on ENIs and IP/Prefix addresses (what the node's \
+         reconcile found attached, assigned, detached or unassigned by someone else)",
+        RECONCILE_COUNTS
+            .iter()
+            .map(|(function, name)| (vec![("fn", (*function).to_owned())], counter(name))),
+    );
+    e.family(
+        "awscni_assigned_ip_per_cidr",
+        G,
+        "The total number of IP addresses assigned per cidr",
+        snapshot
+            .per_cidr
+            .iter()
+            .map(|(cidr, held)| (vec![("cidr", cidr.clone())], n(*held))),
+    );
+}
+
+/// What was recorded as it happened: AWS calls, DEL requests, pod-ENI
+/// errors, the start's durations.
+fn render_recorded(e: &mut Exposition, recorded: &recorder::Recorded) {
+    use MetricType::Counter as C;
+    let by_fn = |map: &BTreeMap<&'static str, u64>| {
+        map.iter()
+            .map(|(function, n)| (vec![("fn", (*function).to_owned())], *n))
+            .collect::<Vec<_>>()
+    };
+    e.family(
+        "awscni_ec2api_req_count",
+        C,
+        "The number of requests made to EC2 APIs by CNI",
+        by_fn(&recorded.ec2_requests),
+    );
+    e.family(
+        "awscni_ec2api_error_count",
+        C,
+        "The number of failed EC2 APIs requests",
+        by_fn(&recorded.ec2_errors),
+    );
+    e.family(
+        "awscni_aws_api_error_count",
+        C,
+        "The number of times AWS API returns an error",
+        recorded.api_errors.iter().map(|((api, code), n)| {
+            (
+                vec![("api", (*api).to_owned()), ("error", code.clone())],
+                *n,
+            )
+        }),
+    );
+    e.summary(
+        "awscni_aws_api_latency_ms",
+        "AWS API call latency in ms",
+        recorded.latency.iter().map(|(key, latency)| {
+            (
+                vec![
+                    ("api", key.api.to_owned()),
+                    ("error", key.error.to_string()),
+                    ("status", key.status.clone()),
+                ],
+                latency.count,
+                #[allow(clippy::cast_precision_loss)] // milliseconds
+                {
+                    latency.sum_ms as f64
+                },
+            )
+        }),
+    );
+    e.family(
+        "awscni_del_ip_req_count",
+        C,
+        "The number of delete IP address requests",
+        recorded
+            .del_requests
+            .iter()
+            .map(|(reason, n)| (vec![("reason", reason.clone())], *n)),
+    );
+    e.family(
+        "awscni_pod_eni_error_count",
+        C,
+        "The number of errors encountered for pod ENIs",
+        by_fn(&recorded.pod_eni_errors),
+    );
+    e.histogram(
+        "awscni_ipamd_startup_duration_seconds",
+        "The duration of IPAMD startup from process start to ready to serve CNI requests",
+        &recorder::DURATION_BUCKETS,
+        recorded.startup.iter().map(|(key, h)| {
+            (
+                vec![
+                    ("success", key.success.to_string()),
+                    ("with_api_server", key.with_api_server.to_string()),
+                    ("failure_reason", key.failure_reason.to_owned()),
+                ],
+                &h.buckets[..],
+                h.count,
+                h.sum,
+            )
+        }),
+    );
+    e.histogram(
+        "awscni_ipamd_node_initialization_duration_seconds",
+        "The duration of node initialization during IPAMD startup",
+        &recorder::DURATION_BUCKETS,
+        recorded.node_init.iter().map(|(success, h)| {
+            (
+                vec![("success", success.to_string())],
+                &h.buckets[..],
+                h.count,
+                h.sum,
+            )
+        }),
+    );
 }
 
 /// The datapath's counters and tables.
@@ -1507,6 +1745,9 @@ mod tests {
                 ("released", 1),
                 ("ec2_errors", 2),
                 ("ec2_throttled", 1),
+                ("enis_found", 1),
+                ("cidrs_found", 3),
+                ("cidrs_lost", 2),
             ],
             events: vec![],
         };
@@ -1559,11 +1800,54 @@ mod tests {
                 expired: 9,
                 orphans: 1,
             },
+            per_cidr: vec![
+                ("10.0.1.5/32".to_owned(), 1),
+                ("10.0.2.16/28".to_owned(), 3),
+            ],
+            // Without the address manager nothing calls AWS or serves the
+            // plugin.
+            recorded: if ipam {
+                recorded()
+            } else {
+                recorder::Recorded::default()
+            },
         }
     }
 
+    /// AWS calls, a DEL, a pod-ENI error, a start, as the recorder holds
+    /// them.
+    fn recorded() -> recorder::Recorded {
+        use recorder::Outcome;
+        let mut r = recorder::Recorded::default();
+        r.ec2_call(
+            "CreateNetworkInterface",
+            Duration::from_millis(40),
+            Outcome::Ok,
+        );
+        r.ec2_call(
+            "CreateNetworkInterface",
+            Duration::from_millis(7),
+            Outcome::ApiError("RequestLimitExceeded"),
+        );
+        r.aws_call(recorder::IMDS_API, Duration::from_millis(2), Outcome::Ok);
+        r.del_request("PodDeleted");
+        r.pod_eni_errors
+            .insert(recorder::POD_ENI_ENABLE_SECURITY_GROUPS, 2);
+        r.actions.insert(recorder::ACTION_INCREASE_POOL, 1);
+        r.startup
+            .entry(recorder::StartupKey {
+                success: true,
+                with_api_server: false,
+                failure_reason: "",
+            })
+            .or_default()
+            .observe(1.5);
+        r.node_init.entry(true).or_default().observe(0.2);
+        r
+    }
+
     /// A sample line: name, labels (unescaped), value.
-    type Parsed = (String, Vec<(String, String)>, u64);
+    type Parsed = (String, Vec<(String, String)>, f64);
 
     /// Reads an exposition as Prometheus would, strictly: every family
     /// has HELP then TYPE before its samples, names are valid, label
@@ -1581,7 +1865,10 @@ mod tests {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
                 assert!(helped.contains(name), "TYPE before HELP for {name}");
-                assert!(["counter", "gauge"].contains(&kind), "{line}");
+                assert!(
+                    ["counter", "gauge", "histogram", "summary"].contains(&kind),
+                    "{line}"
+                );
                 assert!(
                     types.insert(name.to_owned(), kind.to_owned()).is_none(),
                     "TYPE twice for {name}"
@@ -1590,7 +1877,7 @@ mod tests {
             }
             assert!(!line.starts_with('#'), "{line}");
             let (series, value) = line.rsplit_once(' ').expect("series value");
-            let value: u64 = value.parse().expect("a whole number");
+            let value: f64 = value.parse().expect("a number");
             let (name, labels) = match series.split_once('{') {
                 Some((name, rest)) => {
                     let body = rest.strip_suffix('}').expect("closing brace");
@@ -1599,7 +1886,21 @@ mod tests {
                 None => (series, Vec::new()),
             };
             assert!(exposition::valid_metric_name(name), "{name}");
-            assert!(types.contains_key(name), "sample of {name} before its TYPE");
+            // A histogram's or a summary's samples carry a suffix.
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| {
+                    name.strip_suffix(suffix).filter(|f| {
+                        types
+                            .get(*f)
+                            .is_some_and(|k| k != "counter" && k != "gauge")
+                    })
+                })
+                .unwrap_or(name);
+            assert!(
+                types.contains_key(family),
+                "sample of {name} before its TYPE"
+            );
             samples.push((name.to_owned(), labels, value));
         }
         (types, samples)
@@ -1635,6 +1936,15 @@ mod tests {
     }
 
     fn value(samples: &[Parsed], name: &str, labels: &[(&str, &str)]) -> u64 {
+        let value = float_value(samples, name, labels);
+        assert!(value.fract() == 0.0 && value >= 0.0, "{name}: {value}");
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked
+        {
+            value as u64
+        }
+    }
+
+    fn float_value(samples: &[Parsed], name: &str, labels: &[(&str, &str)]) -> f64 {
         samples
             .iter()
             .find(|(n, l, _)| {
@@ -1740,6 +2050,159 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // one metric after another
+    fn metrics_aws_node_serves_with_its_labels() {
+        let text = render_metrics(&snapshot(true));
+        let (types, samples) = parse(&text);
+        let create = [("fn", "CreateNetworkInterface")];
+        assert_eq!(value(&samples, "awscni_ec2api_req_count", &create), 2);
+        assert_eq!(value(&samples, "awscni_ec2api_error_count", &create), 1);
+        assert_eq!(
+            value(
+                &samples,
+                "awscni_aws_api_error_count",
+                &[
+                    ("api", "CreateNetworkInterface"),
+                    ("error", "RequestLimitExceeded")
+                ]
+            ),
+            1
+        );
+        let ok = [
+            ("api", "CreateNetworkInterface"),
+            ("error", "false"),
+            ("status", "200"),
+        ];
+        assert_eq!(value(&samples, "awscni_aws_api_latency_ms_count", &ok), 1);
+        assert_eq!(value(&samples, "awscni_aws_api_latency_ms_sum", &ok), 40);
+        let throttled = [
+            ("api", "CreateNetworkInterface"),
+            ("error", "true"),
+            ("status", "RequestLimitExceeded"),
+        ];
+        assert_eq!(
+            value(&samples, "awscni_aws_api_latency_ms_sum", &throttled),
+            7
+        );
+        let imds = [
+            ("api", "GetMetadata"),
+            ("error", "false"),
+            ("status", "200"),
+        ];
+        assert_eq!(value(&samples, "awscni_aws_api_latency_ms_count", &imds), 1);
+        assert_eq!(
+            value(
+                &samples,
+                "awscni_del_ip_req_count",
+                &[("reason", "PodDeleted")]
+            ),
+            1
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "awscni_pod_eni_error_count",
+                &[("fn", "tryEnableSecurityGroupsForPods")]
+            ),
+            2
+        );
+        for (action, under_way) in [
+            ("nodeInit", 0),
+            ("increaseDatastorePool", 1),
+            ("decreaseDatastorePool", 0),
+            ("nodeIPPoolReconcile", 0),
+        ] {
+            assert_eq!(
+                value(
+                    &samples,
+                    "awscni_ipamd_action_inprogress",
+                    &[("fn", action)]
+                ),
+                under_way,
+                "{action}"
+            );
+        }
+        for (function, n) in [
+            ("eniReconcileAdd", 1),
+            ("eniReconcileDel", 0),
+            ("eniDataStorePoolReconcileAdd", 3),
+            ("eniIPPoolReconcileDel", 2),
+        ] {
+            assert_eq!(
+                value(&samples, "awscni_reconcile_count", &[("fn", function)]),
+                n,
+                "{function}"
+            );
+        }
+        assert_eq!(
+            value(
+                &samples,
+                "awscni_assigned_ip_per_cidr",
+                &[("cidr", "10.0.2.16/28")]
+            ),
+            3
+        );
+        let started = [
+            ("success", "true"),
+            ("with_api_server", "false"),
+            ("failure_reason", ""),
+        ];
+        assert_eq!(
+            value(
+                &samples,
+                "awscni_ipamd_startup_duration_seconds_count",
+                &started
+            ),
+            1
+        );
+        let le = |bound: &'static str| {
+            let mut labels = started.to_vec();
+            labels.push(("le", bound));
+            value(
+                &samples,
+                "awscni_ipamd_startup_duration_seconds_bucket",
+                &labels,
+            )
+        };
+        assert_eq!((le("1"), le("2.5"), le("+Inf")), (0, 1, 1));
+        assert!(
+            (float_value(
+                &samples,
+                "awscni_ipamd_startup_duration_seconds_sum",
+                &started
+            ) - 1.5)
+                .abs()
+                < 1e-9
+        );
+        assert_eq!(
+            value(
+                &samples,
+                "awscni_ipamd_node_initialization_duration_seconds_count",
+                &[("success", "true")]
+            ),
+            1
+        );
+        for (name, kind) in [
+            ("awscni_ec2api_req_count", "counter"),
+            ("awscni_ec2api_error_count", "counter"),
+            ("awscni_aws_api_error_count", "counter"),
+            ("awscni_aws_api_latency_ms", "summary"),
+            ("awscni_del_ip_req_count", "counter"),
+            ("awscni_pod_eni_error_count", "counter"),
+            ("awscni_ipamd_action_inprogress", "gauge"),
+            ("awscni_reconcile_count", "counter"),
+            ("awscni_assigned_ip_per_cidr", "gauge"),
+            ("awscni_ipamd_startup_duration_seconds", "histogram"),
+            (
+                "awscni_ipamd_node_initialization_duration_seconds",
+                "histogram",
+            ),
+        ] {
+            assert_eq!(types.get(name).map(String::as_str), Some(kind), "{name}");
+        }
+    }
+
+    #[test]
     fn metrics_of_the_datapath() {
         let snap = snapshot(false);
         let (types, samples) = parse(&render_metrics(&snap));
@@ -1767,7 +2230,9 @@ mod tests {
                 })
                 .collect();
             assert_eq!(found.len(), 1, "{counter:?}");
-            assert_eq!(found[0].2, *v, "{counter:?}");
+            #[allow(clippy::cast_precision_loss)] // small test values
+            let expected = *v as f64;
+            assert!((found[0].2 - expected).abs() < f64::EPSILON, "{counter:?}");
             reported += 1;
         }
         assert_eq!(reported, Counter::ALL.len());

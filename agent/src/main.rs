@@ -1077,6 +1077,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
             }
         });
         info!(socket = %args.cni_socket.display(), "CNI backend serving");
+        introspect::recorder::started(kube.is_some());
         if let Some(dir) = &args.cni_conf_dir {
             let conflist = install::render_conflist(&conflist_settings)?;
             let path = install::write_conflist(dir, &conflist)?;

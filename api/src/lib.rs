@@ -14,6 +14,17 @@ pub mod cni {
     tonic::include_proto!("vpcnet.cni.v1");
 }
 
+/// Why the plugin sends a DEL (`DelNetworkRequest.reason`): aws-node's
+/// plugin's reasons, and one of vpcnet's own.
+pub mod del_reason {
+    /// A CNI DEL: the runtime deletes the pod's network.
+    pub const POD_DELETED: &str = "PodDeleted";
+    /// An ADD that failed part-way, undone.
+    pub const SETUP_NS_FAILED: &str = "SetupNSFailed";
+    /// A CNI GC: an attachment the runtime no longer has.
+    pub const GARBAGE_COLLECTED: &str = "GarbageCollected";
+}
+
 /// Where the agent serves the CNI backend.
 pub const DEFAULT_CNI_SOCKET: &str = "/run/vpcnet/cni.sock";
 

@@ -165,6 +165,7 @@ pub fn run(opts: &BenchOptions) -> Result<Measurement> {
             .block_on(client.del_network(DelNetworkRequest {
                 pod: Some(pod_key(index)),
                 host_veth: veth(index),
+                reason: vpcnet_api::del_reason::POD_DELETED.to_owned(),
             }))
             .with_context(|| format!("DelNetwork of pod {index}"))?;
         dels.push(started.elapsed());

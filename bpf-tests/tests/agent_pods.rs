@@ -246,6 +246,7 @@ fn pod_datapath_follows_add_del_restarts_and_vanished_veths() {
         .block_on(client.del_network(DelNetworkRequest {
             pod: Some(pod(2)),
             host_veth: HOST_VETH.to_owned(),
+            reason: vpcnet_api::del_reason::POD_DELETED.to_owned(),
         }))
         .expect("DEL")
         .into_inner();

@@ -14,16 +14,26 @@ use std::{
 };
 
 use serde_json::Value;
+use vpcnet_api::cni::DelNetworkRequest;
 use vpcnet_bpf_tests::{
     agent_cli,
-    ipam::{IpamLab, holdings, lab_lock},
+    ipam::{IpamLab, ec2_call, holdings, lab_lock, pod},
 };
-use vpcnet_lab::addrs::{INET_ADDR, NODE_PRIMARY_ADDR, NS_NODE, NS_PEER};
+use vpcnet_lab::{
+    addrs::{INET_ADDR, NODE_PRIMARY_ADDR, NS_NODE, NS_PEER},
+    ec2::config::{FaultRule, LAB_NODE_SUBNET_ID},
+};
 
 const INTROSPECTION: &str = "127.0.0.1:61679";
 const METRICS: &str = "127.0.0.1:61678";
 /// ADDs the test makes.
 const PODS: usize = 5;
+/// The agent's variables besides the lab's.
+const SETTINGS_ENV: &[(&str, &str)] = &[
+    ("AWS_VPC_K8S_CNI_CONNMARK", "0x40"),
+    ("AWS_VPC_CNI_NODE_PORT_SUPPORT", "false"),
+    ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
+];
 
 /// An answer: status, headers (lower-case names), body.
 struct Answer {
@@ -172,7 +182,18 @@ fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Samples) {
             }
         };
         assert!(metric_name(name), "{line}");
-        assert!(types.contains_key(name), "sample before its TYPE: {line}");
+        // A histogram's or a summary's samples carry a suffix.
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| {
+                name.strip_suffix(suffix).filter(|f| {
+                    types
+                        .get(*f)
+                        .is_some_and(|k| k == "histogram" || k == "summary")
+                })
+            })
+            .unwrap_or(name);
+        assert!(types.contains_key(family), "sample before its TYPE: {line}");
         samples.push((name.to_owned(), labels, value.to_owned()));
     }
     (types, samples)
@@ -194,6 +215,49 @@ fn sample(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> u64 {
     value
         .parse()
         .unwrap_or_else(|_| panic!("{name}{labels:?} = {value}: not a count"))
+}
+
+/// The sample `name{labels}` if the scrape has it, as it is written.
+fn raw_sample<'a>(samples: &'a Samples, name: &str, labels: &[(&str, &str)]) -> Option<&'a str> {
+    samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && l.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, value)| value.as_str())
+}
+
+/// The sample `name{labels}` if the scrape has it, a whole number.
+fn sample_if(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
+    raw_sample(samples, name, labels).map(|value| {
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}{labels:?} = {value}: not a count"))
+    })
+}
+
+/// A scrape of /metrics, parsed.
+fn scrape() -> (BTreeMap<String, String>, Samples) {
+    let answer = get(METRICS, "/metrics");
+    assert_eq!(answer.status, 200);
+    parse_exposition(&answer.body)
+}
+
+/// Scrapes until `done` holds of a scrape (bounded), and returns it.
+fn scrape_until(what: &str, timeout: Duration, done: impl Fn(&Samples) -> bool) -> Samples {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (_, samples) = scrape();
+        if done(&samples) {
+            return samples;
+        }
+        assert!(Instant::now() < deadline, "{what}: not seen in {timeout:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn n(count: usize) -> u64 {
@@ -240,7 +304,9 @@ fn settled_enis(lab: &IpamLab, instance: &str) -> (Value, vpcnet_lab::ec2::model
 #[allow(clippy::too_many_lines)] // one operator's session, endpoint by endpoint
 fn introspection_and_metrics_show_what_the_agent_holds() {
     let _lock = lab_lock();
-    let mut lab = IpamLab::up("m5.large", &[]);
+    // Variables aws-node's settings paths show as read (one of them has no
+    // effect in vpcnet, and says so at start).
+    let mut lab = IpamLab::up("m5.large", SETTINGS_ENV);
     let instance = lab.emulator().instance_id().to_owned();
     let mut added = BTreeMap::new();
     for id in 0..PODS {
@@ -616,7 +682,319 @@ fn introspection_and_metrics_show_what_the_agent_holds() {
         types.len(),
         samples.len()
     );
+    aws_node_metrics_follow_real_events(&mut lab, &added);
+    aws_node_settings_paths();
     lab.lab.down().expect("taking the lab down");
+}
+
+/// aws-node's metrics that count events, after real ones: EC2 calls as the
+/// emulator saw them, the start, a DEL, an address someone else assigned,
+/// an EC2 error.
+#[allow(clippy::too_many_lines)] // one event after another
+fn aws_node_metrics_follow_real_events(lab: &mut IpamLab, added: &BTreeMap<String, Ipv4Addr>) {
+    let (types, samples) = scrape();
+    for (name, kind) in [
+        ("awscni_ec2api_req_count", "counter"),
+        ("awscni_aws_api_latency_ms", "summary"),
+        ("awscni_ipamd_action_inprogress", "gauge"),
+        ("awscni_reconcile_count", "counter"),
+        ("awscni_assigned_ip_per_cidr", "gauge"),
+        ("awscni_ipamd_startup_duration_seconds", "histogram"),
+        (
+            "awscni_ipamd_node_initialization_duration_seconds",
+            "histogram",
+        ),
+    ] {
+        assert_eq!(types.get(name).map(String::as_str), Some(kind), "{name}");
+    }
+    // Settled ENIs are made and attached no more: the agent's counts are
+    // the emulator's.
+    let calls = lab
+        .emulator()
+        .admin()
+        .calls()
+        .expect("the emulator's calls");
+    for action in [
+        "DescribeInstanceTypes",
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+    ] {
+        let theirs = calls.action(action).calls;
+        assert!(theirs >= 1, "{action} was called");
+        let ours = sample_if(&samples, "awscni_ec2api_req_count", &[("fn", action)]);
+        assert_eq!(ours, Some(theirs), "awscni_ec2api_req_count{{fn={action}}}");
+        let ok = [("api", action), ("error", "false"), ("status", "200")];
+        assert_eq!(
+            sample_if(&samples, "awscni_aws_api_latency_ms_count", &ok),
+            Some(theirs),
+            "{action}'s latency"
+        );
+    }
+    let imds = [
+        ("api", "GetMetadata"),
+        ("error", "false"),
+        ("status", "200"),
+    ];
+    assert!(sample_if(&samples, "awscni_aws_api_latency_ms_count", &imds) >= Some(1));
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_ec2api_error_count",
+            &[("fn", "CreateNetworkInterface")]
+        ),
+        None,
+        "no failed call yet"
+    );
+    // One start, without a Kubernetes API (this lab has none), and one
+    // address manager start, both over.
+    let started = [
+        ("success", "true"),
+        ("with_api_server", "false"),
+        ("failure_reason", ""),
+    ];
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_ipamd_startup_duration_seconds_count",
+            &started
+        ),
+        Some(1)
+    );
+    let startup: f64 = raw_sample(
+        &samples,
+        "awscni_ipamd_startup_duration_seconds_sum",
+        &started,
+    )
+    .and_then(|v| v.parse().ok())
+    .expect("the start's duration");
+    assert!(startup > 0.0 && startup < 300.0, "{startup}");
+    let mut inf = started.to_vec();
+    inf.push(("le", "+Inf"));
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_ipamd_startup_duration_seconds_bucket",
+            &inf
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_ipamd_node_initialization_duration_seconds_count",
+            &[("success", "true")]
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_ipamd_action_inprogress",
+            &[("fn", "nodeInit")]
+        ),
+        Some(0)
+    );
+    for action in [
+        "increaseDatastorePool",
+        "decreaseDatastorePool",
+        "nodeIPPoolReconcile",
+    ] {
+        let under_way = sample_if(
+            &samples,
+            "awscni_ipamd_action_inprogress",
+            &[("fn", action)],
+        );
+        assert!(
+            under_way == Some(0) || under_way == Some(1),
+            "{action}: {under_way:?}"
+        );
+    }
+    // Each pod's address is a /32 of the pool holding one pod.
+    for addr in added.values() {
+        assert_eq!(
+            sample_if(
+                &samples,
+                "awscni_assigned_ip_per_cidr",
+                &[("cidr", &format!("{addr}/32"))]
+            ),
+            Some(1),
+            "{addr}"
+        );
+    }
+    let per_cidr: u64 = samples
+        .iter()
+        .filter(|(name, _, _)| name == "awscni_assigned_ip_per_cidr")
+        .map(|(_, _, v)| v.parse::<u64>().expect("a count"))
+        .sum();
+    assert_eq!(per_cidr, n(PODS));
+
+    // A DEL, as the plugin sends it for a deleted pod.
+    let mut client = lab.client();
+    let released = lab
+        .block_on(client.del_network(DelNetworkRequest {
+            pod: Some(pod(0)),
+            host_veth: String::new(),
+            reason: vpcnet_api::del_reason::POD_DELETED.to_owned(),
+        }))
+        .expect("DEL")
+        .into_inner();
+    assert_eq!(released.ipv4_addr, added["pod-0"].to_string());
+    let (_, samples) = scrape();
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_del_ip_req_count",
+            &[("reason", "PodDeleted")]
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        sample_if(
+            &samples,
+            "awscni_assigned_ip_per_cidr",
+            &[("cidr", &format!("{}/32", added["pod-0"]))]
+        ),
+        Some(0),
+        "the released address holds no pod"
+    );
+
+    // An ENI someone else attaches (an operator's, untagged): the node's
+    // reconcile takes it in (aws-node's eniReconcileAdd).
+    let found = [("fn", "eniReconcileAdd")];
+    let found_before =
+        sample_if(&samples, "awscni_reconcile_count", &found).expect("the reconcile's count");
+    let instance = lab.emulator().instance_id().to_owned();
+    let operators = lab
+        .emulator()
+        .admin()
+        .create_leaked_eni(LAB_NODE_SUBNET_ID, &BTreeMap::new(), 3)
+        .expect("the operator's ENI");
+    let eni = operators.clone();
+    ec2_call(|cloud| async move { cloud.attach_eni(&eni, &instance, 2).await })
+        .expect("attaching the operator's ENI");
+    scrape_until(
+        &format!("{operators} taken in by the node's reconcile"),
+        Duration::from_secs(30),
+        |samples| sample_if(samples, "awscni_reconcile_count", &found) >= Some(found_before + 1),
+    );
+
+    // EC2 throttles every call that could grow the pool; pods enough to
+    // go below a free ENI's worth make the agent ask, fail, and count it.
+    let grow = ["AssignPrivateIpAddresses", "CreateNetworkInterface"];
+    let admin = lab.emulator().admin();
+    admin
+        .set_faults(&grow.map(|action| FaultRule {
+            action: action.to_owned(),
+            throttle: 1.0,
+            unavailable: 0.0,
+            internal: 0.0,
+        }))
+        .expect("injecting throttling");
+    for id in PODS..PODS + 10 {
+        lab.add(id).expect("ADD");
+    }
+    let failed_call = |samples: &Samples| {
+        grow.into_iter().find(|action| {
+            sample_if(samples, "awscni_ec2api_error_count", &[("fn", action)]) >= Some(1)
+        })
+    };
+    let samples = scrape_until(
+        "a throttled call counted",
+        Duration::from_secs(90),
+        |samples| failed_call(samples).is_some(),
+    );
+    lab.emulator()
+        .admin()
+        .set_faults(&[])
+        .expect("ending the throttling");
+    let action = failed_call(&samples).expect("a failed call");
+    let failed = [("fn", action)];
+    let types = parse_exposition(&get(METRICS, "/metrics").body).0;
+    assert_eq!(types["awscni_ec2api_error_count"], "counter");
+    assert_eq!(types["awscni_aws_api_error_count"], "counter");
+    assert_eq!(types["awscni_del_ip_req_count"], "counter");
+    let errors = sample_if(&samples, "awscni_ec2api_error_count", &failed).expect("errors");
+    let throttled = lab
+        .emulator()
+        .admin()
+        .calls()
+        .expect("the emulator's calls")
+        .action(action)
+        .throttled;
+    assert!(
+        errors <= throttled,
+        "{errors} failed calls, {throttled} throttled answers (the SDK retries within a call)"
+    );
+    assert!(
+        sample_if(
+            &samples,
+            "awscni_aws_api_error_count",
+            &[("api", action), ("error", "RequestLimitExceeded")]
+        ) >= Some(errors),
+        "every failed call was a throttled one"
+    );
+    assert!(
+        sample_if(
+            &samples,
+            "awscni_aws_api_latency_ms_count",
+            &[
+                ("api", action),
+                ("error", "true"),
+                ("status", "RequestLimitExceeded")
+            ]
+        ) >= Some(errors)
+    );
+    assert!(
+        sample_if(&samples, "awscni_ec2api_req_count", &failed) >= Some(errors),
+        "the failed calls are requests too"
+    );
+    println!("{action}: {errors} failed calls, {throttled} throttled answers");
+}
+
+/// aws-node's three settings paths, with its JSON shapes.
+fn aws_node_settings_paths() {
+    let ipamd = get_json("/v1/ipamd-env-settings");
+    assert_eq!(
+        ipamd,
+        serde_json::json!({
+            "WARM_IP_TARGET": 0,
+            "WARM_ENI_TARGET": 1,
+            "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG": false,
+            "AWS_MANAGE_ENIS_NON_SCHEDULABLE": true,
+            "ENABLE_SUBNET_DISCOVERY": true,
+        })
+    );
+    let network = get_json("/v1/networkutils-env-settings");
+    assert_eq!(
+        network,
+        serde_json::json!({
+            "AWS_VPC_K8S_CNI_CONNMARK": 64,
+            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS": null,
+            "AWS_VPC_K8S_CNI_EXTERNALSNAT": false,
+            "AWS_EXTERNAL_SERVICE_CIDRS": null,
+            "AWS_VPC_ENI_MTU": 9001,
+            "AWS_VPC_K8S_CNI_VETHPREFIX": "eni",
+            "AWS_VPC_CNI_NODE_PORT_SUPPORT": false,
+            "AWS_VPC_K8S_CNI_RANDOMIZESNAT": 2,
+        })
+    );
+    let eni_config = get_json("/v1/eni-configs");
+    assert_eq!(eni_config["custom_networking"], false);
+    assert_eq!(eni_config["name"], Value::Null);
+    assert_eq!(eni_config["subnet"], Value::Null);
+    let index = get_json("/");
+    for path in [
+        "/v1/eni-configs",
+        "/v1/ipamd-env-settings",
+        "/v1/networkutils-env-settings",
+    ] {
+        assert!(
+            index["paths"]
+                .as_array()
+                .is_some_and(|p| p.contains(&Value::from(path))),
+            "{path} in {index}"
+        );
+    }
 }
 
 /// Without `--ipam` (the lab's layout gives the node its pods): no pool to

@@ -285,7 +285,14 @@ fn pod_result(ctx: &Ctx, spec: &VethSpec, addr: Ipv4Addr) -> CniResult {
 /// must see.
 async fn undo(ctx: &Ctx, agent: &Agent, node: &NetlinkHandle, host_veth: &str, agent_holds: bool) {
     if agent_holds {
-        match agent.del_network(ctx.pod_key(), host_veth.to_owned()).await {
+        match agent
+            .del_network(
+                ctx.pod_key(),
+                host_veth.to_owned(),
+                vpcnet_api::del_reason::SETUP_NS_FAILED,
+            )
+            .await
+        {
             Ok(reply) => info!(released = %reply.ipv4_addr, "undo: the agent released the pod"),
             Err(err) => warn!(
                 error = %err,

@@ -164,11 +164,13 @@ impl Agent {
         &self,
         pod: PodKey,
         host_veth: String,
+        reason: &str,
     ) -> Result<DelNetworkReply, AgentError> {
         let mut client = self.client.clone();
         let request = DelNetworkRequest {
             pod: Some(pod),
             host_veth,
+            reason: reason.to_owned(),
         };
         self.call("DelNetwork", client.del_network(request)).await
     }

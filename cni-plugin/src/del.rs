@@ -215,7 +215,14 @@ async fn tell_agent(ctx: &Ctx, agent: &Agent, host_veth: &str, ours: bool) -> Op
     } else {
         String::new()
     };
-    match agent.del_network(ctx.pod_key(), host_veth).await {
+    match agent
+        .del_network(
+            ctx.pod_key(),
+            host_veth,
+            vpcnet_api::del_reason::POD_DELETED,
+        )
+        .await
+    {
         Ok(reply) if reply.ipv4_addr.is_empty() => {
             debug!("the agent held no address for the attachment");
             None

@@ -131,7 +131,14 @@ pub async fn gc(conf: &NetConf) -> Result<(), CniError> {
                 error::chain(&err)
             ));
         }
-        match agent.del_network(pod.clone(), host_veth.clone()).await {
+        match agent
+            .del_network(
+                pod.clone(),
+                host_veth.clone(),
+                vpcnet_api::del_reason::GARBAGE_COLLECTED,
+            )
+            .await
+        {
             Ok(_) => {
                 removed += 1;
                 info!(

@@ -396,17 +396,25 @@ fn the_config_map_holds_every_variable_with_the_agents_defaults() {
 /// `kubectl kustomize deploy/kubernetes`, with the image set as an
 /// operator sets it.
 fn kustomize() -> Objects {
+    kustomize_with(&[])
+}
+
+/// [`kustomize`] with the components in `deploy/kubernetes/<component>`.
+fn kustomize_with(components: &[&str]) -> Objects {
     let scratch = vpcnet_lab::ScratchDir::new("vpcnet-kustomize").unwrap();
     // kustomize takes a base by relative path only.
     let up = "../".repeat(scratch.path().components().count() - 1);
     let base = format!("{up}{}", DEPLOY_DIR.trim_start_matches('/'));
-    std::fs::write(
-        scratch.path().join("kustomization.yaml"),
-        format!(
-            "resources:\n  - {base}/kubernetes\nimages:\n  - name: vpcnet\n    newName: registry.example/vpcnet\n    newTag: v9\n"
-        ),
-    )
-    .unwrap();
+    let mut kustomization = format!(
+        "resources:\n  - {base}/kubernetes\nimages:\n  - name: vpcnet\n    newName: registry.example/vpcnet\n    newTag: v9\n"
+    );
+    if !components.is_empty() {
+        kustomization.push_str("components:\n");
+        for component in components {
+            let _ = writeln!(kustomization, "  - {base}/kubernetes/{component}");
+        }
+    }
+    std::fs::write(scratch.path().join("kustomization.yaml"), kustomization).unwrap();
     let text = output_of(Command::new(KUBECTL).arg("kustomize").arg(scratch.path())).unwrap();
     objects(&text, "kubectl kustomize").unwrap()
 }
@@ -446,6 +454,68 @@ fn kustomize_and_helm_set_a_node_up_alike() {
     assert_consistent(&charted, "helm");
     assert_eq!(node_setup(charted.daemon_set()), node_setup(ds));
     assert_eq!(charted.config_map().data, kustomized.config_map().data);
+}
+
+/// cni-metrics-helper lists the pods labelled `k8s-app=aws-node` in
+/// `kube-system` and reads port 61678 of each through the API server:
+/// vpcnet's pods get the label when asked (the kustomize component, the
+/// chart's `podLabels`), never in the DaemonSet's selector.
+#[test]
+fn cni_metrics_helper_finds_the_pods_when_asked() {
+    let (key, value) = vpcnet_agent::introspect::METRICS_HELPER_POD_LABEL;
+    let metrics_port: i32 = vpcnet_agent::introspect::DEFAULT_METRICS_ADDRESS
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .unwrap();
+    let check = |all: &Objects, what: &str, labelled: bool| {
+        let ds = all.daemon_set();
+        assert_eq!(
+            ds.metadata.namespace.as_deref(),
+            Some("kube-system"),
+            "{what}: cni-metrics-helper looks in kube-system only"
+        );
+        let spec = ds.spec.as_ref().unwrap();
+        assert!(
+            spec.selector.match_expressions.is_none()
+                && !spec
+                    .selector
+                    .match_labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(key)),
+            "{what}: the DaemonSet's selector must not take aws-node's pods"
+        );
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone());
+        assert_eq!(
+            labels.unwrap_or_default().get(key).map(String::as_str) == Some(value),
+            labelled,
+            "{what}: {key}={value} on the pods"
+        );
+        let agent = &pod_spec(ds).containers[0];
+        assert!(
+            agent
+                .ports
+                .iter()
+                .flatten()
+                .any(|p| p.container_port == metrics_port),
+            "{what}: the agent's metrics port"
+        );
+    };
+    check(&kustomize(), "kustomize", false);
+    check(&helm_template(&[]), "helm", false);
+    check(
+        &kustomize_with(&["cni-metrics-helper"]),
+        "kustomize with the component",
+        true,
+    );
+    check(
+        &helm_template(&["--set", &format!("podLabels.{key}={value}")]),
+        "helm with podLabels",
+        true,
+    );
 }
 
 #[test]

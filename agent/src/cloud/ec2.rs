@@ -1,15 +1,58 @@
 //! The EC2 calls the address manager makes, with aws-node's tags and
 //! descriptions so either agent recognises the other's ENIs.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Instant};
 
-use aws_sdk_ec2::types::{
-    Filter, NetworkInterface, NetworkInterfaceAttachmentChanges, ResourceType, Subnet, Tag,
-    TagSpecification,
+use aws_sdk_ec2::{
+    config::http::HttpResponse,
+    error::{ProvideErrorMetadata, SdkError},
+    types::{
+        Filter, NetworkInterface, NetworkInterfaceAttachmentChanges, ResourceType, Subnet, Tag,
+        TagSpecification,
+    },
 };
 use ipnet::Ipv4Net;
 
 use super::{Cloud, CloudError};
+use crate::introspect::recorder::{self, Outcome};
+
+/// Awaits EC2 call `action` and records it for the metrics, as aws-node's
+/// awsutils does per call: the request, its failure, its latency, EC2's
+/// error code. The SDK's own retries are inside one call.
+async fn recorded<T, E>(
+    action: &'static str,
+    call: impl Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+) -> Result<T, CloudError>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let began = Instant::now();
+    record(action, began, call.await)
+}
+
+/// The `result` of EC2 call `action` begun at `began`, recorded (see
+/// [`recorded`]).
+fn record<T, E>(
+    action: &'static str,
+    began: Instant,
+    result: Result<T, SdkError<E, HttpResponse>>,
+) -> Result<T, CloudError>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let elapsed = began.elapsed();
+    match result {
+        Ok(out) => {
+            recorder::ec2_call(action, elapsed, Outcome::Ok);
+            Ok(out)
+        }
+        Err(e) => {
+            let error = CloudError::from_sdk(action, &e);
+            recorder::ec2_call(action, elapsed, error.outcome());
+            Err(error)
+        }
+    }
+}
 
 /// Which instance an ENI was made for (aws-node's tag).
 pub const TAG_INSTANCE_ID: &str = "node.k8s.amazonaws.com/instance_id";
@@ -217,13 +260,14 @@ impl Cloud {
         instance_type: &str,
     ) -> Result<InstanceTypeLimits, CloudError> {
         const ACTION: &str = "DescribeInstanceTypes";
-        let out = self
-            .ec2
-            .describe_instance_types()
-            .instance_types(instance_type.into())
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        let out = recorded(
+            ACTION,
+            self.ec2
+                .describe_instance_types()
+                .instance_types(instance_type.into())
+                .send(),
+        )
+        .await?;
         let instance_type_info = out.instance_types().first();
         let vcpus = instance_type_info
             .and_then(|t| t.v_cpu_info())
@@ -261,13 +305,7 @@ impl Cloud {
     /// A subnet by id.
     pub async fn subnet(&self, id: &str) -> Result<SubnetInfo, CloudError> {
         const ACTION: &str = "DescribeSubnets";
-        let out = self
-            .ec2
-            .describe_subnets()
-            .subnet_ids(id)
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        let out = recorded(ACTION, self.ec2.describe_subnets().subnet_ids(id).send()).await?;
         let subnet = out.subnets().first().ok_or(CloudError::Incomplete {
             action: ACTION,
             field: "Subnet",
@@ -291,8 +329,13 @@ impl Cloud {
             .into_paginator()
             .send();
         let mut subnets = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        // Each page is a request of its own.
+        loop {
+            let began = Instant::now();
+            let Some(page) = pages.next().await else {
+                break;
+            };
+            let page = record(ACTION, began, page)?;
             for subnet in page.subnets() {
                 subnets.push(SubnetInfo::from_sdk(ACTION, subnet)?);
             }
@@ -311,8 +354,13 @@ impl Cloud {
             .into_paginator()
             .send();
         let mut enis = Vec::new();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        // Each page is a request of its own.
+        loop {
+            let began = Instant::now();
+            let Some(page) = pages.next().await else {
+                break;
+            };
+            let page = record(ACTION, began, page)?;
             for eni in page.network_interfaces() {
                 enis.push(EniInfo::from_sdk(ACTION, eni)?);
             }
@@ -377,10 +425,7 @@ impl Cloud {
         } else if new.secondary_addrs > 0 {
             call = call.secondary_private_ip_address_count(count(new.secondary_addrs));
         }
-        let out = call
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        let out = recorded(ACTION, call.send()).await?;
         let eni = out.network_interface().ok_or(CloudError::Incomplete {
             action: ACTION,
             field: "NetworkInterface",
@@ -397,16 +442,17 @@ impl Cloud {
         device_index: u32,
     ) -> Result<String, CloudError> {
         const ACTION: &str = "AttachNetworkInterface";
-        let out = self
-            .ec2
-            .attach_network_interface()
-            .network_interface_id(eni_id)
-            .instance_id(instance_id)
-            .device_index(i32::try_from(device_index).unwrap_or(i32::MAX))
-            .network_card_index(0)
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        let out = recorded(
+            ACTION,
+            self.ec2
+                .attach_network_interface()
+                .network_interface_id(eni_id)
+                .instance_id(instance_id)
+                .device_index(i32::try_from(device_index).unwrap_or(i32::MAX))
+                .network_card_index(0)
+                .send(),
+        )
+        .await?;
         let attachment_id = out
             .attachment_id()
             .ok_or(CloudError::Incomplete {
@@ -414,53 +460,60 @@ impl Cloud {
                 field: "AttachmentId",
             })?
             .to_owned();
-        self.ec2
-            .modify_network_interface_attribute()
-            .network_interface_id(eni_id)
-            .attachment(
-                NetworkInterfaceAttachmentChanges::builder()
-                    .attachment_id(&attachment_id)
-                    .delete_on_termination(true)
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk("ModifyNetworkInterfaceAttribute", &e))?;
+        recorded(
+            "ModifyNetworkInterfaceAttribute",
+            self.ec2
+                .modify_network_interface_attribute()
+                .network_interface_id(eni_id)
+                .attachment(
+                    NetworkInterfaceAttachmentChanges::builder()
+                        .attachment_id(&attachment_id)
+                        .delete_on_termination(true)
+                        .build(),
+                )
+                .send(),
+        )
+        .await?;
         Ok(attachment_id)
     }
 
     pub async fn detach_eni(&self, attachment_id: &str) -> Result<(), CloudError> {
-        self.ec2
-            .detach_network_interface()
-            .attachment_id(attachment_id)
-            .force(true)
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk("DetachNetworkInterface", &e))?;
+        recorded(
+            "DetachNetworkInterface",
+            self.ec2
+                .detach_network_interface()
+                .attachment_id(attachment_id)
+                .force(true)
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 
     pub async fn delete_eni(&self, eni_id: &str) -> Result<(), CloudError> {
-        self.ec2
-            .delete_network_interface()
-            .network_interface_id(eni_id)
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk("DeleteNetworkInterface", &e))?;
+        recorded(
+            "DeleteNetworkInterface",
+            self.ec2
+                .delete_network_interface()
+                .network_interface_id(eni_id)
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 
     /// Assigns `n` secondary addresses EC2 picks.
     pub async fn assign_addrs(&self, eni_id: &str, n: usize) -> Result<Vec<Ipv4Addr>, CloudError> {
         const ACTION: &str = "AssignPrivateIpAddresses";
-        let out = self
-            .ec2
-            .assign_private_ip_addresses()
-            .network_interface_id(eni_id)
-            .secondary_private_ip_address_count(count(n))
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        let out = recorded(
+            ACTION,
+            self.ec2
+                .assign_private_ip_addresses()
+                .network_interface_id(eni_id)
+                .secondary_private_ip_address_count(count(n))
+                .send(),
+        )
+        .await?;
         out.assigned_private_ip_addresses()
             .iter()
             .map(|a| {
@@ -481,14 +534,15 @@ impl Cloud {
         n: usize,
     ) -> Result<Vec<Ipv4Net>, CloudError> {
         const ACTION: &str = "AssignPrivateIpAddresses";
-        let out = self
-            .ec2
-            .assign_private_ip_addresses()
-            .network_interface_id(eni_id)
-            .ipv4_prefix_count(count(n))
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk(ACTION, &e))?;
+        let out = recorded(
+            ACTION,
+            self.ec2
+                .assign_private_ip_addresses()
+                .network_interface_id(eni_id)
+                .ipv4_prefix_count(count(n))
+                .send(),
+        )
+        .await?;
         out.assigned_ipv4_prefixes()
             .iter()
             .map(|p| {
@@ -503,13 +557,15 @@ impl Cloud {
     }
 
     pub async fn unassign_addrs(&self, eni_id: &str, addrs: &[Ipv4Addr]) -> Result<(), CloudError> {
-        self.ec2
-            .unassign_private_ip_addresses()
-            .network_interface_id(eni_id)
-            .set_private_ip_addresses(Some(addrs.iter().map(ToString::to_string).collect()))
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk("UnassignPrivateIpAddresses", &e))?;
+        recorded(
+            "UnassignPrivateIpAddresses",
+            self.ec2
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni_id)
+                .set_private_ip_addresses(Some(addrs.iter().map(ToString::to_string).collect()))
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 
@@ -518,29 +574,33 @@ impl Cloud {
         eni_id: &str,
         prefixes: &[Ipv4Net],
     ) -> Result<(), CloudError> {
-        self.ec2
-            .unassign_private_ip_addresses()
-            .network_interface_id(eni_id)
-            .set_ipv4_prefixes(Some(prefixes.iter().map(ToString::to_string).collect()))
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk("UnassignPrivateIpAddresses", &e))?;
+        recorded(
+            "UnassignPrivateIpAddresses",
+            self.ec2
+                .unassign_private_ip_addresses()
+                .network_interface_id(eni_id)
+                .set_ipv4_prefixes(Some(prefixes.iter().map(ToString::to_string).collect()))
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 
     /// Sets tags on a resource.
     pub async fn tag(&self, resource_id: &str, tags: &[(&str, &str)]) -> Result<(), CloudError> {
-        self.ec2
-            .create_tags()
-            .resources(resource_id)
-            .set_tags(Some(
-                tags.iter()
-                    .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
-                    .collect(),
-            ))
-            .send()
-            .await
-            .map_err(|e| CloudError::from_sdk("CreateTags", &e))?;
+        recorded(
+            "CreateTags",
+            self.ec2
+                .create_tags()
+                .resources(resource_id)
+                .set_tags(Some(
+                    tags.iter()
+                        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+                        .collect(),
+                ))
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 }

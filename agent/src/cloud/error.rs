@@ -6,6 +6,8 @@ use aws_sdk_ec2::{
     error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
 };
 
+use crate::introspect::recorder::Outcome;
+
 /// EC2's codes for "slow down" and "try again later".
 const RETRYABLE_CODES: &[&str] = &[
     "RequestLimitExceeded",
@@ -90,6 +92,18 @@ impl CloudError {
         match self {
             Self::Api { code, .. } => Some(code),
             _ => None,
+        }
+    }
+
+    /// How the call ended, for the metrics.
+    #[must_use]
+    pub fn outcome(&self) -> Outcome<'_> {
+        match self {
+            Self::Api { code, .. } => Outcome::ApiError(code),
+            Self::Imds { .. }
+            | Self::ImdsValue { .. }
+            | Self::Transport { .. }
+            | Self::Incomplete { .. } => Outcome::OtherError { status: None },
         }
     }
 

@@ -8,6 +8,7 @@ use aws_config::imds::client::error::ImdsError;
 use ipnet::Ipv4Net;
 
 use super::{Cloud, CloudError};
+use crate::introspect::recorder::{self, Outcome};
 
 const META_DATA: &str = "/latest/meta-data/";
 
@@ -56,7 +57,19 @@ async fn get_optional(
     key: &str,
 ) -> Result<Option<String>, CloudError> {
     let path = format!("{META_DATA}{key}");
-    match imds.get(&path).await {
+    let began = std::time::Instant::now();
+    let answer = imds.get(&path).await;
+    recorder::imds_call(
+        began.elapsed(),
+        match &answer {
+            Ok(_) => Outcome::Ok,
+            Err(ImdsError::ErrorResponse(e)) => Outcome::OtherError {
+                status: Some(e.response().status().as_u16()),
+            },
+            Err(_) => Outcome::OtherError { status: None },
+        },
+    );
+    match answer {
         Ok(value) => Ok(Some(value.as_ref().trim().to_owned())),
         Err(ImdsError::ErrorResponse(e)) if e.response().status().as_u16() == 404 => Ok(None),
         Err(e) => Err(CloudError::Imds {

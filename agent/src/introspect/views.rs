@@ -240,6 +240,25 @@ pub struct FlowView {
     pub idle_seconds: u64,
 }
 
+/// `GET /v1/eni-configs`: the ENIConfig custom networking uses on this
+/// node. aws-node answers with the ENIConfig's name alone (a JSON string,
+/// from the Node's labels); vpcnet with what new ENIs get from it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EniConfigView {
+    /// `AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG`: whether it is used at all.
+    pub custom_networking: bool,
+    /// The ENIConfig's name; `None`: the subnet and groups come from
+    /// variables, not from an ENIConfig object.
+    pub name: Option<String>,
+    /// The subnet of new ENIs (an ENIConfig's `spec.subnet`).
+    pub subnet: Option<String>,
+    /// Their security groups (`spec.securityGroups`; empty: the primary
+    /// ENI's).
+    pub security_groups: Vec<String>,
+    /// Where the above comes from.
+    pub source: String,
+}
+
 /// `GET /v1/config`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConfigView {

@@ -248,6 +248,8 @@ counters! {
     addrs_found: "Addresses (prefixes' included) found assigned by someone else and taken into the pool.",
     addrs_lost: "Addresses (prefixes' included) found unassigned by someone else and taken out of the pool.",
     cordon_held: "Passes that found the pool below its targets on a cordoned node and left it so (the variable to manage ENIs on such nodes is not true).",
+    cidrs_found: "Addresses and prefixes (one each) found assigned by someone else (the unit of `awscni_reconcile_count`).",
+    cidrs_lost: "Addresses and prefixes (one each) found unassigned by someone else (the unit of `awscni_reconcile_count`).",
 }
 
 fn bump(counter: &AtomicU64, n: usize) {
@@ -546,6 +548,19 @@ impl Manager {
     /// writes it back: from then on no address a running pod holds is
     /// handed out again.
     pub async fn start(
+        cloud: Cloud,
+        opts: ManagerOptions,
+        network: Arc<dyn NodeNetwork>,
+    ) -> Result<Self, ManagerError> {
+        let _action =
+            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_NODE_INIT);
+        let began = Instant::now();
+        let started = Self::start_inner(cloud, opts, network).await;
+        crate::introspect::recorder::node_initialized(started.is_ok(), began.elapsed());
+        started
+    }
+
+    async fn start_inner(
         cloud: Cloud,
         opts: ManagerOptions,
         network: Arc<dyn NodeNetwork>,
@@ -1443,6 +1458,8 @@ impl Manager {
     }
 
     async fn grow(&self, plan: Growth) -> Result<(), ManagerError> {
+        let _action =
+            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_INCREASE_POOL);
         let me = &self.inner;
         let (result, prefixes) = match &plan {
             Growth::OnEni { eni, n, prefixes } => {
@@ -1624,6 +1641,8 @@ impl Manager {
     /// (highest ENIs first), then a whole ENI when that is safe.
     /// `held`: the node is cordoned, no ENI is freed.
     async fn shrink(&self, held: bool) -> Result<(), ManagerError> {
+        let _action =
+            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_DECREASE_POOL);
         let me = &self.inner;
         let now = Instant::now();
         let cooldown = me.opts.settings.ip_cooldown;
@@ -1908,6 +1927,8 @@ impl Manager {
     /// differs; EC2, the authority, then says what. The only way to the
     /// pool with `DISABLE_NETWORK_RESOURCE_PROVISIONING`.
     async fn reconcile_attached(&self) -> Result<(), ManagerError> {
+        let _action =
+            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_NODE_RECONCILE);
         let me = &self.inner;
         bump(&me.counters.node_reconciles, 1);
         let imds = me.cloud.imds_enis().await?;
@@ -2077,6 +2098,14 @@ impl Manager {
             warn!(eni = %eni.id, %addr, pod = %key.container_id, "the pod's address was unassigned by someone else");
         }
         let per_prefix = IPS_PER_PREFIX;
+        bump(
+            &me.counters.cidrs_found,
+            found_addrs.len() + found_prefixes.len(),
+        );
+        bump(
+            &me.counters.cidrs_lost,
+            lost_addrs.len() + lost_prefixes.len(),
+        );
         bump(
             &me.counters.addrs_found,
             found_addrs.len() + found_prefixes.len() * per_prefix,

@@ -119,6 +119,9 @@ pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8s
                 return;
             }
             Err(error) => {
+                crate::introspect::recorder::pod_eni_error(
+                    crate::introspect::recorder::POD_ENI_ENABLE_SECURITY_GROUPS,
+                );
                 warn!(%error, retry_in = ?delay, "adding {SECURITY_GROUPS_FOR_PODS} to the node's CNINode");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_mins(1));
