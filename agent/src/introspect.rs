@@ -278,7 +278,7 @@ impl EnvAnswers {
                 .map_err(Clone::clone),
             ipamd: ipam
                 .as_ref()
-                .map(|s| env_settings::ipamd_env_settings(s, &env))
+                .map(env_settings::ipamd_env_settings)
                 .map_err(Clone::clone),
             networkutils: ipam.as_ref().map_err(Clone::clone).and_then(|s| {
                 env_settings::networkutils_env_settings(s, &env).map_err(|e| e.to_string())

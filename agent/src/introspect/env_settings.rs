@@ -15,14 +15,11 @@ use crate::{
         ConfigError, ENV_CONNMARK, ENV_EXCLUDE_SNAT_CIDRS, ENV_EXTERNAL_SERVICE_CIDRS,
         ENV_EXTERNAL_SNAT, ENV_RANDOMIZE_SNAT, SnatSettings,
     },
-    env::{
-        Env,
-        aws_node::ENV_NODE_PORT_SUPPORT,
-    },
+    env::{Env, aws_node::ENV_NODE_PORT_SUPPORT},
     ipam::settings::{
         ENV_CUSTOM_NETWORK_CFG, ENV_ENABLE_SUBNET_DISCOVERY, ENV_ENI_CONFIG_SECURITY_GROUPS,
-        ENV_MANAGE_ENIS_NON_SCHEDULABLE,
-        ENV_ENI_CONFIG_SUBNET, ENV_ENI_MTU, ENV_WARM_ENI_TARGET, ENV_WARM_IP_TARGET, IpamSettings,
+        ENV_ENI_CONFIG_SUBNET, ENV_ENI_MTU, ENV_MANAGE_ENIS_NON_SCHEDULABLE, ENV_WARM_ENI_TARGET,
+        ENV_WARM_IP_TARGET, IpamSettings,
     },
     pods::{ENV_VETH_PREFIX, veth_prefix},
 };
@@ -30,7 +27,7 @@ use crate::{
 /// `/v1/ipamd-env-settings`: the five variables aws-node's ipamd shows.
 /// `WARM_IP_TARGET` unset reads 0, as there.
 #[must_use]
-pub fn ipamd_env_settings(ipam: &IpamSettings, env: &Env) -> BTreeMap<String, Value> {
+pub fn ipamd_env_settings(ipam: &IpamSettings) -> BTreeMap<String, Value> {
     [
         (ENV_WARM_IP_TARGET, json!(ipam.warm_ip_target)),
         (ENV_WARM_ENI_TARGET, json!(ipam.warm_eni_target)),
@@ -109,9 +106,9 @@ mod tests {
 
     #[test]
     fn ipamd_settings_as_aws_node_shows_them() {
-        let (ipam, env) = read(&[]);
+        let (ipam, _) = read(&[]);
         assert_eq!(
-            json!(ipamd_env_settings(&ipam, &env)),
+            json!(ipamd_env_settings(&ipam)),
             json!({
                 "WARM_IP_TARGET": 0,
                 "WARM_ENI_TARGET": 1,
@@ -120,13 +117,13 @@ mod tests {
                 "ENABLE_SUBNET_DISCOVERY": true,
             })
         );
-        let (ipam, env) = read(&[
+        let (ipam, _) = read(&[
             (ENV_WARM_IP_TARGET, "5"),
             (ENV_WARM_ENI_TARGET, "-1"),
             (ENV_MANAGE_ENIS_NON_SCHEDULABLE, "true"),
             (ENV_ENABLE_SUBNET_DISCOVERY, "no"),
         ]);
-        let view = ipamd_env_settings(&ipam, &env);
+        let view = ipamd_env_settings(&ipam);
         assert_eq!(view[ENV_WARM_IP_TARGET], 5);
         assert_eq!(view[ENV_WARM_ENI_TARGET], 1, "negative: the default");
         assert_eq!(view[ENV_MANAGE_ENIS_NON_SCHEDULABLE], true);
