@@ -886,8 +886,7 @@ fn aws_node_metrics_follow_real_events(lab: &mut IpamLab, added: &BTreeMap<Strin
         .set_faults(&grow.map(|action| FaultRule {
             action: action.to_owned(),
             throttle: 1.0,
-            unavailable: 0.0,
-            internal: 0.0,
+            ..FaultRule::default()
         }))
         .expect("injecting throttling");
     for id in PODS..PODS + 10 {
