@@ -75,7 +75,7 @@ use crate::{
     env::Env,
     ipam::{
         manager::{EniDetail, IpamStatus},
-        settings::IpamSettings,
+        settings::{EniConfig, IpamSettings},
     },
     netlink::{LinkInfo, MacAddr, NetlinkError, NetlinkHandle},
     pods::{PodError, Pods},
@@ -226,6 +226,9 @@ pub struct Sources {
     pub primary_interface: String,
     /// The garbage collector's work so far.
     pub collector: Arc<Mutex<CollectorReport>>,
+    /// Custom networking's ENIConfig in force, when followed from the
+    /// Kubernetes API.
+    pub eni_config_objects: Option<tokio::sync::watch::Receiver<Option<EniConfig>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -253,6 +256,7 @@ struct State {
     /// aws-node's three settings paths, read once at start (the process's
     /// variables do not change); an error is the answer.
     env_answers: EnvAnswers,
+    eni_config_objects: Option<tokio::sync::watch::Receiver<Option<EniConfig>>>,
 }
 
 /// The answers of aws-node's settings paths.
@@ -274,7 +278,12 @@ impl EnvAnswers {
         Self {
             eni_configs: ipam
                 .as_ref()
-                .map(env_settings::eni_config_in_force)
+                .map(|ipam| {
+                    env_settings::eni_config_in_force(
+                        ipam,
+                        env_settings::EniConfigSource::Variables,
+                    )
+                })
                 .map_err(Clone::clone),
             ipamd: ipam
                 .as_ref()
@@ -340,6 +349,7 @@ pub fn start(
         netlink: NetlinkHandle::new()?,
         collector: sources.collector,
         env_answers,
+        eni_config_objects: sources.eni_config_objects,
     });
     for (addr, role) in [
         (&endpoints.introspection, Role::Introspection),
@@ -588,7 +598,18 @@ async fn route(state: &Arc<State>, role: Role, request: &Request<Incoming>) -> R
         (Role::Introspection, "/v1/config") => {
             config(state).await.map(|view| json(StatusCode::OK, &view))
         }
-        (Role::Introspection, PATH_ENI_CONFIGS) => Ok(env_answer(&state.env_answers.eni_configs)),
+        (Role::Introspection, PATH_ENI_CONFIGS) => {
+            Ok(match (&state.eni_config_objects, &state.ipam_settings) {
+                (Some(followed), Some(ipam)) => json(
+                    StatusCode::OK,
+                    &env_settings::eni_config_in_force(
+                        ipam,
+                        env_settings::EniConfigSource::Objects(followed.borrow().as_ref()),
+                    ),
+                ),
+                _ => env_answer(&state.env_answers.eni_configs),
+            })
+        }
         (Role::Introspection, PATH_IPAMD_ENV_SETTINGS) => Ok(env_answer(&state.env_answers.ipamd)),
         (Role::Introspection, PATH_NETWORKUTILS_ENV_SETTINGS) => {
             Ok(env_answer(&state.env_answers.networkutils))
@@ -1122,6 +1143,7 @@ pub fn render_metrics(snapshot: &MetricsSnapshot) -> String {
         render_ipam_actions(&mut e, status, snapshot);
     }
     render_recorded(&mut e, &snapshot.recorded);
+    render_kubernetes(&mut e, &snapshot.recorded);
     render_datapath(&mut e, snapshot);
     e.finish()
 }
@@ -1296,6 +1318,20 @@ fn render_ipam_actions(e: &mut Exposition, status: &IpamStatus, snapshot: &Metri
             .per_cidr
             .iter()
             .map(|(cidr, held)| (vec![("cidr", cidr.clone())], n(*held))),
+    );
+}
+
+/// The Kubernetes API's answers: a failing API server shows here while
+/// the watchers retry.
+fn render_kubernetes(e: &mut Exposition, recorded: &recorder::Recorded) {
+    e.family(
+        "vpcnet_kubernetes_api_answers_total",
+        MetricType::Counter,
+        "Kubernetes API requests by the HTTP status of the answer (none: no answer)",
+        recorded.kubernetes_answers.iter().map(|(status, n)| {
+            let code = status.map_or_else(|| "none".to_owned(), |s| s.to_string());
+            (vec![("code", code)], *n)
+        }),
     );
 }
 
@@ -1833,6 +1869,8 @@ mod tests {
         r.del_request("PodDeleted");
         r.pod_eni_errors
             .insert(recorder::POD_ENI_ENABLE_SECURITY_GROUPS, 2);
+        r.kubernetes_answers.insert(Some(403), 3);
+        r.kubernetes_answers.insert(None, 1);
         r.actions.insert(recorder::ACTION_INCREASE_POOL, 1);
         r.startup
             .entry(recorder::StartupKey {
@@ -2106,6 +2144,16 @@ mod tests {
             ),
             2
         );
+        for (code, answers) in [("403", 3), ("none", 1)] {
+            assert_eq!(
+                value(
+                    &samples,
+                    "vpcnet_kubernetes_api_answers_total",
+                    &[("code", code)]
+                ),
+                answers
+            );
+        }
         for (action, under_way) in [
             ("nodeInit", 0),
             ("increaseDatastorePool", 1),
@@ -2189,6 +2237,7 @@ mod tests {
             ("awscni_aws_api_latency_ms", "summary"),
             ("awscni_del_ip_req_count", "counter"),
             ("awscni_pod_eni_error_count", "counter"),
+            ("vpcnet_kubernetes_api_answers_total", "counter"),
             ("awscni_ipamd_action_inprogress", "gauge"),
             ("awscni_reconcile_count", "counter"),
             ("awscni_assigned_ip_per_cidr", "gauge"),

@@ -82,6 +82,9 @@ pub enum K8sError {
         after: std::time::Duration,
     },
 
+    #[error("{object} has what vpcnet cannot read ({why}): it is left as it is")]
+    Unreadable { object: String, why: String },
+
     #[error("{what}: {source}")]
     Api {
         what: String,
@@ -190,7 +193,20 @@ pub fn connect(settings: &K8sSettings) -> Result<kube::Client, K8sError> {
                 })?;
     }
     config.connect_timeout = Some(CONNECT_TIMEOUT);
-    kube::Client::try_from(config).map_err(K8sError::Client)
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(K8sError::Client)?;
+    // Every request's answer is counted, so that an API server that fails
+    // (the watchers retry in silence after their first warning) shows in
+    // `/metrics`.
+    Ok(builder
+        .with_layer(&tower::util::MapResultLayer::new(count_answer))
+        .build())
+}
+
+fn count_answer<B, E>(result: Result<http::Response<B>, E>) -> Result<http::Response<B>, E> {
+    crate::introspect::recorder::kubernetes_answer(
+        result.as_ref().ok().map(|answer| answer.status().as_u16()),
+    );
+    result
 }
 
 #[cfg(test)]

@@ -978,6 +978,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
         ));
     }
     let (ipam_settings, mut introspected_pods) = (ipam.clone(), None);
+    let mut introspected_eni_config = None;
     if let (Some(settings), Some(cloud)) = (ipam, cloud) {
         // Pods with a branch ENI are served with ENABLE_POD_ENI only.
         let branch_mode = settings.pod_eni.then_some(settings.sg_enforcing_mode);
@@ -1021,6 +1022,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
             )?,
             ..ManagerOptions::new(settings)
         };
+        introspected_eni_config.clone_from(&opts.eni_configs);
         let manager = start_manager(&cloud, &opts, network).await?;
         if branch_mode.is_some()
             && let Some(client) = &kube
@@ -1037,7 +1039,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
                 k8s.clone(),
                 manager.subscribe_events(),
             ));
-            match k8s::pods::NodePods::follow(client.clone(), &k8s, k8s.annotate_pod_ip) {
+            match k8s::pods::NodePods::follow(client.clone(), &k8s) {
                 Ok((pods, follow)) => {
                     tasks.spawn(follow);
                     cluster_pods = Some(pods);
@@ -1099,6 +1101,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
             ipam_settings,
             primary_interface: node.primary_interface.clone(),
             collector: Arc::clone(&collector),
+            eni_config_objects: introspected_eni_config,
         },
         &shutdown_rx,
         &mut tasks,

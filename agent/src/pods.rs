@@ -14,7 +14,7 @@ use std::{
 use tracing::{debug, info, warn};
 use vpcnet_api::{
     layout::EnforcingMode,
-    pod::{BranchEni, branch_eni},
+    pod::{BranchEni, branch_eni, branch_eni_of},
 };
 use vpcnet_common::{
     addr_to_raw,
@@ -197,15 +197,13 @@ impl Pods {
         pod_mac: &str,
         annotations: &HashMap<String, String>,
     ) -> Result<PodAddress, PodError> {
-        let from_api = self.branch_from_api(metadata).await?;
-        let annotations = match &from_api {
-            Some(value) => &HashMap::from([(
-                vpcnet_api::pod::POD_ENI_ANNOTATION.to_owned(),
-                value.to_string(),
-            )]),
-            None => annotations,
-        };
-        let branch = branch_eni(annotations).map_err(|source| PodError::BadAnnotation {
+        // With the API, its annotation is the one that counts (the
+        // runtime's copy may predate the controller's).
+        let branch = match self.branch_from_api(metadata).await? {
+            Some(value) => branch_eni_of(&value),
+            None => branch_eni(annotations),
+        }
+        .map_err(|source| PodError::BadAnnotation {
             annotation: vpcnet_api::pod::POD_ENI_ANNOTATION,
             source,
         })?;
@@ -238,10 +236,7 @@ impl Pods {
     /// (`None`: an ordinary pod, or no API server: the runtime's
     /// annotations decide), or a retryable error while a pod that asks for
     /// one has none yet.
-    async fn branch_from_api(
-        &self,
-        metadata: &IpamMetadata,
-    ) -> Result<Option<std::sync::Arc<str>>, PodError> {
+    async fn branch_from_api(&self, metadata: &IpamMetadata) -> Result<Option<String>, PodError> {
         let (Some(_), Some(cluster)) = (self.inner.opts.branch_mode, &self.inner.opts.cluster_pods)
         else {
             return Ok(None);

@@ -48,9 +48,13 @@ pub struct BranchEni {
 pub fn branch_eni<S: std::hash::BuildHasher>(
     annotations: &std::collections::HashMap<String, String, S>,
 ) -> Result<Option<BranchEni>, serde_json::Error> {
-    let Some(value) = annotations.get(POD_ENI_ANNOTATION) else {
-        return Ok(None);
-    };
+    annotations
+        .get(POD_ENI_ANNOTATION)
+        .map_or(Ok(None), |value| branch_eni_of(value))
+}
+
+/// The branch ENI of a `vpc.amazonaws.com/pod-eni` annotation's value.
+pub fn branch_eni_of(value: &str) -> Result<Option<BranchEni>, serde_json::Error> {
     let enis: Vec<BranchEni> = serde_json::from_str(value)?;
     // A pod has one branch ENI; the annotation is a list for IPv6 and
     // future use.

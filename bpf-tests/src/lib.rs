@@ -12,6 +12,7 @@ pub mod hooks;
 pub mod idle;
 pub mod ipam;
 pub mod packets;
+pub mod scrape;
 
 use std::{
     net::Ipv4Addr,

@@ -4,11 +4,16 @@
 //! there with kubectl), and follows it: relabelled, or the ENIConfig
 //! edited, the next new ENI follows; the ENIs attached stay. A missing or
 //! malformed ENIConfig is logged once, naming it and what is wrong, and the
-//! node keeps the config in force (none yet: no ENI for pods).
+//! node keeps the config in force (none yet: no ENI for pods), which
+//! introspection's `/v1/eni-configs` shows.
 
 use std::time::{Duration, Instant};
 
-use vpcnet_bpf_tests::ipam::{IpamLab, agent_log_tail, lab_lock};
+use serde_json::{Value, json};
+use vpcnet_bpf_tests::{
+    ipam::{IpamLab, agent_log_tail, lab_lock},
+    scrape::{INTROSPECTION, get},
+};
 use vpcnet_lab::{
     addrs::PEER_ADDR,
     cluster::{kubectl, node_name},
@@ -47,6 +52,14 @@ fn label_node(lab: &IpamLab, eni_config: &str) {
         ],
         None,
     );
+}
+
+/// What `/v1/eni-configs` says is in force: name, subnet, security groups.
+fn in_force() -> Value {
+    let answer = get(INTROSPECTION, "/v1/eni-configs");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let view: Value = serde_json::from_str(&answer.body).unwrap();
+    json!([view["name"], view["subnet"], view["security_groups"]])
 }
 
 fn agent_log() -> String {
@@ -138,6 +151,7 @@ fn new_enis_follow_the_eniconfig_the_node_names() {
     let primary = attached(&lab.ec2_state(), &instance);
     assert_eq!(primary.len(), 1, "no custom-networking ENI: {primary:?}");
     let primary_groups = primary[0].groups.clone();
+    assert_eq!(in_force(), json!([null, null, []]));
 
     // Two ENIConfigs; the Node labelled to the first.
     apply_eni_config(
@@ -151,6 +165,10 @@ fn new_enis_follow_the_eniconfig_the_node_names() {
     let first = grow_to(&mut lab, &instance, &mut next, 2);
     assert_eq!(first.subnet_id, LAB_CUSTOM_SUBNET_ID);
     assert_eq!(first.groups, [LAB_NODE_SG_ID]);
+    assert_eq!(
+        in_force(),
+        json!(["pods-a", LAB_CUSTOM_SUBNET_ID, [LAB_NODE_SG_ID]])
+    );
 
     // Relabelled: the next ENI in the other ENIConfig's subnet, with the
     // primary ENI's groups (its securityGroups are empty).
@@ -166,6 +184,7 @@ fn new_enis_follow_the_eniconfig_the_node_names() {
     wait_log(&["pods-b", "spec.subnet \"pods\" is not a subnet id"]);
     let third = grow_to(&mut lab, &instance, &mut next, 4);
     assert_eq!(third.subnet_id, LAB_PEER_SUBNET_ID);
+    assert_eq!(in_force(), json!(["pods-b", LAB_PEER_SUBNET_ID, []]));
     // Edited into shape: the next ENI follows the edit.
     apply_eni_config(
         &lab,

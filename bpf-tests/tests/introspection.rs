@@ -8,8 +8,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    net::{Ipv4Addr, UdpSocket},
     time::{Duration, Instant},
 };
 
@@ -18,14 +17,16 @@ use vpcnet_api::cni::DelNetworkRequest;
 use vpcnet_bpf_tests::{
     agent_cli,
     ipam::{IpamLab, ec2_call, holdings, lab_lock, pod},
+    scrape::{
+        INTROSPECTION, METRICS, Samples, get, get_in, parse_exposition, raw_sample, sample,
+        sample_if, scrape, scrape_until,
+    },
 };
 use vpcnet_lab::{
     addrs::{INET_ADDR, NODE_PRIMARY_ADDR, NS_NODE, NS_PEER},
     ec2::config::{FaultRule, LAB_NODE_SUBNET_ID},
 };
 
-const INTROSPECTION: &str = "127.0.0.1:61679";
-const METRICS: &str = "127.0.0.1:61678";
 /// ADDs the test makes.
 const PODS: usize = 5;
 /// The agent's variables besides the lab's.
@@ -34,59 +35,6 @@ const SETTINGS_ENV: &[(&str, &str)] = &[
     ("AWS_VPC_CNI_NODE_PORT_SUPPORT", "false"),
     ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
 ];
-
-/// An answer: status, headers (lower-case names), body.
-struct Answer {
-    status: u16,
-    headers: BTreeMap<String, String>,
-    body: String,
-}
-
-/// `GET path` from `addr` with a plain HTTP/1.1 client written here (what
-/// curl sends), from a thread in namespace `ns`.
-fn get_in(ns: &str, addr: &str, path: &str) -> std::io::Result<Answer> {
-    let addr: SocketAddr = addr.parse().expect("address:port");
-    let path = path.to_owned();
-    vpcnet_lab::run_in(ns, move || {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: vpcnet-test\r\nAccept: */*\r\n\r\n"
-        )?;
-        // The server closes the connection after one answer.
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        let text = String::from_utf8(raw).expect("UTF-8 answer");
-        let (head, body) = text.split_once("\r\n\r\n").expect("head and body");
-        let mut lines = head.split("\r\n");
-        let status_line = lines.next().expect("status line");
-        let mut parts = status_line.splitn(3, ' ');
-        assert_eq!(parts.next(), Some("HTTP/1.1"), "{status_line}");
-        let status = parts.next().and_then(|s| s.parse().ok()).expect("status");
-        let headers: BTreeMap<String, String> = lines
-            .map(|l| {
-                let (k, v) = l.split_once(':').expect("header");
-                (k.trim().to_ascii_lowercase(), v.trim().to_owned())
-            })
-            .collect();
-        assert_eq!(
-            headers.get("content-length").map(String::as_str),
-            Some(body.len().to_string().as_str()),
-            "Content-Length of {path}"
-        );
-        Ok(Answer {
-            status,
-            headers,
-            body: body.to_owned(),
-        })
-    })
-    .expect("a thread in the namespace")
-}
-
-fn get(addr: &str, path: &str) -> Answer {
-    get_in(NS_NODE, addr, path).unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
-}
 
 /// `GET path` on the introspection endpoint: 200 and JSON.
 fn get_json(path: &str) -> Value {
@@ -98,166 +46,6 @@ fn get_json(path: &str) -> Value {
         "{path}"
     );
     serde_json::from_str(&answer.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", answer.body))
-}
-
-/// A scrape, read strictly: every family has `# HELP` then `# TYPE` before
-/// its samples, names and label names are valid, label values quoted with
-/// `\\`, `\"`, `\n` the only escapes, every value a number. Returns the
-/// types by family and the samples (name, labels, value).
-type Samples = Vec<(String, BTreeMap<String, String>, String)>;
-
-fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Samples) {
-    let metric_name = |n: &str| {
-        !n.is_empty()
-            && !n.starts_with(|c: char| c.is_ascii_digit())
-            && n.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-    };
-    let label_name = |n: &str| {
-        !n.is_empty()
-            && !n.starts_with(|c: char| c.is_ascii_digit())
-            && !n.starts_with("__")
-            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
-    let mut help = BTreeSet::new();
-    let mut types = BTreeMap::new();
-    let mut samples = Vec::new();
-    assert!(text.ends_with('\n'), "the last line ends with a line feed");
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let (name, doc) = rest.split_once(' ').expect("HELP name doc");
-            assert!(metric_name(name), "{line}");
-            assert!(!doc.trim().is_empty(), "empty help: {line}");
-            assert!(help.insert(name.to_owned()), "second HELP: {line}");
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').expect("TYPE name type");
-            assert!(help.contains(name), "TYPE before HELP: {line}");
-            assert!(
-                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
-                "{line}"
-            );
-            assert!(
-                types.insert(name.to_owned(), kind.to_owned()).is_none(),
-                "second TYPE: {line}"
-            );
-            continue;
-        }
-        assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
-        let (series, value) = line.rsplit_once(' ').expect("series value");
-        assert!(value.parse::<f64>().is_ok(), "value: {line}");
-        let (name, labels) = match series.split_once('{') {
-            None => (series, BTreeMap::new()),
-            Some((name, rest)) => {
-                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("{line}"));
-                let mut labels = BTreeMap::new();
-                let mut chars = body.chars().peekable();
-                while chars.peek().is_some() {
-                    let label: String = chars.by_ref().take_while(|c| *c != '=').collect();
-                    assert!(label_name(&label), "label {label:?}: {line}");
-                    assert_eq!(chars.next(), Some('"'), "{line}");
-                    let mut value = String::new();
-                    loop {
-                        match chars
-                            .next()
-                            .unwrap_or_else(|| panic!("unterminated: {line}"))
-                        {
-                            '\\' => match chars.next() {
-                                Some('\\') => value.push('\\'),
-                                Some('"') => value.push('"'),
-                                Some('n') => value.push('\n'),
-                                other => panic!("escape {other:?}: {line}"),
-                            },
-                            '"' => break,
-                            c => value.push(c),
-                        }
-                    }
-                    assert!(labels.insert(label, value).is_none(), "{line}");
-                    if chars.peek() == Some(&',') {
-                        chars.next();
-                    }
-                }
-                (name, labels)
-            }
-        };
-        assert!(metric_name(name), "{line}");
-        // A histogram's or a summary's samples carry a suffix.
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suffix| {
-                name.strip_suffix(suffix).filter(|f| {
-                    types
-                        .get(*f)
-                        .is_some_and(|k| k == "histogram" || k == "summary")
-                })
-            })
-            .unwrap_or(name);
-        assert!(types.contains_key(family), "sample before its TYPE: {line}");
-        samples.push((name.to_owned(), labels, value.to_owned()));
-    }
-    (types, samples)
-}
-
-/// The sample `name{labels}`, a whole number.
-fn sample(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> u64 {
-    let value = &samples
-        .iter()
-        .find(|(n, l, _)| {
-            n == name
-                && l.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-        })
-        .unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
-        .2;
-    value
-        .parse()
-        .unwrap_or_else(|_| panic!("{name}{labels:?} = {value}: not a count"))
-}
-
-/// The sample `name{labels}` if the scrape has it, as it is written.
-fn raw_sample<'a>(samples: &'a Samples, name: &str, labels: &[(&str, &str)]) -> Option<&'a str> {
-    samples
-        .iter()
-        .find(|(n, l, _)| {
-            n == name
-                && l.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-        })
-        .map(|(_, _, value)| value.as_str())
-}
-
-/// The sample `name{labels}` if the scrape has it, a whole number.
-fn sample_if(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-    raw_sample(samples, name, labels).map(|value| {
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}{labels:?} = {value}: not a count"))
-    })
-}
-
-/// A scrape of /metrics, parsed.
-fn scrape() -> (BTreeMap<String, String>, Samples) {
-    let answer = get(METRICS, "/metrics");
-    assert_eq!(answer.status, 200);
-    parse_exposition(&answer.body)
-}
-
-/// Scrapes until `done` holds of a scrape (bounded), and returns it.
-fn scrape_until(what: &str, timeout: Duration, done: impl Fn(&Samples) -> bool) -> Samples {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let (_, samples) = scrape();
-        if done(&samples) {
-            return samples;
-        }
-        assert!(Instant::now() < deadline, "{what}: not seen in {timeout:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn n(count: usize) -> u64 {

@@ -8,7 +8,10 @@
 //! It looks at this node's pods as aws-node does: a pod asking for a
 //! branch ENI gets none of the pool's addresses while the resource
 //! controller has not annotated it, and `ANNOTATE_POD_IP` writes the pods'
-//! addresses; its address manager's events go to its Pod.
+//! addresses; its address manager's events go to its Pod. With the API
+//! server failing (401, 403, 500, no answer, its watches cut), the pods it
+//! knew still start, each failure is counted in `/metrics`, and it catches
+//! up once the server answers.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,7 @@ use vpcnet_bpf_tests::{
     agent_binary,
     cri::ipam_status,
     ipam::{IpamLab, lab_lock},
+    scrape::{Samples, sample_if, scrape_until},
 };
 use vpcnet_lab::{
     IpamLabOptions, Lab, LabOptions,
@@ -159,7 +163,7 @@ fn with_pod_eni_the_agent_asks_for_a_trunk_on_its_cninode() {
     let mut ipam = IpamLabOptions::new("m5.large");
     ipam.kube_api = true;
     ipam.env = vec![("ENABLE_POD_ENI".to_owned(), "true".to_owned())];
-    let lab = Lab::up(&LabOptions {
+    let mut lab = Lab::up(&LabOptions {
         ipam: Some(ipam),
         ..LabOptions::ebpf(0, agent_binary())
     })
@@ -188,6 +192,39 @@ fn with_pod_eni_the_agent_asks_for_a_trunk_on_its_cninode() {
         cninode["spec"]["tags"]["node.k8s.amazonaws.com/instance_id"].is_string(),
         "{cninode}"
     );
+    let calls = admin.calls().unwrap();
+    assert_eq!(
+        calls.answers(AGENT, "patch", "cninodes").get(&200),
+        Some(&1),
+        "{calls:?}"
+    );
+
+    // A newer controller's feature, with a field vpcnet does not know: the
+    // restarted agent does not rewrite the list (it would drop the field),
+    // says so once, naming the object, and the CNINode stays as it is.
+    let newer = json!([{"name": "CustomNetworking", "value": "pods-a", "weight": 2}]);
+    admin
+        .merge_patch(&path, &json!({"spec": {"features": newer}}))
+        .unwrap();
+    lab.stop_agent().unwrap();
+    lab.start_agent().unwrap();
+    let said = format!("CNINode {} has what vpcnet cannot read", node_name());
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    let log = loop {
+        let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
+        if log.contains(&said) || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains(&said) && l.contains("unknown field `weight`"))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(admin.get(&path).unwrap()["spec"]["features"], newer);
     let calls = admin.calls().unwrap();
     assert_eq!(
         calls.answers(AGENT, "patch", "cninodes").get(&200),
@@ -292,6 +329,116 @@ fn a_pod_waiting_for_its_branch_eni_gets_no_address_and_pod_ips_are_annotated() 
     assert!(
         calls.answers(AGENT, "patch", "pods").get(&200) >= Some(&2),
         "{calls:?}"
+    );
+    lab.lab.down().unwrap();
+}
+
+/// The pods' watch answered 200 this many times to the agent.
+fn pod_watches(admin: &KubeAdmin) -> u64 {
+    admin
+        .calls()
+        .unwrap()
+        .answers(AGENT, "watch", "pods")
+        .get(&200)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// `vpcnet_kubernetes_api_answers_total{code}` in a scrape, 0 if absent.
+fn answers(samples: &Samples, code: &str) -> u64 {
+    sample_if(
+        samples,
+        "vpcnet_kubernetes_api_answers_total",
+        &[("code", code)],
+    )
+    .unwrap_or(0)
+}
+
+#[test]
+fn with_the_api_server_failing_known_pods_start_and_every_failure_is_counted() {
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up_in_cluster(
+        "m5.large",
+        &[("ENABLE_POD_ENI", "true"), ("ANNOTATE_POD_IP", "true")],
+    );
+    let admin = lab.lab.kube_api().unwrap().admin().clone();
+    let known = bind_pod(&admin, 1, &json!({"cpu": "100m"}));
+    // Restarted, the agent lists this node's pods, then watches them: once
+    // that watch is open, pod-1 is in what the agent knows.
+    lab.lab.stop_agent().unwrap();
+    let watches = pod_watches(&admin);
+    lab.lab.start_agent().unwrap();
+    lab.connect();
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    while pod_watches(&admin) <= watches {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never watched the pods again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The API server fails every way the agent can meet, and its open
+    // watches end as in a restart.
+    let agent_fault = |verb: &str, resource: Option<&str>, status: Option<u16>| FaultRule {
+        user: Some(AGENT.to_owned()),
+        verb: Some(verb.to_owned()),
+        resource: resource.map(str::to_owned),
+        status,
+        drop_connection: status.is_none(),
+        ..FaultRule::default()
+    };
+    admin
+        .set_faults(&[
+            agent_fault("get", Some("pods"), Some(401)),
+            agent_fault("patch", Some("pods"), Some(403)),
+            agent_fault("watch", Some("pods"), None),
+            agent_fault("watch", None, Some(500)),
+            agent_fault("list", None, Some(500)),
+        ])
+        .unwrap();
+    admin.end_watches().unwrap();
+
+    // A pod the agent knew starts from the warm pool.
+    let addr = lab
+        .add(1)
+        .expect("a known pod's ADD with the API failing")
+        .ipv4_addr;
+    // One it could not learn of is told to come back (kubelet retries).
+    let unseen = bind_pod(&admin, 2, &json!({"cpu": "100m"}));
+    let refused = lab.add(2).unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("default/pod-2"), "{refused:?}");
+    let failing = scrape_until("each failure counted", FOLLOW_TIMEOUT, |samples| {
+        ["401", "403", "500", "none"]
+            .iter()
+            .all(|code| answers(samples, code) > 0)
+    });
+    let log = std::fs::read_to_string(lab.lab.agent_log().unwrap()).unwrap();
+    assert!(
+        log.contains("watching this node's pods: ADDs use what is known, retrying"),
+        "{log}"
+    );
+
+    // Back: the annotation the agent kept retrying lands, the watch
+    // catches up and the other pod starts.
+    admin.set_faults(&[]).unwrap();
+    wait_object(&admin, &known, "pod-1's address annotated", |pod| {
+        pod["metadata"]["annotations"]["vpc.amazonaws.com/pod-ips"].as_str() == Some(&addr)
+    });
+    let second = lab
+        .add(2)
+        .expect("the other pod, with the API back")
+        .ipv4_addr;
+    wait_object(&admin, &unseen, "pod-2's address annotated", |pod| {
+        pod["metadata"]["annotations"]["vpc.amazonaws.com/pod-ips"].as_str() == Some(&second)
+    });
+    println!(
+        "with the API failing: {} answered 401, {} 403, {} 500, {} not at all; pod-1 started",
+        answers(&failing, "401"),
+        answers(&failing, "403"),
+        answers(&failing, "500"),
+        answers(&failing, "none")
     );
     lab.lab.down().unwrap();
 }

@@ -19,7 +19,7 @@ use crate::{
     ipam::settings::{
         ENV_CUSTOM_NETWORK_CFG, ENV_ENABLE_SUBNET_DISCOVERY, ENV_ENI_CONFIG_SECURITY_GROUPS,
         ENV_ENI_CONFIG_SUBNET, ENV_ENI_MTU, ENV_MANAGE_ENIS_NON_SCHEDULABLE, ENV_WARM_ENI_TARGET,
-        ENV_WARM_IP_TARGET, IpamSettings,
+        ENV_WARM_IP_TARGET, EniConfig, IpamSettings,
     },
     pods::{ENV_VETH_PREFIX, veth_prefix},
 };
@@ -80,18 +80,46 @@ pub fn networkutils_env_settings(
     .collect())
 }
 
+/// Where custom networking's subnet and security groups come from.
+#[derive(Clone, Copy, Debug)]
+pub enum EniConfigSource<'a> {
+    /// The agent's variables (also when custom networking is off).
+    Variables,
+    /// The ENIConfig objects of the Kubernetes API: the one in force, if
+    /// one was ever valid.
+    Objects(Option<&'a EniConfig>),
+}
+
 /// `/v1/eni-configs`'s data: the ENIConfig custom networking uses on this
-/// node. Today the subnet and groups come from the agent's variables; the
-/// ENIConfig objects of the Kubernetes API, when the agent reads them, go
-/// here (with their name).
+/// node.
 #[must_use]
-pub fn eni_config_in_force(ipam: &IpamSettings) -> EniConfigView {
+pub fn eni_config_in_force(ipam: &IpamSettings, source: EniConfigSource<'_>) -> EniConfigView {
+    let (name, subnet, security_groups, source) = match source {
+        EniConfigSource::Variables => (
+            None,
+            ipam.eni_config_subnet.clone(),
+            ipam.eni_config_security_groups.clone(),
+            format!("{ENV_ENI_CONFIG_SUBNET}, {ENV_ENI_CONFIG_SECURITY_GROUPS}"),
+        ),
+        EniConfigSource::Objects(Some(config)) => (
+            config.name.clone(),
+            Some(config.subnet_id.clone()),
+            config.security_groups.clone(),
+            config.source.clone(),
+        ),
+        EniConfigSource::Objects(None) => (
+            None,
+            None,
+            Vec::new(),
+            "no valid ENIConfig yet: no ENI for pods is attached".to_owned(),
+        ),
+    };
     EniConfigView {
         custom_networking: ipam.custom_network,
-        name: None,
-        subnet: ipam.eni_config_subnet.clone(),
-        security_groups: ipam.eni_config_security_groups.clone(),
-        source: format!("{ENV_ENI_CONFIG_SUBNET}, {ENV_ENI_CONFIG_SECURITY_GROUPS}"),
+        name,
+        subnet,
+        security_groups,
+        source,
     }
 }
 
@@ -175,10 +203,35 @@ mod tests {
             (ENV_ENI_CONFIG_SUBNET, "subnet-0pods"),
             (ENV_ENI_CONFIG_SECURITY_GROUPS, "sg-1,sg-2"),
         ]);
-        let view = eni_config_in_force(&ipam);
+        let view = eni_config_in_force(&ipam, EniConfigSource::Variables);
         assert!(view.custom_networking);
         assert_eq!(view.name, None);
         assert_eq!(view.subnet.as_deref(), Some("subnet-0pods"));
         assert_eq!(view.security_groups, ["sg-1", "sg-2"]);
+    }
+
+    #[test]
+    fn the_eni_config_object_in_force_is_shown_by_name() {
+        // In a pod: the ENIConfig objects are read.
+        let (ipam, _) = read(&[
+            (ENV_CUSTOM_NETWORK_CFG, "true"),
+            (crate::k8s::ENV_SERVICE_HOST, "10.100.0.1"),
+        ]);
+        let config = EniConfig {
+            source: "ENIConfig us-west-2a".to_owned(),
+            name: Some("us-west-2a".to_owned()),
+            subnet_id: "subnet-0a".to_owned(),
+            security_groups: Vec::new(),
+        };
+        let view = eni_config_in_force(&ipam, EniConfigSource::Objects(Some(&config)));
+        assert_eq!(view.name.as_deref(), Some("us-west-2a"));
+        assert_eq!(view.subnet.as_deref(), Some("subnet-0a"));
+        let none = eni_config_in_force(&ipam, EniConfigSource::Objects(None));
+        assert_eq!((none.name, none.subnet), (None, None));
+        assert!(
+            none.source.contains("no valid ENIConfig"),
+            "{}",
+            none.source
+        );
     }
 }

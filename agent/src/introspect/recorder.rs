@@ -129,6 +129,9 @@ pub struct Recorded {
     pub startup: BTreeMap<StartupKey, Histogram>,
     /// The address manager's start, by success.
     pub node_init: BTreeMap<bool, Histogram>,
+    /// Kubernetes API requests by the answer's HTTP status (`None`: no
+    /// answer).
+    pub kubernetes_answers: BTreeMap<Option<u16>, u64>,
 }
 
 impl Recorded {
@@ -143,6 +146,7 @@ impl Recorded {
             pod_eni_errors: BTreeMap::new(),
             startup: BTreeMap::new(),
             node_init: BTreeMap::new(),
+            kubernetes_answers: BTreeMap::new(),
         }
     }
 
@@ -209,6 +213,11 @@ pub fn del_request(reason: &str) {
 /// A failure on the way to branch ENIs (security groups for pods).
 pub fn pod_eni_error(function: &'static str) {
     *recorded().pod_eni_errors.entry(function).or_default() += 1;
+}
+
+/// A Kubernetes API request was answered with `status`, or not at all.
+pub fn kubernetes_answer(status: Option<u16>) {
+    *recorded().kubernetes_answers.entry(status).or_default() += 1;
 }
 
 /// The address manager's start took `elapsed` and ended as `success` says.

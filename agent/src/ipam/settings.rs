@@ -68,6 +68,8 @@ pub const ENI_MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=9001;
 pub struct EniConfig {
     /// Where it comes from, for the log (`ENIConfig us-west-2a`).
     pub source: String,
+    /// The ENIConfig object's name; `None` when from the variables.
+    pub name: Option<String>,
     pub subnet_id: String,
     /// Empty: the primary ENI's.
     pub security_groups: Vec<String>,
@@ -321,6 +323,7 @@ impl IpamSettings {
             .filter(|_| self.custom_network)?;
         Some(EniConfig {
             source: ENV_ENI_CONFIG_SUBNET.to_owned(),
+            name: None,
             subnet_id,
             security_groups: self.eni_config_security_groups.clone(),
         })

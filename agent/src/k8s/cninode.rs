@@ -4,6 +4,10 @@
 //! asks the controller for a trunk ENI. vpcnet does the same, the same way:
 //! a merge patch of the whole feature list, guarded by the object's
 //! resourceVersion (a concurrent writer makes it read and try again).
+//! Because the patch rewrites the list, a CNINode whose features carry a
+//! field vpcnet does not know (a newer controller's) is not written: one
+//! error names it. The spec's other fields (`tags`, `managedBy`) are not
+//! in the patch and stay as they are.
 
 use std::time::Duration;
 
@@ -13,14 +17,15 @@ use kube::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{K8sError, K8sSettings};
 
 /// The feature that asks for a trunk ENI.
 pub const SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
 
-/// The CNINode's spec, as the resource controller defines it.
+/// The CNINode's spec, as the resource controller defines it (the fields
+/// vpcnet reads).
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[kube(
     group = "vpcresources.k8s.aws",
@@ -35,8 +40,10 @@ pub struct CNINodeSpec {
     pub tags: std::collections::BTreeMap<String, String>,
 }
 
-/// One feature of a CNINode.
+/// One feature of a CNINode. Unknown fields are refused, not dropped: the
+/// patch of the feature list would lose them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Feature {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
@@ -73,10 +80,16 @@ pub async fn add_feature(
     let node = settings.node_name()?;
     let api = Api::<CNINode>::all(client.clone());
     loop {
-        let current = api
-            .get(node)
-            .await
-            .map_err(K8sError::api(format!("reading CNINode {node}")))?;
+        let current = match api.get(node).await {
+            Ok(current) => current,
+            Err(kube::Error::SerdeError(e)) => {
+                return Err(K8sError::Unreadable {
+                    object: format!("CNINode {node}"),
+                    why: e.to_string(),
+                });
+            }
+            Err(source) => return Err(K8sError::api(format!("reading CNINode {node}"))(source)),
+        };
         let Some(features) = with_feature(&current.spec.features, name, value) else {
             return Ok(false);
         };
@@ -99,9 +112,11 @@ pub async fn add_feature(
 }
 
 /// Asks for a trunk ENI as aws-node does with `ENABLE_POD_ENI`, retrying
-/// with backoff while the API server does not answer.
+/// with backoff while the API server does not answer or the CNINode cannot
+/// be read (said once).
 pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8sSettings) {
     let mut delay = Duration::from_secs(1);
+    let mut unreadable_said = None;
     loop {
         match add_feature(&client, &settings, SECURITY_GROUPS_FOR_PODS, "").await {
             Ok(true) => {
@@ -117,6 +132,20 @@ pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8s
                     "the node's CNINode has the feature"
                 );
                 return;
+            }
+            Err(error @ K8sError::Unreadable { .. }) => {
+                crate::introspect::recorder::pod_eni_error(
+                    crate::introspect::recorder::POD_ENI_ENABLE_SECURITY_GROUPS,
+                );
+                let said = error.to_string();
+                if unreadable_said.as_ref() == Some(&said) {
+                    debug!(%error, retry_in = ?delay, "the node's CNINode");
+                } else {
+                    error!(%error, "{SECURITY_GROUPS_FOR_PODS} is not added: no trunk ENI is asked for");
+                    unreadable_said = Some(said);
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_mins(1));
             }
             Err(error) => {
                 crate::introspect::recorder::pod_eni_error(
@@ -159,6 +188,17 @@ mod tests {
                 feature("CustomNetworking", "us-west-2b")
             ]
         );
+        // A feature's field vpcnet does not know is refused by name, not
+        // dropped; the spec's own new fields are no concern of the patch.
+        let newer =
+            serde_json::json!({"features": [{"name": "SecurityGroupsForPods", "weight": 2}]});
+        let refused = serde_json::from_value::<CNINodeSpec>(newer).unwrap_err();
+        assert!(
+            refused.to_string().contains("unknown field `weight`"),
+            "{refused}"
+        );
+        let managed = serde_json::json!({"managedBy": "vpc-resource-controller", "features": []});
+        assert!(serde_json::from_value::<CNINodeSpec>(managed).is_ok());
         // On the wire, an empty value is left out, as aws-node sends it.
         let json = serde_json::to_value(feature(SECURITY_GROUPS_FOR_PODS, "")).unwrap();
         assert_eq!(json, serde_json::json!({"name": "SecurityGroupsForPods"}));

@@ -95,6 +95,7 @@ pub fn parse(name: &str, object: &DynamicObject) -> Result<EniConfig, EniConfigP
     };
     Ok(EniConfig {
         source: format!("ENIConfig {name}"),
+        name: Some(name.to_owned()),
         subnet_id,
         security_groups,
     })

@@ -13,7 +13,7 @@
 //! does not wait for the API server, and pods known before the API became
 //! unreachable still start.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -106,7 +106,6 @@ impl NodePods {
     pub fn follow(
         client: kube::Client,
         settings: &K8sSettings,
-        annotate_pod_ip: bool,
     ) -> Result<(Self, impl Future<Output = ()> + Send + 'static), K8sError> {
         let node = settings.node_name()?.to_owned();
         let (store, writer) = reflector::store();
@@ -139,7 +138,7 @@ impl NodePods {
             Self {
                 client,
                 store,
-                annotate_pod_ip,
+                annotate_pod_ip: settings.annotate_pod_ip,
             },
             follow,
         ))
@@ -148,9 +147,26 @@ impl NodePods {
     /// The pod as an ADD needs it: from the reflector, else from the API
     /// server (a pod the watch has not delivered yet).
     pub async fn pod(&self, namespace: &str, name: &str) -> Result<PodView, K8sError> {
-        if let Some(pod) = self.store.get(&ObjectRef::new(name).within(namespace)) {
-            return Ok(PodView::of(&pod));
+        let Some(cached) = self.store.get(&ObjectRef::new(name).within(namespace)) else {
+            return self.read(namespace, name).await;
+        };
+        let cached = PodView::of(&cached);
+        if !matches!(cached.branch_decision(), BranchDecision::Pending) {
+            return Ok(cached);
         }
+        // The controller may have annotated the pod since the watch last
+        // delivered it: kubelet's retry should not fail on a stale copy.
+        match self.read(namespace, name).await {
+            Ok(fresh) => Ok(fresh),
+            Err(error) => {
+                debug!(%error, namespace, name, "rereading a pod waiting for its branch ENI");
+                Ok(cached)
+            }
+        }
+    }
+
+    /// The pod from the API server, bounded by [`LOOKUP_TIMEOUT`].
+    async fn read(&self, namespace: &str, name: &str) -> Result<PodView, K8sError> {
         let what = format!("reading Pod {namespace}/{name}");
         let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
         match tokio::time::timeout(LOOKUP_TIMEOUT, api.get(name)).await {
@@ -257,7 +273,7 @@ pub enum BranchDecision {
     /// An ordinary pod: an address from the pool.
     Pool,
     /// A pod with security groups: the controller's annotation.
-    Branch(Arc<str>),
+    Branch(String),
     /// A pod with security groups whose branch ENI is not there yet.
     Pending,
 }
@@ -265,7 +281,7 @@ pub enum BranchDecision {
 impl PodView {
     pub fn branch_decision(&self) -> BranchDecision {
         match (&self.pod_eni_annotation, self.asks_pod_eni) {
-            (Some(annotation), _) => BranchDecision::Branch(annotation.as_str().into()),
+            (Some(annotation), _) => BranchDecision::Branch(annotation.clone()),
             (None, true) => BranchDecision::Pending,
             (None, false) => BranchDecision::Pool,
         }
@@ -294,7 +310,7 @@ mod tests {
             json!({"vpc.amazonaws.com/pod-eni": "[{\"eniId\":\"eni-1\"}]"});
         assert_eq!(
             PodView::of(&pod(annotated)).branch_decision(),
-            BranchDecision::Branch("[{\"eniId\":\"eni-1\"}]".into())
+            BranchDecision::Branch("[{\"eniId\":\"eni-1\"}]".to_owned())
         );
 
         // Only the first container counts, as in aws-node.

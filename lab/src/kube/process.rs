@@ -313,6 +313,13 @@ impl KubeAdmin {
             .map(drop)
     }
 
+    /// Ends every open watch, as an API server's restart does: clients
+    /// must watch again (and meet the faults set then).
+    pub fn end_watches(&self) -> Result<(), KubeApiError> {
+        self.call("POST", admin_paths::END_WATCHES, "application/json", None)
+            .map(drop)
+    }
+
     /// What every cluster has: the `kubernetes` Service in front of the API
     /// server, and the ServiceCIDR its address comes from (Kubernetes 1.33
     /// makes one named `kubernetes` from the server's flag).

@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, UnixListener},
-    sync::{broadcast::error::RecvError, mpsc},
+    sync::{broadcast::error::RecvError, mpsc, watch},
 };
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
@@ -60,6 +60,8 @@ pub mod admin_paths {
     pub const CALLS: &str = "/lab/calls";
     /// `PUT` a list of [`super::FaultRule`]s: replaces them.
     pub const FAULTS: &str = "/lab/faults";
+    /// `POST`: every open watch ends, as when the API server restarts.
+    pub const END_WATCHES: &str = "/lab/end-watches";
 }
 
 /// How the server runs.
@@ -216,6 +218,8 @@ struct Shared {
     config: ServerConfig,
     faults: Mutex<Vec<FaultRule>>,
     calls: Mutex<BTreeMap<(CallKey, u16), u64>>,
+    /// Bumped to end every open watch.
+    watches_ended: watch::Sender<u64>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -249,6 +253,7 @@ impl KubeApi {
                 config,
                 faults: Mutex::new(Vec::new()),
                 calls: Mutex::new(BTreeMap::new()),
+                watches_ended: watch::Sender::new(0),
             }),
         }
     }
@@ -566,6 +571,12 @@ async fn admin(
             }
             Err(err) => error_response(&ApiError::bad_request(err.to_string())),
         },
+        ("POST", admin_paths::END_WATCHES) => {
+            let open = shared.watches_ended.receiver_count();
+            shared.watches_ended.send_modify(|ended| *ended += 1);
+            info!(open, "every open watch ended");
+            json_response(200, &json!({"ended": open}))
+        }
         _ => error_response(&ApiError::new(
             404,
             "NotFound",
@@ -874,9 +885,10 @@ fn start_watch(
         }
     };
     let (tx, lines) = mpsc::channel::<Bytes>(64);
+    let ended = shared.watches_ended.subscribe();
     tokio::spawn(async move {
         // The client went away: nothing to do.
-        let _ = stream_watch(&tx, &spec, start).await;
+        let _ = stream_watch(&tx, &spec, start, ended).await;
     });
     let mut response = Response::new(http_body_util::Either::Right(WatchBody { lines }));
     response
@@ -885,12 +897,13 @@ fn start_watch(
     response
 }
 
-/// The watch's events until its timeout, a reader too slow, or the
-/// client leaving (`Err`).
+/// The watch's events until its timeout, a reader too slow, the lab
+/// ending every watch, or the client leaving (`Err`).
 async fn stream_watch(
     tx: &mpsc::Sender<Bytes>,
     spec: &WatchSpec,
     start: WatchStart,
+    mut ended: watch::Receiver<u64>,
 ) -> Result<(), mpsc::error::SendError<Bytes>> {
     let (subscription, mut last) = match start {
         WatchStart::TooOld { revision, oldest } => {
@@ -943,6 +956,7 @@ async fn stream_watch(
                     continue;
                 }
                 () = &mut deadline => return Ok(()),
+                _ = ended.changed() => return Ok(()),
                 () = tx.closed() => return Ok(()),
             }
         };
