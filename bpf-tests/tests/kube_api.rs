@@ -9,9 +9,10 @@
 //! branch ENI gets none of the pool's addresses while the resource
 //! controller has not annotated it, and `ANNOTATE_POD_IP` writes the pods'
 //! addresses; its address manager's events go to its Pod. With the API
-//! server failing (401, 403, 500, no answer, its watches cut), the pods it
-//! knew still start, each failure is counted in `/metrics`, and it catches
-//! up once the server answers.
+//! server failing (401, 403, 500, no answer, its watches cut) or slow, the
+//! pods it knew still start, each failure is counted in `/metrics`, and it
+//! catches up once the server answers. A CNINode feature it cannot read is
+//! left as it is, said once.
 
 use std::time::{Duration, Instant};
 
@@ -418,6 +419,23 @@ fn with_the_api_server_failing_known_pods_start_and_every_failure_is_counted() {
     assert!(
         log.contains("watching this node's pods: ADDs use what is known, retrying"),
         "{log}"
+    );
+    // Slow rather than failing: the ADD does not wait past its bound.
+    admin
+        .set_faults(&[FaultRule {
+            delay_ms: Some(20_000),
+            drop_connection: false,
+            ..agent_fault("get", Some("pods"), None)
+        }])
+        .unwrap();
+    let asked = Instant::now();
+    let slow = lab.add(2).unwrap_err();
+    assert_eq!(slow.code(), Code::FailedPrecondition, "{slow:?}");
+    assert!(slow.message().contains("no answer within"), "{slow:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
     );
 
     // Back: the annotation the agent kept retrying lands, the watch

@@ -24,6 +24,7 @@
 
 pub mod addrs;
 pub mod agent;
+pub mod cargo_env;
 pub mod cluster;
 pub mod cri;
 pub mod cri_pods;

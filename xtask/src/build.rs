@@ -89,7 +89,7 @@ fn profile_name(release: bool) -> &'static str {
 }
 
 fn cargo_build(release: bool) -> Command {
-    let mut build = Command::new("cargo");
+    let mut build = vpcnet_lab::cargo_env::cargo();
     build.arg("build").current_dir(workspace_root());
     if release {
         build.arg("--release");

@@ -72,7 +72,7 @@ fn build(release: &Release) -> Result<()> {
     // mostly the same.
     let target = releases.join("target");
     let built = run_checked(
-        Command::new("cargo")
+        vpcnet_lab::cargo_env::cargo()
             .current_dir(&worktree)
             .env("CARGO_TARGET_DIR", &target)
             // Binaries to run, not to debug: no debug info builds faster.

@@ -399,7 +399,7 @@ fn test_command(selection: &Selection, filter: Option<&str>) -> Command {
 }
 
 fn cargo(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new("cargo");
+    let mut command = vpcnet_lab::cargo_env::cargo();
     command.args(args).current_dir(dir).stdin(Stdio::null());
     command
 }
