@@ -328,6 +328,17 @@ fn aws_nodes_config_maps_start_the_agent_with_aws_nodes_settings() {
                 stderr.join("\n")
             );
         }
+        // What a reader compares with aws-node's: the settings checked,
+        // then each tolerated value as the agent said it.
+        let checked: Vec<String> = map
+            .expected
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        println!("{}: as aws-node: {}", map.name, checked.join(" "));
+        for line in tolerated {
+            println!("  {line}");
+        }
     }
 }
 
