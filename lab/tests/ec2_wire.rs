@@ -23,8 +23,9 @@ use aws_sdk_ec2::{
     error::ProvideErrorMetadata,
     types::{
         AttachmentStatus, AttributeBooleanValue, Filter, InstanceStateName, InstanceType,
-        InstanceTypeHypervisor, NetworkInterfaceAttachmentChanges, NetworkInterfaceStatus,
-        ResourceType, Tag, TagSpecification,
+        InstanceTypeHypervisor, InterfaceProtocolType, NetworkInterfaceAttachmentChanges,
+        NetworkInterfaceCreationType, NetworkInterfaceStatus, NetworkInterfaceType, ResourceType,
+        Tag, TagSpecification,
     },
 };
 use common::lab_session;
@@ -212,6 +213,7 @@ fn ec2_every_action_parses_with_the_sdk() {
         describes_parse(&ctx).await;
         let (eni_id, attachment_id) = eni_lifecycle_parses(&ctx).await;
         eni_changes_parse(&ctx, &eni_id, &attachment_id).await;
+        trunks_parse(&ctx).await;
         instances_parse(&ctx).await;
     });
 }
@@ -464,6 +466,153 @@ async fn eni_changes_parse(ctx: &Ctx, eni_id: &str, attachment_id: &str) {
         .send()
         .await
         .unwrap();
+}
+
+/// A trunk ENI and a branch ENI on one of its VLANs, as the VPC resource
+/// controller makes them, and the rules EC2 keeps around them.
+async fn trunks_parse(ctx: &Ctx) {
+    let ec2 = &ctx.ec2;
+    let trunk = ec2
+        .create_network_interface()
+        .subnet_id(LAB_NODE_SUBNET_ID)
+        .interface_type(NetworkInterfaceCreationType::Trunk)
+        .description("aws-k8s-trunk-eni")
+        .send()
+        .await
+        .unwrap()
+        .network_interface()
+        .unwrap()
+        .clone();
+    assert_eq!(trunk.interface_type(), Some(&NetworkInterfaceType::Trunk));
+    let trunk_id = trunk.network_interface_id().unwrap().to_owned();
+    let branch = create_eni(ec2, LAB_NODE_SUBNET_ID).await;
+    let other = create_eni(ec2, LAB_NODE_SUBNET_ID).await;
+    assert_eq!(
+        describe_eni(ec2, &branch).await.interface_type(),
+        Some(&NetworkInterfaceType::Interface)
+    );
+    let associate = |branch: &str, trunk: &str, vlan: i32| {
+        ec2.associate_trunk_interface()
+            .branch_interface_id(branch)
+            .trunk_interface_id(trunk)
+            .vlan_id(vlan)
+            .send()
+    };
+    let association = associate(&branch, &trunk_id, 7)
+        .await
+        .unwrap()
+        .interface_association()
+        .unwrap()
+        .clone();
+    assert_eq!(association.vlan_id(), Some(7));
+    assert_eq!(association.branch_interface_id(), Some(branch.as_str()));
+    assert_eq!(association.trunk_interface_id(), Some(trunk_id.as_str()));
+    assert_eq!(
+        association.interface_protocol(),
+        Some(&InterfaceProtocolType::Vlan)
+    );
+    let association_id = association.association_id().unwrap().to_owned();
+    trunk_rules_hold(ctx, &trunk_id, &branch, &other).await;
+    // Found by the filter the controller sends.
+    let by_trunk = |trunk: &str| {
+        ec2.describe_trunk_interface_associations()
+            .filters(
+                Filter::builder()
+                    .name("trunk-interface-association.trunk-interface-id")
+                    .values(trunk)
+                    .build(),
+            )
+            .send()
+    };
+    let described = by_trunk(&trunk_id).await.unwrap();
+    let ids: Vec<&str> = described
+        .interface_associations()
+        .iter()
+        .filter_map(|a| a.association_id())
+        .collect();
+    assert_eq!(ids, [association_id.as_str()]);
+    let disassociated = ec2
+        .disassociate_trunk_interface()
+        .association_id(&association_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disassociated.r#return(), Some(true));
+    assert_eq!(
+        code(
+            ec2.disassociate_trunk_interface()
+                .association_id(&association_id)
+                .send()
+                .await
+        ),
+        "InvalidAssociationID.NotFound"
+    );
+    assert!(
+        by_trunk(&trunk_id)
+            .await
+            .unwrap()
+            .interface_associations()
+            .is_empty()
+    );
+    for eni in [&branch, &other, &trunk_id] {
+        ec2.delete_network_interface()
+            .network_interface_id(eni)
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// Around an association (`branch` on VLAN 7 of `trunk`): a VLAN is one
+/// branch's, a branch is on one VLAN, only a trunk carries branches, and
+/// neither is deleted or attached while associated.
+async fn trunk_rules_hold(ctx: &Ctx, trunk_id: &str, branch: &str, other: &str) {
+    let ec2 = &ctx.ec2;
+    let associate = |branch: &str, trunk: &str, vlan: i32| {
+        ec2.associate_trunk_interface()
+            .branch_interface_id(branch)
+            .trunk_interface_id(trunk)
+            .vlan_id(vlan)
+            .send()
+    };
+    assert_eq!(
+        code(associate(other, trunk_id, 7).await),
+        "InvalidParameterValue"
+    );
+    assert_eq!(
+        code(associate(branch, trunk_id, 8).await),
+        "InvalidNetworkInterface.InUse"
+    );
+    assert_eq!(
+        code(associate(other, branch, 8).await),
+        "InvalidParameterValue"
+    );
+    assert_eq!(
+        code(associate(other, trunk_id, 4095).await),
+        "InvalidParameterValue"
+    );
+    for eni in [trunk_id, branch] {
+        assert_eq!(
+            code(
+                ec2.delete_network_interface()
+                    .network_interface_id(eni)
+                    .send()
+                    .await
+            ),
+            "InvalidNetworkInterface.InUse"
+        );
+    }
+    assert_eq!(
+        code(
+            ec2.attach_network_interface()
+                .network_interface_id(branch)
+                .instance_id(&ctx.instance)
+                .device_index(3)
+                .send()
+                .await
+        ),
+        "InvalidNetworkInterface.InUse"
+    );
 }
 
 async fn instances_parse(ctx: &Ctx) {

@@ -171,6 +171,48 @@ pub struct Attachment {
     pub attach_time_ms: u64,
 }
 
+/// An ENI's `interfaceType`: the kinds the VPC resource controller uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterfaceType {
+    #[default]
+    Interface,
+    /// Carries the VLAN-tagged frames of its branch ENIs.
+    Trunk,
+}
+
+impl InterfaceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interface => "interface",
+            Self::Trunk => "trunk",
+        }
+    }
+
+    /// `CreateNetworkInterface`'s `InterfaceType`: what the lab serves.
+    pub fn parse(value: &str) -> Ec2Result<Self> {
+        match value {
+            "interface" => Ok(Self::Interface),
+            "trunk" => Ok(Self::Trunk),
+            other => Err(Ec2Error::invalid_value(format!(
+                "Value ({other}) for parameter interfaceType is invalid or not served by the lab (interface, trunk)"
+            ))),
+        }
+    }
+}
+
+/// A branch ENI's association with a trunk ENI, on a VLAN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrunkAssociation {
+    pub id: String,
+    pub branch_id: String,
+    pub trunk_id: String,
+    pub vlan_id: u16,
+}
+
+/// The VLAN ids a trunk carries (802.1Q's, 0 and 4095 reserved).
+pub const VLAN_IDS: std::ops::RangeInclusive<u16> = 1..=4094;
+
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Eni {
@@ -192,6 +234,8 @@ pub struct Eni {
     pub status: EniStatus,
     pub attachment: Option<Attachment>,
     pub owner_id: String,
+    #[serde(default)]
+    pub interface_type: InterfaceType,
 }
 
 impl Eni {
@@ -386,6 +430,7 @@ pub struct CreateEni {
     pub secondary_count: Option<u32>,
     pub prefix_count: Option<u32>,
     pub prefixes: Vec<Ipv4Net>,
+    pub interface_type: InterfaceType,
 }
 
 /// What `AssignPrivateIpAddresses` asks for.
@@ -425,6 +470,7 @@ pub struct Ec2State {
     security_groups: BTreeMap<String, String>,
     enis: BTreeMap<String, Eni>,
     instances: BTreeMap<String, Instance>,
+    trunk_associations: BTreeMap<String, TrunkAssociation>,
     /// Address and prefix picks.
     rng: Rng,
     /// Resource ids: their own stream, so an extra id never changes which
@@ -484,6 +530,7 @@ impl Ec2State {
                 .collect(),
             enis: BTreeMap::new(),
             instances: BTreeMap::new(),
+            trunk_associations: BTreeMap::new(),
             rng: Rng::new(config.seed),
             ids: Rng::new(config.seed ^ 0x1d5_1d5_1d5),
         }
@@ -791,6 +838,7 @@ impl Ec2State {
                 status: EniStatus::Available,
                 attachment: None,
                 owner_id: self.account_id.clone(),
+                interface_type: InterfaceType::Interface,
             },
         );
         Ok(id)
@@ -917,6 +965,7 @@ impl Ec2State {
             request.description,
             request.tags,
         )?;
+        self.eni_mut(&id).expect("made").interface_type = request.interface_type;
         let assign = Assign {
             secondary_count: request.secondary_count.filter(|n| *n > 0),
             addresses: Vec::new(),
@@ -935,10 +984,15 @@ impl Ec2State {
         Ok(id)
     }
 
-    /// `DeleteNetworkInterface`: only an ENI attached to nothing.
+    /// `DeleteNetworkInterface`: only an ENI attached to nothing and in no
+    /// trunk association.
     pub fn delete_eni(&mut self, eni_id: &str) -> Ec2Result<()> {
         let eni = self.eni(eni_id)?;
-        if eni.attachment.is_some() {
+        let associated = self
+            .trunk_associations
+            .values()
+            .any(|a| a.trunk_id == eni_id || a.branch_id == eni_id);
+        if eni.attachment.is_some() || associated {
             return Err(Ec2Error::new(
                 "InvalidNetworkInterface.InUse",
                 format!("The network interface '{eni_id}' is currently in use."),
@@ -956,6 +1010,84 @@ impl Ec2State {
             subnet.release_prefix(prefix);
         }
         Ok(())
+    }
+
+    /// `AssociateTrunkInterface`: `branch` (an unattached ENI of the
+    /// trunk's VPC, in no other association) on `vlan_id` of `trunk`, which
+    /// no other branch of it uses. Returns the association's id.
+    pub fn associate_trunk(
+        &mut self,
+        branch_id: &str,
+        trunk_id: &str,
+        vlan_id: u16,
+    ) -> Ec2Result<String> {
+        let trunk = self.eni(trunk_id)?;
+        if trunk.interface_type != InterfaceType::Trunk {
+            return Err(Ec2Error::invalid_value(format!(
+                "The network interface '{trunk_id}' is not a trunk interface"
+            )));
+        }
+        let branch = self.eni(branch_id)?;
+        if branch.interface_type != InterfaceType::Interface || branch.attachment.is_some() {
+            return Err(Ec2Error::invalid_value(format!(
+                "The network interface '{branch_id}' cannot be a branch interface: it is a trunk or attached"
+            )));
+        }
+        if branch.vpc_id != trunk.vpc_id {
+            return Err(Ec2Error::invalid_value(format!(
+                "The branch interface '{branch_id}' and the trunk interface '{trunk_id}' are in different VPCs"
+            )));
+        }
+        if !VLAN_IDS.contains(&vlan_id) {
+            return Err(Ec2Error::invalid_value(format!(
+                "Value ({vlan_id}) for parameter vlanId is invalid: 1 to 4094"
+            )));
+        }
+        for association in self.trunk_associations.values() {
+            if association.branch_id == branch_id {
+                return Err(Ec2Error::new(
+                    "InvalidNetworkInterface.InUse",
+                    format!(
+                        "The network interface '{branch_id}' is already associated ({})",
+                        association.id
+                    ),
+                ));
+            }
+            if association.trunk_id == trunk_id && association.vlan_id == vlan_id {
+                return Err(Ec2Error::invalid_value(format!(
+                    "VLAN {vlan_id} of trunk interface '{trunk_id}' is in use by '{}'",
+                    association.branch_id
+                )));
+            }
+        }
+        let id = self.new_id("trunk-assoc");
+        self.trunk_associations.insert(
+            id.clone(),
+            TrunkAssociation {
+                id: id.clone(),
+                branch_id: branch_id.to_owned(),
+                trunk_id: trunk_id.to_owned(),
+                vlan_id,
+            },
+        );
+        Ok(id)
+    }
+
+    /// `DisassociateTrunkInterface`.
+    pub fn disassociate_trunk(&mut self, association_id: &str) -> Ec2Result<TrunkAssociation> {
+        self.trunk_associations
+            .remove(association_id)
+            .ok_or_else(|| {
+                Ec2Error::new(
+                    "InvalidAssociationID.NotFound",
+                    format!("The association ID '{association_id}' does not exist"),
+                )
+            })
+    }
+
+    /// Every trunk association, by id.
+    pub fn trunk_associations(&self) -> impl Iterator<Item = &TrunkAssociation> {
+        self.trunk_associations.values()
     }
 
     /// `AttachNetworkInterface`: returns the attachment id; the attachment
@@ -976,7 +1108,13 @@ impl Ec2State {
                 format!("The instance '{instance_id}' is not in a valid state for this operation."),
             ));
         }
-        if eni.attachment.is_some() {
+        // A branch reaches the instance through its trunk, never attached.
+        if eni.attachment.is_some()
+            || self
+                .trunk_associations
+                .values()
+                .any(|a| a.branch_id == eni_id)
+        {
             return Err(Ec2Error::new(
                 "InvalidNetworkInterface.InUse",
                 format!("Interface: [{eni_id}] in use."),
@@ -1381,6 +1519,7 @@ impl Ec2State {
                 .collect(),
             enis: self.enis.values().cloned().collect(),
             instances: self.instances.values().cloned().collect(),
+            trunk_associations: self.trunk_associations.values().cloned().collect(),
         }
     }
 }
@@ -1404,6 +1543,8 @@ pub struct StateSnapshot {
     pub subnets: Vec<SubnetView>,
     pub enis: Vec<Eni>,
     pub instances: Vec<Instance>,
+    #[serde(default)]
+    pub trunk_associations: Vec<TrunkAssociation>,
 }
 
 impl StateSnapshot {

@@ -16,7 +16,10 @@ use ipnet::Ipv4Net;
 
 use super::{
     instance_types::{self, INSTANCE_TYPES, InstanceType},
-    model::{Assign, CreateEni, Ec2Error, Ec2Result, Ec2State, Eni, Instance, Modify, Subnet},
+    model::{
+        Assign, CreateEni, Ec2Error, Ec2Result, Ec2State, Eni, Instance, InterfaceType, Modify,
+        Subnet, TrunkAssociation,
+    },
     xml::{Xml, timestamp},
 };
 
@@ -41,6 +44,9 @@ pub const ACTIONS: &[&str] = &[
     "UnassignPrivateIpAddresses",
     "CreateTags",
     "DeleteTags",
+    "AssociateTrunkInterface",
+    "DescribeTrunkInterfaceAssociations",
+    "DisassociateTrunkInterface",
 ];
 
 /// The decoded form of one request.
@@ -524,6 +530,16 @@ pub fn dispatch(
             Effect::Changed
         }
         "ModifyNetworkInterfaceAttribute" => modify_attribute(state, params, &mut xml)?,
+        "AssociateTrunkInterface" => associate_trunk_interface(state, params, &mut xml)?,
+        "DescribeTrunkInterfaceAssociations" => {
+            describe_trunk_interface_associations(state, params, &mut xml)?
+        }
+        "DisassociateTrunkInterface" => {
+            state.disassociate_trunk(params.required("AssociationId")?)?;
+            xml.leaf("return", true)
+                .opt_leaf("clientToken", params.get("ClientToken"));
+            Effect::Changed
+        }
         "AssignPrivateIpAddresses" => assign(state, params, &mut xml)?,
         "UnassignPrivateIpAddresses" => {
             let eni = params.required("NetworkInterfaceId")?;
@@ -784,8 +800,97 @@ fn write_eni(x: &mut Xml, state: &Ec2State, eni: &Eni) {
         x.leaf("ipv4Prefix", p);
     })
     .set("ipv6AddressesSet", std::iter::empty::<()>(), |_, ()| {})
-    .leaf("interfaceType", "interface");
+    .leaf("interfaceType", eni.interface_type.as_str());
 }
+
+fn write_trunk_association(x: &mut Xml, association: &TrunkAssociation) {
+    x.leaf("associationId", &association.id)
+        .leaf("branchInterfaceId", &association.branch_id)
+        .leaf("trunkInterfaceId", &association.trunk_id)
+        .leaf("interfaceProtocol", "VLAN")
+        .leaf("vlanId", association.vlan_id)
+        .set("tagSet", std::iter::empty::<()>(), |_, ()| {});
+}
+
+fn associate_trunk_interface(
+    state: &mut Ec2State,
+    params: &Params,
+    xml: &mut Xml,
+) -> Ec2Result<Effect> {
+    let branch = params.required("BranchInterfaceId")?;
+    let trunk = params.required("TrunkInterfaceId")?;
+    let vlan_id = params
+        .number::<u16>("VlanId")?
+        .ok_or_else(|| Ec2Error::missing("VlanId"))?;
+    if params.get("GreKey").is_some() {
+        return Err(Ec2Error::invalid_value(
+            "GRE associations are not served by the lab: VLAN only",
+        ));
+    }
+    let id = state.associate_trunk(branch, trunk, vlan_id)?;
+    let association = state
+        .trunk_associations()
+        .find(|a| a.id == id)
+        .expect("made");
+    xml.el("interfaceAssociation", |x| {
+        write_trunk_association(x, association);
+    })
+    .opt_leaf("clientToken", params.get("ClientToken"));
+    Ok(Effect::Changed)
+}
+
+/// `DescribeTrunkInterfaceAssociations`: by id, or filtered by the trunk
+/// or branch ENI (the filters the resource controller sends).
+fn describe_trunk_interface_associations(
+    state: &Ec2State,
+    params: &Params,
+    xml: &mut Xml,
+) -> Ec2Result<Effect> {
+    let ids = params.list("AssociationId");
+    let max = max_results(params, 5, 255)?;
+    let associations: Vec<&TrunkAssociation> = state
+        .trunk_associations()
+        .filter(|a| ids.is_empty() || ids.contains(&a.id))
+        .collect();
+    for id in &ids {
+        if !associations.iter().any(|a| &a.id == id) {
+            return Err(Ec2Error::new(
+                "InvalidAssociationID.NotFound",
+                format!("The association ID '{id}' does not exist"),
+            ));
+        }
+    }
+    let associations = apply_filters(
+        associations,
+        &params.filters()?,
+        TRUNK_ASSOCIATION_FILTERS,
+        |a, name| match name {
+            "trunk-interface-association.trunk-interface-id" => Some(vec![a.trunk_id.clone()]),
+            "trunk-interface-association.branch-interface-id" => Some(vec![a.branch_id.clone()]),
+            "interface-protocol" => Some(vec!["VLAN".to_owned()]),
+            // The lab's associations carry no tags.
+            _ => name.starts_with("tag").then(Vec::new),
+        },
+    )?;
+    let (page, next) = paginate(
+        &associations,
+        &|a| a.id.clone(),
+        max,
+        params.get("NextToken"),
+    )?;
+    xml.set("interfaceAssociationSet", page, |x, a| {
+        write_trunk_association(x, a);
+    })
+    .opt_leaf("nextToken", next);
+    Ok(Effect::None)
+}
+
+/// The filters `DescribeTrunkInterfaceAssociations` serves.
+const TRUNK_ASSOCIATION_FILTERS: &[&str] = &[
+    "trunk-interface-association.trunk-interface-id",
+    "trunk-interface-association.branch-interface-id",
+    "interface-protocol",
+];
 
 fn describe_instances(state: &Ec2State, params: &Params, xml: &mut Xml) -> Ec2Result<Effect> {
     let ids = params.list("InstanceId");
@@ -1138,6 +1243,9 @@ fn create_network_interface(
         secondary_count: params.u32("SecondaryPrivateIpAddressCount")?,
         prefix_count: params.u32("Ipv4PrefixCount")?,
         prefixes,
+        interface_type: params
+            .get("InterfaceType")
+            .map_or(Ok(InterfaceType::Interface), InterfaceType::parse)?,
     };
     let id = state.create_eni(request)?;
     let eni = state.eni(&id).expect("made");
