@@ -170,20 +170,7 @@ pub fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Samples) {
 
 /// The sample `name{labels}`, a whole number.
 pub fn sample(samples: &Samples, name: &str, labels: &[(&str, &str)]) -> u64 {
-    let value = &samples
-        .iter()
-        .find(|(n, l, _)| {
-            n == name
-                && l.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-        })
-        .unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
-        .2;
-    value
-        .parse()
-        .unwrap_or_else(|_| panic!("{name}{labels:?} = {value}: not a count"))
+    sample_if(samples, name, labels).unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
 }
 
 /// The sample `name{labels}` if the scrape has it, as it is written.

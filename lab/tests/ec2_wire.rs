@@ -575,22 +575,18 @@ async fn trunk_rules_hold(ctx: &Ctx, trunk_id: &str, branch: &str, other: &str) 
             .vlan_id(vlan)
             .send()
     };
-    assert_eq!(
-        code(associate(other, trunk_id, 7).await),
-        "InvalidParameterValue"
-    );
-    assert_eq!(
-        code(associate(branch, trunk_id, 8).await),
-        "InvalidNetworkInterface.InUse"
-    );
-    assert_eq!(
-        code(associate(other, branch, 8).await),
-        "InvalidParameterValue"
-    );
-    assert_eq!(
-        code(associate(other, trunk_id, 4095).await),
-        "InvalidParameterValue"
-    );
+    for (branch, trunk, vlan, expected) in [
+        (other, trunk_id, 7, "InvalidParameterValue"),
+        (branch, trunk_id, 8, "InvalidNetworkInterface.InUse"),
+        (other, branch, 8, "InvalidParameterValue"),
+        (other, trunk_id, 4095, "InvalidParameterValue"),
+    ] {
+        assert_eq!(
+            code(associate(branch, trunk, vlan).await),
+            expected,
+            "{branch} on VLAN {vlan} of {trunk}"
+        );
+    }
     for eni in [trunk_id, branch] {
         assert_eq!(
             code(
