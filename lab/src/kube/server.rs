@@ -9,7 +9,8 @@
 //! separated events, bookmarks, `ERROR 410` for a resourceVersion the
 //! history no longer holds). Requests are authorised by RBAC from the
 //! stored roles and bindings, and counted; faults (an HTTP status, a delay,
-//! a dropped connection) can be injected per verb and resource.
+//! a dropped connection) can be injected per verb and resource, and every
+//! open watch ended at once, as a restart of the server ends them.
 
 use std::{
     collections::BTreeMap,
