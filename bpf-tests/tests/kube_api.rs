@@ -283,6 +283,7 @@ fn a_pod_waiting_for_its_branch_eni_gets_no_address_and_pod_ips_are_annotated() 
     let admin = lab.lab.kube_api().unwrap().admin().clone();
     let sgp_pod = bind_pod(&admin, 1, &json!({"vpc.amazonaws.com/pod-eni": "1"}));
     let plain_pod = bind_pod(&admin, 2, &json!({"cpu": "100m"}));
+    restart_knowing_the_pods(&mut lab, &admin);
     let assigned = lab.status().assigned_addrs;
 
     // Asks for a branch ENI, has none yet: kubelet is told to try again,
@@ -297,7 +298,19 @@ fn a_pod_waiting_for_its_branch_eni_gets_no_address_and_pod_ips_are_annotated() 
     assert_eq!(lab.status().assigned_addrs, assigned);
 
     // Once the controller annotated it, the branch ENI of the annotation
-    // is what the ADD looks for (this node has no trunk: no such link).
+    // is what the ADD looks for (this node has no trunk: no such link),
+    // also while the agent's copy of the pod is stale: its watch cut, and
+    // the next one not answered yet.
+    admin
+        .set_faults(&[FaultRule {
+            user: Some(AGENT.to_owned()),
+            verb: Some("watch".to_owned()),
+            resource: Some("pods".to_owned()),
+            delay_ms: Some(60_000),
+            ..FaultRule::default()
+        }])
+        .unwrap();
+    admin.end_watches().unwrap();
     admin
         .merge_patch(
             &sgp_pod,
@@ -310,6 +323,7 @@ fn a_pod_waiting_for_its_branch_eni_gets_no_address_and_pod_ips_are_annotated() 
         no_trunk.message().contains("eni-0b1a2c3d4e5f60718"),
         "{no_trunk:?}"
     );
+    admin.set_faults(&[]).unwrap();
     assert_eq!(lab.status().assigned_addrs, assigned);
 
     // An ordinary pod gets a pool address, written into its annotation.
@@ -345,6 +359,24 @@ fn pod_watches(admin: &KubeAdmin) -> u64 {
         .unwrap_or(0)
 }
 
+/// Restarts the agent and waits (bounded) until it watches this node's
+/// pods again: it listed them first, so every pod bound so far is in what
+/// it knows.
+fn restart_knowing_the_pods(lab: &mut IpamLab, admin: &KubeAdmin) {
+    lab.lab.stop_agent().unwrap();
+    let watches = pod_watches(admin);
+    lab.lab.start_agent().unwrap();
+    lab.connect();
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    while pod_watches(admin) <= watches {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never watched the pods again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `vpcnet_kubernetes_api_answers_total{code}` in a scrape, 0 if absent.
 fn answers(samples: &Samples, code: &str) -> u64 {
     sample_if(
@@ -364,20 +396,7 @@ fn with_the_api_server_failing_known_pods_start_and_every_failure_is_counted() {
     );
     let admin = lab.lab.kube_api().unwrap().admin().clone();
     let known = bind_pod(&admin, 1, &json!({"cpu": "100m"}));
-    // Restarted, the agent lists this node's pods, then watches them: once
-    // that watch is open, pod-1 is in what the agent knows.
-    lab.lab.stop_agent().unwrap();
-    let watches = pod_watches(&admin);
-    lab.lab.start_agent().unwrap();
-    lab.connect();
-    let deadline = Instant::now() + FOLLOW_TIMEOUT;
-    while pod_watches(&admin) <= watches {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never watched the pods again"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    restart_knowing_the_pods(&mut lab, &admin);
 
     // The API server fails every way the agent can meet, and its open
     // watches end as in a restart.
@@ -466,8 +485,11 @@ fn the_address_managers_events_are_events_on_the_agents_pod() {
     let _lock = lab_lock();
     let mut lab = IpamLab::up_in_cluster("m5.large", &[("WARM_IP_TARGET", "1")]);
     let admin = lab.lab.kube_api().unwrap().admin().clone();
-    // The node's IAM role lost AssignPrivateIpAddresses: the pool cannot
-    // grow back after the next ADD takes its spare address.
+    // The node's IAM role lost AssignPrivateIpAddresses once the pool had
+    // its spare address: it cannot grow back after the next ADD takes it.
+    lab.wait_status("the warm address", FOLLOW_TIMEOUT, |status| {
+        status.total_addrs > status.assigned_addrs
+    });
     lab.emulator()
         .admin()
         .set_faults(&[Ec2FaultRule {
