@@ -468,6 +468,20 @@ async fn eni_changes_parse(ctx: &Ctx, eni_id: &str, attachment_id: &str) {
         .unwrap();
 }
 
+/// `branch` on VLAN `vlan` of `trunk`, ready to send.
+fn associate(
+    ec2: &Client,
+    branch: &str,
+    trunk: &str,
+    vlan: i32,
+) -> aws_sdk_ec2::operation::associate_trunk_interface::builders::AssociateTrunkInterfaceFluentBuilder
+{
+    ec2.associate_trunk_interface()
+        .branch_interface_id(branch)
+        .trunk_interface_id(trunk)
+        .vlan_id(vlan)
+}
+
 /// A trunk ENI and a branch ENI on one of its VLANs, as the VPC resource
 /// controller makes them, and the rules EC2 keeps around them.
 async fn trunks_parse(ctx: &Ctx) {
@@ -491,14 +505,8 @@ async fn trunks_parse(ctx: &Ctx) {
         describe_eni(ec2, &branch).await.interface_type(),
         Some(&NetworkInterfaceType::Interface)
     );
-    let associate = |branch: &str, trunk: &str, vlan: i32| {
-        ec2.associate_trunk_interface()
-            .branch_interface_id(branch)
-            .trunk_interface_id(trunk)
-            .vlan_id(vlan)
-            .send()
-    };
-    let association = associate(&branch, &trunk_id, 7)
+    let association = associate(ec2, &branch, &trunk_id, 7)
+        .send()
         .await
         .unwrap()
         .interface_association()
@@ -568,13 +576,6 @@ async fn trunks_parse(ctx: &Ctx) {
 /// neither is deleted or attached while associated.
 async fn trunk_rules_hold(ctx: &Ctx, trunk_id: &str, branch: &str, other: &str) {
     let ec2 = &ctx.ec2;
-    let associate = |branch: &str, trunk: &str, vlan: i32| {
-        ec2.associate_trunk_interface()
-            .branch_interface_id(branch)
-            .trunk_interface_id(trunk)
-            .vlan_id(vlan)
-            .send()
-    };
     for (branch, trunk, vlan, expected) in [
         (other, trunk_id, 7, "InvalidParameterValue"),
         (branch, trunk_id, 8, "InvalidNetworkInterface.InUse"),
@@ -582,7 +583,7 @@ async fn trunk_rules_hold(ctx: &Ctx, trunk_id: &str, branch: &str, other: &str) 
         (other, trunk_id, 4095, "InvalidParameterValue"),
     ] {
         assert_eq!(
-            code(associate(branch, trunk, vlan).await),
+            code(associate(ec2, branch, trunk, vlan).send().await),
             expected,
             "{branch} on VLAN {vlan} of {trunk}"
         );
