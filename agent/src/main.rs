@@ -777,7 +777,7 @@ fn follow_for_manager(
             subnet = %config.subnet_id,
             security_groups = ?config.security_groups,
             "custom networking from {}: ENIConfig objects are not read",
-            config.source
+            config.source()
         );
         return (cordoned, None);
     }

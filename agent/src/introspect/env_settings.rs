@@ -105,7 +105,7 @@ pub fn eni_config_in_force(ipam: &IpamSettings, source: EniConfigSource<'_>) -> 
             config.name.clone(),
             Some(config.subnet_id.clone()),
             config.security_groups.clone(),
-            config.source.clone(),
+            config.source(),
         ),
         EniConfigSource::Objects(None) => (
             None,
@@ -218,7 +218,6 @@ mod tests {
             (crate::k8s::ENV_SERVICE_HOST, "10.100.0.1"),
         ]);
         let config = EniConfig {
-            source: "ENIConfig us-west-2a".to_owned(),
             name: Some("us-west-2a".to_owned()),
             subnet_id: "subnet-0a".to_owned(),
             security_groups: Vec::new(),

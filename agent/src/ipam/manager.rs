@@ -294,7 +294,8 @@ impl Node {
             EniPlacement::Custom(config) => {
                 format!(
                     "{} (custom networking, {})",
-                    config.subnet_id, config.source
+                    config.subnet_id,
+                    config.source()
                 )
             }
             EniPlacement::NoEniConfig => {

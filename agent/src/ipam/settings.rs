@@ -66,13 +66,22 @@ pub const ENI_MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=9001;
 /// ENIConfig's, or those [`ENV_ENI_CONFIG_SUBNET`] names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EniConfig {
-    /// Where it comes from, for the log (`ENIConfig us-west-2a`).
-    pub source: String,
     /// The ENIConfig object's name; `None` when from the variables.
     pub name: Option<String>,
     pub subnet_id: String,
     /// Empty: the primary ENI's.
     pub security_groups: Vec<String>,
+}
+
+impl EniConfig {
+    /// Where it comes from, for the log (`ENIConfig us-west-2a`).
+    #[must_use]
+    pub fn source(&self) -> String {
+        self.name.as_ref().map_or_else(
+            || ENV_ENI_CONFIG_SUBNET.to_owned(),
+            |name| format!("ENIConfig {name}"),
+        )
+    }
 }
 
 /// One field per VPC CNI variable (hence the booleans).
@@ -322,7 +331,6 @@ impl IpamSettings {
             .clone()
             .filter(|_| self.custom_network)?;
         Some(EniConfig {
-            source: ENV_ENI_CONFIG_SUBNET.to_owned(),
             name: None,
             subnet_id,
             security_groups: self.eni_config_security_groups.clone(),

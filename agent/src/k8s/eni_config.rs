@@ -94,7 +94,6 @@ pub fn parse(name: &str, object: &DynamicObject) -> Result<EniConfig, EniConfigP
         }
     };
     Ok(EniConfig {
-        source: format!("ENIConfig {name}"),
         name: Some(name.to_owned()),
         subnet_id,
         security_groups,
@@ -197,7 +196,7 @@ pub async fn follow(
             Err(problem) if said.as_ref() != Some(&problem) => {
                 let kept = configs.borrow().as_ref().map_or_else(
                     || "none: no ENI for pods is attached until it is fixed".to_owned(),
-                    |c| format!("{} ({})", c.source, c.subnet_id),
+                    |c| format!("{} ({})", c.source(), c.subnet_id),
                 );
                 error!(eni_config = %name, %problem, config_kept = %kept, "custom networking: the node's ENIConfig cannot be used");
                 said = Some(problem);
@@ -230,7 +229,7 @@ mod tests {
         .unwrap();
         assert_eq!(config.subnet_id, "subnet-0pods");
         assert_eq!(config.security_groups, ["sg-1", "sg-2"]);
-        assert_eq!(config.source, "ENIConfig us-west-2a");
+        assert_eq!(config.source(), "ENIConfig us-west-2a");
         let no_groups = parse(
             "a",
             &object(json!({"metadata": {"name": "a"}, "spec": {"subnet": "subnet-1"}})),

@@ -1014,13 +1014,13 @@ impl Ec2State {
 
     /// `AssociateTrunkInterface`: `branch` (an unattached ENI of the
     /// trunk's VPC, in no other association) on `vlan_id` of `trunk`, which
-    /// no other branch of it uses. Returns the association's id.
+    /// no other branch of it uses. Returns the association.
     pub fn associate_trunk(
         &mut self,
         branch_id: &str,
         trunk_id: &str,
         vlan_id: u16,
-    ) -> Ec2Result<String> {
+    ) -> Ec2Result<TrunkAssociation> {
         let trunk = self.eni(trunk_id)?;
         if trunk.interface_type != InterfaceType::Trunk {
             return Err(Ec2Error::invalid_value(format!(
@@ -1060,17 +1060,15 @@ impl Ec2State {
                 )));
             }
         }
-        let id = self.new_id("trunk-assoc");
-        self.trunk_associations.insert(
-            id.clone(),
-            TrunkAssociation {
-                id: id.clone(),
-                branch_id: branch_id.to_owned(),
-                trunk_id: trunk_id.to_owned(),
-                vlan_id,
-            },
-        );
-        Ok(id)
+        let association = TrunkAssociation {
+            id: self.new_id("trunk-assoc"),
+            branch_id: branch_id.to_owned(),
+            trunk_id: trunk_id.to_owned(),
+            vlan_id,
+        };
+        self.trunk_associations
+            .insert(association.id.clone(), association.clone());
+        Ok(association)
     }
 
     /// `DisassociateTrunkInterface`.

@@ -827,13 +827,9 @@ fn associate_trunk_interface(
             "GRE associations are not served by the lab: VLAN only",
         ));
     }
-    let id = state.associate_trunk(branch, trunk, vlan_id)?;
-    let association = state
-        .trunk_associations()
-        .find(|a| a.id == id)
-        .expect("made");
+    let association = state.associate_trunk(branch, trunk, vlan_id)?;
     xml.el("interfaceAssociation", |x| {
-        write_trunk_association(x, association);
+        write_trunk_association(x, &association);
     })
     .opt_leaf("clientToken", params.get("ClientToken"));
     Ok(Effect::Changed)
