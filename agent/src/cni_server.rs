@@ -123,17 +123,25 @@ fn status_of(e: &PodError) -> Status {
     } else {
         format!("{e}: {chain}")
     };
-    match e {
+    // A branch pod's error says which pod; its cause says how kubelet
+    // should take it.
+    let cause = match e {
+        PodError::BranchPod { source, .. } => source,
+        other => other,
+    };
+    match cause {
         PodError::Manager(ManagerError::NoAddress(_)) => Status::resource_exhausted(message),
         // Nothing was done: kubelet's next try may succeed.
-        PodError::BranchEniPending { .. } | PodError::PodUnknown { .. } => {
-            Status::failed_precondition(message)
-        }
+        PodError::BranchEniPending { .. }
+        | PodError::PodUnknown { .. }
+        | PodError::NoTrunk { .. }
+        | PodError::NoTrunkLink { .. } => Status::failed_precondition(message),
         PodError::NoHostVeth(_)
         | PodError::BadMac(_)
         | PodError::BadAnnotation { .. }
         | PodError::PodEniDisabled
-        | PodError::NoBranchLink { .. } => Status::invalid_argument(message),
+        | PodError::NoBranchLink { .. }
+        | PodError::VlanInUse { .. } => Status::invalid_argument(message),
         _ => Status::internal(message),
     }
 }

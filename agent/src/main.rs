@@ -36,7 +36,7 @@ use vpcnet_agent::{
     layout, logging,
     netlink::NetlinkHandle,
     node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
-    pods::{Pods, PodsOptions},
+    pods::{BranchLinks, Pods, PodsOptions},
     takeover::{self, network_policy},
 };
 use vpcnet_api::layout::NodeLayout;
@@ -215,6 +215,12 @@ struct RunArgs {
     /// a sweep takes it back.
     #[arg(long, default_value_t = 60.0)]
     orphan_grace: f64,
+    /// Who makes a branch ENI's `vlan.eth.<vlan id>` link: `vlan`, the
+    /// agent, as an 802.1Q link on the trunk ENI's (as the VPC CNI's plugin
+    /// does); `existing`, someone else (the lab, on a kernel without
+    /// 802.1Q): the agent finds it by the branch ENI's MAC and leaves it.
+    #[arg(long, value_enum, default_value_t = BranchLinks::Vlan)]
+    branch_links: BranchLinks,
     /// The node's ENIs and pods (JSON, see `vpcnet_api::layout`): every ENI
     /// and pod veth gets its programs, and the maps their entries.
     #[arg(long)]
@@ -1057,6 +1063,7 @@ async fn run_node(pin_dir: &std::path::Path, args: &RunArgs, settings: Settings)
                 veth_prefix: conflist_settings.veth_prefix.clone(),
                 orphan_grace: seconds("--orphan-grace", args.orphan_grace)?,
                 branch_mode,
+                branch_links: args.branch_links,
                 cluster_pods,
             },
         );

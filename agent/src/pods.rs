@@ -31,7 +31,7 @@ use crate::{
         manager::{Manager, ManagerError, PodAddress, gateway_of},
     },
     k8s::pods::{BranchDecision, NodePods},
-    netlink::{MacAddr, NetlinkError, NetlinkHandle},
+    netlink::{LinkInfo, MacAddr, NetlinkError, NetlinkHandle, vlan::VlanSpec},
 };
 
 /// The VPC CNI's host veth prefix variable (the plugin's `vethPrefix`).
@@ -98,6 +98,41 @@ pub enum PodError {
         mac: String,
         vlan_id: u16,
     },
+    #[error(
+        "branch ENI {eni} (VLAN {vlan_id}) needs the node's trunk ENI, which the VPC resource controller has not attached yet; kubelet will try again"
+    )]
+    NoTrunk { eni: String, vlan_id: u16 },
+    #[error("no link has the MAC {mac} of the trunk ENI {eni}")]
+    NoTrunkLink { eni: String, mac: String },
+    #[error(
+        "branch ENI {eni} names VLAN {vlan_id}, which {link} carries for the pod at {holder} already"
+    )]
+    VlanInUse {
+        eni: String,
+        vlan_id: u16,
+        link: String,
+        holder: Ipv4Addr,
+    },
+    #[error(transparent)]
+    PodNet(#[from] vpcnet_netlink::pod::PodNetError),
+    /// A branch-ENI pod's ADD failed: which pod, and why.
+    #[error("pod {pod} (security groups for pods)")]
+    BranchPod {
+        pod: String,
+        #[source]
+        source: Box<PodError>,
+    },
+}
+
+/// Who makes a branch ENI's `vlan.eth.<vlan id>` link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BranchLinks {
+    /// The agent, on ADD, as an 802.1Q link on the trunk ENI's link (the
+    /// VPC CNI's plugin does it); DEL deletes it.
+    Vlan,
+    /// Someone else (the lab on a kernel without 802.1Q): the agent finds
+    /// the link by the branch ENI's MAC and never deletes it.
+    Existing,
 }
 
 /// What the pods of this node are set up with.
@@ -111,6 +146,8 @@ pub struct PodsOptions {
     /// `POD_SECURITY_GROUP_ENFORCING_MODE` when `ENABLE_POD_ENI` is on:
     /// pods with a branch ENI are served only then.
     pub branch_mode: Option<EnforcingMode>,
+    /// Who makes branch ENIs' links.
+    pub branch_links: BranchLinks,
     /// This node's pods in the Kubernetes API, when the agent has one.
     pub cluster_pods: Option<NodePods>,
 }
@@ -199,22 +236,31 @@ impl Pods {
     ) -> Result<PodAddress, PodError> {
         // With the API, its annotation is the one that counts (the
         // runtime's copy may predate the controller's).
+        let for_pod = |source| PodError::BranchPod {
+            pod: format!("{}/{}", metadata.k8s_pod_namespace, metadata.k8s_pod_name),
+            source: Box::new(source),
+        };
         let branch = match self.branch_from_api(metadata).await? {
             Some(value) => branch_eni_of(&value),
             None => branch_eni(annotations),
         }
-        .map_err(|source| PodError::BadAnnotation {
-            annotation: vpcnet_api::pod::POD_ENI_ANNOTATION,
-            source,
+        .map_err(|source| {
+            for_pod(PodError::BadAnnotation {
+                annotation: vpcnet_api::pod::POD_ENI_ANNOTATION,
+                source,
+            })
         })?;
         if let Some(branch) = branch {
             let mode = self
                 .inner
                 .opts
                 .branch_mode
-                .ok_or(PodError::PodEniDisabled)?;
+                .ok_or_else(|| for_pod(PodError::PodEniDisabled))?;
             let _op = self.inner.ops.lock().await;
-            return self.attach_branch(&branch, mode, host_veth, pod_mac).await;
+            return self
+                .attach_branch(&branch, mode, host_veth, pod_mac)
+                .await
+                .map_err(for_pod);
         }
         let pod = self.inner.manager.assign(key, metadata).await?;
         if host_veth.is_empty() {
@@ -259,7 +305,7 @@ impl Pods {
     /// A pod with a branch ENI (security groups for pods): its address is
     /// the branch ENI's, from the resource controller, not the pool's; its
     /// packets leave by the branch ENI's link, every one of them in strict
-    /// mode.
+    /// mode. A link made here goes again if a later step fails.
     async fn attach_branch(
         &self,
         branch: &BranchEni,
@@ -267,18 +313,140 @@ impl Pods {
         host_veth: &str,
         pod_mac: &str,
     ) -> Result<PodAddress, PodError> {
+        let link = match self.inner.opts.branch_links {
+            BranchLinks::Existing => self.existing_branch_link(branch).await?,
+            BranchLinks::Vlan => self.make_branch_link(branch, host_veth).await?,
+        };
+        let wired = self
+            .wire_branch(&link, branch, mode, host_veth, pod_mac)
+            .await;
+        if wired.is_err()
+            && self.inner.opts.branch_links == BranchLinks::Vlan
+            && let Err(e) = self.release_branch_link(link.index).await
+        {
+            warn!(link = %link.name, error = %e, "removing the branch link of a failed ADD");
+        }
+        wired
+    }
+
+    /// The branch ENI's link someone else made, by its MAC.
+    async fn existing_branch_link(&self, branch: &BranchEni) -> Result<LinkInfo, PodError> {
         let no_link = || PodError::NoBranchLink {
             eni: branch.eni_id.clone(),
             mac: branch.mac.clone(),
             vlan_id: branch.vlan_id,
         };
         let branch_mac: MacAddr = branch.mac.parse().map_err(|_| no_link())?;
-        let link = self
-            .inner
+        self.inner
             .netlink
             .link_by_mac(branch_mac)
             .await?
-            .ok_or_else(no_link)?;
+            .ok_or_else(no_link)
+    }
+
+    /// The branch ENI's `vlan.eth.<vlan id>`, made as the VPC CNI's plugin
+    /// makes it (`setupVlan`): on the trunk ENI's link, which gets the ENI
+    /// MTU and goes up first as ipamd sets it, with the branch ENI's MAC.
+    /// A link of that name that no pod uses (a pod gone without DEL, or a
+    /// trunk since replaced) is replaced; one another pod uses is refused.
+    async fn make_branch_link(
+        &self,
+        branch: &BranchEni,
+        host_veth: &str,
+    ) -> Result<LinkInfo, PodError> {
+        let netlink = &self.inner.netlink;
+        let (trunk_id, trunk_mac) =
+            self.inner
+                .manager
+                .trunk()
+                .await?
+                .ok_or_else(|| PodError::NoTrunk {
+                    eni: branch.eni_id.clone(),
+                    vlan_id: branch.vlan_id,
+                })?;
+        let no_trunk_link = || PodError::NoTrunkLink {
+            eni: trunk_id.clone(),
+            mac: trunk_mac.clone(),
+        };
+        let trunk = netlink
+            .link_by_mac(trunk_mac.parse().map_err(|_| no_trunk_link())?)
+            .await?
+            .ok_or_else(no_trunk_link)?;
+        let mtu = self.inner.manager.eni_mtu();
+        if trunk.mtu != mtu {
+            netlink.set_mtu(&trunk.link_ref(), mtu).await?;
+        }
+        if !trunk.up {
+            netlink.set_up(&trunk.link_ref()).await?;
+        }
+        let name = vpcnet_api::pod::branch_link_name(branch.vlan_id);
+        if let Some(stale) = netlink.vlan_details(&name).await? {
+            let own_veth = nix::net::if_::if_nametoindex(host_veth).ok();
+            let holder = self
+                .datapath()
+                .maps
+                .endpoints()?
+                .into_iter()
+                .find(|(_, e)| e.eni_ifindex == stale.link.index && Some(e.ifindex) != own_veth);
+            if let Some((holder, _)) = holder {
+                return Err(PodError::VlanInUse {
+                    eni: branch.eni_id.clone(),
+                    vlan_id: branch.vlan_id,
+                    link: name,
+                    holder,
+                });
+            }
+            info!(link = %name, "replacing a VLAN link no pod uses");
+            self.release_branch_link(stale.link.index).await?;
+        }
+        let mac: MacAddr = branch
+            .mac
+            .parse()
+            .map_err(|_| PodError::BadMac(branch.mac.clone()))?;
+        Ok(netlink
+            .create_vlan(&VlanSpec {
+                name,
+                parent_index: trunk.index,
+                vlan_id: branch.vlan_id,
+                mac,
+            })
+            .await?)
+    }
+
+    /// A branch link out of the datapath (its entry, its programs) and, if
+    /// the agent makes them, deleted (its VLAN is free again).
+    async fn release_branch_link(&self, ifindex: u32) -> Result<(), PodError> {
+        {
+            let mut datapath = self.datapath();
+            datapath.detach_ifindex(ifindex);
+            datapath.maps.remove_eni(ifindex)?;
+        }
+        if self.inner.opts.branch_links != BranchLinks::Vlan {
+            return Ok(());
+        }
+        let netlink = &self.inner.netlink;
+        if let Some(link) = netlink.vlan_details_by_index(ifindex).await?
+            && link.vlan.is_some()
+            && link
+                .link
+                .name
+                .starts_with(vpcnet_api::pod::BRANCH_LINK_PREFIX)
+        {
+            netlink.delete_link(ifindex, &link.link.name).await?;
+        }
+        Ok(())
+    }
+
+    /// The datapath of a branch pod: its link as an ENI of the datapath,
+    /// then the pod's entry and programs.
+    async fn wire_branch(
+        &self,
+        link: &LinkInfo,
+        branch: &BranchEni,
+        mode: EnforcingMode,
+        host_veth: &str,
+        pod_mac: &str,
+    ) -> Result<PodAddress, PodError> {
         let gateway = gateway_of(branch.subnet_cidr);
         self.inner
             .netlink
@@ -456,6 +624,7 @@ impl Pods {
             .assignment(key)
             .await
             .map(|(a, _)| a.addr);
+        let mut branch_links = Vec::new();
         {
             let mut datapath = self.datapath();
             if let Some(addr) = held
@@ -470,10 +639,14 @@ impl Pods {
                 for (addr, entry) in datapath.maps.endpoints()? {
                     if entry.ifindex == ifindex && entry.flags & ENDPOINT_BRANCH != 0 {
                         datapath.maps.remove_endpoint(addr)?;
+                        branch_links.push(entry.eni_ifindex);
                     }
                 }
                 datapath.detach_ifindex(ifindex);
             }
+        }
+        for link in branch_links {
+            self.release_branch_link(link).await?;
         }
         Ok(self.inner.manager.release(key).await?)
     }
@@ -561,6 +734,7 @@ impl Pods {
             assignments.iter().map(|(a, _)| (a.addr, a)).collect();
         let mut release = Vec::new();
         let mut in_datapath = HashSet::new();
+        let mut branch_links = Vec::new();
         {
             let mut datapath = self.datapath();
             datapath.prune_attachments();
@@ -571,12 +745,19 @@ impl Pods {
                 }
                 datapath.detach_ifindex(entry.ifindex);
                 datapath.maps.remove_endpoint(addr)?;
+                if entry.flags & ENDPOINT_BRANCH != 0 {
+                    info!(addr = %addr, "branch pod's host veth is gone: its branch link goes");
+                    branch_links.push(entry.eni_ifindex);
+                }
                 if let Some(assigned) = by_addr.get(&addr) {
                     info!(addr = %addr, container = %assigned.key.container_id, "pod's host veth is gone: address released");
                     release.push(assigned.key.clone());
                     stats.gone += 1;
                 }
             }
+        }
+        for link in branch_links {
+            self.release_branch_link(link).await?;
         }
         debug!(
             assignments = assignments.len(),

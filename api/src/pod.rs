@@ -27,8 +27,18 @@ pub fn host_veth_name(prefix: &str, k8s_namespace: &str, pod_name: &str) -> Stri
     format!("{prefix}{}", &hex[..11])
 }
 
-/// One branch ENI of the `vpc.amazonaws.com/pod-eni` annotation (the
-/// resource controller's JSON names).
+/// What every branch ENI's link is named before its VLAN id.
+pub const BRANCH_LINK_PREFIX: &str = "vlan.eth.";
+
+/// A branch ENI's link in the node: the VPC CNI's `buildVlanLinkName`
+/// (`cmd/routed-eni-cni-plugin/driver/driver.go`), `vlan.eth.<vlan id>`.
+pub fn branch_link_name(vlan_id: u16) -> String {
+    format!("{BRANCH_LINK_PREFIX}{vlan_id}")
+}
+
+/// One branch ENI of the `vpc.amazonaws.com/pod-eni` annotation: the
+/// resource controller's JSON (`ENIDetails`), its names and its order, so
+/// that serializing a list of these writes what the controller writes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BranchEni {
     #[serde(rename = "eniId")]
@@ -38,10 +48,18 @@ pub struct BranchEni {
     pub mac: String,
     #[serde(rename = "privateIp")]
     pub private_ip: Ipv4Addr,
+    /// Empty in an IPv4 cluster, as the controller writes it.
+    #[serde(rename = "ipv6Addr", default)]
+    pub ipv6_addr: String,
     #[serde(rename = "vlanId")]
     pub vlan_id: u16,
     #[serde(rename = "subnetCidr")]
     pub subnet_cidr: ipnet::Ipv4Net,
+    #[serde(rename = "subnetV6Cidr", default)]
+    pub subnet_v6_cidr: String,
+    /// The trunk association (`AssociateTrunkInterface`'s id).
+    #[serde(rename = "associationID", default)]
+    pub association_id: String,
 }
 
 /// The branch ENI of a pod's annotations: `Ok(None)` for an ordinary pod.
@@ -89,6 +107,11 @@ mod tests {
         let eni = branch_eni(&annotations).unwrap().unwrap();
         assert_eq!(eni.vlan_id, 5);
         assert_eq!(eni.private_ip, Ipv4Addr::new(10, 20, 12, 5));
+        // Written back, it is the controller's JSON, key for key.
+        assert_eq!(
+            serde_json::to_string(&[&eni]).unwrap(),
+            annotations[POD_ENI_ANNOTATION]
+        );
         annotations.insert(POD_ENI_ANNOTATION.to_owned(), "[{]".to_owned());
         assert!(branch_eni(&annotations).is_err());
     }

@@ -10,11 +10,20 @@ use std::{
 };
 
 use vpcnet_agent::datapath::DatapathMaps;
-use vpcnet_api::cni::{IpamStatusReply, IpamStatusRequest};
-use vpcnet_common::maps::{LINKS_DIR, PIN_DIR};
+use vpcnet_api::{
+    cni::{IpamStatusReply, IpamStatusRequest},
+    pod::BRANCH_LINK_PREFIX,
+};
+use vpcnet_common::{
+    endpoint::ENI_BRANCH,
+    maps::{LINKS_DIR, PIN_DIR},
+};
 use vpcnet_lab::{
-    CriLabOptions, IpamLabOptions, Lab, LabOptions, addrs::NS_NODE, cni_socket_file, cri,
-    cri::CriClient, exec_ok,
+    CriLabOptions, IpamLabOptions, Lab, LabOptions,
+    addrs::{NS_NODE, STRICT_BRANCH_VETH_PREFIX},
+    cni_socket_file, cri,
+    cri::CriClient,
+    exec_ok,
 };
 
 use crate::{agent_binary, cni_plugin_binary, ipam::FAST_AGENT_ARGS};
@@ -47,6 +56,11 @@ pub struct CriNode<'a> {
     pub cni_plugin: PathBuf,
     /// More arguments of `vpcnet-agent run`.
     pub agent_args: &'a [&'a str],
+    /// The lab's Kubernetes API server (and its VPC resource controller):
+    /// the agent runs in-cluster and its pods are Pod objects.
+    pub kube_api: bool,
+    /// With `kube_api`: the resource controller waits for the test.
+    pub resource_controller_held: bool,
 }
 
 impl CriNode<'_> {
@@ -59,6 +73,8 @@ impl CriNode<'_> {
             agent: agent_binary(),
             cni_plugin: cni_plugin_binary(),
             agent_args: &[],
+            kube_api: false,
+            resource_controller_held: false,
         }
     }
 }
@@ -80,6 +96,8 @@ pub fn up_with(node: &CriNode<'_>) -> Lab {
     ipam.cri = Some(CriLabOptions {
         cni_plugin: node.cni_plugin.clone(),
     });
+    ipam.kube_api = node.kube_api;
+    ipam.resource_controller_held = node.resource_controller_held;
     let opts = LabOptions {
         ipam: Some(ipam),
         ..LabOptions::ebpf(node.pods, node.agent.clone())
@@ -132,6 +150,9 @@ pub fn wait_ipam(
 pub struct NodeTraces {
     pub host_veths: BTreeSet<String>,
     pub endpoints: BTreeSet<Ipv4Addr>,
+    /// Branch ENIs' links (`vlan.eth.<id>`) and their datapath entries.
+    pub branch_links: BTreeSet<String>,
+    pub branch_entries: BTreeSet<u32>,
     pub pod_link_pins: BTreeSet<String>,
     pub pod_netns: BTreeSet<String>,
     pub cni_results: BTreeSet<String>,
@@ -147,17 +168,29 @@ impl NodeTraces {
 pub fn node_traces() -> NodeTraces {
     let links = exec_ok(NS_NODE, &["ip", "-o", "link", "show", "type", "veth"])
         .expect("listing the node's veths");
-    let host_veths = links
-        .lines()
-        .filter_map(|line| line.split(": ").nth(1))
-        .map(|name| name.split('@').next().unwrap_or(name).to_owned())
-        .filter(|name| name.starts_with(vpcnet_api::pod::DEFAULT_VETH_PREFIX))
+    let host_veths = link_names(&links)
+        .into_iter()
+        .filter(|name| is_pod_veth(name))
         .collect();
-    let endpoints = DatapathMaps::open_pinned(Path::new(PIN_DIR))
-        .and_then(|maps| maps.endpoints())
+    let all_links =
+        exec_ok(NS_NODE, &["ip", "-o", "link", "show"]).expect("listing the node's links");
+    let branch_links = link_names(&all_links)
+        .into_iter()
+        .filter(|name| name.starts_with(BRANCH_LINK_PREFIX))
+        .collect();
+    let maps = DatapathMaps::open_pinned(Path::new(PIN_DIR)).expect("opening the pinned maps");
+    let endpoints = maps
+        .endpoints()
         .expect("reading the endpoint map")
         .into_iter()
         .map(|(addr, _)| addr)
+        .collect();
+    let branch_entries = maps
+        .enis()
+        .expect("reading the ENI map")
+        .into_iter()
+        .filter(|(_, eni)| eni.flags & ENI_BRANCH != 0)
+        .map(|(ifindex, _)| ifindex)
         .collect();
     let list = |dir: &Path, keep: &dyn Fn(&str) -> bool| -> BTreeSet<String> {
         std::fs::read_dir(dir)
@@ -171,10 +204,14 @@ pub fn node_traces() -> NodeTraces {
     NodeTraces {
         host_veths,
         endpoints,
-        // ENIs keep theirs; pod veths' (eni<hash>) must go.
+        branch_links,
+        branch_entries,
+        // ENIs keep theirs; pod veths' (eni<hash>, vlan<hash>) and branch
+        // links' must go.
         pod_link_pins: list(&Path::new(PIN_DIR).join(LINKS_DIR), &|name| {
-            name.split_once('-')
-                .is_some_and(|(_, iface)| iface.starts_with(vpcnet_api::pod::DEFAULT_VETH_PREFIX))
+            name.split_once('-').is_some_and(|(_, iface)| {
+                is_pod_veth(iface) || iface.starts_with(BRANCH_LINK_PREFIX)
+            })
         }),
         pod_netns: list(
             &Path::new(cri::CONTAINERD_STATE_DIR).join("io.containerd.grpc.v1.cri/netns"),
@@ -184,6 +221,22 @@ pub fn node_traces() -> NodeTraces {
             name.starts_with("aws-cni-")
         }),
     }
+}
+
+/// The link names of `ip -o link show` output (`@peer` cut).
+fn link_names(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|line| line.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name).to_owned())
+        .collect()
+}
+
+/// A pod's host veth: `eni<hash>`, or `vlan<hash>` (a strict branch pod),
+/// not a branch link.
+fn is_pod_veth(name: &str) -> bool {
+    name.starts_with(vpcnet_api::pod::DEFAULT_VETH_PREFIX)
+        || (name.starts_with(STRICT_BRANCH_VETH_PREFIX) && !name.starts_with(BRANCH_LINK_PREFIX))
 }
 
 /// Every sandbox of the runtime, stopped and removed (kubelet's way).

@@ -86,6 +86,8 @@ impl IpamLab {
     pub fn up_in_cluster(instance_type: &str, env: &[(&str, &str)]) -> Self {
         let mut ipam = Self::options(instance_type, env, &[]);
         ipam.kube_api = true;
+        // Its tests write the resource controller's annotations themselves.
+        ipam.resource_controller_held = true;
         Self::up_with_options(ipam)
     }
 

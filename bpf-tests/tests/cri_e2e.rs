@@ -145,10 +145,14 @@ fn a_branch_eni_pod_through_cri_leaves_by_its_branch_eni() {
     let lab = cri::up_with_env(0, "m5.large", &[("ENABLE_POD_ENI", "true")]);
     let client = lab.cri().expect("a CRI client");
     let branch_addr = Ipv4Addr::new(10, 20, 11, 250);
-    let vlan_id = 5;
     let annotation = lab
-        .add_branch_eni(vlan_id, branch_addr)
+        .add_branch_eni(branch_addr)
         .expect("a branch ENI on the trunk");
+    let vlan_id = vpcnet_api::pod::branch_eni_of(&annotation)
+        .expect("the controller's JSON")
+        .expect("one branch ENI")
+        .vlan_id;
+    assert_eq!(vlan_id, 1, "the lowest free VLAN id");
     let mut spec = cri_pods::pod_spec(0);
     spec.annotations
         .insert(vpcnet_api::pod::POD_ENI_ANNOTATION.to_owned(), annotation);

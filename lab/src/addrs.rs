@@ -266,11 +266,24 @@ pub fn eni_route_table(device: usize) -> u32 {
 pub const RT_TABLE_MAIN: u32 = vpcnet_api::vpc_cni::MAIN_TABLE;
 
 // Branch ENIs (security groups for pods). On EKS a branch ENI is a VLAN on
-// the trunk ENI, `vlan.eth.<vlan id>` with the branch ENI's MAC. This
-// kernel has no 802.1Q module, so the lab makes each one a veth whose peer
-// is the VPC router's side of the branch ENI, `n0-vlan<vlan id>`. The k-th
-// branch pod (in pod order) gets VLAN id k+1. A branch ENI has one address:
-// its pod's (the pod keeps the address its index gives it).
+// the trunk ENI, `vlan.eth.<vlan id>` with the branch ENI's MAC. Where the
+// kernel has 802.1Q (the VM kernels) the lab's own branch ENIs are exactly
+// that, on a trunk link [`STATIC_TRUNK_LINK`], and the VPC router's side of
+// each, `n0-vlan<vlan id>`, is a VLAN on the trunk's other end; elsewhere
+// (this machine's kernel has no 8021q module) each is a veth whose peer is
+// `n0-vlan<vlan id>`. The k-th branch pod (in pod order) gets VLAN id k+1.
+// A branch ENI has one address: its pod's (the pod keeps the address its
+// index gives it).
+
+/// The trunk link of the lab's own branch ENIs (`--branch-pods`,
+/// [`crate::Lab::add_branch_eni`]), in the node, where the kernel has
+/// 802.1Q. Not an `ethN` name: the EC2 emulator's attachments own those.
+pub const STATIC_TRUNK_LINK: &str = "trunk0";
+/// The VPC router's end of [`STATIC_TRUNK_LINK`].
+pub const VPC_STATIC_TRUNK_LINK: &str = "n0-trunk0";
+/// The MACs of the two ends of [`STATIC_TRUNK_LINK`].
+pub const STATIC_TRUNK_MAC: &str = "02:ee:0c:00:00:01";
+pub const VPC_STATIC_TRUNK_MAC: &str = "02:1f:0c:00:00:01";
 
 /// How many branch-ENI pods a lab can have.
 pub const MAX_BRANCH_PODS: usize = 16;
@@ -280,10 +293,9 @@ pub fn branch_vlan_id(k: usize) -> u16 {
     u16::try_from(k + 1).expect("at most MAX_BRANCH_PODS")
 }
 
-/// The node's link for a branch ENI: the VPC CNI's `buildVlanLinkName`
-/// (`cmd/routed-eni-cni-plugin/driver/driver.go`).
+/// The node's link for a branch ENI (the VPC CNI's name).
 pub fn branch_link(vlan_id: u16) -> String {
-    format!("vlan.eth.{vlan_id}")
+    vpcnet_api::pod::branch_link_name(vlan_id)
 }
 
 /// The VPC router's side of a branch ENI.
@@ -413,6 +425,8 @@ mod tests {
             vpc_eni_link_mac(2),
             branch_eni_mac(3),
             vpc_branch_link_mac(3),
+            STATIC_TRUNK_MAC.to_owned(),
+            VPC_STATIC_TRUNK_MAC.to_owned(),
         ] {
             let first = u8::from_str_radix(&mac[..2], 16).unwrap();
             assert_eq!(first & 0b11, 0b10, "{mac}");

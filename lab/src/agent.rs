@@ -74,6 +74,9 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .envs(cluster::agent_env());
     }
     command.arg(agent_bin).arg("run");
+    if lab_makes_branch_links(opts) {
+        command.args(["--branch-links", "existing"]);
+    }
     if let Some(ipam) = &opts.ipam {
         // Everything else from IMDS, as on EC2.
         command
@@ -118,6 +121,22 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
     command.envs(opts.agent_env.iter().map(|(k, v)| (k, v)));
     // RUST_LOG and the rest of the environment pass through.
     command
+}
+
+/// Whether the lab, not the agent, makes the branch ENIs' `vlan.eth.<id>`
+/// links: its own branch pods' (`--branch-pods`), and all of them on a
+/// kernel without 802.1Q (veths then, see [`crate::addrs::branch_link`]).
+/// Asked only of a node with security groups for pods: an earlier
+/// release's agent (the upgrade tests) has no such option.
+fn lab_makes_branch_links(opts: &LabOptions) -> bool {
+    let pod_eni = |env: &[(String, String)]| {
+        env.iter()
+            .any(|(name, value)| name == "ENABLE_POD_ENI" && value == "true")
+    };
+    let pod_eni = !opts.branch_pods.is_empty()
+        || pod_eni(&opts.agent_env)
+        || opts.ipam.as_ref().is_some_and(|ipam| pod_eni(&ipam.env));
+    pod_eni && (!opts.branch_pods.is_empty() || !crate::topology::kernel_has_vlans())
 }
 
 /// Starts the agent and waits for its `READY`. On any failure the agent is

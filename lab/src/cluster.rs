@@ -27,6 +27,7 @@ use crate::{
     ec2::{
         config::{LAB_AZ, LAB_REGION},
         instance_types,
+        resource_controller::ControllerOptions,
     },
     error::{Context, LabError, Result},
     kube::{KubeAdmin, pki::ClusterFiles},
@@ -84,6 +85,20 @@ pub fn agent_env() -> Vec<(String, String)> {
 
 fn api(err: &crate::kube::KubeApiError) -> LabError {
     LabError::InvalidOption(format!("setting the lab's cluster up: {err}"))
+}
+
+/// How long a branch ENI outlives its pod in the lab: the resource
+/// controller's `branch-eni-cooldown` is 60 s (30 s at least) on EKS; the
+/// lab's tests wait for it, so it is short here.
+pub const BRANCH_ENI_COOLDOWN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The lab's VPC resource controller, for the lab's node.
+pub fn resource_controller(admin: &KubeAdmin) -> ControllerOptions {
+    ControllerOptions {
+        kube_admin_socket: admin.socket().to_path_buf(),
+        node_name: node_name(),
+        cooldown_ms: u64::try_from(BRANCH_ENI_COOLDOWN.as_millis()).expect("small"),
+    }
 }
 
 /// Makes what the cluster has before the agent starts.

@@ -143,6 +143,9 @@ impl Lab {
                     emulator.instance_id(),
                 )?;
                 cluster::make_service_account_mount()?;
+                if !ipam.resource_controller_held {
+                    start_resource_controller(&emulator, kube_api)?;
+                }
             }
             self.emulator = Some(emulator);
         }
@@ -183,37 +186,33 @@ impl Lab {
         }
     }
 
-    /// Gives the node a branch ENI (security groups for pods) with VLAN id
-    /// `vlan_id` that owns `addr`: its `vlan.eth.<id>` link in the node and
-    /// the router's side, which delivers `addr` to it and checks sources
-    /// against it. In a lab with the EC2 emulator, `addr` is marked used in
-    /// the node subnet, as the branch ENI holds it. Returns the
+    /// Gives the node a branch ENI (security groups for pods) that owns
+    /// `addr`, as the VPC resource controller makes one: on the node's
+    /// trunk ENI (attached first if it has none), on the lowest free VLAN
+    /// id. The router's side of it follows from EC2's state, and so does
+    /// the node's where the kernel has no 802.1Q (elsewhere the node makes
+    /// its `vlan.eth.<id>`, as on EKS). Needs the EC2 emulator. Returns the
     /// `vpc.amazonaws.com/pod-eni` annotation a pod on it carries.
-    pub fn add_branch_eni(&self, vlan_id: u16, addr: std::net::Ipv4Addr) -> Result<String> {
-        if let Some(emulator) = &self.emulator {
-            emulator
-                .admin()
-                .occupy(crate::ec2::config::LAB_NODE_SUBNET_ID, &[addr], &[])
-                .map_err(|err| LabError::InvalidOption(format!("occupying {addr}: {err}")))?;
-        }
-        let branch = state::BranchEni {
-            vlan_id,
-            link: crate::addrs::branch_link(vlan_id),
-            mac: crate::addrs::branch_eni_mac(vlan_id),
-            vpc_link: crate::addrs::vpc_branch_link(vlan_id),
-            route_table: crate::addrs::branch_route_table(vlan_id),
-            mode: self.state.options.sg_enforcing_mode,
+    pub fn add_branch_eni(&self, addr: std::net::Ipv4Addr) -> Result<String> {
+        let emulator = self.emulator.as_ref().ok_or_else(|| {
+            LabError::InvalidOption("a branch ENI needs the lab's EC2 emulator (--enis)".into())
+        })?;
+        let branch = emulator
+            .admin()
+            .branch_eni(Some(addr))
+            .map_err(|err| LabError::InvalidOption(format!("a branch ENI at {addr}: {err}")))?;
+        Ok(serde_json::to_string(&[branch]).expect("serializable"))
+    }
+
+    /// Starts the VPC resource controller of a lab that held it
+    /// ([`crate::IpamLabOptions::resource_controller_held`]).
+    pub fn start_resource_controller(&self) -> Result<()> {
+        let (Some(emulator), Some(kube_api)) = (&self.emulator, &self.kube_api) else {
+            return Err(LabError::InvalidOption(
+                "the resource controller needs the EC2 emulator and the API server".into(),
+            ));
         };
-        topology::build_branch_links(&[(&branch, addr)])?;
-        Ok(serde_json::json!([{
-            "eniId": format!("eni-0b0000000000{vlan_id:05}"),
-            "ifAddress": branch.mac,
-            "privateIp": addr.to_string(),
-            "vlanId": vlan_id,
-            "subnetCidr": crate::addrs::NODE_SUBNET.to_string(),
-            "associationID": format!("trunk-assoc-{vlan_id:05}"),
-        }])
-        .to_string())
+        start_resource_controller(emulator, kube_api)
     }
 
     /// A client of the lab's container runtime (CRI).
@@ -434,6 +433,17 @@ impl Drop for Lab {
             warn!(%err, "tearing the lab down on drop failed; run `cargo xtask lab down`");
         }
     }
+}
+
+/// The lab's VPC resource controller, in the EC2 emulator, on the lab's
+/// API server.
+fn start_resource_controller(emulator: &EmulatorProcess, kube_api: &KubeApiProcess) -> Result<()> {
+    emulator
+        .admin()
+        .start_resource_controller(&cluster::resource_controller(kube_api.admin()))
+        .map_err(|err| {
+            LabError::InvalidOption(format!("starting the VPC resource controller: {err}"))
+        })
 }
 
 /// Whether any trace of a lab exists (state directory or namespaces).

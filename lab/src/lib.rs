@@ -60,7 +60,8 @@ pub use options::{
     parse_index_list,
 };
 pub use probe::{
-    Observation, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
+    Observation, PacketCapture, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami,
+    udp_whoami,
 };
 pub use scratch::ScratchDir;
 pub use state::{

@@ -46,6 +46,11 @@ pub fn wait_links_up(ns: &str, names: &[String], timeout: Duration) -> Result<()
     run_in(ns, || wait_here(ns, names, deadline, timeout))?
 }
 
+/// Whether namespace `ns` has a link named `name`.
+pub fn link_exists(ns: &str, name: &str) -> Result<bool> {
+    run_in(ns, || nix::net::if_::if_nametoindex(name).is_ok())
+}
+
 fn wait_here(ns: &str, names: &[String], deadline: Instant, timeout: Duration) -> Result<()> {
     let mut pending: BTreeSet<&str> = names.iter().map(String::as_str).collect();
     let sock = socket(

@@ -67,7 +67,7 @@ fn check_usable(ns: &str) -> Result<()> {
     check_lab_name(ns)
 }
 
-fn check_lab_name(ns: &str) -> Result<()> {
+pub(crate) fn check_lab_name(ns: &str) -> Result<()> {
     if ns.starts_with(NS_PREFIX) && ns.len() > NS_PREFIX.len() && !ns.contains('/') {
         Ok(())
     } else {

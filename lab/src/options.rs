@@ -250,6 +250,11 @@ pub struct IpamLabOptions {
     /// objects [`crate::cluster`] makes): the agent runs in-cluster.
     #[serde(default)]
     pub kube_api: bool,
+    /// With [`Self::kube_api`]: the VPC resource controller is not started
+    /// with the lab (a cluster whose controller is late); a test starts it
+    /// with [`crate::Lab::start_resource_controller`].
+    #[serde(default)]
+    pub resource_controller_held: bool,
 }
 
 /// The container runtime of a lab whose pods are made through CRI.
@@ -275,6 +280,7 @@ impl IpamLabOptions {
             agent_args: Vec::new(),
             cri: None,
             kube_api: false,
+            resource_controller_held: false,
         }
     }
 }

@@ -1073,3 +1073,91 @@ mod tests {
         assert_eq!(u16::from_be_bytes([packet[22], packet[23]]), 53);
     }
 }
+
+/// `tcpdump` on one link of a lab namespace, link-layer headers shown
+/// (`-e`: an 802.1Q tag prints as `vlan <id>`), until `count` packets
+/// matched its filter. Killed when dropped.
+#[derive(Debug)]
+pub struct PacketCapture {
+    child: std::process::Child,
+    what: String,
+    count: usize,
+    /// Its output, a line per packet, as `tcpdump` prints it.
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+/// How long `tcpdump` may take to start listening.
+const CAPTURE_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+impl PacketCapture {
+    /// Starts capturing on `link` of `ns` and returns once `tcpdump` says
+    /// it listens: nothing sent afterwards is missed.
+    pub fn start(ns: &str, link: &str, filter: &[&str], count: usize) -> Result<Self> {
+        crate::netns::check_lab_name(ns)?;
+        let what = format!("tcpdump -i {link} in {ns}");
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", crate::netns::netns_path(ns).display()))
+            .args(["--", "tcpdump", "-e", "-nn", "-l", "-c", &count.to_string()])
+            .args(["-i", link])
+            .args(filter)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context(|| format!("starting {what}"))?;
+        let (listening, said) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().expect("piped");
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(io::Result::ok) {
+                if line.starts_with("listening on") {
+                    let _ = listening.send(());
+                }
+            }
+        });
+        let (sender, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("piped");
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(io::Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let capture = Self {
+            child,
+            what,
+            count,
+            lines,
+        };
+        said.recv_timeout(CAPTURE_START_TIMEOUT)
+            .map_err(|_| LabError::Timeout {
+                what: format!("{} to listen", capture.what),
+                waited: CAPTURE_START_TIMEOUT,
+            })?;
+        Ok(capture)
+    }
+
+    /// The packets' lines, once `count` of them came or `timeout` passed
+    /// (then fewer).
+    pub fn finish(self, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        let mut lines = Vec::new();
+        while lines.len() < self.count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(_) => {
+                    debug!(what = %self.what, got = lines.len(), "capture ended short");
+                    break;
+                }
+            }
+        }
+        lines
+    }
+}
+
+impl Drop for PacketCapture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -7,16 +7,17 @@
 use std::{net::Ipv4Addr, time::Duration};
 
 use ipnet::Ipv4Net;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::{
     addrs::{
         INET_ADDR, INET_ETH0_MAC, INET_GW, INET_NET, NODE_ETH0, NODE_ETH0_MAC, NODE_LOCAL_DNS_ADDR,
         NODE_LOCAL_DNS_IFACE, NODE_PRIMARY_ADDR, NODE_SUBNET, NODE_SUBNET_GW, NS_INET, NS_NODE,
         NS_ONPREM, NS_PEER, NS_VPC, ONPREM_ADDR, ONPREM_ETH0_MAC, ONPREM_GW, ONPREM_NET, PEER_ADDR,
-        PEER_ETH0_MAC, PEER_SUBNET, PEER_SUBNET_GW, POD_GATEWAY, VPC_CIDRS, VPC_DX_LINK,
-        VPC_DX_LINK_MAC, VPC_IGW_LINK, VPC_IGW_LINK_MAC, VPC_MTU, VPC_NODE_ETH0_LINK,
-        VPC_NODE_ETH0_LINK_MAC, VPC_PEER_LINK, VPC_PEER_LINK_MAC, WAN_MTU, eni_ifname, eni_mac,
+        PEER_ETH0_MAC, PEER_SUBNET, PEER_SUBNET_GW, POD_GATEWAY, STATIC_TRUNK_LINK,
+        STATIC_TRUNK_MAC, VPC_CIDRS, VPC_DX_LINK, VPC_DX_LINK_MAC, VPC_IGW_LINK, VPC_IGW_LINK_MAC,
+        VPC_MTU, VPC_NODE_ETH0_LINK, VPC_NODE_ETH0_LINK_MAC, VPC_PEER_LINK, VPC_PEER_LINK_MAC,
+        VPC_STATIC_TRUNK_LINK, VPC_STATIC_TRUNK_MAC, WAN_MTU, eni_ifname, eni_mac,
         eni_primary_addr, vpc_eni_link, vpc_eni_link_mac,
     },
     error::Result,
@@ -254,10 +255,11 @@ fn build_secondary_enis(enis: usize) -> Result<()> {
 
 /// The branch ENIs of `pods` (security groups for pods). On EKS each is a
 /// VLAN link `vlan.eth.<id>` on the trunk ENI with the branch ENI's MAC,
-/// made up without an address (`setupVlan`); here, a veth to the router
-/// (no 802.1Q module), likewise named, addressed by MAC only and up. The
-/// router delivers the pod's address to it and checks sources against it.
-/// The VLAN route table is the iptables datapath's (`vpc_cni::pod_lines`).
+/// made up without an address (`setupVlan`); so here where the kernel has
+/// 802.1Q, else a veth to the router (see [`crate::addrs::branch_link`]).
+/// The router delivers the pod's address to it and checks sources against
+/// it. The VLAN route table is the iptables datapath's
+/// (`vpc_cni::pod_lines`).
 pub fn build_branch_enis(pods: &[PodInfo]) -> Result<()> {
     let branches: Vec<(&BranchEni, Ipv4Addr)> = pods
         .iter()
@@ -268,19 +270,40 @@ pub fn build_branch_enis(pods: &[PodInfo]) -> Result<()> {
 
 /// Branch ENIs, each with the one address it delivers.
 pub fn build_branch_links(branches: &[(&BranchEni, Ipv4Addr)]) -> Result<()> {
+    if branches.is_empty() {
+        return Ok(());
+    }
+    let vlans = kernel_has_vlans();
+    if vlans {
+        ensure_static_trunk()?;
+    }
     let mut node_lines = Vec::new();
+    let mut vpc_lines = Vec::new();
     let mut links = Vec::new();
     for (branch, addr) in branches {
-        node_lines.extend([
-            format!(
+        let vpc_mac = crate::addrs::vpc_branch_link_mac(branch.vlan_id);
+        if vlans {
+            node_lines.push(vlan_link_line(
+                STATIC_TRUNK_LINK,
+                &branch.link,
+                &branch.mac,
+                branch.vlan_id,
+            ));
+            vpc_lines.push(vlan_link_line(
+                VPC_STATIC_TRUNK_LINK,
+                &branch.vpc_link,
+                &vpc_mac,
+                branch.vlan_id,
+            ));
+        } else {
+            node_lines.push(format!(
                 "link add {link} address {mac} mtu {VPC_MTU} type veth peer name {vpc_link} address {vpc_mac} mtu {VPC_MTU} netns {NS_VPC}",
                 link = branch.link,
                 mac = branch.mac,
                 vpc_link = branch.vpc_link,
-                vpc_mac = crate::addrs::vpc_branch_link_mac(branch.vlan_id),
-            ),
-            format!("link set {} up", branch.link),
-        ]);
+            ));
+        }
+        node_lines.push(format!("link set {} up", branch.link));
         links.push(EniLink {
             vpc_link: branch.vpc_link.clone(),
             mac: branch.mac.clone(),
@@ -288,7 +311,62 @@ pub fn build_branch_links(branches: &[(&BranchEni, Ipv4Addr)]) -> Result<()> {
         });
     }
     ip_batch(Some(NS_NODE), &node_lines)?;
+    ip_batch(Some(NS_VPC), &vpc_lines)?;
     add_router_eni_links(&links)
+}
+
+/// `ip` batch line: an 802.1Q link `name` with `mac` and VLAN id `vlan_id`
+/// on `parent`. Its MTU is the parent's, as the VPC CNI leaves it.
+pub fn vlan_link_line(parent: &str, name: &str, mac: &str, vlan_id: u16) -> String {
+    format!(
+        "link add link {parent} name {name} address {mac} type vlan protocol 802.1Q id {vlan_id}"
+    )
+}
+
+/// The trunk of the lab's own branch ENIs, once: a link from the node to
+/// the router, up at both ends, carrying nothing but VLANs.
+fn ensure_static_trunk() -> Result<()> {
+    if crate::netlink::link_exists(NS_NODE, STATIC_TRUNK_LINK)? {
+        return Ok(());
+    }
+    ip_batch(
+        Some(NS_NODE),
+        &[
+            format!(
+                "link add {STATIC_TRUNK_LINK} address {STATIC_TRUNK_MAC} mtu {VPC_MTU} type veth peer name {VPC_STATIC_TRUNK_LINK} address {VPC_STATIC_TRUNK_MAC} mtu {VPC_MTU} netns {NS_VPC}"
+            ),
+            format!("link set {STATIC_TRUNK_LINK} up"),
+        ],
+    )?;
+    ip_batch(
+        Some(NS_VPC),
+        &[format!("link set {VPC_STATIC_TRUNK_LINK} up")],
+    )
+}
+
+/// Whether this kernel makes 802.1Q links (its `8021q` module loads on
+/// demand): tried once, in the router's namespace, on a veth made for it.
+pub fn kernel_has_vlans() -> bool {
+    static HAS_VLANS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS_VLANS.get_or_init(|| {
+        let probe = ip_batch(
+            Some(NS_VPC),
+            &[
+                "link add vlanprobe0 type veth peer name vlanprobe1".to_owned(),
+                vlan_link_line("vlanprobe0", "vlanprobe0.1", "02:00:00:00:00:01", 1),
+            ],
+        );
+        if let Err(err) = ip_batch(Some(NS_VPC), &["link del vlanprobe0".to_owned()]) {
+            warn!(%err, "removing the 802.1Q probe's veth");
+        }
+        match probe {
+            Ok(()) => true,
+            Err(err) => {
+                info!(%err, "no 802.1Q links in this kernel: branch ENIs are veths");
+                false
+            }
+        }
+    })
 }
 
 /// `NodeLocal DNSCache`'s address: node-local, outside the VPC, on a dummy

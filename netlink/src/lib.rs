@@ -6,7 +6,7 @@
 //! wait for a link to appear, MTU and up), [`addr`] (the ENI's one address),
 //! [`route`] (the subnet route that address would bring into `main`),
 //! [`neigh`] (the gateway kept resolved) and [`eni`], which puts them
-//! together for one ENI.
+//! together for one ENI; [`vlan`] makes a branch ENI's 802.1Q link.
 //!
 //! Everything goes through one [`NetlinkHandle`]: a netlink socket whose
 //! connection task runs on the caller's tokio runtime. The socket belongs to
@@ -26,6 +26,7 @@ pub mod pod;
 pub mod route;
 pub mod rule;
 pub mod veth;
+pub mod vlan;
 
 use std::{fmt, net::Ipv4Addr, str::FromStr, time::Duration};
 
@@ -144,6 +145,14 @@ pub enum NetlinkError {
     SetMtu {
         link: LinkRef,
         mtu: u32,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("creating the VLAN link {name} (802.1Q id {vlan_id}) on ifindex {parent_index}")]
+    CreateVlan {
+        name: String,
+        vlan_id: u16,
+        parent_index: u32,
         #[source]
         source: Box<rtnetlink::Error>,
     },

@@ -63,8 +63,9 @@ const VM_FUZZ_PACKETS: u64 = 20_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Suite {
     /// On every kernel: the programs load within their budgets, and the
-    /// `BPF_PROG_TEST_RUN` verdict tests; on 6.1, also the lab with traffic,
-    /// agent restarts and an upgrade under long-lived flows.
+    /// `BPF_PROG_TEST_RUN` verdict tests; in a VM, security groups for pods
+    /// over 802.1Q; on 6.1, also the lab with traffic, agent restarts and
+    /// an upgrade under long-lived flows.
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
@@ -91,6 +92,10 @@ const VERDICT_TARGETS: [&str; 6] = [
 /// through agent restarts and through an upgrade from an earlier release.
 const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
 
+/// Security groups for pods over real 802.1Q links: every VM kernel (the
+/// host's has no 8021q module; there these tests are ignored).
+const VLAN_TARGETS: [&str; 1] = ["security_groups"];
+
 /// The rest of the datapath's lab suite.
 const DATAPATH_TARGETS: [&str; 14] = [
     "differential",
@@ -113,6 +118,9 @@ impl Suite {
     /// The suite's targets on `kernel` (`None`: this machine's).
     fn targets(self, kernel: Option<&Kernel>) -> Vec<&'static str> {
         let mut targets = VERDICT_TARGETS.to_vec();
+        if kernel.is_some() {
+            targets.extend(VLAN_TARGETS);
+        }
         match self {
             // CI's time goes to traffic on the oldest kernel EKS runs.
             Self::Matrix if kernel.is_some_and(|k| k.name != KERNELS[0].name) => {}
@@ -318,7 +326,11 @@ fn run_in_vm(
             kernel.name
         )
     })?;
-    let mut test_args = vec!["--test-threads=1".to_owned()];
+    // Tests ignored for want of 802.1Q run here.
+    let mut test_args = vec![
+        "--test-threads=1".to_owned(),
+        "--include-ignored".to_owned(),
+    ];
     test_args.extend(filter.map(str::to_owned));
     // The guest starts from a clean environment: the fuzz test's settings
     // go in its script.
@@ -608,6 +620,10 @@ mod tests {
         }
         assert!(on_6_1.contains("--test node_restart"), "{on_6_1}");
         assert!(!on_6_12.contains("node_restart"), "{on_6_12}");
+        for target in VLAN_TARGETS {
+            assert!(on_6_1.contains(&format!("--test {target}")), "{on_6_1}");
+            assert!(on_6_12.contains(&format!("--test {target}")), "{on_6_12}");
+        }
     }
 
     #[test]

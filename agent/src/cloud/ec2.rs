@@ -137,6 +137,9 @@ pub struct EniInfo {
     pub interface_type: Option<String>,
 }
 
+/// EC2's `interfaceType` of a trunk ENI.
+pub const INTERFACE_TYPE_TRUNK: &str = "trunk";
+
 impl EniInfo {
     /// Tagged `no_manage=true` (exactly, as aws-node reads it): an ENI the
     /// operator keeps for themselves.
@@ -153,6 +156,12 @@ impl EniInfo {
             self.interface_type.as_deref(),
             None | Some("interface" | "efa")
         )
+    }
+
+    /// The VPC resource controller's trunk, which carries branch ENIs.
+    #[must_use]
+    pub fn is_trunk(&self) -> bool {
+        self.interface_type.as_deref() == Some(INTERFACE_TYPE_TRUNK)
     }
 
     fn from_sdk(action: &'static str, eni: &NetworkInterface) -> Result<Self, CloudError> {

@@ -155,6 +155,14 @@ impl DatapathMaps {
             .collect()
     }
 
+    /// Every ENI (and branch link), by link index.
+    pub fn enis(&self) -> Result<Vec<(u32, Eni)>, DatapathError> {
+        self.enis
+            .iter()
+            .map(|entry| entry.map_err(DatapathError::map(maps::ENIS)))
+            .collect()
+    }
+
     /// Adds or replaces the ENI (or branch link) with link index `ifindex`.
     /// The primary ENI's link also goes in the configuration, after its
     /// entry: `pod_egress` then sends SNATed packets straight out of it.
@@ -170,6 +178,15 @@ impl DatapathMaps {
             }
         }
         Ok(())
+    }
+
+    /// Removes the entry of the ENI (or branch link) with link index
+    /// `ifindex`; none is no error.
+    pub fn remove_eni(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        match self.enis.remove(&ifindex) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(DatapathError::map(maps::ENIS)(e)),
+        }
     }
 
     pub fn config(&self) -> Result<Config, DatapathError> {

@@ -392,6 +392,8 @@ struct TrackedEni {
     /// Not the pool's ([`EniRole`]): holds a device, gives no address, its
     /// link is not touched.
     no_manage: bool,
+    /// The VPC resource controller's trunk ENI (branch ENIs' VLANs).
+    trunk: bool,
     attached_at: Instant,
 }
 
@@ -876,6 +878,7 @@ impl Manager {
                 subnet_excluded,
                 primary_addr: eni.primary_addr,
                 no_manage: left_alone,
+                trunk: eni.is_trunk(),
                 attached_at: Instant::now(),
             },
         );
@@ -1103,6 +1106,37 @@ impl Manager {
             1
         };
         node.max_enis * per_eni * per_slot
+    }
+
+    /// The node's trunk ENI (security groups for pods): its id and MAC.
+    /// One the manager does not know yet (the resource controller attached
+    /// it since the node's last reconcile) is looked up in EC2 now, so a
+    /// branch pod does not wait for that reconcile. `None`: no trunk.
+    pub async fn trunk(&self) -> Result<Option<(String, String)>, ManagerError> {
+        let known = |st: &State| {
+            st.enis
+                .iter()
+                .find(|(_, tracked)| tracked.trunk)
+                .map(|(id, tracked)| (id.clone(), tracked.mac.clone()))
+        };
+        if let Some(trunk) = known(&*self.inner.state.lock().await) {
+            return Ok(Some(trunk));
+        }
+        let me = &self.inner;
+        let Some(trunk) = me
+            .cloud
+            .instance_enis(&me.node.instance.instance_id)
+            .await?
+            .into_iter()
+            .find(|e| e.is_trunk() && e.attachment_status.as_deref() == Some("attached"))
+        else {
+            return Ok(None);
+        };
+        if !me.state.lock().await.enis.contains_key(&trunk.id) {
+            info!(eni = %trunk.id, device = ?trunk.device_index, "trunk ENI found for a branch pod");
+            self.track(&trunk, false).await?;
+        }
+        Ok(Some((trunk.id, trunk.mac)))
     }
 
     /// The node's ENIs as introspection shows them, in device order: what

@@ -38,6 +38,19 @@ pub const RUN_INSTANCE: &str = "/run-instance";
 /// `POST` [`VpcCidrRequest`]: the state. A CIDR associated with the VPC
 /// (what `AssociateVpcCidrBlock` does), seen in IMDS at once.
 pub const VPC_CIDR: &str = "/vpc-cidr";
+/// A branch ENI on the lab node's trunk, as the resource controller makes
+/// one (the trunk attached first if the node has none).
+pub const BRANCH_ENI: &str = "/branch-eni";
+/// Starts the lab's VPC resource controller
+/// ([`super::resource_controller`]).
+pub const RESOURCE_CONTROLLER: &str = "/resource-controller";
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BranchEniRequest {
+    /// The branch ENI's address; EC2 picks one if absent.
+    #[serde(default)]
+    pub private_ip: Option<Ipv4Addr>,
+}
 
 /// A CIDR to associate with the VPC.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -226,6 +239,26 @@ impl AdminClient {
     pub fn associate_vpc_cidr(&self, cidr: Ipv4Net) -> Result<StateSnapshot, EmulatorError> {
         let request = VpcCidrRequest { cidr };
         self.call("POST", VPC_CIDR, Some(serde_json::to_vec(&request)?))
+    }
+
+    /// A branch ENI on the lab node's trunk: what the pod's
+    /// `vpc.amazonaws.com/pod-eni` annotation says of it.
+    pub fn branch_eni(
+        &self,
+        private_ip: Option<Ipv4Addr>,
+    ) -> Result<vpcnet_api::pod::BranchEni, EmulatorError> {
+        let request = BranchEniRequest { private_ip };
+        self.call("POST", BRANCH_ENI, Some(serde_json::to_vec(&request)?))
+    }
+
+    /// Starts the lab's VPC resource controller.
+    pub fn start_resource_controller(
+        &self,
+        opts: &super::resource_controller::ControllerOptions,
+    ) -> Result<(), EmulatorError> {
+        let _: serde_json::Value =
+            self.call("POST", RESOURCE_CONTROLLER, Some(serde_json::to_vec(opts)?))?;
+        Ok(())
     }
 
     /// Launches an instance; its id.

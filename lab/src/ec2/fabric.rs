@@ -16,6 +16,12 @@
 //!   agent's job, as ipamd's on EKS); its peer `n0-eth<N>` in `vpcnet-vpc`
 //!   set up like the lab's static ENI links (the subnet gateway as a /32,
 //!   up, proxy ARP, source/destination check). Detaching deletes the pair.
+//! - A trunk ENI is such an ENI. Each branch ENI associated with it gets
+//!   the router's side `n0-vlan<id>`, set up like an ENI's: where the
+//!   kernel has 802.1Q, a VLAN of that id on the trunk's router link (the
+//!   node's side, `vlan.eth.<id>`, is the node's job, as on EKS); elsewhere
+//!   a veth whose node end is `vlan.eth.<id>`, made here, up, with the
+//!   branch ENI's MAC. Disassociating deletes them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -28,11 +34,13 @@ use tracing::{debug, info};
 use super::model::{AttachmentStatus, Ec2State};
 use crate::{
     addrs::{
-        NS_NODE, NS_VPC, VPC_MTU, VPC_NODE_ETH0_LINK, eni_ifname, vpc_eni_link, vpc_eni_link_mac,
+        NS_NODE, NS_VPC, VPC_MTU, VPC_NODE_ETH0_LINK, branch_link, eni_ifname, vpc_branch_link,
+        vpc_branch_link_mac, vpc_eni_link, vpc_eni_link_mac,
     },
     error::{LabError, Result},
     netns::{ip_batch, set_sysctls},
     router::{self, Assignments, Removals},
+    topology,
 };
 
 /// What one ENI of the lab's node needs from the network.
@@ -48,10 +56,23 @@ pub struct DesiredEni {
     pub prefixes: BTreeSet<Ipv4Net>,
 }
 
+/// What one branch ENI on a trunk of the lab's node needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredBranch {
+    pub vlan_id: u16,
+    /// The trunk's device index: its router link carries the VLAN.
+    pub trunk_device_index: u32,
+    pub mac: String,
+    pub gateway: Ipv4Addr,
+    pub address: Ipv4Addr,
+}
+
 /// The network as the state says it must be, by ENI id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     pub enis: BTreeMap<String, DesiredEni>,
+    /// Branch ENIs on trunks in [`Self::enis`], by branch ENI id.
+    pub branches: BTreeMap<String, DesiredBranch>,
 }
 
 impl Desired {
@@ -94,8 +115,26 @@ impl Desired {
                     },
                 ))
             })
+            .collect::<BTreeMap<_, _>>();
+        let branches = state
+            .trunk_associations()
+            .filter_map(|association| {
+                let trunk = enis.get(&association.trunk_id)?;
+                let branch = state.eni(&association.branch_id).ok()?;
+                let subnet = state.subnet(&branch.subnet_id).ok()?;
+                Some((
+                    branch.id.clone(),
+                    DesiredBranch {
+                        vlan_id: association.vlan_id,
+                        trunk_device_index: trunk.device_index,
+                        mac: branch.mac.clone(),
+                        gateway: Ipv4Addr::from(u32::from(subnet.cidr.network()) + 1),
+                        address: branch.primary_ip,
+                    },
+                ))
+            })
             .collect();
-        Self { enis }
+        Self { enis, branches }
     }
 }
 
@@ -120,6 +159,8 @@ impl Fabric for NoFabric {
 pub struct LabFabric {
     /// What has been done, by ENI id.
     delivered: BTreeMap<String, DesiredEni>,
+    /// Branch ENIs whose links exist, by branch ENI id.
+    branches: BTreeMap<String, DesiredBranch>,
 }
 
 /// The router's link of the ENI at `device`.
@@ -160,6 +201,91 @@ impl LabFabric {
         )?;
         set_sysctls(NS_VPC, &[(&format!("net.ipv4.conf.{link}.proxy_arp"), "1")])?;
         router::add_eni_links(&[&link])
+    }
+
+    /// The router's side of a branch ENI, set up like an ENI link, and,
+    /// without 802.1Q, the node's side too.
+    fn create_branch_link(branch: &DesiredBranch) -> Result<()> {
+        let vpc_link = vpc_branch_link(branch.vlan_id);
+        let vpc_mac = vpc_branch_link_mac(branch.vlan_id);
+        info!(%vpc_link, vlan_id = branch.vlan_id, mac = %branch.mac, "associated: the branch ENI's link");
+        if topology::kernel_has_vlans() {
+            ip_batch(
+                Some(NS_VPC),
+                &[topology::vlan_link_line(
+                    &router_link(branch.trunk_device_index),
+                    &vpc_link,
+                    &vpc_mac,
+                    branch.vlan_id,
+                )],
+            )?;
+        } else {
+            let link = branch_link(branch.vlan_id);
+            ip_batch(
+                Some(NS_NODE),
+                &[
+                    format!(
+                        "link add {link} address {mac} mtu {VPC_MTU} type veth peer name {vpc_link} address {vpc_mac} mtu {VPC_MTU} netns {NS_VPC}",
+                        mac = branch.mac,
+                    ),
+                    format!("link set {link} up"),
+                ],
+            )?;
+        }
+        ip_batch(
+            Some(NS_VPC),
+            &[
+                format!("addr add {}/32 dev {vpc_link}", branch.gateway),
+                format!("link set {vpc_link} up"),
+            ],
+        )?;
+        set_sysctls(
+            NS_VPC,
+            &[(&format!("net.ipv4.conf.{vpc_link}.proxy_arp"), "1")],
+        )?;
+        router::add_eni_links(&[&vpc_link])
+    }
+
+    fn delete_branch_link(branch: &DesiredBranch) -> Result<()> {
+        let vpc_link = vpc_branch_link(branch.vlan_id);
+        info!(%vpc_link, "disassociated: deleting the branch ENI's link");
+        router::remove_eni_links(&[&vpc_link])?;
+        // The router's end, VLAN or veth, takes a veth's node end with it.
+        // A trunk detached first took its VLANs along.
+        if crate::netlink::link_exists(NS_VPC, &vpc_link)? {
+            ip_batch(Some(NS_VPC), &[format!("link del {vpc_link}")])?;
+        }
+        Ok(())
+    }
+
+    /// Branch ENIs: links made for new ones (their trunk's link exists by
+    /// now), deleted for gone ones, addresses delivered as for ENIs.
+    fn apply_branches(
+        &mut self,
+        desired: &Desired,
+        removals: &mut Removals,
+        assignments: &mut Assignments,
+    ) -> Result<()> {
+        let gone: Vec<String> = self
+            .branches
+            .iter()
+            .filter(|(id, had)| desired.branches.get(*id) != Some(*had))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            let had = self.branches.remove(&id).expect("listed");
+            removals.remove(&vpc_branch_link(had.vlan_id), &[had.address]);
+            Self::delete_branch_link(&had)?;
+        }
+        for (id, want) in &desired.branches {
+            if self.branches.contains_key(id) {
+                continue;
+            }
+            Self::create_branch_link(want)?;
+            assignments.add(&vpc_branch_link(want.vlan_id), &want.mac, &[want.address]);
+            self.branches.insert(id.clone(), want.clone());
+        }
+        Ok(())
     }
 
     fn delete_link(eni: &DesiredEni) -> Result<()> {
@@ -233,6 +359,7 @@ impl Fabric for LabFabric {
             }
             self.delivered.insert(id.clone(), want.clone());
         }
+        self.apply_branches(desired, &mut removals, &mut assignments)?;
         removals.apply()?;
         for had in &links_to_delete {
             Self::delete_link(had)?;

@@ -18,6 +18,7 @@
 //!   the lab.
 
 pub mod admin;
+pub mod branches;
 pub mod config;
 pub mod fabric;
 pub mod faults;
@@ -26,6 +27,7 @@ pub mod instance_types;
 pub mod model;
 mod process;
 pub mod query;
+pub mod resource_controller;
 pub mod server;
 pub mod xml;
 

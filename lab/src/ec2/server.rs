@@ -35,15 +35,18 @@ use tokio::{
     net::{TcpListener, UnixListener},
 };
 use tracing::{debug, info, warn};
+use vpcnet_api::pod::BranchEni;
 
 use super::{
     admin::{self, AdminErrorBody, CallsView, RunInstanceRequest},
+    branches,
     config::{Config, FaultRule},
     fabric::{Desired, Fabric},
     faults::Faults,
     imds::{self, TOKEN_HEADER, TOKEN_TTL_HEADER, Tokens},
-    model::{Ec2Error, Ec2State, StateSnapshot},
+    model::{Ec2Error, Ec2Result, Ec2State, StateSnapshot},
     query::{self, Effect, Params},
+    resource_controller::{self, ControllerOptions, TrunkProvider},
     xml::error_document,
 };
 use crate::addrs::NODE_PRIMARY_ADDR;
@@ -72,6 +75,8 @@ struct Shared {
     next_request: AtomicU64,
     /// The lab node's primary address: its instance has a network.
     node_addr: Ipv4Addr,
+    /// Whether the resource controller runs (it is started once).
+    controller_started: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +104,7 @@ impl Emulator {
                 attach_delay_ms: AtomicU64::new(config.attach_delay_ms),
                 next_request: AtomicU64::new(1),
                 node_addr: NODE_PRIMARY_ADDR,
+                controller_started: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -239,6 +245,58 @@ impl Shared {
             fabric_errors: self.fabric_errors.load(Ordering::Relaxed),
             attach_delay_ms: self.attach_delay_ms.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl Shared {
+    /// The lab node's instance.
+    fn node_instance(&self, state: &Ec2State) -> Ec2Result<String> {
+        state
+            .instance_by_address(self.node_addr)
+            .map(|instance| instance.id.clone())
+            .ok_or_else(|| {
+                Ec2Error::new(
+                    "InvalidInstanceID.NotFound",
+                    format!("no running instance has {}", self.node_addr),
+                )
+            })
+    }
+
+    /// A branch ENI on the node's trunk (attached first if needed), at
+    /// `private_ip` if given.
+    fn branch_eni_at(&self, private_ip: Option<Ipv4Addr>) -> Ec2Result<BranchEni> {
+        let trunk = self.node_trunk()?;
+        let branch = branches::create_branch(&mut lock(&self.state), &trunk, private_ip)?;
+        self.reconcile(None);
+        Ok(branch)
+    }
+}
+
+impl TrunkProvider for Shared {
+    fn node_trunk(&self) -> Ec2Result<String> {
+        let (trunk, attaching) = {
+            let mut state = lock(&self.state);
+            let instance = self.node_instance(&state)?;
+            branches::ensure_trunk(&mut state, &instance, now_ms())?
+        };
+        // The controller waits for `attached`; the lab's attachment completes
+        // at once, its link made first.
+        if let Some(attachment) = attaching {
+            self.reconcile(Some(&attachment));
+        }
+        Ok(trunk)
+    }
+
+    fn create_branch(&self, trunk: &str) -> Ec2Result<BranchEni> {
+        let branch = branches::create_branch(&mut lock(&self.state), trunk, None)?;
+        self.reconcile(None);
+        Ok(branch)
+    }
+
+    fn delete_branch(&self, branch: &BranchEni) -> Ec2Result<()> {
+        branches::delete_branch(&mut lock(&self.state), branch)?;
+        self.reconcile(None);
+        Ok(())
     }
 }
 
@@ -459,7 +517,11 @@ async fn admin_request(shared: Arc<Shared>, req: Request<Incoming>) -> Response<
         Err(err) => return admin_error(400, "BadRequest", err.to_string()),
     };
     debug!(%method, %path, "admin");
-    blocking(&shared, move |s| admin_route(s, &method, &path, &body)).await
+    let handle = shared.clone();
+    blocking(&shared, move |_| {
+        admin_route(&handle, &method, &path, &body)
+    })
+    .await
 }
 
 /// An admin answer that is an error (boxed: a response is large).
@@ -470,7 +532,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AdminFailure>
         .map_err(|err| Box::new(admin_error(400, "BadRequest", err.to_string())))
 }
 
-fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
+fn admin_route(shared: &Arc<Shared>, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
     let ec2 = |err: Ec2Error| Box::new(admin_error(400, &err.code, err.message));
     let result: Result<Response<Body>, AdminFailure> = (|| match (method.as_str(), path) {
         ("GET", admin::HEALTH) => Ok(json_response(200, &serde_json::json!({"ok": true}))),
@@ -538,6 +600,24 @@ fn admin_route(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Res
                 200,
                 &admin::RunInstanceResponse { instance_id: id },
             ))
+        }
+        ("POST", admin::BRANCH_ENI) => {
+            let request: admin::BranchEniRequest = parse(body)?;
+            let branch = shared.branch_eni_at(request.private_ip).map_err(ec2)?;
+            Ok(json_response(200, &branch))
+        }
+        ("POST", admin::RESOURCE_CONTROLLER) => {
+            let opts: ControllerOptions = parse(body)?;
+            if shared.controller_started.swap(true, Ordering::SeqCst) {
+                return Err(Box::new(admin_error(
+                    409,
+                    "Conflict",
+                    "the resource controller runs already".to_owned(),
+                )));
+            }
+            info!(?opts, "resource controller started");
+            resource_controller::spawn(opts, shared.clone());
+            Ok(json_response(200, &serde_json::json!({"ok": true})))
         }
         _ => Err(Box::new(admin_error(
             404,

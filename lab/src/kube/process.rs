@@ -226,6 +226,11 @@ impl KubeAdmin {
         }
     }
 
+    /// The admin socket it talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     fn call(
         &self,
         method: &str,

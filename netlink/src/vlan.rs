@@ -1,0 +1,120 @@
+//! 802.1Q links: a branch ENI's `vlan.eth.<vlan id>` on the trunk ENI's
+//! link, as the VPC CNI's plugin makes it (`setupVlan`): the branch ENI's
+//! MAC, the trunk's MTU (the kernel's default for a VLAN), no address, up.
+
+use futures_util::TryStreamExt;
+use rtnetlink::{
+    LinkMessageBuilder, LinkVlan,
+    packet_route::link::{
+        InfoData, InfoKind, InfoVlan, LinkAttribute, LinkInfo as PacketLinkInfo, LinkMessage,
+        VlanProtocol,
+    },
+};
+use tracing::info;
+
+use crate::{LinkInfo, MacAddr, NetlinkError, NetlinkHandle, errno};
+
+/// What a VLAN link is made of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VlanSpec {
+    pub name: String,
+    /// The trunk's link.
+    pub parent_index: u32,
+    pub vlan_id: u16,
+    pub mac: MacAddr,
+}
+
+/// A link, and what makes it a VLAN if it is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VlanDetails {
+    pub link: LinkInfo,
+    /// Its parent (`IFLA_LINK`) and 802.1Q id: `None` for a link that is
+    /// not a VLAN.
+    pub vlan: Option<(u32, u16)>,
+}
+
+impl VlanDetails {
+    fn from_message(message: &LinkMessage) -> Self {
+        let mut parent = None;
+        let mut vlan_id = None;
+        for attribute in &message.attributes {
+            match attribute {
+                LinkAttribute::Link(index) => parent = Some(*index),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let PacketLinkInfo::Data(InfoData::Vlan(data)) = info {
+                            vlan_id = data.iter().find_map(|d| match d {
+                                InfoVlan::Id(id) => Some(*id),
+                                _ => None,
+                            });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let is_vlan = message.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::LinkInfo(infos)
+                if infos.iter().any(|i| matches!(i, PacketLinkInfo::Kind(InfoKind::Vlan))))
+        });
+        Self {
+            link: LinkInfo::from_message(message),
+            vlan: is_vlan.then_some(parent.zip(vlan_id)).flatten(),
+        }
+    }
+}
+
+impl NetlinkHandle {
+    /// Creates the VLAN link `spec`, up, and returns it.
+    pub async fn create_vlan(&self, spec: &VlanSpec) -> Result<LinkInfo, NetlinkError> {
+        let message = LinkMessageBuilder::<LinkVlan>::new(&spec.name)
+            .link(spec.parent_index)
+            .id(spec.vlan_id)
+            .protocol(VlanProtocol::Ieee8021Q)
+            .address(spec.mac.0.to_vec())
+            .up()
+            .build();
+        self.handle
+            .link()
+            .add(message)
+            .execute()
+            .await
+            .map_err(|source| NetlinkError::CreateVlan {
+                name: spec.name.clone(),
+                vlan_id: spec.vlan_id,
+                parent_index: spec.parent_index,
+                source: Box::new(source),
+            })?;
+        let link = self
+            .link_by_name(&spec.name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoLinkNamed(spec.name.clone()))?;
+        info!(link = %spec.name, vlan_id = spec.vlan_id, parent = spec.parent_index, mac = %spec.mac, "VLAN link created");
+        Ok(link)
+    }
+
+    /// The link named `name` and whether it is a VLAN, if there is one.
+    pub async fn vlan_details(&self, name: &str) -> Result<Option<VlanDetails>, NetlinkError> {
+        let mut answers = self.handle.link().get().match_name(name).execute();
+        match answers.try_next().await {
+            Ok(Some(message)) => Ok(Some(VlanDetails::from_message(&message))),
+            Ok(None) => Ok(None),
+            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
+            Err(err) => Err(NetlinkError::ListLinks(Box::new(err))),
+        }
+    }
+
+    /// The link with `index` and whether it is a VLAN, if there is one.
+    pub async fn vlan_details_by_index(
+        &self,
+        index: u32,
+    ) -> Result<Option<VlanDetails>, NetlinkError> {
+        let mut answers = self.handle.link().get().match_index(index).execute();
+        match answers.try_next().await {
+            Ok(Some(message)) => Ok(Some(VlanDetails::from_message(&message))),
+            Ok(None) => Ok(None),
+            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
+            Err(err) => Err(NetlinkError::ListLinks(Box::new(err))),
+        }
+    }
+}
