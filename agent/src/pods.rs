@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use vpcnet_api::{
     layout::EnforcingMode,
     pod::{BranchEni, branch_eni, branch_eni_of},
+    vpc_cni::BranchPodWiring,
 };
 use vpcnet_common::{
     addr_to_raw,
@@ -64,6 +65,8 @@ pub enum PodError {
     Netlink(#[from] NetlinkError),
     #[error("the pod's host veth {0} does not exist")]
     NoHostVeth(String),
+    #[error("the branch ENI's link {0} does not exist")]
+    NoBranchLinkNamed(String),
     #[error("the pod's MAC {0:?} is not a MAC address")]
     BadMac(String),
     #[error("no link has the MAC {mac} of ENI {eni}")]
@@ -472,11 +475,7 @@ impl Pods {
             gateway,
             branch: true,
         };
-        let flags = match mode {
-            EnforcingMode::Strict => ENDPOINT_BRANCH | ENDPOINT_STRICT,
-            EnforcingMode::Standard => ENDPOINT_BRANCH,
-        };
-        self.attach(&pod.eni_of(), host_veth, pod_mac, flags)
+        self.attach(&pod.eni_of(), host_veth, pod_mac, branch_flags(mode))
             .await?;
         Ok(pod)
     }
@@ -547,9 +546,12 @@ impl Pods {
     /// into the pod, while what the pod sends still goes through the stack
     /// until [`Pods::finish_adoption`] attaches the programs. Returns the
     /// pods with an entry, and how many with a veth failed.
-    pub async fn adopt(&self) -> Result<(Vec<Adoptee>, usize), PodError> {
+    pub async fn adopt(
+        &self,
+        branch_pods: &[BranchPodWiring],
+    ) -> Result<(Vec<Adoptee>, usize), PodError> {
         let _op = self.inner.ops.lock().await;
-        let (mut adopted, mut failed) = (Vec::new(), 0);
+        let (mut adopted, mut failed) = self.adopt_branch_pods(branch_pods).await?;
         for (assigned, eni_mac) in self.inner.manager.assignments().await {
             if self.datapath().maps.endpoint(assigned.addr)?.is_some() {
                 continue;
@@ -583,6 +585,85 @@ impl Pods {
             });
         }
         Ok((adopted, failed))
+    }
+
+    /// [`Pods::adopt`]'s first step for the branch-ENI pods aws-node wired
+    /// (read back from its rules and VLAN tables): the branch link as an
+    /// ENI of the datapath, with its programs, and the pod's entry, its
+    /// flags those of this node's enforcing mode. Without `ENABLE_POD_ENI`
+    /// they are left as they are.
+    async fn adopt_branch_pods(
+        &self,
+        branch_pods: &[BranchPodWiring],
+    ) -> Result<(Vec<Adoptee>, usize), PodError> {
+        let (mut adopted, mut failed) = (Vec::new(), 0);
+        if branch_pods.is_empty() {
+            return Ok((adopted, failed));
+        }
+        let Some(mode) = self.inner.opts.branch_mode else {
+            warn!(
+                pods = branch_pods.len(),
+                "aws-node's branch-ENI pods are left on its rules: ENABLE_POD_ENI is off"
+            );
+            return Ok((adopted, branch_pods.len()));
+        };
+        for pod in branch_pods {
+            match self.adopt_branch_pod(pod, mode).await {
+                Ok(()) => adopted.push(Adoptee {
+                    addr: pod.addr,
+                    host_veth: pod.host_veth.clone(),
+                }),
+                Err(e) => {
+                    warn!(addr = %pod.addr, veth = pod.host_veth, link = pod.vlan_link(), error = %e, "adopting a branch-ENI pod failed");
+                    failed += 1;
+                }
+            }
+        }
+        Ok((adopted, failed))
+    }
+
+    async fn adopt_branch_pod(
+        &self,
+        pod: &BranchPodWiring,
+        mode: EnforcingMode,
+    ) -> Result<(), PodError> {
+        let netlink = &self.inner.netlink;
+        let vlan_link = pod.vlan_link();
+        let link = netlink
+            .link_by_name(&vlan_link)
+            .await?
+            .ok_or_else(|| PodError::NoBranchLinkNamed(vlan_link.clone()))?;
+        let veth = netlink
+            .link_by_name(&pod.host_veth)
+            .await?
+            .ok_or_else(|| PodError::NoHostVeth(pod.host_veth.clone()))?;
+        let (Some(host_mac), Some(pod_mac)) = (veth.mac, netlink.peer_mac(&pod.host_veth).await?)
+        else {
+            return Err(PodError::NoHostVeth(pod.host_veth.clone()));
+        };
+        netlink
+            .keep_gateway_resolved(&link.link_ref(), pod.gateway)
+            .await?;
+        let mut datapath = self.datapath();
+        datapath.maps.set_eni(
+            link.index,
+            &Eni {
+                gateway: addr_to_raw(pod.gateway.octets()),
+                flags: ENI_BRANCH,
+            },
+        )?;
+        datapath.attach_eni(&link.name)?;
+        datapath.maps.set_endpoint(
+            pod.addr,
+            &Endpoint {
+                ifindex: veth.index,
+                eni_ifindex: link.index,
+                mac: pod_mac.0,
+                host_mac: host_mac.0,
+                flags: branch_flags(mode),
+            },
+        )?;
+        Ok(())
     }
 
     /// Undoes [`Pods::adopt`]: the entries go, the pods stay as the other
@@ -832,6 +913,14 @@ impl PodAddress {
             eni_id: self.eni_id.clone(),
             eni_mac: self.eni_mac.clone(),
         }
+    }
+}
+
+/// A branch pod's endpoint flags in enforcing mode `mode`.
+fn branch_flags(mode: EnforcingMode) -> u32 {
+    match mode {
+        EnforcingMode::Strict => ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        EnforcingMode::Standard => ENDPOINT_BRANCH,
     }
 }
 

@@ -34,21 +34,24 @@ use std::{
 };
 
 use tracing::{debug, info, warn};
-use vpcnet_api::vpc_cni::{
-    self, FROM_POD_RULE_PRIORITY, HOST_RULE_PRIORITY, IpRule, MAIN_TABLE, NodeWiring,
-    TO_POD_RULE_PRIORITY,
+use vpcnet_api::{
+    pod::BRANCH_LINK_PREFIX,
+    vpc_cni::{
+        self, BranchPodWiring, FROM_POD_RULE_PRIORITY, HOST_RULE_PRIORITY, IpRule, MAIN_TABLE,
+        NodeWiring, TO_POD_RULE_PRIORITY, VLAN_RULE_PRIORITY,
+    },
 };
 use vpcnet_common::{
     addr_to_raw,
     cidr::CidrKind,
-    endpoint::{ENDPOINT_BRANCH, ENI_PRIMARY},
+    endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_PRIMARY},
     nat::{
         FlowKey, FlowKind, FlowState, NS_PER_SEC, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY,
         SEEN_FIN, SEEN_SYN,
     },
     port_to_raw, raw_to_addr, raw_to_port,
 };
-use vpcnet_netlink::{MacAddr, NetlinkError, NetlinkHandle, rule::Ipv4Rule};
+use vpcnet_netlink::{MacAddr, NetlinkError, NetlinkHandle, route::Ipv4Route, rule::Ipv4Rule};
 
 use crate::{
     datapath::{Datapath, DatapathError, DatapathMaps, monotonic_now_ns, remove_pins},
@@ -83,6 +86,8 @@ pub enum TakeOverError {
     Checkpoint(#[from] CheckpointError),
     #[error("the primary ENI's link (ifindex {0}) is gone")]
     NoPrimaryLink(u32),
+    #[error("no link is named {0}")]
+    NoLink(String),
     #[error("the ENI link of ifindex {0} is gone")]
     NoEniLink(u32),
     #[error("asking IMDS for the device number of {mac}: {message}")]
@@ -453,19 +458,27 @@ pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
 }
 
 /// Removes aws-node's ip rules: rule 1024 (`fwmark <connmark>`) when
-/// `node_wide`, and rules 512 and 1536 of each of `pods`. Returns how many
-/// went.
+/// `node_wide`, rules 512 and 1536 of each of `pods`, and the rules 10 of
+/// each of `branch_pods` (strict mode's). Returns how many went.
 pub async fn remove_vpc_cni_rules(
     netlink: &NetlinkHandle,
     pods: &BTreeSet<Ipv4Addr>,
+    branch_pods: &[BranchPodWiring],
     connmark: u32,
     node_wide: bool,
 ) -> Result<usize, TakeOverError> {
     let of_pod = |prefix: Option<ipnet::Ipv4Net>| {
         prefix.is_some_and(|net| net.prefix_len() == 32 && pods.contains(&net.addr()))
     };
+    let vlan_rules: Vec<Ipv4Rule> = branch_pods
+        .iter()
+        .flat_map(BranchPodWiring::rules)
+        .filter(|rule| rule.priority == VLAN_RULE_PRIORITY)
+        .map(|rule| netlink_rule(&rule))
+        .collect();
     Ok(netlink
         .delete_rules(|rule| match rule.priority {
+            VLAN_RULE_PRIORITY => vlan_rules.contains(rule),
             TO_POD_RULE_PRIORITY => rule.table == MAIN_TABLE && of_pod(rule.to),
             FROM_POD_RULE_PRIORITY => of_pod(rule.from),
             HOST_RULE_PRIORITY => {
@@ -474,6 +487,79 @@ pub async fn remove_vpc_cni_rules(
             _ => false,
         })
         .await?)
+}
+
+/// aws-node's branch-ENI pods, read back from what its plugin wired
+/// ([`BranchPodWiring`]): each `vlan.eth.<id>` with a default route in its
+/// VLAN table; strict: the pod's route in that table, by its host veth;
+/// standard: rule 1536 from the pod to that table, and the pod's route in
+/// `main`.
+pub async fn vpc_cni_branch_pods(
+    netlink: &NetlinkHandle,
+) -> Result<Vec<BranchPodWiring>, TakeOverError> {
+    let links = netlink.links().await?;
+    let name_of = |index: u32| {
+        links
+            .iter()
+            .find(|link| link.index == index)
+            .map(|link| link.name.clone())
+    };
+    let mut found = Vec::new();
+    let (mut rules, mut main) = (None, None);
+    for link in &links {
+        let Some(vlan_id) = link
+            .name
+            .strip_prefix(BRANCH_LINK_PREFIX)
+            .and_then(|id| id.parse::<u16>().ok())
+        else {
+            continue;
+        };
+        let table = vpc_cni::vlan_route_table(vlan_id);
+        let routes = netlink.ipv4_routes(table).await?;
+        let Some(gateway) = routes
+            .iter()
+            .find(|route| route.dst.prefix_len() == 0)
+            .and_then(|route| route.via)
+        else {
+            continue;
+        };
+        let host_route = |route: &&Ipv4Route| {
+            route.dst.prefix_len() == 32 && route.via.is_none() && route.oif != Some(link.index)
+        };
+        let (addr, oif, strict) = if let Some(route) = routes.iter().find(host_route) {
+            (route.dst.addr(), route.oif, true)
+        } else {
+            if rules.is_none() {
+                rules = Some(netlink.ipv4_rules().await?);
+                main = Some(netlink.ipv4_routes(MAIN_TABLE).await?);
+            }
+            let from_pod = rules.iter().flatten().find_map(|rule| {
+                (rule.priority == FROM_POD_RULE_PRIORITY && rule.table == table)
+                    .then_some(rule.from)
+                    .flatten()
+                    .filter(|from| from.prefix_len() == 32)
+            });
+            let Some(from) = from_pod else {
+                continue;
+            };
+            let oif = main
+                .iter()
+                .flatten()
+                .find(|route| route.dst == from)
+                .and_then(|route| route.oif);
+            (from.addr(), oif, false)
+        };
+        if let Some(host_veth) = oif.and_then(name_of) {
+            found.push(BranchPodWiring {
+                addr,
+                host_veth,
+                vlan_id,
+                gateway,
+                strict,
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// Renames `from` to `to` in `dir` if `from` is there; returns whether it
@@ -512,6 +598,7 @@ pub async fn restore_vpc_cni_wiring(
     netlink: &NetlinkHandle,
     wiring: &NodeWiring,
     pods: &[HandedBackPod],
+    branch_pods: &[BranchPodWiring],
 ) -> Result<usize, TakeOverError> {
     remove_vpc_cni_iptables()?;
     for command in wiring.iptables_commands() {
@@ -522,6 +609,21 @@ pub async fn restore_vpc_cni_wiring(
     let mut rules = vec![wiring.host_rule()];
     for pod in pods {
         rules.extend(IpRule::pod_rules(pod.addr, pod.table));
+    }
+    for pod in branch_pods {
+        for route in pod.routes() {
+            let oif = nix::net::if_::if_nametoindex(route.dev.as_str())
+                .map_err(|_| TakeOverError::NoLink(route.dev.clone()))?;
+            let netlink_route = Ipv4Route {
+                dst: route.dst,
+                via: route.via,
+                oif: Some(oif),
+            };
+            netlink
+                .replace_ipv4_route(&netlink_route, route.table)
+                .await?;
+        }
+        rules.extend(pod.rules());
     }
     let mut added = 0;
     for rule in &rules {
@@ -595,12 +697,14 @@ pub async fn take_over(
     netlink: &NetlinkHandle,
     connmark: u32,
 ) -> Result<TakeOver, TakeOverError> {
+    let branch_pods = vpc_cni_branch_pods(netlink).await?;
     let candidates: BTreeSet<Ipv4Addr> = pods
         .attachments()
         .await?
         .into_iter()
         .filter(|pod| pod.host_veth.is_none())
         .map(|pod| pod.addr)
+        .chain(branch_pods.iter().map(|pod| pod.addr))
         .collect();
     let chains = vpc_cni_chains_present()?;
     let mut report = TakeOver::default();
@@ -611,7 +715,7 @@ pub async fn take_over(
     // Entries first: replies go straight into the pods from then on,
     // never rewritten by a claim and handed to a stack that knows nothing
     // of it. Then the claims, then the programs.
-    let (adoptees, entry_failures) = pods.adopt().await?;
+    let (adoptees, entry_failures) = pods.adopt(&branch_pods).await?;
     let mut imported = Vec::new();
     if !candidates.is_empty() {
         match import_flows(&mut lock().maps, &candidates) {
@@ -641,8 +745,12 @@ pub async fn take_over(
         report.translated_flows += imports.translated.len();
         report.stack_flows += imports.stack.len();
     }
+    let adopted_branch: Vec<BranchPodWiring> = branch_pods
+        .into_iter()
+        .filter(|pod| adopted.contains(&pod.addr))
+        .collect();
     report.ip_rules_removed =
-        remove_vpc_cni_rules(netlink, &adopted, connmark, failed == 0).await?;
+        remove_vpc_cni_rules(netlink, &adopted, &adopted_branch, connmark, failed == 0).await?;
     if failed == 0 && chains {
         report.iptables_removed = remove_vpc_cni_iptables()?;
     }
@@ -717,9 +825,14 @@ pub async fn hand_back(
         };
         pods.push(HandedBackPod { addr, table });
     }
-    let ip_rules_added = restore_vpc_cni_wiring(netlink, &wiring, &pods).await?;
+    let branch_pods = handed_back_branch_pods(&maps)?;
+    let ip_rules_added = restore_vpc_cni_wiring(netlink, &wiring, &pods, &branch_pods).await?;
     let flows_exported = export_flows(&maps, opts.connmark)?;
-    let pod_addrs: Vec<Ipv4Addr> = pods.iter().map(|pod| pod.addr).collect();
+    let pod_addrs: Vec<Ipv4Addr> = pods
+        .iter()
+        .map(|pod| pod.addr)
+        .chain(branch_pods.iter().map(|pod| pod.addr))
+        .collect();
     let stale_forgotten = forget_stale_connections(&pod_addrs)?;
     drop(maps);
     remove_pins(&opts.pin_dir).map_err(|source| TakeOverError::Unpin {
@@ -731,12 +844,53 @@ pub async fn hand_back(
         None => false,
     };
     Ok(HandBack {
-        pods: pods.len(),
+        pods: pods.len() + branch_pods.len(),
         ip_rules_added,
         flows_exported,
         stale_forgotten,
         conflist_restored,
     })
+}
+
+/// The datapath's branch-ENI pods, as aws-node's plugin would have wired
+/// them: each entry's host veth and branch link by their indices, the
+/// link's gateway from its ENI entry, the mode from the entry's flags.
+fn handed_back_branch_pods(maps: &DatapathMaps) -> Result<Vec<BranchPodWiring>, TakeOverError> {
+    let enis = maps.enis()?;
+    let mut pods = Vec::new();
+    for (addr, entry) in maps.endpoints()? {
+        if entry.flags & ENDPOINT_BRANCH == 0 {
+            continue;
+        }
+        let name = |index| {
+            nix::net::if_::if_indextoname(index)
+                .ok()
+                .map(|name| name.to_string_lossy().into_owned())
+        };
+        let (Some(host_veth), Some(link)) = (name(entry.ifindex), name(entry.eni_ifindex)) else {
+            warn!(%addr, "a branch pod whose links are gone: nothing to hand back");
+            continue;
+        };
+        let vlan_id = link
+            .strip_prefix(BRANCH_LINK_PREFIX)
+            .and_then(|id| id.parse().ok());
+        let gateway = enis
+            .iter()
+            .find(|(index, _)| *index == entry.eni_ifindex)
+            .map(|(_, eni)| Ipv4Addr::from(raw_to_addr(eni.gateway)));
+        let (Some(vlan_id), Some(gateway)) = (vlan_id, gateway) else {
+            warn!(%addr, %link, "a branch pod on a link that is not a VLAN of the VPC CNI's: not handed back");
+            continue;
+        };
+        pods.push(BranchPodWiring {
+            addr,
+            host_veth,
+            vlan_id,
+            gateway,
+            strict: entry.flags & ENDPOINT_STRICT != 0,
+        });
+    }
+    Ok(pods)
 }
 
 /// Removes vpcnet's conflist from `dir` and puts aws-node's back; returns

@@ -17,6 +17,8 @@
 //!   ENI rule 1536 `from <pod> lookup <ENI table>`:
 //!   `cmd/routed-eni-cni-plugin/driver/driver.go`,
 //!   `setupIPBasedContainerRouteRules`.
+//! - Per branch-ENI pod (security groups for pods), [`BranchPodWiring`]:
+//!   `driver.go`, `SetupBranchENIPodNetwork`.
 //!
 //! The connmark rules are the iptables flavour (the chain
 //! `AWS-CONNMARK-CHAIN-0`); recent VPC CNI releases write the same marks with
@@ -60,6 +62,111 @@ pub const FROM_ENI_PRIMARY_IP_RULE_PRIORITY: u32 = 32765;
 #[must_use]
 pub fn eni_route_table(device: u32) -> u32 {
     if device == 0 { MAIN_TABLE } else { device + 1 }
+}
+
+/// The route table of the branch ENI on VLAN `vlan_id` (`vlanID + 100`).
+#[must_use]
+pub fn vlan_route_table(vlan_id: u16) -> u32 {
+    u32::from(vlan_id) + 100
+}
+
+/// One IPv4 route of the VPC CNI's: `dst` by `dev`, through `via` or on
+/// the link.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub dst: Ipv4Net,
+    pub via: Option<Ipv4Addr>,
+    pub dev: String,
+    pub table: u32,
+}
+
+/// `ip route replace ...` as `ip -batch` takes it.
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.dst.prefix_len() == 0 {
+            f.write_str("route replace default")?;
+        } else {
+            write!(f, "route replace {}", self.dst)?;
+        }
+        match self.via {
+            Some(via) => write!(f, " via {via} dev {}", self.dev)?,
+            None => write!(f, " dev {} scope link", self.dev)?,
+        }
+        if self.table != MAIN_TABLE {
+            write!(f, " table {}", self.table)?;
+        }
+        Ok(())
+    }
+}
+
+/// A branch-ENI pod as the VPC CNI's plugin wires it
+/// (`SetupBranchENIPodNetwork`): the VLAN's table (its gateway on the link,
+/// the default route through it); strict: the pod's route in that table and
+/// the two rules 10 (`iif vlan.eth.<id>`, `iif <host veth>`), everything of
+/// the pod by the VLAN; standard: the pod's route in `main`, rule 512, and
+/// rule 1536 to the VLAN's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchPodWiring {
+    pub addr: Ipv4Addr,
+    pub host_veth: String,
+    pub vlan_id: u16,
+    /// The branch ENI's subnet gateway.
+    pub gateway: Ipv4Addr,
+    pub strict: bool,
+}
+
+impl BranchPodWiring {
+    /// Its VLAN link, `vlan.eth.<id>`.
+    #[must_use]
+    pub fn vlan_link(&self) -> String {
+        crate::pod::branch_link_name(self.vlan_id)
+    }
+
+    #[must_use]
+    pub fn table(&self) -> u32 {
+        vlan_route_table(self.vlan_id)
+    }
+
+    /// Its routes, in the plugin's order.
+    #[must_use]
+    pub fn routes(&self) -> Vec<Route> {
+        let (vlan, table) = (self.vlan_link(), self.table());
+        let on = |dst: Ipv4Net, dev: &str, table| Route {
+            dst,
+            via: None,
+            dev: dev.to_owned(),
+            table,
+        };
+        vec![
+            on(Ipv4Net::from(self.gateway), &vlan, table),
+            Route {
+                via: Some(self.gateway),
+                ..on(Ipv4Net::default(), &vlan, table)
+            },
+            on(
+                Ipv4Net::from(self.addr),
+                &self.host_veth,
+                if self.strict { table } else { MAIN_TABLE },
+            ),
+        ]
+    }
+
+    /// Its rules.
+    #[must_use]
+    pub fn rules(&self) -> Vec<IpRule> {
+        let table = self.table();
+        if self.strict {
+            [self.vlan_link(), self.host_veth.clone()]
+                .into_iter()
+                .map(|iif| IpRule {
+                    iif: Some(iif),
+                    ..IpRule::new(VLAN_RULE_PRIORITY, table)
+                })
+                .collect()
+        } else {
+            IpRule::pod_rules(self.addr, table)
+        }
+    }
 }
 
 /// What ipamd's rules depend on: the node and the VPC CNI's variables.

@@ -19,7 +19,7 @@ use vpcnet_common::{
     maps::{LINKS_DIR, PIN_DIR},
 };
 use vpcnet_lab::{
-    CriLabOptions, IpamLabOptions, Lab, LabOptions,
+    CriLabOptions, EnforcingMode, IpamLabOptions, Lab, LabOptions,
     addrs::{NS_NODE, STRICT_BRANCH_VETH_PREFIX},
     cni_socket_file, cri,
     cri::CriClient,
@@ -61,6 +61,8 @@ pub struct CriNode<'a> {
     pub kube_api: bool,
     /// With `kube_api`: the resource controller waits for the test.
     pub resource_controller_held: bool,
+    /// `POD_SECURITY_GROUP_ENFORCING_MODE`, for the agent and the conflist.
+    pub sg_enforcing_mode: EnforcingMode,
 }
 
 impl CriNode<'_> {
@@ -75,6 +77,7 @@ impl CriNode<'_> {
             agent_args: &[],
             kube_api: false,
             resource_controller_held: false,
+            sg_enforcing_mode: EnforcingMode::Strict,
         }
     }
 }
@@ -100,6 +103,7 @@ pub fn up_with(node: &CriNode<'_>) -> Lab {
     ipam.resource_controller_held = node.resource_controller_held;
     let opts = LabOptions {
         ipam: Some(ipam),
+        sg_enforcing_mode: node.sg_enforcing_mode,
         ..LabOptions::ebpf(node.pods, node.agent.clone())
     };
     Lab::up(&opts).unwrap_or_else(|e| panic!("bringing up the CRI lab: {e}"))

@@ -608,7 +608,8 @@ fn run_pod(
 /// The plugin's GC, as the runtime runs it: the deploy conflist's plugin
 /// config at 1.1.0 with `cni.dev/valid-attachments`, in the node.
 fn plugin_gc(valid: &[&LivePod]) -> String {
-    let conflist = cri_pods::lab_conflist().expect("the lab's conflist");
+    let conflist =
+        cri_pods::lab_conflist(vpcnet_lab::EnforcingMode::Strict).expect("the lab's conflist");
     let mut conf = conflist["plugins"]
         .as_array()
         .and_then(|plugins| {

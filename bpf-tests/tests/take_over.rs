@@ -6,7 +6,9 @@
 //! SNATed one on the same port, while aws-node's rules go. `vpcnet-agent
 //! uninstall` then writes them back as they were, hands the translated
 //! connections to conntrack and detaches the datapath, and the same
-//! connections still keep going.
+//! connections still keep going. aws-node's branch-ENI pods (security
+//! groups for pods), read back from its VLAN tables and rules, are adopted
+//! and handed back the same way, in both enforcing modes.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test take_over -- --test-threads=1 --nocapture`.
@@ -24,10 +26,14 @@ use vpcnet_bpf_tests::{
     echo::{EchoStream, FarEnds},
     ipam::FAST_AGENT_ARGS,
 };
-use vpcnet_common::{maps::PIN_DIR, raw_to_port};
+use vpcnet_common::{
+    endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT},
+    maps::PIN_DIR,
+    raw_to_port,
+};
 use vpcnet_lab::{
-    IpamLabOptions, Lab, LabOptions, ScratchDir, addrs, ec2::EmulatorProcess, ipam_checkpoint_file,
-    netns::netns_path, serial, tcp_whoami,
+    EnforcingMode, IpamLabOptions, Lab, LabOptions, ScratchDir, addrs, ec2::EmulatorProcess,
+    ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
 };
 
 const PORT: u16 = 8080;
@@ -59,6 +65,7 @@ fn aws_node_parts(wiring: &BTreeSet<String>) -> Vec<&String> {
         .iter()
         .filter(|line| {
             line.contains("AWS")
+                || line.starts_with("10:")
                 || line.starts_with("512:")
                 || line.starts_with("1024:")
                 || line.starts_with("1536:")
@@ -75,6 +82,18 @@ fn datapath_snat_ports() -> Vec<(u16, u16)> {
         .filter(|flow| flow.kind() == Some(vpcnet_common::nat::FlowKind::Snat))
         .map(|flow| (raw_to_port(flow.key.sport), raw_to_port(flow.fwd.port)))
         .collect()
+}
+
+/// The address manager of a node aws-node ran: the agent writes its
+/// conflist into `conf_dir`, where aws-node's is.
+fn aws_node_ipam(conf_dir: &Path) -> IpamLabOptions {
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.agent_args = FAST_AGENT_ARGS
+        .iter()
+        .map(|a| (*a).to_owned())
+        .chain(["--cni-conf-dir".to_owned(), conf_dir.display().to_string()])
+        .collect();
+    ipam
 }
 
 /// Runs `vpcnet-agent uninstall` in the node as an operator would, with
@@ -108,15 +127,7 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall(
     vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
     let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
     std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
-    let mut ipam = IpamLabOptions::new("m5.large");
-    ipam.agent_args = FAST_AGENT_ARGS
-        .iter()
-        .map(|a| (*a).to_owned())
-        .chain([
-            "--cni-conf-dir".to_owned(),
-            conf_dir.path().display().to_string(),
-        ])
-        .collect();
+    let ipam = aws_node_ipam(conf_dir.path());
     let opts = LabOptions {
         ipam: Some(ipam),
         agent_bin: Some(agent_binary()),
@@ -268,6 +279,143 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall(
         "connections closed cleanly after take-over and uninstall: {echoed:?} echoes, 0 broken"
     );
     lab.down().expect("lab down");
+}
+
+/// The routes of a VLAN table (`table <n>: <route>` lines).
+fn table_routes(lab: &Lab, table: u32) -> BTreeSet<String> {
+    lab.exec_ok(
+        addrs::NS_NODE,
+        &["ip", "-4", "route", "show", "table", &table.to_string()],
+    )
+    .expect("ip route")
+    .lines()
+    .map(|line| format!("table {table}: {line}"))
+    .collect()
+}
+
+/// aws-node's branch-ENI pod (security groups for pods) in `mode`: adopted
+/// with its VLAN link, its connections kept, its rules 10 (strict) or 512
+/// and 1536 (standard) removed; handed back with its VLAN table and rules
+/// as the plugin wrote them.
+fn branch_pod_take_over_and_hand_back(mode: EnforcingMode) {
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
+    std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
+    let ipam = aws_node_ipam(conf_dir.path());
+    let opts = LabOptions {
+        ipam: Some(ipam),
+        agent_bin: Some(agent_binary()),
+        branch_pods: vec![1],
+        sg_enforcing_mode: mode,
+        ..LabOptions::iptables(2)
+    };
+    let mut lab = Lab::up(&opts).expect("an aws-node node with a branch pod");
+    let pods = lab.pods().to_vec();
+    let (plain, branch) = (&pods[0], &pods[1]);
+    let vlan = branch.branch.as_ref().expect("pod-1 has a branch ENI");
+    let wiring = |lab: &Lab| {
+        let mut wiring = node_wiring(lab);
+        wiring.extend(table_routes(lab, vlan.route_table));
+        wiring
+    };
+    let aws_node = wiring(&lab);
+    let aws_parts: Vec<String> = aws_node_parts(&aws_node).into_iter().cloned().collect();
+    let vlan_rules = aws_parts.iter().filter(|l| l.starts_with("10:")).count();
+    let strict = mode == EnforcingMode::Strict;
+    assert_eq!(vlan_rules, if strict { 2 } else { 0 }, "{aws_parts:#?}");
+
+    let FarEnds {
+        peer,
+        pod: branch_server,
+        ..
+    } = FarEnds::start(branch, PORT);
+    let to_peer = EchoStream::open(&branch.netns, peer.addr());
+    assert_eq!(*to_peer.seen_as.ip(), branch.addr, "by its branch ENI");
+    let into_branch = EchoStream::open(&plain.netns, branch_server.addr());
+    let streams = [
+        ("branch pod to peer", &to_peer),
+        ("pod-0 to branch pod", &into_branch),
+    ];
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} under aws-node's wiring"));
+    }
+
+    lab.start_agent()
+        .expect("starting the agent on aws-node's node");
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after the take-over"));
+    }
+    let maps = DatapathMaps::open_pinned(Path::new(PIN_DIR)).expect("the agent's maps");
+    let entry = maps
+        .endpoint(branch.addr)
+        .expect("reading the endpoints")
+        .expect("the branch pod adopted");
+    let index = |name: &str| {
+        vpcnet_lab::run_in(addrs::NS_NODE, || nix::net::if_::if_nametoindex(name))
+            .expect("entering the node")
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+    assert_eq!(entry.ifindex, index(&branch.host_veth), "on its own veth");
+    assert_eq!(
+        entry.eni_ifindex,
+        index(&vlan.link),
+        "leaving by its VLAN link"
+    );
+    let want = if strict {
+        ENDPOINT_BRANCH | ENDPOINT_STRICT
+    } else {
+        ENDPOINT_BRANCH
+    };
+    assert_eq!(entry.flags, want, "{mode:?}");
+    drop(maps);
+    let taken_over = wiring(&lab);
+    let left: Vec<&String> = aws_node_parts(&taken_over)
+        .into_iter()
+        .filter(|line| line.starts_with("10:") || line.contains(&branch.addr.to_string()))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{mode:?}: the branch pod's rules left: {left:#?}"
+    );
+
+    lab.stop_agent().expect("stopping the agent");
+    let said = uninstall(conf_dir.path());
+    println!("{mode:?}: uninstall: {}", said.trim());
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after uninstall"));
+    }
+    let back = wiring(&lab);
+    assert_eq!(
+        aws_node_parts(&back),
+        aws_parts.iter().collect::<Vec<_>>(),
+        "{mode:?}: aws-node's wiring is back as it was"
+    );
+    assert_eq!(
+        table_routes(&lab, vlan.route_table),
+        table_routes_of(&aws_node, vlan.route_table),
+        "{mode:?}: the VLAN table as the plugin wrote it"
+    );
+    let echoed: Vec<u64> = [to_peer, into_branch].map(EchoStream::close).to_vec();
+    println!("{mode:?}: branch pod taken over and handed back: {echoed:?} echoes, 0 broken");
+    lab.down().expect("lab down");
+}
+
+/// The `table <n>` lines of a wiring.
+fn table_routes_of(wiring: &BTreeSet<String>, table: u32) -> BTreeSet<String> {
+    let prefix = format!("table {table}: ");
+    wiring
+        .iter()
+        .filter(|line| line.starts_with(&prefix))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn aws_node_branch_pods_are_taken_over_and_handed_back_in_both_modes() {
+    let _lock = serial();
+    for mode in [EnforcingMode::Strict, EnforcingMode::Standard] {
+        branch_pod_take_over_and_hand_back(mode);
+    }
 }
 
 /// The network policy agent's pins, as it names them: one program per

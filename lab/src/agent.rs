@@ -74,6 +74,12 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .envs(cluster::agent_env());
     }
     command.arg(agent_bin).arg("run");
+    // The node-wide enforcing mode, as the lab's conflist has it (a test's
+    // own variables may say otherwise, after this).
+    command.env(
+        "POD_SECURITY_GROUP_ENFORCING_MODE",
+        opts.sg_enforcing_mode.env_value(),
+    );
     if lab_makes_branch_links(opts) {
         command.args(["--branch-links", "existing"]);
     }
@@ -111,13 +117,10 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             opts.randomize_snat.env_value(),
         );
     if !opts.branch_pods.is_empty() {
-        // Security groups for pods are on (the VPC CNI's `ENABLE_POD_ENI`),
-        // in the node-wide enforcing mode.
-        command.env("ENABLE_POD_ENI", "true").env(
-            "POD_SECURITY_GROUP_ENFORCING_MODE",
-            opts.sg_enforcing_mode.env_value(),
-        );
+        // Security groups for pods are on (the VPC CNI's `ENABLE_POD_ENI`).
+        command.env("ENABLE_POD_ENI", "true");
     }
+
     command.envs(opts.agent_env.iter().map(|(k, v)| (k, v)));
     // RUST_LOG and the rest of the environment pass through.
     command

@@ -20,6 +20,7 @@ use crate::{
     cri::{self, Containerd, ContainerdOptions, CriClient, PodSpec, PortMapping},
     error::{Context, LabError, Result},
     netns,
+    options::EnforcingMode,
     state::{PodInfo, cni_socket_file, state_dir},
 };
 
@@ -98,18 +99,21 @@ fn parse_plugin_line(line: &str) -> Option<PluginCall> {
     })
 }
 
-/// The conflist of `deploy/` pointed at the lab's agent socket and log.
-pub fn lab_conflist() -> Result<Value> {
+/// The conflist of `deploy/` pointed at the lab's agent socket and log,
+/// with the node's security-group enforcing mode (the agent writes it so
+/// from `POD_SECURITY_GROUP_ENFORCING_MODE` on a node).
+pub fn lab_conflist(mode: EnforcingMode) -> Result<Value> {
     let mut conflist = conflist::template().map_err(LabError::InvalidOption)?;
     let plugin = conflist::plugin_mut(&mut conflist).map_err(LabError::InvalidOption)?;
     plugin["agentSocket"] = Value::from(cni_socket_file().display().to_string());
     plugin["logFile"] = Value::from(cni_plugin_log().display().to_string());
+    plugin["podSGEnforcingMode"] = Value::from(mode.env_value());
     Ok(conflist)
 }
 
 /// Writes the CNI configuration and plugin directory, then starts
 /// containerd in the node.
-pub fn start_containerd(cni_plugin: &Path) -> Result<Containerd> {
+pub fn start_containerd(cni_plugin: &Path, mode: EnforcingMode) -> Result<Containerd> {
     let debian: Vec<PathBuf> = DEBIAN_PLUGINS
         .iter()
         .map(|name| Path::new(cri::DEBIAN_CNI_BIN_DIR).join(name))
@@ -120,7 +124,7 @@ pub fn start_containerd(cni_plugin: &Path) -> Result<Containerd> {
     cri::link_cni_plugins(&cni_bin_dir(), &plugins)?;
     let conf_dir = cni_conf_dir();
     fs::create_dir_all(&conf_dir).context(|| format!("creating {}", conf_dir.display()))?;
-    let conflist = lab_conflist()?;
+    let conflist = lab_conflist(mode)?;
     let path = conf_dir.join("10-vpcnet.conflist");
     fs::write(
         &path,

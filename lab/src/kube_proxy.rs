@@ -78,7 +78,7 @@ fn cluster_ip_ports(service: &ClusterIpService, pods: &[PodInfo]) -> Vec<Service
 pub fn service_ports(opts: &LabOptions, pods: &[PodInfo]) -> Vec<ServicePort> {
     let mut ports = Vec::new();
     if let Some(service) = &opts.node_port
-        && let Some(backend) = pods.get(service.pod)
+        && let Some(backend) = pods.iter().find(|pod| pod.index == service.pod)
     {
         ports.extend(node_port_ports(service, backend));
     }

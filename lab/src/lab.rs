@@ -156,7 +156,7 @@ impl Lab {
             self.state.save()?;
         }
         if let Some(cri) = opts.cri() {
-            let containerd = cri_pods::start_containerd(&cri.cni_plugin)?;
+            let containerd = cri_pods::start_containerd(&cri.cni_plugin, opts.sg_enforcing_mode)?;
             let client = containerd.client()?;
             self.containerd = Some(containerd);
             for index in 0..opts.pods {
@@ -213,6 +213,21 @@ impl Lab {
             ));
         };
         start_resource_controller(emulator, kube_api)
+    }
+
+    /// A Service of type `NodePort` in front of `backend` (a pod made
+    /// through CRI, say) on `target_port`: kube-proxy's sync of the node's
+    /// rules, the lab's other services kept.
+    pub fn add_node_port(&mut self, backend: &PodInfo, target_port: u16) -> Result<()> {
+        self.state.options.node_port = Some(crate::options::NodePortService {
+            pod: backend.index,
+            target_port,
+        });
+        let mut pods = self.state.pods.clone();
+        pods.retain(|pod| pod.index != backend.index);
+        pods.push(backend.clone());
+        kube_proxy::install(&self.state.options, &pods)?;
+        self.state.save()
     }
 
     /// A client of the lab's container runtime (CRI).

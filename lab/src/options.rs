@@ -355,11 +355,11 @@ impl LabOptions {
             let aws_node = self.datapath == Datapath::Iptables && ipam.cri.is_none();
             if (!aws_node && (self.datapath != Datapath::Ebpf || static_pods != 0))
                 || self.enis != 1
-                || !self.branch_pods.is_empty()
+                || (!aws_node && !self.branch_pods.is_empty())
                 || self.node_port.is_some()
             {
                 return Err(LabError::InvalidOption(
-                    "the address manager runs with one ENI, and the ebpf datapath with pods through CRI, or the iptables datapath (aws-node's node) with static pods"
+                    "the address manager runs with one ENI, and the ebpf datapath with pods through CRI, or the iptables datapath (aws-node's node) with static pods (branch pods among them)"
                         .into(),
                 ));
             }

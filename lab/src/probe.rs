@@ -1143,13 +1143,11 @@ impl PacketCapture {
         let mut lines = Vec::new();
         while lines.len() < self.count {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => lines.push(line),
-                Err(_) => {
-                    debug!(what = %self.what, got = lines.len(), "capture ended short");
-                    break;
-                }
-            }
+            let Ok(line) = self.lines.recv_timeout(left) else {
+                debug!(what = %self.what, got = lines.len(), "capture ended short");
+                break;
+            };
+            lines.push(line);
         }
         lines
     }

@@ -22,11 +22,11 @@
 
 use std::net::Ipv4Addr;
 
+use vpcnet_api::vpc_cni::{BranchPodWiring, IpRule, NodeWiring};
 pub use vpcnet_api::vpc_cni::{
     FROM_ENI_PRIMARY_IP_RULE_PRIORITY, FROM_POD_RULE_PRIORITY, HOST_RULE_PRIORITY,
     LOCAL_RULE_PRIORITY, TO_POD_RULE_PRIORITY, VLAN_RULE_PRIORITY,
 };
-use vpcnet_api::vpc_cni::{IpRule, NodeWiring};
 
 use crate::{
     addrs::{
@@ -114,9 +114,6 @@ pub fn pod_lines(pod: &PodInfo) -> Vec<String> {
     let addr = pod.addr;
     let veth = &pod.host_veth;
     let main_route = format!("route replace {addr}/32 dev {veth} scope link");
-    let from_pod_rule = |table: u32| {
-        format!("rule add from {addr}/32 priority {FROM_POD_RULE_PRIORITY} table {table}")
-    };
     let Some(branch) = &pod.branch else {
         let table = eni_route_table(pod.eni_device.unwrap_or(0));
         let mut lines = vec![main_route];
@@ -127,23 +124,19 @@ pub fn pod_lines(pod: &PodInfo) -> Vec<String> {
         );
         return lines;
     };
-    let table = branch.route_table;
-    let vlan = &branch.link;
-    let mut lines = vec![
-        format!("route replace {NODE_SUBNET_GW}/32 dev {vlan} scope link table {table}"),
-        format!("route replace default via {NODE_SUBNET_GW} dev {vlan} table {table}"),
-    ];
-    match branch.mode {
-        EnforcingMode::Strict => lines.extend([
-            format!("route replace {addr}/32 dev {veth} scope link table {table}"),
-            format!("rule add iif {vlan} priority {VLAN_RULE_PRIORITY} table {table}"),
-            format!("rule add iif {veth} priority {VLAN_RULE_PRIORITY} table {table}"),
-        ]),
-        EnforcingMode::Standard => {
-            lines.extend([main_route, pod_rule_line(addr), from_pod_rule(table)]);
-        }
-    }
-    lines
+    let wiring = BranchPodWiring {
+        addr,
+        host_veth: veth.clone(),
+        vlan_id: branch.vlan_id,
+        gateway: NODE_SUBNET_GW,
+        strict: branch.mode == EnforcingMode::Strict,
+    };
+    wiring
+        .routes()
+        .iter()
+        .map(ToString::to_string)
+        .chain(wiring.rules().iter().map(ToString::to_string))
+        .collect()
 }
 
 /// The rules of `count` filler pods: 512 and 1536 each, as the plugin gives
@@ -197,6 +190,18 @@ pub fn record_aws_node_state(emulator: &EmulatorProcess, pods: &[PodInfo]) -> Re
         .ok_or_else(|| {
             crate::error::LabError::InvalidOption("the emulator has no lab instance".into())
         })?;
+    // A branch-ENI pod's address is its branch ENI's: ipamd neither holds
+    // nor checkpoints it, and EC2 gives it to nobody else.
+    let branch_addrs: Vec<Ipv4Addr> = pods
+        .iter()
+        .filter(|pod| pod.branch.is_some())
+        .map(|pod| pod.addr)
+        .collect();
+    emulator
+        .admin()
+        .occupy(crate::ec2::config::LAB_NODE_SUBNET_ID, &branch_addrs, &[])
+        .map_err(admin_error)?;
+    let pods: Vec<&PodInfo> = pods.iter().filter(|pod| pod.branch.is_none()).collect();
     let addrs: Vec<Ipv4Addr> = pods.iter().map(|pod| pod.addr).collect();
     emulator
         .admin()

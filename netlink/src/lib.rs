@@ -188,6 +188,18 @@ pub enum NetlinkError {
         #[source]
         source: Box<rtnetlink::Error>,
     },
+    #[error("listing the routes of table {table}")]
+    ListTable {
+        table: u32,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("adding the route {route}")]
+    AddRoute {
+        route: String,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
     #[error("deleting the route to {destination} by {link} from table main")]
     DelRoute {
         link: LinkRef,

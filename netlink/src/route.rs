@@ -1,11 +1,14 @@
-//! Routes in table `main` by an ENI's link: there should be none.
+//! Routes in table `main` by an ENI's link: there should be none. And the
+//! routes of one table, read and written: the VPC CNI's VLAN tables, which
+//! a take-over reads and a hand-back writes again.
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use futures_util::TryStreamExt;
+use ipnet::Ipv4Net;
 use rtnetlink::{
     RouteMessageBuilder,
-    packet_route::route::{RouteAddress, RouteAttribute, RouteMessage},
+    packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
 };
 use tracing::info;
 
@@ -48,6 +51,33 @@ fn destination_of(message: &RouteMessage) -> String {
         })
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     format!("{addr}/{}", message.header.destination_prefix_length)
+}
+
+/// One IPv4 unicast route: where to, through which gateway, by which link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ipv4Route {
+    pub dst: Ipv4Net,
+    pub via: Option<Ipv4Addr>,
+    pub oif: Option<u32>,
+}
+
+impl Ipv4Route {
+    fn from_message(message: &RouteMessage) -> Option<Self> {
+        let mut dst = Ipv4Addr::UNSPECIFIED;
+        let mut via = None;
+        for attribute in &message.attributes {
+            match attribute {
+                RouteAttribute::Destination(RouteAddress::Inet(addr)) => dst = *addr,
+                RouteAttribute::Gateway(RouteAddress::Inet(addr)) => via = Some(*addr),
+                _ => {}
+            }
+        }
+        Some(Self {
+            dst: Ipv4Net::new(dst, message.header.destination_prefix_length).ok()?,
+            via,
+            oif: oif_of(message),
+        })
+    }
 }
 
 impl NetlinkHandle {
@@ -95,5 +125,58 @@ impl NetlinkHandle {
             }
         }
         Ok(deleted)
+    }
+
+    /// The IPv4 routes of `table`.
+    pub async fn ipv4_routes(&self, table: u32) -> Result<Vec<Ipv4Route>, NetlinkError> {
+        let messages: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute()
+            .try_filter(|message| {
+                let ours = table_of(message) == table;
+                async move { ours }
+            })
+            .try_collect()
+            .await
+            .map_err(|source| NetlinkError::ListTable {
+                table,
+                source: Box::new(source),
+            })?;
+        Ok(messages
+            .iter()
+            .filter_map(Ipv4Route::from_message)
+            .collect())
+    }
+
+    /// Adds `route` to `table`, or replaces the one it has to that
+    /// destination: through its gateway, or on its link.
+    pub async fn replace_ipv4_route(
+        &self,
+        route: &Ipv4Route,
+        table: u32,
+    ) -> Result<(), NetlinkError> {
+        let mut message = RouteMessageBuilder::<Ipv4Addr>::new()
+            .protocol(RouteProtocol::Boot)
+            .table_id(table)
+            .destination_prefix(route.dst.addr(), route.dst.prefix_len());
+        message = match route.via {
+            Some(via) => message.gateway(via),
+            None => message.scope(RouteScope::Link),
+        };
+        if let Some(oif) = route.oif {
+            message = message.output_interface(oif);
+        }
+        self.handle
+            .route()
+            .add(message.build())
+            .replace()
+            .execute()
+            .await
+            .map_err(|source| NetlinkError::AddRoute {
+                route: format!("{route:?} table {table}"),
+                source: Box::new(source),
+            })
     }
 }

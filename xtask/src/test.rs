@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use vpcnet_lab::fuzz_settings;
+use vpcnet_lab::{cluster::BRANCH_POD_CHURN_VAR, fuzz_settings};
 
 use crate::{
     build::workspace_root,
@@ -51,9 +51,17 @@ pub struct Args {
     /// or a fixed one.
     #[arg(long, value_name = "N")]
     fuzz_packets: Option<u64>,
+    /// Show what the tests print as they run (libtest's `--nocapture`),
+    /// here and in the VMs.
+    #[arg(long)]
+    nocapture: bool,
     /// Run only the tests whose name contains this (passed to cargo test).
     filter: Option<String>,
 }
+
+/// The tests' settings a VM's tests get from this environment: the fuzz
+/// test's seed, the branch-pod churn's count.
+const GUEST_SETTINGS: [&str; 2] = [fuzz_settings::SEED_VAR, BRANCH_POD_CHURN_VAR];
 
 /// Packets per program the fuzz test feeds in a VM by default: under TCG a
 /// packet costs some fifteen times what it costs here (20,000 take 40 s).
@@ -65,7 +73,8 @@ pub enum Suite {
     /// On every kernel: the programs load within their budgets, and the
     /// `BPF_PROG_TEST_RUN` verdict tests; in a VM, security groups for pods
     /// over 802.1Q; on 6.1, also the lab with traffic, agent restarts and
-    /// an upgrade under long-lived flows.
+    /// an upgrade under long-lived flows; on 6.12, the routing differential
+    /// over 802.1Q.
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
@@ -96,6 +105,15 @@ const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
 /// host's has no 8021q module; there these tests are ignored).
 const VLAN_TARGETS: [&str; 1] = ["security_groups"];
 
+/// The routing differential (both datapaths, branch pods on real VLANs):
+/// on the VM kernel that runs no traffic targets.
+const VLAN_DIFFERENTIAL_TARGETS: [&str; 1] = ["routing_differential"];
+
+/// Branch pods the churn of `security_groups` makes in a VM by default:
+/// under TCG each takes seconds (50, its count elsewhere, take 7 minutes).
+/// [`BRANCH_POD_CHURN_VAR`] in the environment says otherwise.
+const VM_BRANCH_POD_CHURN: u32 = 8;
+
 /// The rest of the datapath's lab suite.
 const DATAPATH_TARGETS: [&str; 14] = [
     "differential",
@@ -123,7 +141,9 @@ impl Suite {
         }
         match self {
             // CI's time goes to traffic on the oldest kernel EKS runs.
-            Self::Matrix if kernel.is_some_and(|k| k.name != KERNELS[0].name) => {}
+            Self::Matrix if kernel.is_some_and(|k| k.name != KERNELS[0].name) => {
+                targets.extend(VLAN_DIFFERENTIAL_TARGETS);
+            }
             Self::Matrix => targets.extend(TRAFFIC_TARGETS),
             Self::Datapath => {
                 targets.extend(TRAFFIC_TARGETS);
@@ -209,9 +229,9 @@ pub fn run(args: &Args) -> Result<()> {
     for (place, selection, binaries) in planned {
         let tally = if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
             let fuzz_packets = args.fuzz_packets.unwrap_or(VM_FUZZ_PACKETS);
-            run_in_vm(kernel, &binaries, args.filter.as_deref(), fuzz_packets)?
+            run_in_vm(kernel, &binaries, args, fuzz_packets)?
         } else {
-            let mut command = test_command(&selection, args.filter.as_deref());
+            let mut command = test_command(&selection, args.filter.as_deref(), args.nocapture);
             if let Some(packets) = args.fuzz_packets {
                 command.env(fuzz_settings::PACKETS_VAR, packets.to_string());
             }
@@ -317,7 +337,7 @@ fn plan(args: &Args) -> Result<Vec<(Place, Selection)>> {
 fn run_in_vm(
     kernel: &'static Kernel,
     binaries: &[vm::TestBinary],
-    filter: Option<&str>,
+    args: &Args,
     fuzz_packets: u64,
 ) -> Result<TestTally> {
     let installed = kernel.installed().with_context(|| {
@@ -331,12 +351,20 @@ fn run_in_vm(
         "--test-threads=1".to_owned(),
         "--include-ignored".to_owned(),
     ];
-    test_args.extend(filter.map(str::to_owned));
-    // The guest starts from a clean environment: the fuzz test's settings
-    // go in its script.
+    if args.nocapture {
+        test_args.push("--nocapture".to_owned());
+    }
+    test_args.extend(args.filter.clone());
+    // The guest starts from a clean environment: the tests' settings go in
+    // its script.
     let mut env = vec![(fuzz_settings::PACKETS_VAR, fuzz_packets.to_string())];
-    if let Ok(seed) = std::env::var(fuzz_settings::SEED_VAR) {
-        env.push((fuzz_settings::SEED_VAR, seed));
+    for name in GUEST_SETTINGS {
+        if let Ok(value) = std::env::var(name) {
+            env.push((name, value));
+        }
+    }
+    if std::env::var(BRANCH_POD_CHURN_VAR).is_err() {
+        env.push((BRANCH_POD_CHURN_VAR, VM_BRANCH_POD_CHURN.to_string()));
     }
     vm::run_in_guest(kernel, &installed, binaries, &test_args, &env)
         .with_context(|| format!("xtask test: FAILED on kernel {}", kernel.name))
@@ -400,10 +428,13 @@ fn lint_steps(packages: &[String]) -> Vec<Step> {
     ]
 }
 
-fn test_command(selection: &Selection, filter: Option<&str>) -> Command {
+fn test_command(selection: &Selection, filter: Option<&str>, nocapture: bool) -> Command {
     let mut test = cargo(&workspace_root(), &["test"]);
     test.args(selection.cargo_args());
     test.args(["--no-fail-fast", "--", "--test-threads=1"]);
+    if nocapture {
+        test.arg("--nocapture");
+    }
     if let Some(filter) = filter {
         test.arg(filter);
     }
@@ -579,6 +610,7 @@ mod tests {
             suite,
             kernels: kernels.iter().map(|k| (*k).to_owned()).collect(),
             fuzz_packets: None,
+            nocapture: false,
             filter: None,
         }
     }
@@ -597,7 +629,7 @@ mod tests {
             packages: vec!["vpcnet-common".into()],
             tests: Vec::new(),
         };
-        let line = shell_line(&test_command(&selection, Some("nat")));
+        let line = shell_line(&test_command(&selection, Some("nat"), false));
         assert!(
             line.ends_with(
                 "cargo test --package vpcnet-common --no-fail-fast -- --test-threads=1 nat"
@@ -620,6 +652,8 @@ mod tests {
         }
         assert!(on_6_1.contains("--test node_restart"), "{on_6_1}");
         assert!(!on_6_12.contains("node_restart"), "{on_6_12}");
+        assert!(on_6_12.contains("--test routing_differential"), "{on_6_12}");
+        assert!(!on_6_1.contains("routing_differential"), "{on_6_1}");
         for target in VLAN_TARGETS {
             assert!(on_6_1.contains(&format!("--test {target}")), "{on_6_1}");
             assert!(on_6_12.contains(&format!("--test {target}")), "{on_6_12}");
