@@ -102,11 +102,19 @@ fn pod_path(index: usize) -> String {
 /// Pod `index` bound to the node, asking for a branch ENI as the
 /// controller's webhook leaves such a pod.
 fn bind_branch_pod(admin: &KubeAdmin, index: usize) {
+    bind_annotated_branch_pod(admin, index, None);
+}
+
+/// [`bind_branch_pod`], with a `vpc.amazonaws.com/pod-eni` annotation from
+/// the start (the controller leaves an annotated pod alone).
+fn bind_annotated_branch_pod(admin: &KubeAdmin, index: usize, annotation: Option<&str>) {
+    let annotations = annotation.map_or_else(|| json!({}), |a| json!({POD_ENI_ANNOTATION: a}));
     admin
         .apply(
             &pod_path(index),
             &json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": addrs::pod_name(index), "namespace": addrs::POD_K8S_NAMESPACE},
+                "metadata": {"name": addrs::pod_name(index), "namespace": addrs::POD_K8S_NAMESPACE,
+                    "annotations": annotations},
                 "spec": {"nodeName": node_name(), "containers": [{"name": "app",
                     "image": "registry.k8s.io/pause:3.9",
                     "resources": {"limits": {"vpc.amazonaws.com/pod-eni": "1"},
@@ -530,17 +538,11 @@ fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing() {
     };
 
     // No trunk yet (the controller is late): kubelet is told to retry.
-    bind_branch_pod(&admin, 1);
     let premature = json!([{"eniId": "eni-0b0000000000000aa", "ifAddress": "02:ee:0b:00:00:aa",
         "privateIp": "10.20.11.240", "ipv6Addr": "", "vlanId": 7, "subnetCidr": "10.20.11.0/24",
         "subnetV6Cidr": "", "associationID": "trunk-assoc-0000000000000000a"}])
     .to_string();
-    admin
-        .merge_patch(
-            &pod_path(1),
-            &json!({"metadata": {"annotations": {POD_ENI_ANNOTATION: premature}}}),
-        )
-        .expect("annotating");
+    bind_annotated_branch_pod(&admin, 1, Some(&premature));
     let err = run_pod(&client, 1, Some(&premature)).expect_err("no trunk");
     let said = err.to_string();
     assert!(
@@ -574,13 +576,7 @@ fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing() {
             .to_string(),
         ),
     ] {
-        bind_branch_pod(&admin, 2);
-        admin
-            .merge_patch(
-                &pod_path(2),
-                &json!({"metadata": {"annotations": {POD_ENI_ANNOTATION: bad}}}),
-            )
-            .expect("annotating");
+        bind_annotated_branch_pod(&admin, 2, Some(&bad));
         let err = run_pod(&client, 2, Some(&bad)).expect_err(what);
         let said = err.to_string();
         assert!(said.contains("default/pod-2"), "{what}: {said}");

@@ -74,12 +74,14 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .envs(cluster::agent_env());
     }
     command.arg(agent_bin).arg("run");
-    // The node-wide enforcing mode, as the lab's conflist has it (a test's
-    // own variables may say otherwise, after this).
-    command.env(
-        "POD_SECURITY_GROUP_ENFORCING_MODE",
-        opts.sg_enforcing_mode.env_value(),
-    );
+    if pod_eni(opts) {
+        // The node-wide enforcing mode, as the lab's conflist has it (a
+        // test's own variables may say otherwise, after this).
+        command.env(
+            "POD_SECURITY_GROUP_ENFORCING_MODE",
+            opts.sg_enforcing_mode.env_value(),
+        );
+    }
     if lab_makes_branch_links(opts) {
         command.args(["--branch-links", "existing"]);
     }
@@ -132,14 +134,19 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
 /// Asked only of a node with security groups for pods: an earlier
 /// release's agent (the upgrade tests) has no such option.
 fn lab_makes_branch_links(opts: &LabOptions) -> bool {
-    let pod_eni = |env: &[(String, String)]| {
+    pod_eni(opts) && (!opts.branch_pods.is_empty() || !crate::topology::kernel_has_vlans())
+}
+
+/// Whether the node serves security groups for pods (`ENABLE_POD_ENI`):
+/// the lab's own branch pods need it; a test may ask for it.
+fn pod_eni(opts: &LabOptions) -> bool {
+    let asked = |env: &[(String, String)]| {
         env.iter()
             .any(|(name, value)| name == "ENABLE_POD_ENI" && value == "true")
     };
-    let pod_eni = !opts.branch_pods.is_empty()
-        || pod_eni(&opts.agent_env)
-        || opts.ipam.as_ref().is_some_and(|ipam| pod_eni(&ipam.env));
-    pod_eni && (!opts.branch_pods.is_empty() || !crate::topology::kernel_has_vlans())
+    !opts.branch_pods.is_empty()
+        || asked(&opts.agent_env)
+        || opts.ipam.as_ref().is_some_and(|ipam| asked(&ipam.env))
 }
 
 /// Starts the agent and waits for its `READY`. On any failure the agent is

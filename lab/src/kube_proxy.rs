@@ -154,7 +154,7 @@ mod tests {
         let backend = PodInfo::new(1).unwrap();
         let opts = LabOptions {
             node_port: Some(NodePortService {
-                pod: 0,
+                pod: backend.index,
                 target_port: 8080,
             }),
             cluster_ips: vec![ClusterIpService {
