@@ -203,7 +203,8 @@ fn an_ebpf_lab_hands_the_agent_its_layout_and_has_no_policy_routing() {
         &format!(
             r#"echo "$@" > {dir}/args
 env | grep -E '^(POD_SECURITY_GROUP_ENFORCING_MODE|ENABLE_POD_ENI)=' | sort > {dir}/env
-cp "${{10}}" {dir}/layout.json
+for layout; do :; done  # the last argument: --layout's
+cp "$layout" {dir}/layout.json
 echo READY
 exec >&-
 exec sleep 600"#,
