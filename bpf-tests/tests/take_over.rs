@@ -84,16 +84,29 @@ fn datapath_snat_ports() -> Vec<(u16, u16)> {
         .collect()
 }
 
-/// The address manager of a node aws-node ran: the agent writes its
-/// conflist into `conf_dir`, where aws-node's is.
-fn aws_node_ipam(conf_dir: &Path) -> IpamLabOptions {
+/// A node aws-node ran, as `opts` (the iptables datapath) wires it, with
+/// aws-node's conflist in a CNI configuration directory the agent writes
+/// its own to.
+fn aws_node_lab(opts: LabOptions) -> (Lab, ScratchDir) {
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
+    std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
     let mut ipam = IpamLabOptions::new("m5.large");
     ipam.agent_args = FAST_AGENT_ARGS
         .iter()
         .map(|a| (*a).to_owned())
-        .chain(["--cni-conf-dir".to_owned(), conf_dir.display().to_string()])
+        .chain([
+            "--cni-conf-dir".to_owned(),
+            conf_dir.path().display().to_string(),
+        ])
         .collect();
-    ipam
+    let opts = LabOptions {
+        ipam: Some(ipam),
+        agent_bin: Some(agent_binary()),
+        ..opts
+    };
+    let lab = Lab::up(&opts).expect("an aws-node node");
+    (lab, conf_dir)
 }
 
 /// Runs `vpcnet-agent uninstall` in the node as an operator would, with
@@ -124,16 +137,7 @@ fn uninstall(conf_dir: &Path) -> String {
 #[test]
 fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall() {
     let _lock = serial();
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
-    std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
-    let ipam = aws_node_ipam(conf_dir.path());
-    let opts = LabOptions {
-        ipam: Some(ipam),
-        agent_bin: Some(agent_binary()),
-        ..LabOptions::iptables(PODS)
-    };
-    let mut lab = Lab::up(&opts).expect("an aws-node node");
+    let (mut lab, conf_dir) = aws_node_lab(LabOptions::iptables(PODS));
     let pods = lab.pods().to_vec();
     let aws_node = node_wiring(&lab);
     let aws_parts = aws_node_parts(&aws_node);
@@ -298,18 +302,11 @@ fn table_routes(lab: &Lab, table: u32) -> BTreeSet<String> {
 /// and 1536 (standard) removed; handed back with its VLAN table and rules
 /// as the plugin wrote them.
 fn branch_pod_take_over_and_hand_back(mode: EnforcingMode) {
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
-    std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
-    let ipam = aws_node_ipam(conf_dir.path());
-    let opts = LabOptions {
-        ipam: Some(ipam),
-        agent_bin: Some(agent_binary()),
+    let (mut lab, conf_dir) = aws_node_lab(LabOptions {
         branch_pods: vec![1],
         sg_enforcing_mode: mode,
         ..LabOptions::iptables(2)
-    };
-    let mut lab = Lab::up(&opts).expect("an aws-node node with a branch pod");
+    });
     let pods = lab.pods().to_vec();
     let (plain, branch) = (&pods[0], &pods[1]);
     let vlan = branch.branch.as_ref().expect("pod-1 has a branch ENI");
