@@ -70,12 +70,6 @@ pub enum PodNetError {
         #[source]
         source: Box<rtnetlink::Error>,
     },
-    #[error("adding the route {route}")]
-    AddRoute {
-        route: String,
-        #[source]
-        source: Box<rtnetlink::Error>,
-    },
     #[error("listing the routes")]
     ListRoutes(#[source] Box<rtnetlink::Error>),
     #[error("adding the permanent neighbour {addr} lladdr {mac} on {link}")]
@@ -207,9 +201,12 @@ impl NetlinkHandle {
             .replace()
             .execute()
             .await
-            .map_err(|source| PodNetError::AddRoute {
-                route: format!("{addr}/32 dev {} scope link", link.name),
-                source: Box::new(source),
+            .map_err(|source| {
+                NetlinkError::AddRoute {
+                    route: format!("{addr}/32 dev {} scope link", link.name),
+                    source: Box::new(source),
+                }
+                .into()
             })
     }
 
@@ -257,7 +254,7 @@ impl NetlinkHandle {
             .replace()
             .execute()
             .await
-            .map_err(|source| PodNetError::AddRoute {
+            .map_err(|source| NetlinkError::AddRoute {
                 route: format!("default via {POD_GATEWAY} dev {}", link.name),
                 source: Box::new(source),
             })?;
