@@ -135,13 +135,15 @@ fn status_of(e: &PodError) -> Status {
         PodError::BranchEniPending { .. }
         | PodError::PodUnknown { .. }
         | PodError::NoTrunk { .. }
-        | PodError::NoTrunkLink { .. } => Status::failed_precondition(message),
+        | PodError::NoTrunkLink { .. }
+        // The pod that had the VLAN may not be deleted yet.
+        | PodError::VlanInUse { .. } => Status::failed_precondition(message),
         PodError::NoHostVeth(_)
         | PodError::BadMac(_)
         | PodError::BadAnnotation { .. }
         | PodError::PodEniDisabled
         | PodError::NoBranchLink { .. }
-        | PodError::VlanInUse { .. } => Status::invalid_argument(message),
+        | PodError::BadVlan { .. } => Status::invalid_argument(message),
         _ => Status::internal(message),
     }
 }

@@ -105,6 +105,8 @@ pub enum PodError {
         "branch ENI {eni} (VLAN {vlan_id}) needs the node's trunk ENI, which the VPC resource controller has not attached yet; kubelet will try again"
     )]
     NoTrunk { eni: String, vlan_id: u16 },
+    #[error("branch ENI {eni} names VLAN {vlan_id}: 802.1Q ids are 1 to 4094")]
+    BadVlan { eni: String, vlan_id: u16 },
     #[error("no link has the MAC {mac} of the trunk ENI {eni}")]
     NoTrunkLink { eni: String, mac: String },
     #[error(
@@ -126,6 +128,9 @@ pub enum PodError {
         source: Box<PodError>,
     },
 }
+
+/// The VLAN ids of 802.1Q (0 and 4095 are reserved).
+const VLAN_IDS: std::ops::RangeInclusive<u16> = 1..=4094;
 
 /// Who makes a branch ENI's `vlan.eth.<vlan id>` link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -308,7 +313,8 @@ impl Pods {
     /// A pod with a branch ENI (security groups for pods): its address is
     /// the branch ENI's, from the resource controller, not the pool's; its
     /// packets leave by the branch ENI's link, every one of them in strict
-    /// mode. A link made here goes again if a later step fails.
+    /// mode. If a later step fails, the link leaves the datapath again (and
+    /// goes, if it was made here).
     async fn attach_branch(
         &self,
         branch: &BranchEni,
@@ -324,7 +330,6 @@ impl Pods {
             .wire_branch(&link, branch, mode, host_veth, pod_mac)
             .await;
         if wired.is_err()
-            && self.inner.opts.branch_links == BranchLinks::Vlan
             && let Err(e) = self.release_branch_link(link.index).await
         {
             warn!(link = %link.name, error = %e, "removing the branch link of a failed ADD");
@@ -358,15 +363,22 @@ impl Pods {
         host_veth: &str,
     ) -> Result<LinkInfo, PodError> {
         let netlink = &self.inner.netlink;
-        let (trunk_id, trunk_mac) =
-            self.inner
-                .manager
-                .trunk()
-                .await?
-                .ok_or_else(|| PodError::NoTrunk {
-                    eni: branch.eni_id.clone(),
-                    vlan_id: branch.vlan_id,
-                })?;
+        if !VLAN_IDS.contains(&branch.vlan_id) {
+            return Err(PodError::BadVlan {
+                eni: branch.eni_id.clone(),
+                vlan_id: branch.vlan_id,
+            });
+        }
+        let no_trunk = || PodError::NoTrunk {
+            eni: branch.eni_id.clone(),
+            vlan_id: branch.vlan_id,
+        };
+        // A trunk just attached may not be in IMDS yet: try again too.
+        let trunk = self.inner.manager.trunk().await.map_err(|e| {
+            warn!(error = %e, "looking up the trunk ENI");
+            no_trunk()
+        })?;
+        let (trunk_id, trunk_mac) = trunk.ok_or_else(no_trunk)?;
         let no_trunk_link = || PodError::NoTrunkLink {
             eni: trunk_id.clone(),
             mac: trunk_mac.clone(),
@@ -438,6 +450,17 @@ impl Pods {
             netlink.delete_link(ifindex, &link.link.name).await?;
         }
         Ok(())
+    }
+
+    /// [`Pods::release_branch_link`] for each of `links` whose pod went:
+    /// one that fails is said, and the others still go (its link is then
+    /// replaced by the next ADD on its VLAN).
+    async fn release_branch_links(&self, links: Vec<u32>) {
+        for link in links {
+            if let Err(e) = self.release_branch_link(link).await {
+                warn!(ifindex = link, error = %e, "releasing a branch link");
+            }
+        }
     }
 
     /// The datapath of a branch pod: its link as an ENI of the datapath,
@@ -582,6 +605,7 @@ impl Pods {
             adopted.push(Adoptee {
                 addr: pod.addr,
                 host_veth: veth,
+                branch_link: None,
             });
         }
         Ok((adopted, failed))
@@ -609,9 +633,10 @@ impl Pods {
         };
         for pod in branch_pods {
             match self.adopt_branch_pod(pod, mode).await {
-                Ok(()) => adopted.push(Adoptee {
+                Ok(link) => adopted.push(Adoptee {
                     addr: pod.addr,
                     host_veth: pod.host_veth.clone(),
+                    branch_link: Some(link),
                 }),
                 Err(e) => {
                     warn!(addr = %pod.addr, veth = pod.host_veth, link = pod.vlan_link(), error = %e, "adopting a branch-ENI pod failed");
@@ -622,11 +647,12 @@ impl Pods {
         Ok((adopted, failed))
     }
 
+    /// One of [`Pods::adopt_branch_pods`]; returns its link's index.
     async fn adopt_branch_pod(
         &self,
         pod: &BranchPodWiring,
         mode: EnforcingMode,
-    ) -> Result<(), PodError> {
+    ) -> Result<u32, PodError> {
         let netlink = &self.inner.netlink;
         let vlan_link = pod.vlan_link();
         let link = netlink
@@ -644,34 +670,54 @@ impl Pods {
         netlink
             .keep_gateway_resolved(&link.link_ref(), pod.gateway)
             .await?;
+        let entered = {
+            let mut datapath = self.datapath();
+            datapath
+                .maps
+                .set_eni(
+                    link.index,
+                    &Eni {
+                        gateway: addr_to_raw(pod.gateway.octets()),
+                        flags: ENI_BRANCH,
+                    },
+                )
+                .and_then(|()| datapath.attach_eni(&link.name))
+                .and_then(|()| {
+                    datapath.maps.set_endpoint(
+                        pod.addr,
+                        &Endpoint {
+                            ifindex: veth.index,
+                            eni_ifindex: link.index,
+                            mac: pod_mac.0,
+                            host_mac: host_mac.0,
+                            flags: branch_flags(mode),
+                        },
+                    )
+                })
+        };
+        if let Err(e) = entered {
+            self.abandon_branch_link(link.index);
+            return Err(e.into());
+        }
+        Ok(link.index)
+    }
+
+    /// A branch link adopted from aws-node out of the datapath again (the
+    /// link stays: it is aws-node's).
+    fn abandon_branch_link(&self, ifindex: u32) {
         let mut datapath = self.datapath();
-        datapath.maps.set_eni(
-            link.index,
-            &Eni {
-                gateway: addr_to_raw(pod.gateway.octets()),
-                flags: ENI_BRANCH,
-            },
-        )?;
-        datapath.attach_eni(&link.name)?;
-        datapath.maps.set_endpoint(
-            pod.addr,
-            &Endpoint {
-                ifindex: veth.index,
-                eni_ifindex: link.index,
-                mac: pod_mac.0,
-                host_mac: host_mac.0,
-                flags: branch_flags(mode),
-            },
-        )?;
-        Ok(())
+        datapath.detach_ifindex(ifindex);
+        let _ = datapath.maps.remove_eni(ifindex);
     }
 
     /// Undoes [`Pods::adopt`]: the entries go, the pods stay as the other
     /// CNI wired them.
     pub fn abandon_adoption(&self, adoptees: &[Adoptee]) {
-        let mut datapath = self.datapath();
         for pod in adoptees {
-            let _ = datapath.maps.remove_endpoint(pod.addr);
+            let _ = self.datapath().maps.remove_endpoint(pod.addr);
+            if let Some(link) = pod.branch_link {
+                self.abandon_branch_link(link);
+            }
         }
     }
 
@@ -681,11 +727,14 @@ impl Pods {
     pub async fn finish_adoption(&self, adoptees: &[Adoptee]) -> (Vec<Ipv4Addr>, usize) {
         let _op = self.inner.ops.lock().await;
         let (mut adopted, mut failed) = (Vec::new(), 0);
-        let mut datapath = self.datapath();
         for pod in adoptees {
-            if let Err(e) = datapath.attach_pod(&pod.host_veth) {
+            let attached = self.datapath().attach_pod(&pod.host_veth);
+            if let Err(e) = attached {
                 warn!(addr = %pod.addr, veth = pod.host_veth, error = %e, "adopting a pod failed");
-                let _ = datapath.maps.remove_endpoint(pod.addr);
+                let _ = self.datapath().maps.remove_endpoint(pod.addr);
+                if let Some(link) = pod.branch_link {
+                    self.abandon_branch_link(link);
+                }
                 failed += 1;
                 continue;
             }
@@ -726,9 +775,7 @@ impl Pods {
                 datapath.detach_ifindex(ifindex);
             }
         }
-        for link in branch_links {
-            self.release_branch_link(link).await?;
-        }
+        self.release_branch_links(branch_links).await;
         Ok(self.inner.manager.release(key).await?)
     }
 
@@ -837,9 +884,7 @@ impl Pods {
                 }
             }
         }
-        for link in branch_links {
-            self.release_branch_link(link).await?;
-        }
+        self.release_branch_links(branch_links).await;
         debug!(
             assignments = assignments.len(),
             in_datapath = in_datapath.len(),
@@ -897,6 +942,8 @@ impl Pods {
 pub struct Adoptee {
     pub addr: Ipv4Addr,
     pub host_veth: String,
+    /// A branch pod's VLAN link, already in the datapath.
+    pub branch_link: Option<u32>,
 }
 
 /// What a pod's datapath entry is made from: its address and its ENI.

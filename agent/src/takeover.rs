@@ -17,8 +17,15 @@
 //!    while any is left.
 //! 5. aws-node's conflist is set aside, so the runtime picks vpcnet's.
 //!
+//! Branch-ENI pods (security groups for pods) are in no checkpoint: their
+//! wiring tells them ([`vpc_cni_branch_pods`]: each `vlan.eth.<id>`, its
+//! VLAN table, the pod's route or rule 1536 there). In step 1 each also
+//! gets its VLAN link into the datapath; in step 4 its rules 10 (strict) or
+//! 512 and 1536 (standard) go.
+//!
 //! Handing back ([`hand_back`], `vpcnet-agent uninstall`) writes aws-node's
-//! rules back from the checkpoint and the datapath's settings
+//! rules back from the checkpoint and the datapath's settings, and each
+//! branch pod's VLAN table and rules from the datapath's entries
 //! ([`restore_vpc_cni_wiring`]), gives conntrack the connections the
 //! datapath translated ([`export_flows`]), detaches the programs and puts
 //! aws-node's conflist back.
@@ -697,7 +704,15 @@ pub async fn take_over(
     netlink: &NetlinkHandle,
     connmark: u32,
 ) -> Result<TakeOver, TakeOverError> {
-    let branch_pods = vpc_cni_branch_pods(netlink).await?;
+    let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
+    // A strict pod keeps its VLAN table after the take-over: one the
+    // datapath has is not aws-node's any more.
+    let mut branch_pods = vpc_cni_branch_pods(netlink).await?;
+    for pod in std::mem::take(&mut branch_pods) {
+        if lock().maps.endpoint(pod.addr)?.is_none() {
+            branch_pods.push(pod);
+        }
+    }
     let candidates: BTreeSet<Ipv4Addr> = pods
         .attachments()
         .await?
@@ -711,7 +726,6 @@ pub async fn take_over(
     if candidates.is_empty() && !chains {
         return Ok(report);
     }
-    let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
     // Entries first: replies go straight into the pods from then on,
     // never rewritten by a claim and handed to a stack that knows nothing
     // of it. Then the claims, then the programs.

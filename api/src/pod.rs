@@ -27,6 +27,15 @@ pub fn host_veth_name(prefix: &str, k8s_namespace: &str, pod_name: &str) -> Stri
     format!("{prefix}{}", &hex[..11])
 }
 
+/// The extended resource a pod asks a branch ENI with (the VPC resource
+/// controller's webhook puts it in the first container's limits).
+pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
+/// The CNINode feature by which a node asks the controller for a trunk ENI.
+pub const SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
+/// The tag naming the instance an ENI was made for (the VPC CNI's, and the
+/// controller's on trunk and branch ENIs).
+pub const TAG_INSTANCE_ID: &str = "node.k8s.amazonaws.com/instance_id";
+
 /// What every branch ENI's link is named before its VLAN id.
 pub const BRANCH_LINK_PREFIX: &str = "vlan.eth.";
 

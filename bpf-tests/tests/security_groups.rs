@@ -566,30 +566,38 @@ fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing() {
     let first_branch = branch_eni_of(&annotation).unwrap().unwrap();
 
     // Malformed, then a VLAN pod-1 has: refused, pod-1 untouched.
-    for (what, bad) in [
-        ("malformed", "[{\"eniId\": 7}]".to_owned()),
+    let pod_1_link = link_details(&addrs::branch_link(first_branch.vlan_id))["ifindex"].clone();
+    for (what, bad, cause) in [
+        (
+            "malformed",
+            "[{\"eniId\": 7}]".to_owned(),
+            "not the resource controller's JSON",
+        ),
         (
             "a VLAN in use",
             json!([{"eniId": "eni-0b0000000000000bb", "ifAddress": "02:ee:0b:00:00:bb",
                 "privateIp": "10.20.11.241", "ipv6Addr": "", "vlanId": first_branch.vlan_id,
                 "subnetCidr": "10.20.11.0/24", "subnetV6Cidr": "", "associationID": ""}])
             .to_string(),
+            "carries for the pod at",
         ),
     ] {
         bind_annotated_branch_pod(&admin, 2, Some(&bad));
         let err = run_pod(&client, 2, Some(&bad)).expect_err(what);
         let said = err.to_string();
-        assert!(said.contains("default/pod-2"), "{what}: {said}");
+        assert!(
+            said.contains("default/pod-2") && said.contains(cause),
+            "{what}: {said}"
+        );
         println!("{what}: {said}");
         let traces = node_traces();
         assert_eq!(traces.branch_links.len(), 1, "{what}: {traces:?}");
         assert_eq!(traces.endpoints.len(), 2, "{what}: {traces:?}");
         admin.delete(&pod_path(2)).expect("deleting the pod");
     }
-    let link = link_details(&addrs::branch_link(first_branch.vlan_id));
     assert_eq!(
-        link["address"],
-        first_branch.mac.as_str(),
+        link_details(&addrs::branch_link(first_branch.vlan_id))["ifindex"],
+        pod_1_link,
         "pod-1's link untouched"
     );
     let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))

@@ -368,7 +368,12 @@ fn branch_pod_take_over_and_hand_back(mode: EnforcingMode) {
     let taken_over = wiring(&lab);
     let left: Vec<&String> = aws_node_parts(&taken_over)
         .into_iter()
-        .filter(|line| line.starts_with("10:") || line.contains(&branch.addr.to_string()))
+        .filter(|line| {
+            line.starts_with("10:")
+                || line
+                    .split_whitespace()
+                    .any(|word| word == branch.addr.to_string())
+        })
         .collect();
     assert!(
         left.is_empty(),

@@ -318,7 +318,7 @@ pub fn vpc_branch_link_mac(vlan_id: u16) -> String {
 /// The VLAN route table of a branch ENI: VLAN id + 100, as the VPC CNI's
 /// `SetupBranchENIPodNetwork` computes it.
 pub fn branch_route_table(vlan_id: u16) -> u32 {
-    u32::from(vlan_id) + 100
+    vpcnet_api::vpc_cni::vlan_route_table(vlan_id)
 }
 
 // Scale filler: pods' worth of policy routing entries for addresses that

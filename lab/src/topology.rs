@@ -349,14 +349,19 @@ fn ensure_static_trunk() -> Result<()> {
 pub fn kernel_has_vlans() -> bool {
     static HAS_VLANS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS_VLANS.get_or_init(|| {
+        // Names of this process's own: the lab and its EC2 emulator each ask.
+        let (veth, peer) = (
+            format!("vlp{}a", std::process::id()),
+            format!("vlp{}b", std::process::id()),
+        );
         let probe = ip_batch(
             Some(NS_VPC),
             &[
-                "link add vlanprobe0 type veth peer name vlanprobe1".to_owned(),
-                vlan_link_line("vlanprobe0", "vlanprobe0.1", "02:00:00:00:00:01", 1),
+                format!("link add {veth} type veth peer name {peer}"),
+                vlan_link_line(&veth, &format!("{veth}.1"), "02:00:00:00:00:01", 1),
             ],
         );
-        if let Err(err) = ip_batch(Some(NS_VPC), &["link del vlanprobe0".to_owned()]) {
+        if let Err(err) = ip_batch(Some(NS_VPC), &[format!("link del {veth}")]) {
             warn!(%err, "removing the 802.1Q probe's veth");
         }
         match probe {

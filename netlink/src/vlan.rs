@@ -85,10 +85,16 @@ impl NetlinkHandle {
                 parent_index: spec.parent_index,
                 source: Box::new(source),
             })?;
-        let link = self
-            .link_by_name(&spec.name)
-            .await?
-            .ok_or_else(|| NetlinkError::NoLinkNamed(spec.name.clone()))?;
+        let found = self.link_by_name(&spec.name).await;
+        let Ok(Some(link)) = found else {
+            // Not left behind half-made: the caller sees an error.
+            if let Ok(Some(details)) = self.vlan_details(&spec.name).await {
+                let _ = self.handle.link().del(details.link.index).execute().await;
+            }
+            return Err(found
+                .err()
+                .unwrap_or_else(|| NetlinkError::NoLinkNamed(spec.name.clone())));
+        };
         info!(link = %spec.name, vlan_id = spec.vlan_id, parent = spec.parent_index, mac = %spec.mac, "VLAN link created");
         Ok(link)
     }

@@ -54,8 +54,7 @@ where
     }
 }
 
-/// Which instance an ENI was made for (aws-node's tag).
-pub const TAG_INSTANCE_ID: &str = "node.k8s.amazonaws.com/instance_id";
+pub use vpcnet_api::pod::TAG_INSTANCE_ID;
 /// When it was made, RFC 3339 (aws-node's tag; leaked-ENI cleanup reads it).
 pub const TAG_CREATED_AT: &str = "node.k8s.amazonaws.com/createdAt";
 /// The cluster it belongs to.

@@ -18,11 +18,9 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tracing::{debug, error, info, warn};
+pub use vpcnet_api::pod::SECURITY_GROUPS_FOR_PODS;
 
 use super::{K8sError, K8sSettings};
-
-/// The feature that asks for a trunk ENI.
-pub const SECURITY_GROUPS_FOR_PODS: &str = "SecurityGroupsForPods";
 
 /// The CNINode's spec, as the resource controller defines it (the fields
 /// vpcnet reads).

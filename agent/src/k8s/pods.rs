@@ -34,9 +34,7 @@ use crate::env::Env;
 
 /// aws-node's variable: write each pod's address into its annotation.
 pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
-/// The extended resource the resource controller's webhook adds to the
-/// first container of a pod that has security groups.
-pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
+pub use vpcnet_api::pod::POD_ENI_RESOURCE;
 /// The annotation `ANNOTATE_POD_IP` writes.
 pub const POD_IPS_ANNOTATION: &str = "vpc.amazonaws.com/pod-ips";
 

@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use vpcnet_api::pod::BranchEni;
+use vpcnet_api::pod::{BranchEni, TAG_INSTANCE_ID};
 
 use super::model::{CreateEni, Ec2Error, Ec2Result, Ec2State, InterfaceType};
 
@@ -18,8 +18,6 @@ pub const BRANCH_DESCRIPTION: &str = "aws-k8s-branch-eni";
 /// The tags by which the controller finds its branch ENIs after a restart.
 pub const VLAN_ID_TAG: &str = "vpcresources.k8s.aws/vlan-id";
 pub const TRUNK_ENI_ID_TAG: &str = "vpcresources.k8s.aws/trunk-eni-id";
-/// The tag naming the node's instance, on trunk and branches.
-pub const INSTANCE_ID_TAG: &str = "node.k8s.amazonaws.com/instance_id";
 /// The VLAN ids the controller hands out: 1 to 120 (its
 /// `MaxAllocatableVlanIds` is 121, id 0 reserved).
 pub const CONTROLLER_VLAN_IDS: std::ops::RangeInclusive<u16> = 1..=120;
@@ -61,7 +59,7 @@ pub fn ensure_trunk(
         subnet_id: instance.subnet_id.clone(),
         groups: instance.groups.clone(),
         description: TRUNK_DESCRIPTION.to_owned(),
-        tags: BTreeMap::from([(INSTANCE_ID_TAG.to_owned(), instance_id.to_owned())]),
+        tags: BTreeMap::from([(TAG_INSTANCE_ID.to_owned(), instance_id.to_owned())]),
         interface_type: InterfaceType::Trunk,
         ..CreateEni::default()
     };
@@ -106,8 +104,8 @@ pub fn create_branch(
         (VLAN_ID_TAG.to_owned(), vlan_id.to_string()),
         (TRUNK_ENI_ID_TAG.to_owned(), trunk_id.to_owned()),
     ]);
-    if let Some(instance) = trunk.tags.get(INSTANCE_ID_TAG) {
-        tags.insert(INSTANCE_ID_TAG.to_owned(), instance.clone());
+    if let Some(instance) = trunk.tags.get(TAG_INSTANCE_ID) {
+        tags.insert(TAG_INSTANCE_ID.to_owned(), instance.clone());
     }
     let request = CreateEni {
         subnet_id: subnet_id.clone(),
@@ -189,7 +187,7 @@ mod tests {
         let tags = &state.eni(&second.eni_id).unwrap().tags;
         assert_eq!(tags[VLAN_ID_TAG], "2");
         assert_eq!(tags[TRUNK_ENI_ID_TAG], trunk);
-        assert_eq!(tags[INSTANCE_ID_TAG], instance);
+        assert_eq!(tags[TAG_INSTANCE_ID], instance);
         assert_eq!(first.subnet_cidr.to_string(), "10.20.11.0/24");
         delete_branch(&mut state, &first).unwrap();
         assert!(state.eni(&first.eni_id).is_err());

@@ -22,16 +22,11 @@ use std::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::{info, warn};
-use vpcnet_api::pod::{BranchEni, POD_ENI_ANNOTATION};
+use vpcnet_api::pod::{BranchEni, POD_ENI_ANNOTATION, POD_ENI_RESOURCE, SECURITY_GROUPS_FOR_PODS};
 
 use super::model::Ec2Result;
 use crate::kube::KubeAdmin;
 
-/// The extended resource a pod asks for (the controller's webhook adds it
-/// to the first container of a pod a `SecurityGroupPolicy` selects).
-pub const POD_ENI_RESOURCE: &str = "vpc.amazonaws.com/pod-eni";
-/// The CNINode feature that makes the controller attach a trunk.
-pub const SGP_FEATURE: &str = "SecurityGroupsForPods";
 /// How often the controller looks at the cluster.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -75,6 +70,9 @@ pub fn spawn(opts: ControllerOptions, ec2: Arc<dyn TrunkProvider>) {
 pub struct PodView {
     /// `namespace/name`.
     pub key: String,
+    /// Its `metadata.uid`: a pod deleted and made again under its name is
+    /// another pod.
+    pub uid: String,
     pub asks: bool,
     pub annotated: bool,
     pub finished: bool,
@@ -89,6 +87,7 @@ impl PodView {
             .is_some_and(|limits| limits.keys().any(|k| k.starts_with(POD_ENI_RESOURCE)));
         Some(Self {
             key,
+            uid: meta["uid"].as_str().unwrap_or_default().to_owned(),
             asks: asks && !pod["spec"]["hostNetwork"].as_bool().unwrap_or(false),
             annotated: meta["annotations"][POD_ENI_ANNOTATION].is_string(),
             finished: matches!(
@@ -104,7 +103,7 @@ struct Controller {
     kube: KubeAdmin,
     ec2: Arc<dyn TrunkProvider>,
     trunk: Option<String>,
-    /// Branch ENIs handed to pods, by pod.
+    /// Branch ENIs handed to pods, by pod uid.
     owned: BTreeMap<String, BranchEni>,
     /// Branch ENIs of pods that are gone, each with when it goes.
     cooling: Vec<(Instant, BranchEni)>,
@@ -142,7 +141,11 @@ impl Controller {
         let wants_trunk = match self.kube.get(&cninode) {
             Ok(object) => object["spec"]["features"]
                 .as_array()
-                .is_some_and(|features| features.iter().any(|f| f["name"] == SGP_FEATURE)),
+                .is_some_and(|features| {
+                    features
+                        .iter()
+                        .any(|f| f["name"] == SECURITY_GROUPS_FOR_PODS)
+                }),
             Err(err) if err.code() == Some(404) => false,
             Err(err) => return self.say("reading the CNINode", &err),
         };
@@ -175,14 +178,15 @@ impl Controller {
             },
         };
         for pod in pods {
-            if pod.asks && !pod.annotated && !pod.finished && !self.owned.contains_key(&pod.key) {
-                self.give_branch(&trunk, &pod.key);
+            if pod.asks && !pod.annotated && !pod.finished && !self.owned.contains_key(&pod.uid) {
+                self.give_branch(&trunk, &pod);
             }
         }
     }
 
     /// A branch ENI for `pod`, written into its annotation.
-    fn give_branch(&mut self, trunk: &str, pod: &str) {
+    fn give_branch(&mut self, trunk: &str, view: &PodView) {
+        let pod = view.key.as_str();
         let branch = match self.ec2.create_branch(trunk) {
             Ok(branch) => branch,
             Err(err) => return self.say(&format!("a branch ENI for {pod}"), &err),
@@ -194,7 +198,7 @@ impl Controller {
         match self.kube.merge_patch(&pod_path, &changes) {
             Ok(_) => {
                 info!(%pod, eni = %branch.eni_id, vlan_id = branch.vlan_id, addr = %branch.private_ip, "branch ENI allocated");
-                self.owned.insert(pod.to_owned(), branch);
+                self.owned.insert(view.uid.clone(), branch);
             }
             Err(err) => {
                 self.say(&format!("annotating {pod}"), &err);
@@ -208,7 +212,7 @@ impl Controller {
         let live: BTreeSet<&str> = pods
             .iter()
             .filter(|pod| !pod.finished)
-            .map(|pod| pod.key.as_str())
+            .map(|pod| pod.uid.as_str())
             .collect();
         let gone: Vec<String> = self
             .owned
@@ -216,9 +220,9 @@ impl Controller {
             .filter(|key| !live.contains(key.as_str()))
             .cloned()
             .collect();
-        for pod in gone {
-            let branch = self.owned.remove(&pod).expect("listed");
-            info!(%pod, eni = %branch.eni_id, "pod gone: its branch ENI cools down");
+        for uid in gone {
+            let branch = self.owned.remove(&uid).expect("listed");
+            info!(pod_uid = %uid, eni = %branch.eni_id, "pod gone: its branch ENI cools down");
             self.cool(branch);
         }
     }
