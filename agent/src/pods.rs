@@ -431,11 +431,7 @@ impl Pods {
     /// A branch link out of the datapath (its entry, its programs) and, if
     /// the agent makes them, deleted (its VLAN is free again).
     async fn release_branch_link(&self, ifindex: u32) -> Result<(), PodError> {
-        {
-            let mut datapath = self.datapath();
-            datapath.detach_ifindex(ifindex);
-            datapath.maps.remove_eni(ifindex)?;
-        }
+        self.branch_link_out(ifindex)?;
         if self.inner.opts.branch_links != BranchLinks::Vlan {
             return Ok(());
         }
@@ -696,18 +692,18 @@ impl Pods {
                 })
         };
         if let Err(e) = entered {
-            self.abandon_branch_link(link.index);
+            let _ = self.branch_link_out(link.index);
             return Err(e.into());
         }
         Ok(link.index)
     }
 
-    /// A branch link adopted from aws-node out of the datapath again (the
-    /// link stays: it is aws-node's).
-    fn abandon_branch_link(&self, ifindex: u32) {
+    /// A branch link out of the datapath: its programs and its entry (the
+    /// link itself stays).
+    fn branch_link_out(&self, ifindex: u32) -> Result<(), DatapathError> {
         let mut datapath = self.datapath();
         datapath.detach_ifindex(ifindex);
-        let _ = datapath.maps.remove_eni(ifindex);
+        datapath.maps.remove_eni(ifindex)
     }
 
     /// Undoes [`Pods::adopt`]: the entries go, the pods stay as the other
@@ -716,7 +712,7 @@ impl Pods {
         for pod in adoptees {
             let _ = self.datapath().maps.remove_endpoint(pod.addr);
             if let Some(link) = pod.branch_link {
-                self.abandon_branch_link(link);
+                let _ = self.branch_link_out(link);
             }
         }
     }
@@ -733,7 +729,7 @@ impl Pods {
                 warn!(addr = %pod.addr, veth = pod.host_veth, error = %e, "adopting a pod failed");
                 let _ = self.datapath().maps.remove_endpoint(pod.addr);
                 if let Some(link) = pod.branch_link {
-                    self.abandon_branch_link(link);
+                    let _ = self.branch_link_out(link);
                 }
                 failed += 1;
                 continue;

@@ -64,6 +64,13 @@ pub fn eni_route_table(device: u32) -> u32 {
     if device == 0 { MAIN_TABLE } else { device + 1 }
 }
 
+/// The first address of a subnet after its network address: the VPC
+/// router's address in it (ipamd's `GetIPv4Gateway`).
+#[must_use]
+pub fn gateway_of(subnet: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()) + 1)
+}
+
 /// The route table of the branch ENI on VLAN `vlan_id` (`vlanID + 100`).
 #[must_use]
 pub fn vlan_route_table(vlan_id: u16) -> u32 {

@@ -91,6 +91,13 @@ impl LinkInfo {
     }
 }
 
+/// How one link is asked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LinkKey<'a> {
+    Name(&'a str),
+    Index(u32),
+}
+
 /// The link among `links` with `mac`. A VLAN link inherits its parent's MAC
 /// unless given one, so several links may match: the parent is made first
 /// and has the lowest index, and it is the ENI.
@@ -121,10 +128,24 @@ impl NetlinkHandle {
 
     /// The link named `name`, if there is one.
     pub async fn link_by_name(&self, name: &str) -> Result<Option<LinkInfo>, NetlinkError> {
-        let mut answers = self.handle.link().get().match_name(name).execute();
-        match answers.try_next().await {
-            Ok(Some(message)) => Ok(Some(LinkInfo::from_message(&message))),
-            Ok(None) => Ok(None),
+        Ok(self
+            .link_message(LinkKey::Name(name))
+            .await?
+            .map(|message| LinkInfo::from_message(&message)))
+    }
+
+    /// The kernel's message for one link, if it exists.
+    pub(crate) async fn link_message(
+        &self,
+        key: LinkKey<'_>,
+    ) -> Result<Option<LinkMessage>, NetlinkError> {
+        let request = self.handle.link().get();
+        let request = match key {
+            LinkKey::Name(name) => request.match_name(name.to_owned()),
+            LinkKey::Index(index) => request.match_index(index),
+        };
+        match request.execute().try_next().await {
+            Ok(message) => Ok(message),
             Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
             Err(err) => Err(NetlinkError::ListLinks(Box::new(err))),
         }

@@ -17,7 +17,8 @@ use rtnetlink::{
 use tracing::{debug, info};
 
 use crate::{
-    LinkInfo, MacAddr, NetlinkError, NetlinkHandle, errno, netns::Netns, pod::PodNetError,
+    LinkInfo, MacAddr, NetlinkError, NetlinkHandle, errno, link::LinkKey, netns::Netns,
+    pod::PodNetError,
 };
 
 /// What the pair is made of: a name and a MAC for each end, one MTU.
@@ -112,13 +113,10 @@ impl NetlinkHandle {
 
     /// The link named `name` with its kind and peer, if there is one.
     pub async fn link_details(&self, name: &str) -> Result<Option<LinkDetails>, PodNetError> {
-        let mut answers = self.handle.link().get().match_name(name).execute();
-        match answers.try_next().await {
-            Ok(Some(message)) => Ok(Some(LinkDetails::from_message(&message))),
-            Ok(None) => Ok(None),
-            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
-            Err(err) => Err(NetlinkError::ListLinks(Box::new(err)).into()),
-        }
+        Ok(self
+            .link_message(LinkKey::Name(name))
+            .await?
+            .map(|message| LinkDetails::from_message(&message)))
     }
 
     /// The MAC of the other end of the veth `host_veth`, read in the other
@@ -129,12 +127,8 @@ impl NetlinkHandle {
     pub async fn peer_mac(&self, host_veth: &str) -> Result<Option<MacAddr>, NetlinkError> {
         /// `IFLA_TARGET_NETNSID` (not in the packet crate's attributes).
         const IFLA_TARGET_NETNSID: u16 = 46;
-        let mut answers = self.handle.link().get().match_name(host_veth).execute();
-        let message = match answers.try_next().await {
-            Ok(Some(message)) => message,
-            Ok(None) => return Ok(None),
-            Err(err) if errno(&err) == Some(libc::ENODEV) => return Ok(None),
-            Err(err) => return Err(NetlinkError::ListLinks(Box::new(err))),
+        let Some(message) = self.link_message(LinkKey::Name(host_veth)).await? else {
+            return Ok(None);
         };
         let (mut peer_index, mut netns_id) = (None, None);
         for attribute in &message.attributes {

@@ -2,17 +2,15 @@
 //! link, as the VPC CNI's plugin makes it (`setupVlan`): the branch ENI's
 //! MAC, the trunk's MTU (the kernel's default for a VLAN), no address, up.
 
-use futures_util::TryStreamExt;
 use rtnetlink::{
     LinkMessageBuilder, LinkVlan,
     packet_route::link::{
-        InfoData, InfoKind, InfoVlan, LinkAttribute, LinkInfo as PacketLinkInfo, LinkMessage,
-        VlanProtocol,
+        InfoData, InfoVlan, LinkAttribute, LinkInfo as PacketLinkInfo, LinkMessage, VlanProtocol,
     },
 };
 use tracing::info;
 
-use crate::{LinkInfo, MacAddr, NetlinkError, NetlinkHandle, errno};
+use crate::{LinkInfo, MacAddr, NetlinkError, NetlinkHandle, link::LinkKey};
 
 /// What a VLAN link is made of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,31 +33,32 @@ pub struct VlanDetails {
 
 impl VlanDetails {
     fn from_message(message: &LinkMessage) -> Self {
-        let mut parent = None;
-        let mut vlan_id = None;
-        for attribute in &message.attributes {
-            match attribute {
-                LinkAttribute::Link(index) => parent = Some(*index),
-                LinkAttribute::LinkInfo(infos) => {
-                    for info in infos {
-                        if let PacketLinkInfo::Data(InfoData::Vlan(data)) = info {
-                            vlan_id = data.iter().find_map(|d| match d {
-                                InfoVlan::Id(id) => Some(*id),
-                                _ => None,
-                            });
-                        }
+        // Only a VLAN has VLAN data, and it always says its id.
+        let vlan_id = message
+            .attributes
+            .iter()
+            .find_map(|attribute| match attribute {
+                LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|info| match info {
+                    PacketLinkInfo::Data(InfoData::Vlan(data)) => {
+                        data.iter().find_map(|d| match d {
+                            InfoVlan::Id(id) => Some(*id),
+                            _ => None,
+                        })
                     }
-                }
-                _ => {}
-            }
-        }
-        let is_vlan = message.attributes.iter().any(|a| {
-            matches!(a, LinkAttribute::LinkInfo(infos)
-                if infos.iter().any(|i| matches!(i, PacketLinkInfo::Kind(InfoKind::Vlan))))
-        });
+                    _ => None,
+                }),
+                _ => None,
+            });
+        let parent = message
+            .attributes
+            .iter()
+            .find_map(|attribute| match attribute {
+                LinkAttribute::Link(index) => Some(*index),
+                _ => None,
+            });
         Self {
             link: LinkInfo::from_message(message),
-            vlan: is_vlan.then_some(parent.zip(vlan_id)).flatten(),
+            vlan: parent.zip(vlan_id),
         }
     }
 }
@@ -101,13 +100,10 @@ impl NetlinkHandle {
 
     /// The link named `name` and whether it is a VLAN, if there is one.
     pub async fn vlan_details(&self, name: &str) -> Result<Option<VlanDetails>, NetlinkError> {
-        let mut answers = self.handle.link().get().match_name(name).execute();
-        match answers.try_next().await {
-            Ok(Some(message)) => Ok(Some(VlanDetails::from_message(&message))),
-            Ok(None) => Ok(None),
-            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
-            Err(err) => Err(NetlinkError::ListLinks(Box::new(err))),
-        }
+        Ok(self
+            .link_message(LinkKey::Name(name))
+            .await?
+            .map(|message| VlanDetails::from_message(&message)))
     }
 
     /// The link with `index` and whether it is a VLAN, if there is one.
@@ -115,12 +111,9 @@ impl NetlinkHandle {
         &self,
         index: u32,
     ) -> Result<Option<VlanDetails>, NetlinkError> {
-        let mut answers = self.handle.link().get().match_index(index).execute();
-        match answers.try_next().await {
-            Ok(Some(message)) => Ok(Some(VlanDetails::from_message(&message))),
-            Ok(None) => Ok(None),
-            Err(err) if errno(&err) == Some(libc::ENODEV) => Ok(None),
-            Err(err) => Err(NetlinkError::ListLinks(Box::new(err))),
-        }
+        Ok(self
+            .link_message(LinkKey::Index(index))
+            .await?
+            .map(|message| VlanDetails::from_message(&message)))
     }
 }

@@ -527,12 +527,7 @@ pub fn unix_ns() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
-/// The first address of a subnet after its network address: the VPC
-/// router's address in it.
-#[must_use]
-pub fn gateway_of(subnet: Ipv4Net) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(subnet.network()) + 1)
-}
+pub use vpcnet_api::vpc_cni::gateway_of;
 
 /// Max pods as the EKS max-pods calculator computes it: every secondary
 /// slot of every ENI (16 per slot with prefixes), plus the two host-network

@@ -30,6 +30,7 @@ use std::{
 
 use ipnet::Ipv4Net;
 use tracing::{debug, info};
+use vpcnet_api::vpc_cni::gateway_of;
 
 use super::model::{AttachmentStatus, Ec2State};
 use crate::{
@@ -103,7 +104,7 @@ impl Desired {
                     return None;
                 }
                 let subnet = state.subnet(&eni.subnet_id).ok()?;
-                let gateway = Ipv4Addr::from(u32::from(subnet.cidr.network()) + 1);
+                let gateway = gateway_of(subnet.cidr);
                 Some((
                     eni.id.clone(),
                     DesiredEni {
@@ -128,7 +129,7 @@ impl Desired {
                         vlan_id: association.vlan_id,
                         trunk_device_index: trunk.device_index,
                         mac: branch.mac.clone(),
-                        gateway: Ipv4Addr::from(u32::from(subnet.cidr.network()) + 1),
+                        gateway: gateway_of(subnet.cidr),
                         address: branch.primary_ip,
                     },
                 ))

@@ -14,6 +14,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
@@ -45,8 +46,8 @@ pub struct ControllerOptions {
 pub trait TrunkProvider: Send + Sync {
     /// The node's trunk ENI, attached now if it has none.
     fn node_trunk(&self) -> Ec2Result<String>;
-    /// A branch ENI on `trunk`.
-    fn create_branch(&self, trunk: &str) -> Ec2Result<BranchEni>;
+    /// A branch ENI on `trunk`, at `private_ip` if given.
+    fn create_branch(&self, trunk: &str, private_ip: Option<Ipv4Addr>) -> Ec2Result<BranchEni>;
     /// A branch ENI disassociated and deleted.
     fn delete_branch(&self, branch: &BranchEni) -> Ec2Result<()>;
 }
@@ -187,7 +188,7 @@ impl Controller {
     /// A branch ENI for `pod`, written into its annotation.
     fn give_branch(&mut self, trunk: &str, view: &PodView) {
         let pod = view.key.as_str();
-        let branch = match self.ec2.create_branch(trunk) {
+        let branch = match self.ec2.create_branch(trunk, None) {
             Ok(branch) => branch,
             Err(err) => return self.say(&format!("a branch ENI for {pod}"), &err),
         };

@@ -261,15 +261,6 @@ impl Shared {
                 )
             })
     }
-
-    /// A branch ENI on the node's trunk (attached first if needed), at
-    /// `private_ip` if given.
-    fn branch_eni_at(&self, private_ip: Option<Ipv4Addr>) -> Ec2Result<BranchEni> {
-        let trunk = self.node_trunk()?;
-        let branch = branches::create_branch(&mut lock(&self.state), &trunk, private_ip)?;
-        self.reconcile(None);
-        Ok(branch)
-    }
 }
 
 impl TrunkProvider for Shared {
@@ -287,8 +278,8 @@ impl TrunkProvider for Shared {
         Ok(trunk)
     }
 
-    fn create_branch(&self, trunk: &str) -> Ec2Result<BranchEni> {
-        let branch = branches::create_branch(&mut lock(&self.state), trunk, None)?;
+    fn create_branch(&self, trunk: &str, private_ip: Option<Ipv4Addr>) -> Ec2Result<BranchEni> {
+        let branch = branches::create_branch(&mut lock(&self.state), trunk, private_ip)?;
         self.reconcile(None);
         Ok(branch)
     }
@@ -603,7 +594,10 @@ fn admin_route(shared: &Arc<Shared>, method: &Method, path: &str, body: &[u8]) -
         }
         ("POST", admin::BRANCH_ENI) => {
             let request: admin::BranchEniRequest = parse(body)?;
-            let branch = shared.branch_eni_at(request.private_ip).map_err(ec2)?;
+            let branch = shared
+                .node_trunk()
+                .and_then(|trunk| shared.create_branch(&trunk, request.private_ip))
+                .map_err(ec2)?;
             Ok(json_response(200, &branch))
         }
         ("POST", admin::RESOURCE_CONTROLLER) => {
