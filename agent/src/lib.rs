@@ -16,6 +16,7 @@ pub mod link_owner;
 pub mod logging;
 pub mod node;
 pub mod pods;
+pub mod retry;
 pub mod takeover;
 
 /// Link setup through rtnetlink (its own crate: the CNI plugin uses it too).
