@@ -5,6 +5,7 @@
 pub mod conflist;
 pub mod kube_proxy;
 pub mod layout;
+pub mod node;
 pub mod pod;
 pub mod vpc_cni;
 

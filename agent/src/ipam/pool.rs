@@ -2,10 +2,36 @@
 //! (ipamd's `datastoreTargetState`, `isDatastorePoolTooLow`,
 //! `isDatastorePoolTooHigh`, `shouldRemoveExtraENIs`), so operators' values
 //! of `WARM_ENI_TARGET`, `WARM_IP_TARGET`, `MINIMUM_IP_TARGET` and
-//! `WARM_PREFIX_TARGET` mean exactly what they mean with aws-node.
+//! `WARM_PREFIX_TARGET` mean exactly what they mean with aws-node; and the
+//! node's limits (max pods, max addresses).
+
+use crate::cloud::InstanceTypeLimits;
 
 /// Addresses in one /28 prefix.
 pub const IPS_PER_PREFIX: usize = 16;
+
+/// Max pods as the EKS max-pods calculator computes it: every secondary
+/// slot of every ENI (16 per slot with prefixes), plus the two host-network
+/// pods; with prefixes capped at 110 (250 from 30 vCPUs).
+#[must_use]
+pub fn default_max_pods(limits: InstanceTypeLimits, max_enis: usize, prefixes: bool) -> usize {
+    let slots = max_enis * limits.ips_per_eni.saturating_sub(1);
+    if prefixes {
+        (slots * IPS_PER_PREFIX + 2).min(if limits.vcpus >= 30 { 250 } else { 110 })
+    } else {
+        slots + 2
+    }
+}
+
+/// Addresses the node could hold for pods at most: every secondary slot of
+/// every ENI it may attach, 16 per slot with prefixes (ipamd's
+/// `maxIPsPerENI * maxENI`, its `awscni_ip_max`).
+#[must_use]
+pub fn max_ips(limits: InstanceTypeLimits, max_enis: usize, prefixes: bool) -> usize {
+    let per_eni = limits.ips_per_eni.saturating_sub(1);
+    let per_slot = if prefixes { IPS_PER_PREFIX } else { 1 };
+    max_enis * per_eni * per_slot
+}
 
 /// The targets, as configured (see `settings`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -559,5 +585,29 @@ mod tests {
              "secondary-IP mode looks at the addresses only"),
         ];
         check("shouldRemoveExtraENIs (freeable ENI)", rows, |t, s| t.should_remove_extra_enis(s, true));
+    }
+
+    #[test]
+    fn max_pods_as_the_eks_calculator() {
+        let m5_large = InstanceTypeLimits {
+            max_enis: 3,
+            ips_per_eni: 10,
+            vcpus: 2,
+        };
+        assert_eq!(default_max_pods(m5_large, 3, false), 29);
+        assert_eq!(default_max_pods(m5_large, 3, true), 110);
+        let t3_medium = InstanceTypeLimits {
+            max_enis: 3,
+            ips_per_eni: 6,
+            vcpus: 2,
+        };
+        assert_eq!(default_max_pods(t3_medium, 3, false), 17);
+        let c5_18xl = InstanceTypeLimits {
+            max_enis: 15,
+            ips_per_eni: 50,
+            vcpus: 72,
+        };
+        assert_eq!(default_max_pods(c5_18xl, 15, false), 737);
+        assert_eq!(default_max_pods(c5_18xl, 15, true), 250);
     }
 }

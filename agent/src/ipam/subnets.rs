@@ -1,9 +1,14 @@
-//! Subnet discovery as aws-node reads its subnets' tags
-//! (`ENABLE_SUBNET_DISCOVERY`): which subnets of the node's VPC and zone
-//! new ENIs may go to, in which order, and which subnets' ENIs serve no
-//! pod.
+//! Subnet choice for new ENIs: custom networking's subnet, or subnet
+//! discovery as aws-node reads its subnets' tags (`ENABLE_SUBNET_DISCOVERY`):
+//! which subnets of the node's VPC and zone new ENIs may go to, in which
+//! order, and which subnets' ENIs serve no pod.
 
-use crate::cloud::SubnetInfo;
+use std::collections::BTreeSet;
+
+use tracing::warn;
+
+use super::settings::EniConfig;
+use crate::cloud::{Cloud, CloudError, SubnetInfo};
 
 /// The tag that opts a subnet in for pods (any value but `0`) or, `0`,
 /// out (the primary ENI's subnet included).
@@ -74,6 +79,138 @@ pub fn excluded(subnets: &[SubnetInfo], subnet_id: &str, cluster: Option<&str>) 
             Some(ROLE_CNI_EXCLUDED) => true,
             Some(_) => !for_cluster(s, cluster),
         })
+}
+
+/// Where a new ENI goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EniPlacement {
+    /// The primary ENI's subnet, or those subnet discovery finds, with the
+    /// primary ENI's security groups.
+    NodeSubnets,
+    /// Custom networking's subnet and groups.
+    Custom(EniConfig),
+    /// Custom networking with no valid ENIConfig yet: no ENI.
+    NoEniConfig,
+}
+
+/// Why no subnet could be chosen.
+#[derive(Debug, thiserror::Error)]
+pub enum SubnetError {
+    #[error(transparent)]
+    Cloud(#[from] CloudError),
+    #[error("{0}")]
+    NoSubnet(String),
+}
+
+/// The node's place in its VPC and what subnet discovery reads, with the
+/// cloud to ask.
+pub struct SubnetChoice<'a> {
+    pub cloud: &'a Cloud,
+    pub vpc_id: &'a str,
+    /// The node's availability zone.
+    pub zone: &'a str,
+    pub primary_subnet_id: &'a str,
+    pub cluster: Option<&'a str>,
+    /// `ENABLE_SUBNET_DISCOVERY`.
+    pub discovery: bool,
+}
+
+impl SubnetChoice<'_> {
+    /// Where new ENIs go, for the start's log line.
+    #[must_use]
+    pub fn describe(&self, placement: &EniPlacement) -> String {
+        match placement {
+            EniPlacement::Custom(config) => {
+                format!(
+                    "{} (custom networking, {})",
+                    config.subnet_id,
+                    config.source()
+                )
+            }
+            EniPlacement::NoEniConfig => {
+                "custom networking: the node's ENIConfig's, once there is one".to_owned()
+            }
+            EniPlacement::NodeSubnets if self.discovery => format!(
+                "discovered in {} {} ({TAG_ROLE_CNI}), or {}",
+                self.vpc_id, self.zone, self.primary_subnet_id
+            ),
+            EniPlacement::NodeSubnets => self.primary_subnet_id.to_owned(),
+        }
+    }
+
+    async fn zone_subnets(&self) -> Result<Vec<SubnetInfo>, CloudError> {
+        self.cloud.zone_subnets(self.vpc_id, self.zone).await
+    }
+
+    /// With subnet discovery, the subnets of the node's VPC and zone whose
+    /// ENIs serve no pod.
+    pub async fn excluded(&self) -> Result<BTreeSet<String>, CloudError> {
+        if !self.discovery {
+            return Ok(BTreeSet::new());
+        }
+        let zone = self.zone_subnets().await?;
+        Ok(zone
+            .iter()
+            .filter(|s| excluded(&zone, &s.id, self.cluster))
+            .map(|s| s.id.clone())
+            .collect())
+    }
+
+    /// The subnets to try a new ENI in, in order: custom networking's;
+    /// with subnet discovery, those tagged for pods (or the primary ENI's,
+    /// untagged), most free addresses first; else the primary ENI's, unless
+    /// it is tagged `0`. As aws-node, when EC2 cannot list the subnets, the
+    /// primary ENI's, if a second look says it is not excluded.
+    pub async fn for_new_eni(&self, placement: &EniPlacement) -> Result<Vec<String>, SubnetError> {
+        match placement {
+            EniPlacement::Custom(config) => return Ok(vec![config.subnet_id.clone()]),
+            EniPlacement::NoEniConfig => {
+                return Err(SubnetError::NoSubnet(
+                    "custom networking has no valid ENIConfig for this node".to_owned(),
+                ));
+            }
+            EniPlacement::NodeSubnets => {}
+        }
+        let primary = self.primary_subnet_id;
+        let primary_unless_excluded = |zone: &[SubnetInfo]| {
+            if excluded(zone, primary, self.cluster) {
+                Err(SubnetError::NoSubnet(format!(
+                    "the primary ENI's subnet {primary} is tagged {TAG_ROLE_CNI}=0 (or for other clusters only) and subnet discovery is {}",
+                    if self.discovery { "on" } else { "off" }
+                )))
+            } else {
+                Ok(vec![primary.to_owned()])
+            }
+        };
+        if !self.discovery {
+            return match self.zone_subnets().await {
+                Ok(zone) => primary_unless_excluded(&zone),
+                Err(e) => {
+                    warn!(error = %e, subnet = %primary, "cannot tell whether the primary ENI's subnet is excluded: creating the ENI there");
+                    Ok(vec![primary.to_owned()])
+                }
+            };
+        }
+        match self.zone_subnets().await {
+            Ok(zone) => {
+                let found: Vec<String> = for_new_enis(zone, primary, self.cluster)
+                    .into_iter()
+                    .map(|s| s.id)
+                    .collect();
+                if found.is_empty() {
+                    return Err(SubnetError::NoSubnet(format!(
+                        "no subnet of {} in {} is tagged {TAG_ROLE_CNI} for this cluster, and the primary ENI's subnet {primary} is tagged 0 (or for other clusters only)",
+                        self.vpc_id, self.zone
+                    )));
+                }
+                Ok(found)
+            }
+            Err(e) => {
+                warn!(error = %e, "listing the zone's subnets failed: trying the primary ENI's subnet");
+                primary_unless_excluded(&self.zone_subnets().await?)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub const EXTERNAL_ENI_CONFIG_LABEL: &str = "vpc.amazonaws.com/externalEniConfig
 /// The ENIConfig of a node that names none.
 pub const DEFAULT_ENI_CONFIG: &str = "default";
 /// The taint of a cordoned node.
-pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+pub use vpcnet_api::node::UNSCHEDULABLE_TAINT;
 /// The node label with its availability zone.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 

@@ -1,0 +1,259 @@
+//! Shrinking the pool: idle addresses or prefixes back to EC2, those of
+//! excluded subnets' ENIs too, and whole ENIs the targets do not need,
+//! detached and deleted (draining until done).
+
+use std::{net::Ipv4Addr, time::Instant};
+
+use ipnet::Ipv4Net;
+use tracing::info;
+
+use super::{Manager, ManagerError, State, bump};
+use crate::{
+    cloud::CloudError,
+    ipam::{
+        datastore::EniRecord,
+        pool::{IPS_PER_PREFIX, PoolStats},
+    },
+};
+
+impl Manager {
+    /// Gives back what the targets do not need: idle addresses or prefixes
+    /// (highest ENIs first), then a whole ENI when that is safe.
+    /// `held`: the node is cordoned, no ENI is freed.
+    pub(super) async fn shrink(&self, held: bool) -> Result<(), ManagerError> {
+        let _action =
+            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_DECREASE_POOL);
+        let me = &self.inner;
+        let now = Instant::now();
+        let cooldown = me.opts.settings.ip_cooldown;
+        let (release, eni_to_free) = {
+            let mut st = me.state.lock().await;
+            let prefixes = me.opts.settings.prefix_delegation;
+            let targets = self.targets(prefixes);
+            let stats = st.datastore.stats(now);
+            let mut release: Option<(String, Vec<Ipv4Addr>, Vec<Ipv4Net>)> = None;
+            if targets.pool_too_high(&stats) {
+                let over = targets.target_state(&stats).map_or_else(
+                    || {
+                        stats
+                            .free_prefixes
+                            .saturating_sub(targets.warm_prefix_target)
+                    },
+                    |s| s.over,
+                );
+                let mut enis: Vec<(&String, &EniRecord)> = st
+                    .datastore
+                    .enis()
+                    .filter(|(_, e)| !e.excluded_for_pods)
+                    .collect();
+                enis.sort_by_key(|(_, e)| std::cmp::Reverse(e.device_number));
+                for (id, eni) in enis {
+                    let (addrs, pfx) = if prefixes {
+                        (Vec::new(), eni.idle_prefixes(now, cooldown))
+                    } else {
+                        (eni.idle_secondary_addrs(now, cooldown), Vec::new())
+                    };
+                    if !addrs.is_empty() || !pfx.is_empty() {
+                        let addrs: Vec<_> = addrs.into_iter().take(over).collect();
+                        let pfx: Vec<_> = pfx.into_iter().take(over).collect();
+                        release = Some((id.clone(), addrs, pfx));
+                        break;
+                    }
+                }
+            }
+            if let Some((eni, addrs, pfx)) = &release {
+                // Out of the datastore first: no pod may get them meanwhile.
+                for a in addrs {
+                    st.datastore.remove_addr(eni, *a)?;
+                }
+                for p in pfx {
+                    st.datastore.remove_prefix(eni, *p)?;
+                }
+            }
+            let eni_to_free = if release.is_none() && !held {
+                self.freeable_eni(&mut st, now)
+            } else {
+                None
+            };
+            (release, eni_to_free)
+        };
+        if let Some((eni, addrs, pfx)) = release {
+            self.return_to_ec2(&eni, &addrs, &pfx).await?;
+        }
+        if eni_to_free.is_some() {
+            self.drain().await?;
+        }
+        Ok(())
+    }
+
+    /// Gives EC2 back addresses or prefixes already out of the datastore;
+    /// if EC2 refuses, they go back into the pool.
+    async fn return_to_ec2(
+        &self,
+        eni: &str,
+        addrs: &[Ipv4Addr],
+        pfx: &[Ipv4Net],
+    ) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let result = if addrs.is_empty() {
+            me.cloud.unassign_prefixes(eni, pfx).await
+        } else {
+            me.cloud.unassign_addrs(eni, addrs).await
+        };
+        if let Err(e) = result {
+            // Still the ENI's: back into the pool.
+            let mut st = me.state.lock().await;
+            st.datastore.add_addrs(eni, addrs)?;
+            for p in pfx {
+                st.datastore.add_prefix(eni, *p)?;
+            }
+            return Err(e.into());
+        }
+        me.state.lock().await.recently_changed(
+            addrs
+                .iter()
+                .map(|a| Ipv4Net::from(*a))
+                .chain(pfx.iter().copied()),
+        );
+        bump(&me.counters.addrs_freed, addrs.len());
+        bump(&me.counters.prefixes_freed, pfx.len());
+        info!(
+            eni,
+            addrs = addrs.len(),
+            prefixes = pfx.len(),
+            "returned to EC2"
+        );
+        Ok(())
+    }
+
+    /// Gives back the idle addresses and prefixes of ENIs in excluded
+    /// subnets, which no pod may get (aws-node does so at start; here
+    /// also for those pods release later).
+    pub(super) async fn release_excluded(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let now = Instant::now();
+        let cooldown = me.opts.settings.ip_cooldown;
+        // One ENI a pass, as `shrink` does.
+        let release = {
+            let mut st = me.state.lock().await;
+            let found = st
+                .enis
+                .iter()
+                .filter(|(_, e)| e.subnet_excluded && !e.no_manage)
+                .find_map(|(id, _)| {
+                    let record = st.datastore.eni(id)?;
+                    let addrs = record.idle_secondary_addrs(now, cooldown);
+                    let pfx = record.idle_prefixes(now, cooldown);
+                    (!addrs.is_empty() || !pfx.is_empty()).then(|| (id.clone(), addrs, pfx))
+                });
+            if let Some((eni, addrs, pfx)) = &found {
+                for a in addrs {
+                    st.datastore.remove_addr(eni, *a)?;
+                }
+                for p in pfx {
+                    st.datastore.remove_prefix(eni, *p)?;
+                }
+            }
+            found
+        };
+        let Some((eni, addrs, pfx)) = release else {
+            return Ok(());
+        };
+        // EC2 takes addresses or prefixes in one call, not both.
+        if !pfx.is_empty()
+            && let Err(e) = self.return_to_ec2(&eni, &[], &pfx).await
+        {
+            me.state.lock().await.datastore.add_addrs(&eni, &addrs)?;
+            return Err(e);
+        }
+        if !addrs.is_empty() {
+            self.return_to_ec2(&eni, &addrs, &[]).await?;
+        }
+        Ok(())
+    }
+
+    /// Picks an ENI to free, if one can go without the pool falling below
+    /// its targets, and moves it to `draining`.
+    fn freeable_eni(&self, st: &mut State, now: Instant) -> Option<String> {
+        let me = &self.inner;
+        let targets = self.targets(me.opts.settings.prefix_delegation);
+        let stats = st.datastore.stats(now);
+        let cooldown = me.opts.settings.ip_cooldown;
+        let mut candidates: Vec<(&String, &EniRecord)> = st
+            .datastore
+            .enis()
+            .filter(|(id, e)| {
+                let tracked = &st.enis[*id];
+                !e.primary
+                    && !tracked.no_manage
+                    && e.assigned() == 0
+                    && e.idle_secondary_addrs(now, cooldown).len()
+                        + e.idle_prefixes(now, cooldown).len() * IPS_PER_PREFIX
+                        == e.total()
+                    && now.saturating_duration_since(tracked.attached_at)
+                        >= me.opts.min_eni_lifetime
+            })
+            .collect();
+        candidates.sort_by_key(|(_, e)| std::cmp::Reverse(e.device_number));
+        let freeable_exists = !candidates.is_empty();
+        if !targets.should_remove_extra_enis(&stats, freeable_exists) {
+            return None;
+        }
+        let (id, eni) = candidates.first()?;
+        let after = PoolStats {
+            total_ips: stats.total_ips - eni.total(),
+            total_prefixes: stats.total_prefixes - eni.prefixes().len(),
+            free_prefixes: stats.free_prefixes - eni.prefixes().len(),
+            ..stats
+        };
+        if targets.pool_too_low(&after) {
+            return None;
+        }
+        let id = (*id).clone();
+        st.datastore.remove_eni(&id).ok()?;
+        let tracked = st.enis.remove(&id)?;
+        st.draining.insert(id.clone(), tracked.attachment_id);
+        info!(eni = %id, "freeing an ENI the pool does not need");
+        Some(id)
+    }
+
+    /// Detaches and deletes every ENI in `draining`; what fails stays for
+    /// the next pass.
+    pub(super) async fn drain(&self) -> Result<(), ManagerError> {
+        let me = &self.inner;
+        let draining: Vec<(String, Option<String>)> = me
+            .state
+            .lock()
+            .await
+            .draining
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (eni, attachment) in draining {
+            let current = match me.cloud.eni(&eni).await {
+                Ok(info) => info,
+                Err(CloudError::Incomplete { .. }) => {
+                    // Gone already.
+                    me.state.lock().await.draining.remove(&eni);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(attachment) = current.attachment_id.clone().or(attachment)
+                && current.status != "available"
+            {
+                me.cloud.detach_eni(&attachment).await?;
+                self.wait_attachment(&eni, "detached").await?;
+            }
+            match me.cloud.delete_eni(&eni).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some("InvalidNetworkInterfaceID.NotFound") => {}
+                Err(e) => return Err(e.into()),
+            }
+            me.state.lock().await.draining.remove(&eni);
+            bump(&me.counters.enis_deleted, 1);
+            info!(eni, "ENI detached and deleted");
+        }
+        Ok(())
+    }
+}
