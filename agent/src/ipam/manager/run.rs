@@ -4,35 +4,38 @@
 
 use std::time::{Duration, Instant};
 
+use backon::ExponentialBackoff;
 use tokio::sync::watch;
 use tracing::{info, warn};
 use vpcnet_api::node::UNSCHEDULABLE_TAINT;
 
 use super::{Manager, ManagerError, ManagerOptions, Severity, bump, network::LINK_CHECK_INTERVAL};
-use crate::ipam::settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE;
+use crate::{ipam::settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE, retry};
 
-/// Exponential backoff with "equal jitter": half fixed, half random, so
-/// agents throttled together do not retry together.
-#[derive(Debug)]
+/// The delays between failed passes: [`retry`]'s schedule, from its first
+/// delay again after a pass that succeeds.
 struct Backoff {
-    base: Duration,
-    max: Duration,
-    failures: u32,
+    first: Duration,
+    cap: Duration,
+    delays: ExponentialBackoff,
 }
 
 impl Backoff {
+    fn new(first: Duration, cap: Duration) -> Self {
+        Self {
+            first,
+            cap,
+            delays: retry::delays(first, cap),
+        }
+    }
+
     fn next_delay(&mut self) -> Duration {
-        let exp = self
-            .base
-            .saturating_mul(1 << self.failures.min(16))
-            .min(self.max);
-        self.failures = self.failures.saturating_add(1);
-        let half = exp / 2;
-        half + half.mul_f64(fastrand::f64())
+        // The schedule never ends; the cap if it did.
+        self.delays.next().unwrap_or(self.cap)
     }
 
     fn reset(&mut self) {
-        self.failures = 0;
+        self.delays = retry::delays(self.first, self.cap);
     }
 }
 
@@ -57,11 +60,7 @@ impl Manager {
     /// Keeps the pool at its targets until the task is dropped.
     pub async fn run(self) {
         let me = &self.inner;
-        let mut backoff = Backoff {
-            base: me.opts.backoff_base,
-            max: me.opts.backoff_max,
-            failures: 0,
-        };
+        let mut backoff = Backoff::new(me.opts.backoff_base, me.opts.backoff_max);
         let mut next_leak_sweep = Instant::now();
         let mut next_cidr_read = Instant::now();
         let mut next_link_check = Instant::now();
@@ -212,11 +211,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_to_its_cap_with_jitter() {
-        let mut b = Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(5),
-            failures: 0,
-        };
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let delays: Vec<Duration> = (0..12).map(|_| b.next_delay()).collect();
         for (i, d) in delays.iter().enumerate() {
             let full = Duration::from_millis(100)

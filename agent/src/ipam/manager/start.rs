@@ -24,10 +24,14 @@ use crate::{
         pool::default_max_pods,
         subnets::{self, SubnetChoice},
     },
+    retry,
 };
 
 /// How long an attach or detach may take before it counts as failed.
 const ATTACH_TIMEOUT: Duration = Duration::from_mins(1);
+/// The first and the longest pause between two looks at an attachment.
+const ATTACH_POLL_FIRST: Duration = Duration::from_millis(100);
+const ATTACH_POLL_CAP: Duration = Duration::from_secs(2);
 
 /// Whose an attached ENI is, as aws-node's `setUnmanagedENIs` decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -368,7 +372,7 @@ impl Manager {
         state: &'static str,
     ) -> Result<EniInfo, ManagerError> {
         let deadline = Instant::now() + ATTACH_TIMEOUT;
-        let mut delay = Duration::from_millis(100);
+        let mut delays = retry::delays(ATTACH_POLL_FIRST, ATTACH_POLL_CAP);
         loop {
             match self.inner.cloud.eni(eni_id).await {
                 Ok(eni) if eni.attachment_status.as_deref() == Some(state) => return Ok(eni),
@@ -386,8 +390,7 @@ impl Manager {
                     timeout: ATTACH_TIMEOUT,
                 });
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
+            tokio::time::sleep(delays.next().unwrap_or(ATTACH_POLL_CAP)).await;
         }
     }
 }
