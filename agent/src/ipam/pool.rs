@@ -2,8 +2,16 @@
 //! (ipamd's `datastoreTargetState`, `isDatastorePoolTooLow`,
 //! `isDatastorePoolTooHigh`, `shouldRemoveExtraENIs`), so operators' values
 //! of `WARM_ENI_TARGET`, `WARM_IP_TARGET`, `MINIMUM_IP_TARGET` and
-//! `WARM_PREFIX_TARGET` mean exactly what they mean with aws-node; and the
-//! node's limits (max pods, max addresses).
+//! `WARM_PREFIX_TARGET` mean exactly what they mean with aws-node; the
+//! node's limits (max pods, max addresses); and what to take when the pool
+//! is too low ([`plan_growth`]) or give back when it is too high
+//! ([`plan_shrink`]), pure functions of a snapshot the address manager
+//! takes and then carries out.
+
+use std::{collections::BTreeSet, net::Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use tracing::debug;
 
 use crate::cloud::InstanceTypeLimits;
 
@@ -181,6 +189,218 @@ impl PoolTargets {
         stats.available() >= warm_target * ips_per_eni
             || (self.prefix_delegation && freeable_eni_exists)
     }
+}
+
+/// One ENI of the pool as the shrink plan sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EniSnapshot {
+    pub id: String,
+    pub device_number: u32,
+    /// The instance's primary ENI: never freed.
+    pub primary: bool,
+    /// Its addresses serve no pod (custom networking's primary ENI).
+    pub excluded_for_pods: bool,
+    /// Not the pool's to free: left alone (its tags), or younger than
+    /// `min_eni_lifetime`.
+    pub kept: bool,
+    /// Addresses held by pods.
+    pub assigned: usize,
+    /// Address slots taken (a prefix takes one).
+    pub slots_used: usize,
+    /// Addresses it holds (a prefix's 16 included).
+    pub total_ips: usize,
+    /// Prefixes it holds.
+    pub prefixes: usize,
+    /// Free addresses out of their cooldown, and prefixes wholly so.
+    pub idle_addrs: Vec<Ipv4Addr>,
+    pub idle_prefixes: Vec<Ipv4Net>,
+}
+
+impl EniSnapshot {
+    /// Nothing on it is held or cooling: it may go whole.
+    fn all_idle(&self) -> bool {
+        self.assigned == 0
+            && self.idle_addrs.len() + self.idle_prefixes.len() * IPS_PER_PREFIX == self.total_ips
+    }
+}
+
+/// What the node has room for, beside its pool's ENIs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EniRoom {
+    /// IPv4 addresses of one ENI (its own included).
+    pub slots_per_eni: usize,
+    /// Device numbers taken (ENIs left alone included).
+    pub devices_used: BTreeSet<u32>,
+    /// ENIs attached or being deleted.
+    pub attached: usize,
+    pub max_enis: usize,
+    /// Whether a new ENI can be made (custom networking without an
+    /// ENIConfig cannot).
+    pub can_make_eni: bool,
+}
+
+/// What growing the pool takes next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Growth {
+    /// `n` more addresses or prefixes on an attached ENI.
+    OnEni {
+        eni: String,
+        n: usize,
+        prefixes: bool,
+    },
+    /// A new ENI at `device` with `n` addresses or prefixes.
+    NewEni {
+        device: u32,
+        n: usize,
+        prefixes: bool,
+    },
+}
+
+/// What to take, if the pool is too low: as many addresses (prefixes in
+/// `in_force`'s prefix mode) as the targets lack, up to max pods, on the
+/// lowest ENI with a free slot, else on a new ENI at the lowest free
+/// device. `configured`: the targets as set, which say whether the pool is
+/// too low; `in_force`: the same after a fall back from prefixes to
+/// addresses (the unit taken).
+#[must_use]
+pub fn plan_growth(
+    configured: &PoolTargets,
+    in_force: &PoolTargets,
+    stats: &PoolStats,
+    enis: &[EniSnapshot],
+    room: &EniRoom,
+) -> Option<Growth> {
+    // Judged by the configured mode: after a fallback, addresses fill
+    // the same targets prefixes would have.
+    if !configured.pool_too_low(stats) {
+        return None;
+    }
+    let prefixes = in_force.prefix_delegation;
+    let unit = if prefixes { IPS_PER_PREFIX } else { 1 };
+    let below_max_pods = configured
+        .max_pods
+        .saturating_sub(stats.total_ips)
+        .div_ceil(unit);
+    let wanted = match in_force.target_state(stats) {
+        Some(target) => target.short,
+        None if configured.prefix_delegation => {
+            let warm = configured.warm_prefix_target.max(1);
+            if prefixes {
+                warm.saturating_sub(stats.free_prefixes).max(1)
+            } else {
+                (warm * IPS_PER_PREFIX)
+                    .saturating_sub(stats.available())
+                    .max(1)
+            }
+        }
+        // WARM_ENI_TARGET: fill the ENI, as aws-node does.
+        None => usize::MAX,
+    };
+    let wanted = wanted.min(below_max_pods).max(1);
+    let slots = room.slots_per_eni;
+    if let Some(eni) = enis
+        .iter()
+        .filter(|e| !e.excluded_for_pods && e.slots_used < slots)
+        .min_by_key(|e| e.device_number)
+    {
+        return Some(Growth::OnEni {
+            eni: eni.id.clone(),
+            n: wanted.min(slots - eni.slots_used),
+            prefixes,
+        });
+    }
+    if room.attached >= room.max_enis {
+        debug!("pool too low but every ENI slot and address is in use");
+        return None;
+    }
+    if !room.can_make_eni {
+        // Said by the ENIConfig's follower.
+        debug!("pool too low but custom networking has no ENIConfig to make an ENI from");
+        return None;
+    }
+    let device = (1..=u32::MAX)
+        .find(|d| !room.devices_used.contains(d))
+        .unwrap_or(1);
+    Some(Growth::NewEni {
+        device,
+        n: wanted.min(slots.saturating_sub(1)),
+        prefixes,
+    })
+}
+
+/// What shrinking the pool gives back next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shrink {
+    /// Idle addresses or prefixes of one ENI, back to EC2.
+    Release {
+        eni: String,
+        addrs: Vec<Ipv4Addr>,
+        prefixes: Vec<Ipv4Net>,
+    },
+    /// A whole ENI, detached and deleted.
+    FreeEni(String),
+}
+
+/// What to give back, if anything: with the pool too high, the idle
+/// addresses (prefixes with prefix delegation) beyond the targets, from the
+/// highest ENI that has any; else, unless `enis_held` (a cordoned node), the
+/// highest ENI with nothing held or cooling, if freeing it keeps the pool
+/// above its targets (ipamd's `decreaseDatastorePool`, `tryFreeENI`).
+#[must_use]
+pub fn plan_shrink(
+    targets: &PoolTargets,
+    stats: &PoolStats,
+    enis: &[EniSnapshot],
+    enis_held: bool,
+) -> Option<Shrink> {
+    let mut by_device: Vec<&EniSnapshot> = enis.iter().collect();
+    by_device.sort_by_key(|e| std::cmp::Reverse(e.device_number));
+    if targets.pool_too_high(stats) {
+        let over = targets.target_state(stats).map_or_else(
+            || {
+                stats
+                    .free_prefixes
+                    .saturating_sub(targets.warm_prefix_target)
+            },
+            |s| s.over,
+        );
+        let release = by_device
+            .iter()
+            .filter(|e| !e.excluded_for_pods)
+            .find_map(|e| {
+                let (addrs, prefixes) = if targets.prefix_delegation {
+                    (Vec::new(), e.idle_prefixes.clone())
+                } else {
+                    (e.idle_addrs.clone(), Vec::new())
+                };
+                (!addrs.is_empty() || !prefixes.is_empty()).then(|| Shrink::Release {
+                    eni: e.id.clone(),
+                    addrs: addrs.into_iter().take(over).collect(),
+                    prefixes: prefixes.into_iter().take(over).collect(),
+                })
+            });
+        if release.is_some() {
+            return release;
+        }
+    }
+    if enis_held {
+        return None;
+    }
+    let candidates: Vec<&EniSnapshot> = by_device
+        .into_iter()
+        .filter(|e| !e.primary && !e.kept && e.all_idle())
+        .collect();
+    if !targets.should_remove_extra_enis(stats, !candidates.is_empty()) {
+        return None;
+    }
+    let eni = candidates.first()?;
+    let after = PoolStats {
+        total_ips: stats.total_ips - eni.total_ips,
+        total_prefixes: stats.total_prefixes - eni.prefixes,
+        free_prefixes: stats.free_prefixes - eni.prefixes,
+        ..*stats
+    };
+    (!targets.pool_too_low(&after)).then(|| Shrink::FreeEni(eni.id.clone()))
 }
 
 #[cfg(test)]

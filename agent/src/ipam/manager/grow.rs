@@ -2,37 +2,19 @@
 //! ENI (created, attached, set up), as far as the targets ask; prefix
 //! delegation falls back to addresses when the subnet has no /28 left.
 
-use std::{collections::BTreeSet, time::Instant};
+use std::time::Instant;
 
 use ipnet::Ipv4Net;
-use tracing::{debug, info};
+use tracing::info;
 
 use super::{Manager, ManagerError, Severity, bump, placement};
 use crate::{
     cloud::NewEni,
     ipam::{
-        datastore::EniRecord,
-        pool::{IPS_PER_PREFIX, PoolTargets},
+        pool::{self, EniRoom, Growth, PoolTargets},
         subnets::EniPlacement,
     },
 };
-
-/// What growing the pool takes next.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Growth {
-    /// `n` more addresses or prefixes on an attached ENI.
-    OnEni {
-        eni: String,
-        n: usize,
-        prefixes: bool,
-    },
-    /// A new ENI at `device` with `n` addresses or prefixes.
-    NewEni {
-        device: u32,
-        n: usize,
-        prefixes: bool,
-    },
-}
 
 impl Manager {
     /// The targets in force: prefixes unless they fell back.
@@ -43,70 +25,27 @@ impl Manager {
         settings.pool_targets(node.limits.ips_per_eni.saturating_sub(1), node.max_pods)
     }
 
+    /// What growing the pool takes next ([`plan_growth`]), if it is too
+    /// low.
     pub(super) async fn plan_growth(&self) -> Option<Growth> {
         let me = &self.inner;
         let st = me.state.lock().await;
-        let prefixes = me.opts.settings.prefix_delegation && !st.prefix_fallback;
-        let stats = st.datastore.stats(Instant::now());
-        // Judged by the configured mode: after a fallback, addresses fill
-        // the same targets prefixes would have.
-        let configured = self.targets(me.opts.settings.prefix_delegation);
-        if !configured.pool_too_low(&stats) {
-            return None;
-        }
-        let unit = if prefixes { IPS_PER_PREFIX } else { 1 };
-        let room = me
-            .node
-            .max_pods
-            .saturating_sub(stats.total_ips)
-            .div_ceil(unit);
-        let wanted = match self.targets(prefixes).target_state(&stats) {
-            Some(target) => target.short,
-            None if me.opts.settings.prefix_delegation => {
-                let warm = configured.warm_prefix_target.max(1);
-                if prefixes {
-                    warm.saturating_sub(stats.free_prefixes).max(1)
-                } else {
-                    (warm * IPS_PER_PREFIX)
-                        .saturating_sub(stats.available())
-                        .max(1)
-                }
-            }
-            // WARM_ENI_TARGET: fill the ENI, as aws-node does.
-            None => usize::MAX,
+        let configured = me.opts.settings.prefix_delegation;
+        let room = EniRoom {
+            slots_per_eni: me.node.limits.ips_per_eni,
+            devices_used: st.enis.values().map(|e| e.device_number).collect(),
+            attached: st.enis.len() + st.draining.len(),
+            max_enis: me.node.max_enis,
+            can_make_eni: placement(&me.opts) != EniPlacement::NoEniConfig,
         };
-        let wanted = wanted.min(room).max(1);
-        let slots = me.node.limits.ips_per_eni;
-        let mut pod_enis: Vec<(&String, &EniRecord)> = st
-            .datastore
-            .enis()
-            .filter(|(_, e)| !e.excluded_for_pods && e.slots_used() < slots)
-            .collect();
-        pod_enis.sort_by_key(|(_, e)| e.device_number);
-        if let Some((id, eni)) = pod_enis.first() {
-            return Some(Growth::OnEni {
-                eni: (*id).clone(),
-                n: wanted.min(slots - eni.slots_used()),
-                prefixes,
-            });
-        }
-        let used: BTreeSet<u32> = st.enis.values().map(|e| e.device_number).collect();
-        let attached = st.enis.len() + st.draining.len();
-        if attached >= me.node.max_enis {
-            debug!("pool too low but every ENI slot and address is in use");
-            return None;
-        }
-        if placement(&me.opts) == EniPlacement::NoEniConfig {
-            // Said by the ENIConfig's follower.
-            debug!("pool too low but custom networking has no ENIConfig to make an ENI from");
-            return None;
-        }
-        let device = (1..=u32::MAX).find(|d| !used.contains(d)).unwrap_or(1);
-        Some(Growth::NewEni {
-            device,
-            n: wanted.min(slots.saturating_sub(1)),
-            prefixes,
-        })
+        let now = Instant::now();
+        pool::plan_growth(
+            &self.targets(configured),
+            &self.targets(configured && !st.prefix_fallback),
+            &st.datastore.stats(now),
+            &self.eni_snapshot(&st, now),
+            &room,
+        )
     }
 
     pub(super) async fn grow(&self, plan: Growth) -> Result<(), ManagerError> {

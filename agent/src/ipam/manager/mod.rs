@@ -51,7 +51,7 @@ pub use self::{
 use super::{
     checkpoint::CheckpointError,
     datastore::{AssignedAddr, Datastore, DatastoreError},
-    pool::PoolStats,
+    pool::{EniSnapshot, PoolStats},
     settings::{EniConfig, IpamSettings},
     subnets::{EniPlacement, SubnetChoice, SubnetError},
 };
@@ -315,6 +315,33 @@ fn placement(opts: &ManagerOptions) -> EniPlacement {
 }
 
 impl Manager {
+    /// The pool's ENIs as the planners in [`super::pool`] read them.
+    fn eni_snapshot(&self, st: &State, now: Instant) -> Vec<EniSnapshot> {
+        let opts = &self.inner.opts;
+        let cooldown = opts.settings.ip_cooldown;
+        st.datastore
+            .enis()
+            .map(|(id, e)| {
+                let tracked = &st.enis[id];
+                EniSnapshot {
+                    id: id.clone(),
+                    device_number: e.device_number,
+                    primary: e.primary,
+                    excluded_for_pods: e.excluded_for_pods,
+                    kept: tracked.no_manage
+                        || now.saturating_duration_since(tracked.attached_at)
+                            < opts.min_eni_lifetime,
+                    assigned: e.assigned(),
+                    slots_used: e.slots_used(),
+                    total_ips: e.total(),
+                    prefixes: e.prefixes().len(),
+                    idle_addrs: e.idle_secondary_addrs(now, cooldown),
+                    idle_prefixes: e.idle_prefixes(now, cooldown),
+                }
+            })
+            .collect()
+    }
+
     /// Subnet choice for this node: its VPC and zone, its primary ENI's
     /// subnet, the settings' discovery and cluster.
     fn subnets(&self) -> SubnetChoice<'_> {

@@ -10,80 +10,57 @@ use tracing::info;
 use super::{Manager, ManagerError, State, bump};
 use crate::{
     cloud::CloudError,
-    ipam::{
-        datastore::EniRecord,
-        pool::{IPS_PER_PREFIX, PoolStats},
-    },
+    ipam::pool::{Shrink, plan_shrink},
 };
 
 impl Manager {
-    /// Gives back what the targets do not need: idle addresses or prefixes
-    /// (highest ENIs first), then a whole ENI when that is safe.
-    /// `held`: the node is cordoned, no ENI is freed.
+    /// Gives back what the targets do not need, as [`plan_shrink`]
+    /// decides: idle addresses or prefixes (highest ENIs first), else a
+    /// whole ENI when that is safe. `held`: the node is cordoned, no ENI
+    /// is freed.
     pub(super) async fn shrink(&self, held: bool) -> Result<(), ManagerError> {
         let _action =
             crate::introspect::recorder::action(crate::introspect::recorder::ACTION_DECREASE_POOL);
         let me = &self.inner;
         let now = Instant::now();
-        let cooldown = me.opts.settings.ip_cooldown;
-        let (release, eni_to_free) = {
+        let plan = {
             let mut st = me.state.lock().await;
-            let prefixes = me.opts.settings.prefix_delegation;
-            let targets = self.targets(prefixes);
+            let targets = self.targets(me.opts.settings.prefix_delegation);
             let stats = st.datastore.stats(now);
-            let mut release: Option<(String, Vec<Ipv4Addr>, Vec<Ipv4Net>)> = None;
-            if targets.pool_too_high(&stats) {
-                let over = targets.target_state(&stats).map_or_else(
-                    || {
-                        stats
-                            .free_prefixes
-                            .saturating_sub(targets.warm_prefix_target)
-                    },
-                    |s| s.over,
-                );
-                let mut enis: Vec<(&String, &EniRecord)> = st
-                    .datastore
-                    .enis()
-                    .filter(|(_, e)| !e.excluded_for_pods)
-                    .collect();
-                enis.sort_by_key(|(_, e)| std::cmp::Reverse(e.device_number));
-                for (id, eni) in enis {
-                    let (addrs, pfx) = if prefixes {
-                        (Vec::new(), eni.idle_prefixes(now, cooldown))
-                    } else {
-                        (eni.idle_secondary_addrs(now, cooldown), Vec::new())
-                    };
-                    if !addrs.is_empty() || !pfx.is_empty() {
-                        let addrs: Vec<_> = addrs.into_iter().take(over).collect();
-                        let pfx: Vec<_> = pfx.into_iter().take(over).collect();
-                        release = Some((id.clone(), addrs, pfx));
-                        break;
+            match plan_shrink(&targets, &stats, &self.eni_snapshot(&st, now), held) {
+                Some(Shrink::Release {
+                    eni,
+                    addrs,
+                    prefixes,
+                }) => {
+                    // Out of the datastore first: no pod may get them meanwhile.
+                    for a in &addrs {
+                        st.datastore.remove_addr(&eni, *a)?;
                     }
+                    for p in &prefixes {
+                        st.datastore.remove_prefix(&eni, *p)?;
+                    }
+                    Some(Shrink::Release {
+                        eni,
+                        addrs,
+                        prefixes,
+                    })
                 }
+                Some(Shrink::FreeEni(id)) => {
+                    start_freeing(&mut st, &id).then_some(Shrink::FreeEni(id))
+                }
+                None => None,
             }
-            if let Some((eni, addrs, pfx)) = &release {
-                // Out of the datastore first: no pod may get them meanwhile.
-                for a in addrs {
-                    st.datastore.remove_addr(eni, *a)?;
-                }
-                for p in pfx {
-                    st.datastore.remove_prefix(eni, *p)?;
-                }
-            }
-            let eni_to_free = if release.is_none() && !held {
-                self.freeable_eni(&mut st, now)
-            } else {
-                None
-            };
-            (release, eni_to_free)
         };
-        if let Some((eni, addrs, pfx)) = release {
-            self.return_to_ec2(&eni, &addrs, &pfx).await?;
+        match plan {
+            Some(Shrink::Release {
+                eni,
+                addrs,
+                prefixes,
+            }) => self.return_to_ec2(&eni, &addrs, &prefixes).await,
+            Some(Shrink::FreeEni(_)) => self.drain().await,
+            None => Ok(()),
         }
-        if eni_to_free.is_some() {
-            self.drain().await?;
-        }
-        Ok(())
     }
 
     /// Gives EC2 back addresses or prefixes already out of the datastore;
@@ -172,51 +149,6 @@ impl Manager {
         Ok(())
     }
 
-    /// Picks an ENI to free, if one can go without the pool falling below
-    /// its targets, and moves it to `draining`.
-    fn freeable_eni(&self, st: &mut State, now: Instant) -> Option<String> {
-        let me = &self.inner;
-        let targets = self.targets(me.opts.settings.prefix_delegation);
-        let stats = st.datastore.stats(now);
-        let cooldown = me.opts.settings.ip_cooldown;
-        let mut candidates: Vec<(&String, &EniRecord)> = st
-            .datastore
-            .enis()
-            .filter(|(id, e)| {
-                let tracked = &st.enis[*id];
-                !e.primary
-                    && !tracked.no_manage
-                    && e.assigned() == 0
-                    && e.idle_secondary_addrs(now, cooldown).len()
-                        + e.idle_prefixes(now, cooldown).len() * IPS_PER_PREFIX
-                        == e.total()
-                    && now.saturating_duration_since(tracked.attached_at)
-                        >= me.opts.min_eni_lifetime
-            })
-            .collect();
-        candidates.sort_by_key(|(_, e)| std::cmp::Reverse(e.device_number));
-        let freeable_exists = !candidates.is_empty();
-        if !targets.should_remove_extra_enis(&stats, freeable_exists) {
-            return None;
-        }
-        let (id, eni) = candidates.first()?;
-        let after = PoolStats {
-            total_ips: stats.total_ips - eni.total(),
-            total_prefixes: stats.total_prefixes - eni.prefixes().len(),
-            free_prefixes: stats.free_prefixes - eni.prefixes().len(),
-            ..stats
-        };
-        if targets.pool_too_low(&after) {
-            return None;
-        }
-        let id = (*id).clone();
-        st.datastore.remove_eni(&id).ok()?;
-        let tracked = st.enis.remove(&id)?;
-        st.draining.insert(id.clone(), tracked.attachment_id);
-        info!(eni = %id, "freeing an ENI the pool does not need");
-        Some(id)
-    }
-
     /// Detaches and deletes every ENI in `draining`; what fails stays for
     /// the next pass.
     pub(super) async fn drain(&self) -> Result<(), ManagerError> {
@@ -256,4 +188,18 @@ impl Manager {
         }
         Ok(())
     }
+}
+
+/// Moves the ENI out of the pool into `draining`; `false` if it is not
+/// there to move.
+fn start_freeing(st: &mut State, id: &str) -> bool {
+    if st.datastore.remove_eni(id).is_err() {
+        return false;
+    }
+    let Some(tracked) = st.enis.remove(id) else {
+        return false;
+    };
+    st.draining.insert(id.to_owned(), tracked.attachment_id);
+    info!(eni = %id, "freeing an ENI the pool does not need");
+    true
 }
