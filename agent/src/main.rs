@@ -20,13 +20,12 @@ use tracing::{error, info, warn};
 use vpcnet_agent::{
     cloud::{Cloud, CloudOptions},
     cni_server,
-    config::{SnatSettings, parse_cidrs},
     datapath::{
         AttachMode, CollectorReport, Datapath, DatapathMaps, LoadOptions, monotonic_now_ns,
         timeouts::{NETFILTER_SYSCTL_DIR, read_timeouts},
         verifier,
     },
-    env::{Env, aws_node},
+    env::{Env, parse_cidrs},
     install, introspect,
     ipam::{
         manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
@@ -35,8 +34,10 @@ use vpcnet_agent::{
     k8s::{self, K8sSettings, service_cidrs},
     layout, logging,
     netlink::NetlinkHandle,
-    node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
+    node::{CidrClasses, NodeLinks, SharedCidrClasses},
     pods::{BranchLinks, Pods, PodsOptions},
+    settings::Settings,
+    snat::SnatSettings,
     takeover::{self, network_policy},
 };
 use vpcnet_api::layout::NodeLayout;
@@ -410,168 +411,16 @@ fn open(pin_dir: &std::path::Path) -> Result<DatapathMaps> {
     })
 }
 
-/// Everything the agent reads from its environment, read before anything
-/// changes on the node.
-struct Settings {
-    snat: SnatSettings,
-    service_cidrs: Vec<Ipv4Net>,
-    /// `VPCNET_SERVICE_CIDRS` is set: the cluster's are not looked up.
-    service_cidrs_overridden: bool,
-    k8s: K8sSettings,
-    ipam: Option<IpamSettings>,
-    endpoints: introspect::Endpoints,
-    plugin: install::PluginEnv,
-    veth_prefix: String,
-    cloud: CloudOptions,
-    sysctls: NodeSysctls,
-}
-
-impl Settings {
-    /// Reads `env`: a refused value or a bad one of vpcnet's own is an
-    /// error; what aws-node tolerates is in `env.tolerated()`.
-    fn read(
-        env: &Env,
-        ipam: bool,
-        introspection: Option<&str>,
-        metrics: Option<&str>,
-    ) -> Result<Self> {
-        let settings = Self {
-            snat: SnatSettings::from_env(env)?,
-            service_cidrs: vpcnet_agent::config::service_cidrs(env)?,
-            service_cidrs_overridden: env.get(vpcnet_agent::config::ENV_SERVICE_CIDRS).is_some(),
-            k8s: K8sSettings::from_env(env),
-            ipam: ipam.then(|| IpamSettings::from_env(env)).transpose()?,
-            endpoints: introspect::Endpoints::from_env(env, introspection, metrics)?,
-            plugin: install::PluginEnv::from_env(env)?,
-            veth_prefix: vpcnet_agent::pods::veth_prefix(env)?,
-            cloud: CloudOptions::from_env(env),
-            sysctls: NodeSysctls::from_env(env),
-        };
-        Ok(settings)
-    }
-
-    /// The settings in force by the variable each comes from (what aws-node
-    /// would use for the same environment, where it reads the variable).
-    fn view(&self, env: &Env) -> Result<serde_json::Value> {
-        use serde_json::json;
-        use vpcnet_agent::{cloud, config as snat, install as plugin, introspect as intro, node};
-        let s = &self.snat;
-        let mut view = serde_json::Map::new();
-        let mut put = |name: &str, value: serde_json::Value| {
-            view.insert(name.to_owned(), value);
-        };
-        put(snat::ENV_EXTERNAL_SNAT, json!(s.external_snat));
-        put(
-            snat::ENV_EXCLUDE_SNAT_CIDRS,
-            json!(cidr_texts(&s.exclude_snat_cidrs)),
-        );
-        put(
-            snat::ENV_EXTERNAL_SERVICE_CIDRS,
-            json!(cidr_texts(&s.external_service_cidrs)),
-        );
-        put(snat::ENV_RANDOMIZE_SNAT, json!(s.randomize.env_value()));
-        put(snat::ENV_CONNMARK, json!(s.connmark));
-        put(
-            snat::ENV_SNAT_PORT_RANGE,
-            json!(format!("{}-{}", s.port_min, s.port_max)),
-        );
-        put(
-            snat::ENV_SERVICE_CIDRS,
-            json!(cidr_texts(&self.service_cidrs)),
-        );
-        for (name, value) in self.k8s.view() {
-            put(name, value);
-        }
-        if let Some(ipam) = &self.ipam {
-            for (name, value) in ipam.env_view() {
-                put(&name, value);
-            }
-            let pod_mtu = self.plugin.pod_mtu.unwrap_or(ipam.eni_mtu);
-            put(plugin::ENV_POD_MTU, json!(pod_mtu));
-        }
-        let (plugin_log_file, plugin_log_level) = self.plugin.logging_in_force()?;
-        put(plugin::ENV_PLUGIN_LOG_FILE, json!(plugin_log_file));
-        put(plugin::ENV_PLUGIN_LOG_LEVEL, json!(plugin_log_level));
-        put(
-            plugin::ENV_ENABLE_BANDWIDTH_PLUGIN,
-            json!(self.plugin.bandwidth),
-        );
-        put(
-            plugin::ENV_DISABLE_POD_V6,
-            json!(self.plugin.disable_pod_v6),
-        );
-        put(vpcnet_agent::pods::ENV_VETH_PREFIX, json!(self.veth_prefix));
-        put(cloud::ENV_EC2_ENDPOINT, json!(self.cloud.ec2_endpoint));
-        put(
-            cloud::ENV_HTTP_TIMEOUT,
-            json!(self.cloud.http_timeout.as_secs()),
-        );
-        put(
-            node::ENV_DISABLE_TCP_EARLY_DEMUX,
-            json!(self.sysctls.disable_tcp_early_demux),
-        );
-        put(
-            intro::ENV_INTROSPECTION_BIND_ADDRESS,
-            json!(
-                self.endpoints
-                    .introspection
-                    .as_ref()
-                    .map(ToString::to_string)
-            ),
-        );
-        put(
-            intro::ENV_DISABLE_METRICS,
-            json!(self.endpoints.metrics.is_none()),
-        );
-        put(
-            logging::ENV_LOG_LEVEL,
-            json!(logging::level(env).unwrap_or(logging::DEFAULT_LEVEL)),
-        );
-        put(
-            logging::ENV_LOG_FILE,
-            json!(match logging::target(env) {
-                logging::LogTarget::Stderr => "stderr".to_owned(),
-                logging::LogTarget::Stdout => "stdout".to_owned(),
-                logging::LogTarget::File(path) => path.display().to_string(),
-            }),
-        );
-        Ok(serde_json::Value::Object(view))
-    }
-}
-
-fn cidr_texts(cidrs: &[Ipv4Net]) -> Vec<String> {
-    cidrs.iter().map(ToString::to_string).collect()
-}
-
-/// Reads the settings and says, once, what has no effect and what was
-/// tolerated; a value aws-node's table refuses stops here.
-fn read_settings(
-    env: &Env,
-    ipam: bool,
-    introspection: Option<&str>,
-    metrics: Option<&str>,
-) -> Result<Settings> {
-    let no_effect = aws_node::check(env)?;
-    let settings = Settings::read(env, ipam, introspection, metrics)?;
-    for warning in no_effect {
-        warn!("{warning}");
-    }
-    for tolerated in env.tolerated() {
-        warn!("{tolerated}");
-    }
-    Ok(settings)
-}
-
 /// `vpcnet-agent settings`.
 fn print_settings(env: &Env, ipam: bool) -> Result<()> {
-    let settings = read_settings(env, ipam, None, None)?;
+    let settings = Settings::read(env, ipam, None, None)?;
     println!("{}", serde_json::to_string_pretty(&settings.view(env)?)?);
     Ok(())
 }
 
 fn run(pin_dir: &std::path::Path, args: &RunArgs, env: &Env) -> Result<()> {
     // Every variable is checked before anything changes on the node.
-    let settings = read_settings(
+    let settings = Settings::read(
         env,
         args.ipam,
         args.introspection_address.as_deref(),

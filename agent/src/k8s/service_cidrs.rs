@@ -2,7 +2,7 @@
 //! kube-proxy: the `networking.k8s.io/v1` ServiceCIDR objects where the API
 //! server serves them (Kubernetes 1.33 on), followed as they change; else
 //! the EKS default that holds the `kubernetes` Service's address.
-//! `VPCNET_SERVICE_CIDRS` overrides both (`crate::config`).
+//! `VPCNET_SERVICE_CIDRS` overrides both.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -16,7 +16,20 @@ use kube::{
 use tracing::{info, warn};
 
 use super::K8sError;
-use crate::config;
+use crate::env::{ConfigError, Env, parse_cidrs};
+
+/// vpcnet's own: the cluster's service CIDRs, whose packets go through the
+/// node's stack (kube-proxy). Unset or blank: the cluster's, from the
+/// Kubernetes API ([`discover`]); without an API server, EKS's two possible
+/// service ranges. Set: an override of both.
+pub const ENV_SERVICE_CIDRS: &str = "VPCNET_SERVICE_CIDRS";
+pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
+
+/// The service CIDRs the override names, else the defaults.
+pub fn from_env(env: &Env) -> Result<Vec<Ipv4Net>, ConfigError> {
+    let value = env.get(ENV_SERVICE_CIDRS).unwrap_or(DEFAULT_SERVICE_CIDRS);
+    parse_cidrs(ENV_SERVICE_CIDRS, value)
+}
 
 /// Where the service CIDRs came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,8 +66,8 @@ pub fn of_objects<'a>(objects: impl IntoIterator<Item = &'a ServiceCIDR>) -> Vec
 /// the largest range EKS allows, with a warning: better too wide than
 /// cluster-IP traffic past kube-proxy.
 pub fn around_kubernetes_service(ip: Ipv4Addr) -> Vec<Ipv4Net> {
-    let defaults = config::parse_cidrs(config::ENV_SERVICE_CIDRS, config::DEFAULT_SERVICE_CIDRS)
-        .expect("the defaults parse");
+    let defaults =
+        parse_cidrs(ENV_SERVICE_CIDRS, DEFAULT_SERVICE_CIDRS).expect("the defaults parse");
     if let Some(cidr) = defaults.iter().find(|c| c.contains(&ip)) {
         return vec![*cidr];
     }
@@ -63,7 +76,7 @@ pub fn around_kubernetes_service(ip: Ipv4Addr) -> Vec<Ipv4Net> {
         kubernetes_service = %ip,
         assumed = %wide,
         "the kubernetes Service's address is in no EKS default service CIDR and the API serves no ServiceCIDR: set {} to the cluster's",
-        config::ENV_SERVICE_CIDRS
+        ENV_SERVICE_CIDRS
     );
     vec![wide]
 }
@@ -186,5 +199,11 @@ mod tests {
         assert_eq!(of("10.100.0.1"), "10.100.0.0/16");
         assert_eq!(of("172.20.0.1"), "172.20.0.0/16");
         assert_eq!(of("10.96.0.1"), "10.96.0.0/12");
+    }
+
+    #[test]
+    fn the_override_stops_on_a_bad_value() {
+        let env = Env::from_pairs([(ENV_SERVICE_CIDRS, "10.100.0.0/16,nowhere")]);
+        assert_eq!(from_env(&env).unwrap_err().variable, ENV_SERVICE_CIDRS);
     }
 }
