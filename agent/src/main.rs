@@ -28,7 +28,7 @@ use vpcnet_agent::{
     env::{Env, parse_cidrs},
     install, introspect,
     ipam::{
-        manager::{Manager, ManagerOptions, NodeNetwork, gateway_of},
+        manager::{Manager, ManagerError, ManagerOptions, NodeNetwork, gateway_of},
         settings::{DEFAULT_BACKING_STORE, ENV_BACKING_STORE, EniConfig, IpamSettings},
     },
     k8s::{self, K8sSettings, service_cidrs},
@@ -36,6 +36,7 @@ use vpcnet_agent::{
     netlink::NetlinkHandle,
     node::{CidrClasses, NodeLinks, SharedCidrClasses},
     pods::{BranchLinks, Pods, PodsOptions},
+    retry,
     settings::Settings,
     snat::SnatSettings,
     takeover::{self, network_policy},
@@ -564,26 +565,30 @@ async fn follow_service_cidrs(
         ServiceCidrsNext::Nothing => return,
         ServiceCidrsNext::Follow => true,
         ServiceCidrsNext::Retry => {
-            let mut delay = Duration::from_secs(1);
-            loop {
-                tokio::time::sleep(delay).await;
-                match service_cidrs::discover(&client).await {
-                    Ok(found) => {
-                        info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs, now that the API answers");
-                        set(&found.cidrs);
-                        break found.origin == service_cidrs::Origin::ServiceCidrObjects;
-                    }
-                    Err(error) => {
-                        warn!(%error, retry_in = ?delay, "looking up the cluster's service CIDRs");
-                        delay = (delay * 2).min(Duration::from_secs(30));
-                    }
-                }
-            }
+            let Some(found) = service_cidrs_once_answered(&client).await else {
+                return;
+            };
+            info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs, now that the API answers");
+            set(&found.cidrs);
+            found.origin == service_cidrs::Origin::ServiceCidrObjects
         }
     };
     if follow {
         service_cidrs::follow(client, classes.get().services, set).await;
     }
+}
+
+/// The service CIDRs once the API answers, asked again after each delay
+/// of the agent's backoff from 1 s to 30 s.
+async fn service_cidrs_once_answered(client: &kube::Client) -> Option<service_cidrs::ServiceCidrs> {
+    for delay in retry::delays(Duration::from_secs(1), Duration::from_secs(30)) {
+        tokio::time::sleep(delay).await;
+        match service_cidrs::discover(client).await {
+            Ok(found) => return Some(found),
+            Err(error) => warn!(%error, waited = ?delay, "looking up the cluster's service CIDRs"),
+        }
+    }
+    None
 }
 
 /// Max pods from the Node's capacity (what kubelet was started with), as
@@ -651,56 +656,55 @@ async fn start_manager(
     opts: &ManagerOptions,
     network: Arc<dyn NodeNetwork>,
 ) -> Result<Manager> {
-    let mut retry = StartRetry::new();
-    loop {
-        match Manager::start(cloud.clone(), opts.clone(), Arc::clone(&network)).await {
-            Ok(manager) => return Ok(manager),
-            Err(e) if e.backs_off() && retry.pending() => {
-                retry.wait(&e, "starting the address manager").await;
-            }
-            Err(e) => return Err(e).context("starting the address manager"),
-        }
-    }
+    retry_start(
+        "starting the address manager",
+        || Manager::start(cloud.clone(), opts.clone(), Arc::clone(&network)),
+        ManagerError::backs_off,
+    )
+    .await
 }
 
 /// The region from IMDS, retried like the address manager's start: an
 /// IMDS that answers late (a busy node, a throttled endpoint) delays the
 /// start instead of ending it.
 async fn connect_cloud(opts: &CloudOptions) -> Result<Cloud> {
-    let mut retry = StartRetry::new();
+    retry_start(
+        "connecting to IMDS",
+        || Cloud::connect(opts.clone()),
+        |_| true,
+    )
+    .await
+}
+
+/// How long the start's calls to AWS are retried.
+const START_RETRY_FOR: Duration = Duration::from_mins(5);
+
+/// `attempt` until it succeeds, fails for good (not `retryable`) or
+/// [`START_RETRY_FOR`] has passed, with the agent's backoff from 200 ms
+/// to 20 s.
+async fn retry_start<T, E, Fut>(
+    what: &'static str,
+    mut attempt: impl FnMut() -> Fut,
+    retryable: impl Fn(&E) -> bool,
+) -> Result<T>
+where
+    Fut: Future<Output = Result<T, E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let deadline = tokio::time::Instant::now() + START_RETRY_FOR;
+    let mut delays = retry::delays(Duration::from_millis(200), Duration::from_secs(20));
     loop {
-        match Cloud::connect(opts.clone()).await {
-            Ok(cloud) => return Ok(cloud),
-            Err(e) if retry.pending() => retry.wait(&e, "connecting to IMDS").await,
-            Err(e) => return Err(e).context("connecting to IMDS"),
+        let error = match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(error) => error,
+        };
+        match delays.next() {
+            Some(delay) if retryable(&error) && tokio::time::Instant::now() < deadline => {
+                warn!(%error, retry_in = ?delay, "{what}");
+                tokio::time::sleep(delay).await;
+            }
+            _ => return Err(error).context(what),
         }
-    }
-}
-
-/// Jittered exponential backoff for the start's calls to AWS, for at most
-/// five minutes.
-struct StartRetry {
-    delay: Duration,
-    deadline: tokio::time::Instant,
-}
-
-impl StartRetry {
-    fn new() -> Self {
-        Self {
-            delay: Duration::from_millis(200),
-            deadline: tokio::time::Instant::now() + Duration::from_mins(5),
-        }
-    }
-
-    /// Whether there is time for another try.
-    fn pending(&self) -> bool {
-        tokio::time::Instant::now() < self.deadline
-    }
-
-    async fn wait(&mut self, error: &dyn std::fmt::Display, what: &str) {
-        warn!(error = %error, retry_in = ?self.delay, "{what}");
-        tokio::time::sleep(self.delay.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
-        self.delay = (self.delay * 2).min(Duration::from_secs(20));
     }
 }
 
