@@ -4,7 +4,7 @@
 //! the EKS default that holds the `kubernetes` Service's address.
 //! `VPCNET_SERVICE_CIDRS` overrides both.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use futures_util::StreamExt;
 use ipnet::Ipv4Net;
@@ -15,8 +15,11 @@ use kube::{
 };
 use tracing::{info, warn};
 
-use super::K8sError;
-use crate::env::{ConfigError, Env, parse_cidrs};
+use super::{K8sError, START_CALL_TIMEOUT};
+use crate::{
+    env::{ConfigError, Env, parse_cidrs},
+    retry,
+};
 
 /// vpcnet's own: the cluster's service CIDRs, whose packets go through the
 /// node's stack (kube-proxy). Unset or blank: the cluster's, from the
@@ -114,6 +117,74 @@ pub async fn discover(client: &kube::Client) -> Result<ServiceCidrs, K8sError> {
         cidrs: around_kubernetes_service(ip),
         origin: Origin::KubernetesService(ip),
     })
+}
+
+/// What to do about the service CIDRs once the agent runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Follow the ServiceCIDR objects.
+    Follow,
+    /// The API did not answer at start: look them up until it does.
+    Retry,
+    Nothing,
+}
+
+/// The cluster's service CIDRs at start; the defaults (`fallback`) when
+/// the API does not answer in time.
+pub async fn at_start(client: &kube::Client, fallback: Vec<Ipv4Net>) -> (Vec<Ipv4Net>, Next) {
+    let error = match tokio::time::timeout(START_CALL_TIMEOUT, discover(client)).await {
+        Ok(Ok(found)) => {
+            info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs");
+            let next = match found.origin {
+                Origin::ServiceCidrObjects => Next::Follow,
+                Origin::KubernetesService(_) => Next::Nothing,
+            };
+            return (found.cidrs, next);
+        }
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => format!("no answer within {START_CALL_TIMEOUT:?}"),
+    };
+    warn!(%error, defaults = ?fallback, "the cluster's service CIDRs are unknown: the defaults until the API answers");
+    (fallback, Next::Retry)
+}
+
+/// Keeps the service CIDRs the cluster's after [`at_start`] found
+/// `current`, calling `set` with them each time they change.
+pub async fn keep(
+    client: kube::Client,
+    next: Next,
+    current: Vec<Ipv4Net>,
+    mut set: impl FnMut(&[Ipv4Net]),
+) {
+    let current = match next {
+        Next::Nothing => return,
+        Next::Follow => current,
+        Next::Retry => {
+            let Some(found) = once_answered(&client).await else {
+                return;
+            };
+            info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs, now that the API answers");
+            set(&found.cidrs);
+            if found.origin != Origin::ServiceCidrObjects {
+                return;
+            }
+            found.cidrs
+        }
+    };
+    follow(client, current, set).await;
+}
+
+/// The service CIDRs once the API answers, asked again after each delay
+/// of the agent's backoff from 1 s to 30 s.
+async fn once_answered(client: &kube::Client) -> Option<ServiceCidrs> {
+    for delay in retry::delays(Duration::from_secs(1), Duration::from_secs(30)) {
+        tokio::time::sleep(delay).await;
+        match discover(client).await {
+            Ok(found) => return Some(found),
+            Err(error) => warn!(%error, waited = ?delay, "looking up the cluster's service CIDRs"),
+        }
+    }
+    None
 }
 
 /// Follows the ServiceCIDR objects, calling `changed` with their CIDRs each
