@@ -3,12 +3,23 @@
 //! falls back to a default on a value it cannot read (`WARM_ENI_TARGET=-1`,
 //! an IPv6 item in a CIDR list, an unknown `RANDOMIZESNAT`), vpcnet does
 //! the same and says so once at start; where aws-node stops, vpcnet stops.
-//! Each module reads its own variables through [`Env`]; [`aws_node`] is the
-//! table of every variable aws-node reads and vpcnet's answer to it.
-
-pub mod aws_node;
+//! Each module declares the variables it reads and reads them through
+//! [`Env`] and the parsers here; this module imports nothing of the crate's
+//! (`crate::settings` lists every variable and aws-node's table).
 
 use std::{cell::RefCell, collections::BTreeMap, fmt};
+
+use ipnet::{IpNet, Ipv4Net};
+
+/// A value of one of vpcnet's own variables it cannot use: the agent stops,
+/// naming the variable and what it accepts.
+#[derive(Debug, thiserror::Error)]
+#[error("{variable}={value:?} is invalid: {allowed}")]
+pub struct ConfigError {
+    pub variable: &'static str,
+    pub value: String,
+    pub allowed: &'static str,
+}
 
 /// A value aws-node tolerates and vpcnet took its way: the variable, the
 /// value as set, and what is used instead.
@@ -128,6 +139,73 @@ impl Env {
             }
         }
     }
+
+    /// aws-node's CIDR lists: each item an IPv4 CIDR; an invalid or IPv6
+    /// item is left out, tolerated.
+    pub fn lenient_cidrs(&self, variable: &'static str) -> Vec<Ipv4Net> {
+        let Some(value) = self.get(variable) else {
+            return Vec::new();
+        };
+        let mut cidrs = Vec::new();
+        for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item.parse::<IpNet>() {
+                Ok(IpNet::V4(net)) => cidrs.push(net.trunc()),
+                Ok(IpNet::V6(_)) => {
+                    self.tolerate(variable, item, "an IPv6 CIDR", "the list without it");
+                }
+                Err(_) => self.tolerate(variable, item, "not a CIDR", "the list without it"),
+            }
+        }
+        cidrs
+    }
+}
+
+/// A comma-separated list of IPv4 CIDRs (spaces allowed, empty items skipped).
+pub fn parse_cidrs(variable: &'static str, value: &str) -> Result<Vec<Ipv4Net>, ConfigError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            item.parse::<Ipv4Net>()
+                .map(|net| net.trunc())
+                .map_err(|_| ConfigError {
+                    variable,
+                    value: value.to_owned(),
+                    allowed: "a comma-separated list of IPv4 CIDRs such as 10.0.0.0/8,192.168.0.0/16",
+                })
+        })
+        .collect()
+}
+
+/// Go's `strconv.ParseInt(v, 0, 64)`: decimal, `0x` hex, `0o` or leading-0
+/// octal, `0b` binary, `_` between digits, an optional sign.
+pub(crate) fn go_int(value: &str) -> Option<i64> {
+    let (negative, digits) = match value.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, value.strip_prefix('+').unwrap_or(value)),
+    };
+    let lower = digits.to_ascii_lowercase();
+    let (radix, body) = if let Some(hex) = lower.strip_prefix("0x") {
+        (16, hex)
+    } else if let Some(octal) = lower.strip_prefix("0o") {
+        (8, octal)
+    } else if let Some(binary) = lower.strip_prefix("0b") {
+        (2, binary)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    // Underscores only between digits (and after a base prefix).
+    if body.is_empty() || body.ends_with('_') || body.contains("__") {
+        return None;
+    }
+    if body.starts_with('_') && radix == 10 {
+        return None;
+    }
+    let magnitude = i64::from_str_radix(&body.replace('_', ""), radix).ok()?;
+    Some(if negative { -magnitude } else { magnitude })
 }
 
 /// Go's `strconv.ParseBool`.

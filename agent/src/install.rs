@@ -18,7 +18,7 @@ use std::{
 use serde_json::Value;
 use vpcnet_api::{conflist, layout::EnforcingMode};
 
-use crate::{config::ConfigError, env::Env};
+use crate::env::{ConfigError, Env};
 
 /// The conflist's file name in the runtime's configuration directory.
 pub const CONFLIST_NAME: &str = "10-vpcnet.conflist";

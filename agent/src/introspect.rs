@@ -68,11 +68,10 @@ use self::{
     },
 };
 use crate::{
-    config::ConfigError,
     datapath::{
         CollectorReport, Datapath, DatapathError, DatapathMaps, Flow, NatPressure, monotonic_now_ns,
     },
-    env::Env,
+    env::{ConfigError, Env},
     ipam::{
         manager::{EniDetail, IpamStatus},
         settings::{EniConfig, IpamSettings},

@@ -4,7 +4,6 @@
 
 pub mod cloud;
 pub mod cni_server;
-pub mod config;
 pub mod datapath;
 pub mod env;
 pub mod install;
@@ -17,6 +16,8 @@ pub mod logging;
 pub mod node;
 pub mod pods;
 pub mod retry;
+pub mod settings;
+pub mod snat;
 pub mod takeover;
 
 /// Link setup through rtnetlink (its own crate: the CNI plugin uses it too).

@@ -23,9 +23,8 @@ use vpcnet_common::{
 };
 
 use crate::{
-    config::ConfigError,
     datapath::{Datapath, DatapathError},
-    env::Env,
+    env::{ConfigError, Env},
     ipam::{
         checkpoint::{IpamKey, IpamMetadata},
         datastore::AssignedAddr,

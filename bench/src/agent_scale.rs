@@ -23,7 +23,9 @@ use vpcnet_lab::{
 
 use crate::{
     cni_latency::wait_warm_pool,
-    run::{BenchOptions, Measurement, ipam_lab_options, lab_up},
+    labs::{ipam_lab_options, lab_up},
+    measurement::Measurement,
+    options::BenchOptions,
 };
 
 /// Where the pods' ends of the veths go.

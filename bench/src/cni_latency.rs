@@ -12,7 +12,11 @@ use vpcnet_lab::{
     cri_pods::{self, plugin_calls},
 };
 
-use crate::run::{BenchOptions, Measurement, ipam_lab_options, lab_up};
+use crate::{
+    labs::{ipam_lab_options, lab_up},
+    measurement::Measurement,
+    options::BenchOptions,
+};
 
 /// How long the pool may take to fill.
 const POOL_TIMEOUT: Duration = Duration::from_mins(2);

@@ -15,9 +15,12 @@
 pub mod agent_scale;
 pub mod cni_latency;
 pub mod fillers;
+pub mod labs;
 pub mod loadgen;
 pub mod measure;
+pub mod measurement;
 pub mod nat_fill;
+pub mod options;
 pub mod plot;
 pub mod profile;
 pub mod report;
@@ -27,7 +30,8 @@ pub mod stats;
 use std::{fs, path::Path};
 
 use anyhow::{Context, Result};
-pub use run::{BenchOptions, Results};
+pub use options::BenchOptions;
+pub use run::Results;
 
 /// Writes `results.json`, `report.md` and the plots into `dir`.
 pub fn write_outputs(results: &Results, dir: &Path) -> Result<Vec<std::path::PathBuf>> {

@@ -5,7 +5,6 @@
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddrV4},
-    path::PathBuf,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -13,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 use vpcnet_lab::{
-    CriLabOptions, Datapath, IpamLabOptions, Lab, LabOptions,
+    Datapath, LabOptions,
     addrs::{INET_ADDR, NS_INET, NS_PEER, PEER_ADDR},
     netns::set_sysctls,
 };
@@ -21,237 +20,16 @@ use vpcnet_lab::{
 use crate::{
     agent_scale, cni_latency,
     fillers::FillerEndpoints,
+    labs::lab_up,
     loadgen::LoadResult,
-    measure::{Client, ClientRun, Load, Server, Tools, iperf3_stream},
+    measure::{Client, ClientRun, Load, Server, iperf3_stream},
+    measurement::Measurement,
+    options::{BenchOptions, Part},
     profile::{ProgramCost, ProgramStats, program_key},
 };
 
 /// Where every load generator server listens.
 pub const PORT: u16 = 9000;
-
-/// What a run does and how long.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BenchOptions {
-    /// Rounds: every figure is measured once per round and per datapath.
-    pub rounds: usize,
-    /// Seconds of each RR, CRR and stream measurement.
-    pub duration_s: f64,
-    /// CRR client threads.
-    pub crr_threads: usize,
-    /// Pods' worth of routing state for the scale sweep.
-    pub scale_fillers: Vec<usize>,
-    /// SNAT exclusions for the scale sweep.
-    pub scale_exclusions: Vec<usize>,
-    /// CNI latency: pods made (then removed) per cycle, and cycles per round.
-    pub cni_pods: usize,
-    pub cni_cycles: usize,
-    /// CNI latency under NAT load: pods made (then removed) per cycle, and
-    /// cycles per occupancy and round; enough ADDs for a p99 that is not
-    /// the slowest call.
-    #[serde(default = "BenchOptions::nat_load_pods_default")]
-    pub nat_load_pods: usize,
-    #[serde(default = "BenchOptions::nat_load_cycles_default")]
-    pub nat_load_cycles: usize,
-    /// The agent's footprint: pods given to it (once per run).
-    pub agent_pods: usize,
-    /// NAT under churn: seconds of opening connections, from this many pods.
-    pub churn_s: f64,
-    pub churn_pods: usize,
-    /// The agent, the CNI plugin and the load generator.
-    pub bin_dir: PathBuf,
-    /// The parts to run (all by default).
-    #[serde(default = "Part::all")]
-    pub parts: Vec<Part>,
-}
-
-/// A part of the benchmark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Part {
-    /// SNAT, pod to pod and secondary-ENI flows in all three datapaths.
-    Paths,
-    /// The scale sweep.
-    Scale,
-    /// NAT under churn.
-    Churn,
-    /// CNI ADD and DEL through CRI.
-    Cni,
-    /// CNI ADD with the NAT table 10%, 50% and 90% full, and the garbage
-    /// collector's pass time there.
-    NatLoad,
-    /// The agent's memory and CPU with many pods.
-    Agent,
-}
-
-impl Part {
-    pub fn all() -> Vec<Self> {
-        vec![
-            Self::Agent,
-            Self::Paths,
-            Self::Scale,
-            Self::Churn,
-            Self::Cni,
-            Self::NatLoad,
-        ]
-    }
-}
-
-impl BenchOptions {
-    /// The full run: three rounds.
-    pub fn full(bin_dir: PathBuf) -> Self {
-        Self {
-            rounds: 3,
-            duration_s: 5.0,
-            crr_threads: 4,
-            scale_fillers: vec![10, 1000, 4096],
-            scale_exclusions: vec![0, 64],
-            cni_pods: 8,
-            cni_cycles: 5,
-            nat_load_pods: Self::nat_load_pods_default(),
-            nat_load_cycles: Self::nat_load_cycles_default(),
-            agent_pods: 1000,
-            churn_s: 30.0,
-            // Each holds up to its local port range (28232) or open-file
-            // limit (20000 here): together more than the 64512 SNAT ports.
-            churn_pods: 4,
-            bin_dir,
-            parts: Part::all(),
-        }
-    }
-
-    /// A run that only shows every part works: one short round, one scale
-    /// point, a few pods.
-    pub fn smoke(bin_dir: PathBuf) -> Self {
-        Self {
-            rounds: 1,
-            duration_s: 0.5,
-            crr_threads: 2,
-            scale_fillers: vec![10],
-            scale_exclusions: vec![64],
-            cni_pods: 2,
-            cni_cycles: 1,
-            nat_load_pods: 2,
-            nat_load_cycles: 1,
-            agent_pods: 20,
-            churn_s: 1.0,
-            churn_pods: 1,
-            bin_dir,
-            parts: Part::all(),
-        }
-    }
-
-    /// 24 pods: an m5.large's pool (27 secondary addresses) holds them
-    /// all without a call to EC2 between cycles.
-    fn nat_load_pods_default() -> usize {
-        24
-    }
-
-    /// 10 cycles of 24: 240 ADDs per occupancy, the p99 the third slowest.
-    fn nat_load_cycles_default() -> usize {
-        10
-    }
-
-    fn duration(&self) -> Duration {
-        Duration::from_secs_f64(self.duration_s)
-    }
-
-    fn agent(&self) -> PathBuf {
-        self.bin_dir.join("vpcnet-agent")
-    }
-
-    fn cni_plugin(&self) -> PathBuf {
-        self.bin_dir.join("vpcnet-cni")
-    }
-
-    fn tools(&self) -> Tools {
-        Tools {
-            loadgen: self.bin_dir.join("vpcnet-loadgen"),
-        }
-    }
-
-    fn check(&self) -> Result<()> {
-        for bin in [self.agent(), self.cni_plugin(), self.tools().loadgen] {
-            if !bin.is_file() {
-                bail!(
-                    "{} is missing: build the workspace's binaries first",
-                    bin.display()
-                );
-            }
-        }
-        if self.rounds == 0 || self.duration_s <= 0.0 || self.churn_s <= 0.0 {
-            bail!("rounds and durations must be positive");
-        }
-        Ok(())
-    }
-}
-
-/// One measurement: a figure's values in one datapath in one round.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Measurement {
-    pub round: usize,
-    pub datapath: Datapath,
-    /// What was measured (`snat_rr`, `scale_rr/4096/64`, ...).
-    pub name: String,
-    /// Its values by key (`p50_us`, `rate`, `gbps`, ...).
-    pub values: BTreeMap<String, f64>,
-    /// The load generator's whole result: latency distribution, timeline.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load: Option<LoadResult>,
-}
-
-impl Measurement {
-    pub fn new(round: usize, datapath: Datapath, name: impl Into<String>) -> Self {
-        Self {
-            round,
-            datapath,
-            name: name.into(),
-            values: BTreeMap::new(),
-            load: None,
-        }
-    }
-
-    #[must_use]
-    pub fn with(mut self, key: &str, value: f64) -> Self {
-        self.values.insert(key.to_owned(), value);
-        self
-    }
-
-    /// A load generator result: rate, latency percentiles and failures.
-    pub fn of_load(round: usize, datapath: Datapath, name: &str, load: LoadResult) -> Self {
-        let mut m = Self::new(round, datapath, name)
-            .with("rate", load.rate)
-            .with("transactions", load.transactions as f64)
-            .with("failures", load.failures() as f64)
-            .with("p50_us", load.latency.p50_us)
-            .with("p90_us", load.latency.p90_us)
-            .with("p99_us", load.latency.p99_us)
-            .with("p999_us", load.latency.p999_us)
-            .with("max_us", load.latency.max_us);
-        m.load = Some(load);
-        m
-    }
-
-    /// Durations of calls (CNI, CRI): percentiles in milliseconds.
-    pub fn of_durations(round: usize, datapath: Datapath, name: &str, calls: &[Duration]) -> Self {
-        let mut ns: Vec<u64> = calls.iter().map(|d| crate::stats::nanos(*d)).collect();
-        let latency = crate::stats::Latency::of(&mut ns);
-        let mut m = Self::new(round, datapath, name)
-            .with("calls", calls.len() as f64)
-            .with("p50_ms", latency.p50_us / 1e3)
-            .with("p99_ms", latency.p99_us / 1e3)
-            .with("max_ms", latency.max_us / 1e3);
-        m.load = Some(LoadResult {
-            transactions: latency.samples,
-            latency,
-            ..LoadResult::default()
-        });
-        m
-    }
-
-    pub fn value(&self, key: &str) -> Option<f64> {
-        self.values.get(key).copied()
-    }
-}
 
 /// The machine the run was on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -438,11 +216,6 @@ fn lab_options(opts: &BenchOptions, datapath: Datapath, pods: usize, enis: usize
         },
     };
     LabOptions { enis, ..base }
-}
-
-/// Brings up a lab, saying which datapath failed.
-pub fn lab_up(options: &LabOptions) -> Result<Lab> {
-    Lab::up(options).with_context(|| format!("bringing the {} lab up", options.datapath))
 }
 
 /// One connection, back to back, for `duration`.
@@ -736,26 +509,4 @@ pub fn churn_measurement(
     }
     m.load = Some(merged);
     m
-}
-
-/// The CRI lab of the CNI figures and the agent's footprint: the agent's
-/// address manager against the EC2 emulator.
-pub fn ipam_lab_options(
-    opts: &BenchOptions,
-    instance_type: &str,
-    env: &[(&str, &str)],
-    cri: bool,
-) -> LabOptions {
-    let mut ipam = IpamLabOptions::new(instance_type);
-    ipam.env = env
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    ipam.cri = cri.then(|| CriLabOptions {
-        cni_plugin: opts.cni_plugin(),
-    });
-    LabOptions {
-        ipam: Some(ipam),
-        ..LabOptions::ebpf(0, opts.agent())
-    }
 }

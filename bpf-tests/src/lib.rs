@@ -23,8 +23,8 @@ use std::{
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::Ipv4Net;
 use vpcnet_agent::{
-    config::SnatSettings,
     datapath::{Datapath, DatapathError, LoadOptions, remove_pins},
+    snat::SnatSettings,
 };
 use vpcnet_common::{
     cidr::CidrKind,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use vpcnet_agent::{config::SnatSettings, datapath::monotonic_now_ns};
+use vpcnet_agent::{datapath::monotonic_now_ns, snat::SnatSettings};
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, ONPREM, POD,
     packets::{self, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},

@@ -188,7 +188,7 @@ fn an_unversioned_release_s_maps_are_carried_into_versioned_ones() {
     assert_eq!(h.table_sizes(), (2, 2));
 
     // And the programs use them: the SNATed flow's reply reaches the pod.
-    h.configure(&vpcnet_agent::config::SnatSettings::default());
+    h.configure(&vpcnet_agent::snat::SnatSettings::default());
     let reply = h.ingress(&packets::tcp(INET, 443, NODE, SNAT_PORT, TCP_ACK, b""));
     let reply = packets::parse(&reply.packet);
     assert_eq!((reply.dst, reply.dport), (POD, 40_000));
@@ -202,7 +202,7 @@ fn another_nat_size_carries_every_flow_into_maps_of_that_size() {
     let _cleanup = Unpin(pin_dir.clone());
     let ports: Vec<u16> = {
         let mut h = Harness::load_in(pin_dir.clone(), 1024).unwrap();
-        h.configure(&vpcnet_agent::config::SnatSettings::default());
+        h.configure(&vpcnet_agent::snat::SnatSettings::default());
         let ports = (0..100)
             .map(|i| {
                 let out = h.egress(&packets::tcp(POD, 41_000 + i, INET, 443, 0x02, b""));

@@ -8,7 +8,7 @@
 
 use std::net::Ipv4Addr;
 
-use vpcnet_agent::{config::SnatSettings, datapath::monotonic_now_ns};
+use vpcnet_agent::{datapath::monotonic_now_ns, snat::SnatSettings};
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, TC_ACT_SHOT, TC_ACT_UNSPEC,
     packets::{self, TCP_ACK, TCP_SYN},

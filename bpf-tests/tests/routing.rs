@@ -6,7 +6,7 @@
 
 use std::net::Ipv4Addr;
 
-use vpcnet_agent::{config::SnatSettings, datapath::monotonic_now_ns};
+use vpcnet_agent::{datapath::monotonic_now_ns, snat::SnatSettings};
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, NODE_LOCAL_DNS, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
     TEST_RUN_IFINDEX,

@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use vpcnet_agent::config::SnatSettings;
+use vpcnet_agent::snat::SnatSettings;
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, TC_ACT_UNSPEC,
     packets::{self, Parsed, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, parse_quoted},

@@ -12,12 +12,14 @@ use k8s_openapi::api::{
 };
 use vpcnet_agent::{
     cloud::CloudOptions,
-    config::{SnatSettings, VARIABLES, service_cidrs},
-    env::{Env, aws_node},
+    env::Env,
     install::PluginEnv,
     introspect::Endpoints,
     ipam::settings::IpamSettings,
+    k8s::service_cidrs,
     node::NodeSysctls,
+    settings::{VARIABLES, aws_node},
+    snat::SnatSettings,
 };
 use vpcnet_deploy::{
     DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, kustomization_manifests, objects,
@@ -370,7 +372,10 @@ fn the_config_map_holds_every_variable_with_the_agents_defaults() {
         Endpoints::from_env(&set, None, None).unwrap(),
         Endpoints::from_env(&unset, None, None).unwrap()
     );
-    assert_eq!(service_cidrs(&set).unwrap(), service_cidrs(&unset).unwrap());
+    assert_eq!(
+        service_cidrs::from_env(&set).unwrap(),
+        service_cidrs::from_env(&unset).unwrap()
+    );
     assert_eq!(
         PluginEnv::from_env(&set).unwrap(),
         PluginEnv::from_env(&unset).unwrap()

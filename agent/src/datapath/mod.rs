@@ -2,8 +2,10 @@
 //! attaches the programs to ENIs and fills the maps.
 
 mod batch;
+pub mod bring_up;
 mod carry;
 mod error;
+pub mod gc;
 mod maps;
 mod nat;
 pub mod pins;

@@ -11,17 +11,17 @@ use serde_json::{Value, json};
 
 use super::views::EniConfigView;
 use crate::{
-    config::{
-        ConfigError, ENV_CONNMARK, ENV_EXCLUDE_SNAT_CIDRS, ENV_EXTERNAL_SERVICE_CIDRS,
-        ENV_EXTERNAL_SNAT, ENV_RANDOMIZE_SNAT, SnatSettings,
-    },
-    env::{Env, aws_node::ENV_NODE_PORT_SUPPORT},
+    env::{ConfigError, Env},
     ipam::settings::{
         ENV_CUSTOM_NETWORK_CFG, ENV_ENABLE_SUBNET_DISCOVERY, ENV_ENI_CONFIG_SECURITY_GROUPS,
         ENV_ENI_CONFIG_SUBNET, ENV_ENI_MTU, ENV_MANAGE_ENIS_NON_SCHEDULABLE, ENV_WARM_ENI_TARGET,
         ENV_WARM_IP_TARGET, EniConfig, IpamSettings,
     },
     pods::{ENV_VETH_PREFIX, veth_prefix},
+    snat::{
+        ENV_CONNMARK, ENV_EXCLUDE_SNAT_CIDRS, ENV_EXTERNAL_SERVICE_CIDRS, ENV_EXTERNAL_SNAT,
+        ENV_NODE_PORT_SUPPORT, ENV_RANDOMIZE_SNAT, SnatSettings,
+    },
 };
 
 /// `/v1/ipamd-env-settings`: the five variables aws-node's ipamd shows.

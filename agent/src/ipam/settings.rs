@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use vpcnet_api::layout::EnforcingMode;
 
 use super::pool::PoolTargets;
-use crate::{config::ConfigError, env::Env};
+use crate::env::{ConfigError, Env};
 
 pub const ENV_WARM_ENI_TARGET: &str = "WARM_ENI_TARGET";
 pub const ENV_WARM_IP_TARGET: &str = "WARM_IP_TARGET";

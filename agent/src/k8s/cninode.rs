@@ -21,6 +21,7 @@ use tracing::{debug, error, info, warn};
 pub use vpcnet_api::pod::SECURITY_GROUPS_FOR_PODS;
 
 use super::{K8sError, K8sSettings};
+use crate::retry;
 
 /// The CNINode's spec, as the resource controller defines it (the fields
 /// vpcnet reads).
@@ -113,9 +114,8 @@ pub async fn add_feature(
 /// with backoff while the API server does not answer or the CNINode cannot
 /// be read (said once).
 pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8sSettings) {
-    let mut delay = Duration::from_secs(1);
     let mut unreadable_said = None;
-    loop {
+    for delay in retry::delays(Duration::from_secs(1), Duration::from_mins(1)) {
         match add_feature(&client, &settings, SECURITY_GROUPS_FOR_PODS, "").await {
             Ok(true) => {
                 info!(
@@ -142,18 +142,15 @@ pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8s
                     error!(%error, "{SECURITY_GROUPS_FOR_PODS} is not added: no trunk ENI is asked for");
                     unreadable_said = Some(said);
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_mins(1));
             }
             Err(error) => {
                 crate::introspect::recorder::pod_eni_error(
                     crate::introspect::recorder::POD_ENI_ENABLE_SECURITY_GROUPS,
                 );
                 warn!(%error, retry_in = ?delay, "adding {SECURITY_GROUPS_FOR_PODS} to the node's CNINode");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_mins(1));
             }
         }
+        tokio::time::sleep(delay).await;
     }
 }
 

@@ -20,9 +20,9 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use super::{K8sError, K8sSettings};
+use super::{K8sError, K8sSettings, START_CALL_TIMEOUT};
 
 /// The node label key that names the node's ENIConfig.
 pub const ENV_ENI_CONFIG_LABEL_DEF: &str = "ENI_CONFIG_LABEL_DEF";
@@ -146,6 +146,33 @@ pub async fn follow(
             changed
         });
     }
+}
+
+/// Following the node's Node for as long as the agent runs: the views, and
+/// the task to spawn (it says why when the Node cannot be followed).
+pub fn following(
+    client: kube::Client,
+    settings: K8sSettings,
+) -> (NodeViews, impl Future<Output = ()> + Send + 'static) {
+    let (views, subscribed) = channel();
+    let task = async move {
+        if let Err(error) = follow(client, settings, views).await {
+            error!(%error, "the Node cannot be followed");
+        }
+    };
+    (subscribed, task)
+}
+
+/// Max pods from the Node's capacity (what kubelet was started with), as
+/// aws-node reads it; `None` (computed from the instance type) when the
+/// API does not say in time.
+pub async fn max_pods(views: &NodeViews) -> Option<usize> {
+    let Some(node) = first(views, START_CALL_TIMEOUT).await else {
+        warn!(timeout = ?START_CALL_TIMEOUT, "max pods computed from the instance type: the Node could not be read in time");
+        return None;
+    };
+    info!(node = %node.name, max_pods = ?node.max_pods, "the Node read");
+    node.max_pods
 }
 
 /// The node's view once [`follow`] has read it, within `timeout`.

@@ -30,7 +30,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{K8sError, K8sSettings};
-use crate::env::Env;
+use crate::{env::Env, retry};
 
 /// aws-node's variable: write each pod's address into its annotation.
 pub const ENV_ANNOTATE_POD_IP: &str = "ANNOTATE_POD_IP";
@@ -215,20 +215,20 @@ impl NodePods {
         Fut: Future<Output = Result<(), K8sError>>,
     {
         let deadline = tokio::time::Instant::now() + ANNOTATE_RETRY_FOR;
-        let mut delay = Duration::from_millis(200);
+        let mut delays = retry::delays(Duration::from_millis(200), Duration::from_secs(30));
         loop {
-            match attempt().await {
-                Ok(()) => return,
-                Err(error) if tokio::time::Instant::now() + delay < deadline => {
-                    debug!(%error, pod = %format!("{namespace}/{name}"), retry_in = ?delay, "annotating the pod's address");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(30));
-                }
-                Err(error) => {
-                    warn!(%error, pod = %format!("{namespace}/{name}"), "the pod's {POD_IPS_ANNOTATION} annotation given up");
-                    return;
-                }
-            }
+            let Err(error) = attempt().await else {
+                return;
+            };
+            let Some(delay) = delays
+                .next()
+                .filter(|delay| tokio::time::Instant::now() + *delay < deadline)
+            else {
+                warn!(%error, pod = %format!("{namespace}/{name}"), "the pod's {POD_IPS_ANNOTATION} annotation given up");
+                return;
+            };
+            debug!(%error, pod = %format!("{namespace}/{name}"), retry_in = ?delay, "annotating the pod's address");
+            tokio::time::sleep(delay).await;
         }
     }
 

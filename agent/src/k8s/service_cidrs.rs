@@ -2,9 +2,9 @@
 //! kube-proxy: the `networking.k8s.io/v1` ServiceCIDR objects where the API
 //! server serves them (Kubernetes 1.33 on), followed as they change; else
 //! the EKS default that holds the `kubernetes` Service's address.
-//! `VPCNET_SERVICE_CIDRS` overrides both (`crate::config`).
+//! `VPCNET_SERVICE_CIDRS` overrides both.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use futures_util::StreamExt;
 use ipnet::Ipv4Net;
@@ -15,8 +15,24 @@ use kube::{
 };
 use tracing::{info, warn};
 
-use super::K8sError;
-use crate::config;
+use super::{K8sError, START_CALL_TIMEOUT};
+use crate::{
+    env::{ConfigError, Env, parse_cidrs},
+    retry,
+};
+
+/// vpcnet's own: the cluster's service CIDRs, whose packets go through the
+/// node's stack (kube-proxy). Unset or blank: the cluster's, from the
+/// Kubernetes API ([`discover`]); without an API server, EKS's two possible
+/// service ranges. Set: an override of both.
+pub const ENV_SERVICE_CIDRS: &str = "VPCNET_SERVICE_CIDRS";
+pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
+
+/// The service CIDRs the override names, else the defaults.
+pub fn from_env(env: &Env) -> Result<Vec<Ipv4Net>, ConfigError> {
+    let value = env.get(ENV_SERVICE_CIDRS).unwrap_or(DEFAULT_SERVICE_CIDRS);
+    parse_cidrs(ENV_SERVICE_CIDRS, value)
+}
 
 /// Where the service CIDRs came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,8 +69,8 @@ pub fn of_objects<'a>(objects: impl IntoIterator<Item = &'a ServiceCIDR>) -> Vec
 /// the largest range EKS allows, with a warning: better too wide than
 /// cluster-IP traffic past kube-proxy.
 pub fn around_kubernetes_service(ip: Ipv4Addr) -> Vec<Ipv4Net> {
-    let defaults = config::parse_cidrs(config::ENV_SERVICE_CIDRS, config::DEFAULT_SERVICE_CIDRS)
-        .expect("the defaults parse");
+    let defaults =
+        parse_cidrs(ENV_SERVICE_CIDRS, DEFAULT_SERVICE_CIDRS).expect("the defaults parse");
     if let Some(cidr) = defaults.iter().find(|c| c.contains(&ip)) {
         return vec![*cidr];
     }
@@ -63,7 +79,7 @@ pub fn around_kubernetes_service(ip: Ipv4Addr) -> Vec<Ipv4Net> {
         kubernetes_service = %ip,
         assumed = %wide,
         "the kubernetes Service's address is in no EKS default service CIDR and the API serves no ServiceCIDR: set {} to the cluster's",
-        config::ENV_SERVICE_CIDRS
+        ENV_SERVICE_CIDRS
     );
     vec![wide]
 }
@@ -101,6 +117,74 @@ pub async fn discover(client: &kube::Client) -> Result<ServiceCidrs, K8sError> {
         cidrs: around_kubernetes_service(ip),
         origin: Origin::KubernetesService(ip),
     })
+}
+
+/// What to do about the service CIDRs once the agent runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Follow the ServiceCIDR objects.
+    Follow,
+    /// The API did not answer at start: look them up until it does.
+    Retry,
+    Nothing,
+}
+
+/// The cluster's service CIDRs at start; the defaults (`fallback`) when
+/// the API does not answer in time.
+pub async fn at_start(client: &kube::Client, fallback: Vec<Ipv4Net>) -> (Vec<Ipv4Net>, Next) {
+    let error = match tokio::time::timeout(START_CALL_TIMEOUT, discover(client)).await {
+        Ok(Ok(found)) => {
+            info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs");
+            let next = match found.origin {
+                Origin::ServiceCidrObjects => Next::Follow,
+                Origin::KubernetesService(_) => Next::Nothing,
+            };
+            return (found.cidrs, next);
+        }
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => format!("no answer within {START_CALL_TIMEOUT:?}"),
+    };
+    warn!(%error, defaults = ?fallback, "the cluster's service CIDRs are unknown: the defaults until the API answers");
+    (fallback, Next::Retry)
+}
+
+/// Keeps the service CIDRs the cluster's after [`at_start`] found
+/// `current`, calling `set` with them each time they change.
+pub async fn keep(
+    client: kube::Client,
+    next: Next,
+    current: Vec<Ipv4Net>,
+    mut set: impl FnMut(&[Ipv4Net]),
+) {
+    let current = match next {
+        Next::Nothing => return,
+        Next::Follow => current,
+        Next::Retry => {
+            let Some(found) = once_answered(&client).await else {
+                return;
+            };
+            info!(cidrs = ?found.cidrs, origin = ?found.origin, "the cluster's service CIDRs, now that the API answers");
+            set(&found.cidrs);
+            if found.origin != Origin::ServiceCidrObjects {
+                return;
+            }
+            found.cidrs
+        }
+    };
+    follow(client, current, set).await;
+}
+
+/// The service CIDRs once the API answers, asked again after each delay
+/// of the agent's backoff from 1 s to 30 s.
+async fn once_answered(client: &kube::Client) -> Option<ServiceCidrs> {
+    for delay in retry::delays(Duration::from_secs(1), Duration::from_secs(30)) {
+        tokio::time::sleep(delay).await;
+        match discover(client).await {
+            Ok(found) => return Some(found),
+            Err(error) => warn!(%error, waited = ?delay, "looking up the cluster's service CIDRs"),
+        }
+    }
+    None
 }
 
 /// Follows the ServiceCIDR objects, calling `changed` with their CIDRs each
@@ -186,5 +270,11 @@ mod tests {
         assert_eq!(of("10.100.0.1"), "10.100.0.0/16");
         assert_eq!(of("172.20.0.1"), "172.20.0.0/16");
         assert_eq!(of("10.96.0.1"), "10.96.0.0/12");
+    }
+
+    #[test]
+    fn the_override_stops_on_a_bad_value() {
+        let env = Env::from_pairs([(ENV_SERVICE_CIDRS, "10.100.0.0/16,nowhere")]);
+        assert_eq!(from_env(&env).unwrap_err().variable, ENV_SERVICE_CIDRS);
     }
 }

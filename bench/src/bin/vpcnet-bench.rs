@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use vpcnet_bench::{BenchOptions, report, run::Part, write_outputs};
+use vpcnet_bench::{BenchOptions, options::Part, report, write_outputs};
 
 #[derive(Parser)]
 #[command(about = "vpcnet against the VPC CNI's iptables datapath and the routed ceiling")]

@@ -7,7 +7,10 @@
 
 use std::fmt::Write as _;
 
-use super::Env;
+use crate::{
+    cloud, env::Env, install, introspect, ipam::settings as ipam_settings, k8s, logging, node,
+    pods, snat,
+};
 
 /// vpcnet's answer to one of aws-node's variables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +50,6 @@ pub const ENV_VPC_CNI_VERSION: &str = "VPC_CNI_VERSION";
 pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MODE";
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
-pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
 
 const fn honoured(name: &'static str) -> Variable {
     Variable {
@@ -78,13 +80,13 @@ const fn no_effect(name: &'static str, reason: &'static str) -> Variable {
 /// the plugin's conflist, the node's set-up, logs and endpoints, the
 /// cluster.
 pub const VARIABLES: &[Variable] = &[
-    honoured(crate::config::ENV_EXTERNAL_SNAT),
-    honoured(crate::config::ENV_EXCLUDE_SNAT_CIDRS),
-    honoured(crate::config::ENV_RANDOMIZE_SNAT),
-    honoured(crate::config::ENV_CONNMARK),
-    honoured(crate::config::ENV_EXTERNAL_SERVICE_CIDRS),
+    honoured(snat::ENV_EXTERNAL_SNAT),
+    honoured(snat::ENV_EXCLUDE_SNAT_CIDRS),
+    honoured(snat::ENV_RANDOMIZE_SNAT),
+    honoured(snat::ENV_CONNMARK),
+    honoured(snat::ENV_EXTERNAL_SERVICE_CIDRS),
     no_effect(
-        ENV_NODE_PORT_SUPPORT,
+        snat::ENV_NODE_PORT_SUPPORT,
         "a NodePort connection's replies always go back through the node's stack and leave by the primary ENI, as this variable's rules make them in aws-node",
     ),
     refused(
@@ -109,27 +111,27 @@ pub const VARIABLES: &[Variable] = &[
         ENV_ENABLE_V4_EGRESS,
         "IPv4 egress for IPv6 pods: vpcnet serves no IPv6 cluster",
     ),
-    honoured(crate::ipam::settings::ENV_WARM_ENI_TARGET),
-    honoured(crate::ipam::settings::ENV_WARM_IP_TARGET),
-    honoured(crate::ipam::settings::ENV_MINIMUM_IP_TARGET),
-    honoured(crate::ipam::settings::ENV_WARM_PREFIX_TARGET),
-    honoured(crate::ipam::settings::ENV_ENABLE_PREFIX_DELEGATION),
-    honoured(crate::ipam::settings::ENV_MAX_ENI),
-    honoured(crate::ipam::settings::ENV_IP_COOLDOWN_PERIOD),
-    honoured(crate::ipam::settings::ENV_CUSTOM_NETWORK_CFG),
-    honoured(crate::ipam::settings::ENV_ENI_MTU),
-    honoured(crate::ipam::settings::ENV_DISABLE_LEAKED_ENI_CLEANUP),
-    honoured(crate::ipam::settings::ENV_BACKING_STORE),
-    honoured(crate::ipam::settings::ENV_ENABLE_POD_ENI),
-    honoured(crate::ipam::settings::ENV_SG_ENFORCING_MODE),
-    honoured(crate::ipam::settings::ENV_CLUSTER_NAME),
-    honoured(crate::cloud::ENV_EC2_ENDPOINT),
-    honoured(crate::cloud::ENV_HTTP_TIMEOUT),
-    honoured(crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY),
-    honoured(crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI),
-    honoured(crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS),
-    honoured(crate::ipam::settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING),
-    honoured(crate::ipam::settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE),
+    honoured(ipam_settings::ENV_WARM_ENI_TARGET),
+    honoured(ipam_settings::ENV_WARM_IP_TARGET),
+    honoured(ipam_settings::ENV_MINIMUM_IP_TARGET),
+    honoured(ipam_settings::ENV_WARM_PREFIX_TARGET),
+    honoured(ipam_settings::ENV_ENABLE_PREFIX_DELEGATION),
+    honoured(ipam_settings::ENV_MAX_ENI),
+    honoured(ipam_settings::ENV_IP_COOLDOWN_PERIOD),
+    honoured(ipam_settings::ENV_CUSTOM_NETWORK_CFG),
+    honoured(ipam_settings::ENV_ENI_MTU),
+    honoured(ipam_settings::ENV_DISABLE_LEAKED_ENI_CLEANUP),
+    honoured(ipam_settings::ENV_BACKING_STORE),
+    honoured(ipam_settings::ENV_ENABLE_POD_ENI),
+    honoured(ipam_settings::ENV_SG_ENFORCING_MODE),
+    honoured(ipam_settings::ENV_CLUSTER_NAME),
+    honoured(cloud::ENV_EC2_ENDPOINT),
+    honoured(cloud::ENV_HTTP_TIMEOUT),
+    honoured(ipam_settings::ENV_ENABLE_SUBNET_DISCOVERY),
+    honoured(ipam_settings::ENV_MANAGE_UNTAGGED_ENI),
+    honoured(ipam_settings::ENV_ADDITIONAL_ENI_TAGS),
+    honoured(ipam_settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING),
+    honoured(ipam_settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE),
     refused(
         ENV_ENABLE_MULTI_NIC,
         true,
@@ -142,12 +144,12 @@ pub const VARIABLES: &[Variable] = &[
         false,
         "vpcnet reads its ENIs from EC2; IMDS-only mode is not served",
     ),
-    honoured(crate::pods::ENV_VETH_PREFIX),
-    honoured(crate::install::ENV_POD_MTU),
-    honoured(crate::install::ENV_PLUGIN_LOG_FILE),
-    honoured(crate::install::ENV_PLUGIN_LOG_LEVEL),
-    honoured(crate::install::ENV_ENABLE_BANDWIDTH_PLUGIN),
-    honoured(crate::install::ENV_DISABLE_POD_V6),
+    honoured(pods::ENV_VETH_PREFIX),
+    honoured(install::ENV_POD_MTU),
+    honoured(install::ENV_PLUGIN_LOG_FILE),
+    honoured(install::ENV_PLUGIN_LOG_LEVEL),
+    honoured(install::ENV_ENABLE_BANDWIDTH_PLUGIN),
+    honoured(install::ENV_DISABLE_POD_V6),
     no_effect(
         ENV_EGRESS_V4_PLUGIN_LOG_FILE,
         "the log of aws-node's egress-cni plugin, which vpcnet does not chain",
@@ -164,7 +166,7 @@ pub const VARIABLES: &[Variable] = &[
         ENV_HOST_CNI_CONFDIR_PATH,
         "vpcnet writes its conflist where its DaemonSet says (run --cni-conf-dir)",
     ),
-    honoured(crate::node::ENV_DISABLE_TCP_EARLY_DEMUX),
+    honoured(node::ENV_DISABLE_TCP_EARLY_DEMUX),
     no_effect(
         ENV_CONFIGURE_RPFILTER,
         "aws-node v1.23 reads it no more: the primary interface's rp_filter is always set to 2",
@@ -173,11 +175,11 @@ pub const VARIABLES: &[Variable] = &[
         ENV_ENABLE_NFTABLES,
         "aws-node v1.23 reads it no more; vpcnet's datapath needs neither iptables nor nftables",
     ),
-    honoured(crate::logging::ENV_LOG_LEVEL),
-    honoured(crate::logging::ENV_LOG_FILE),
-    honoured(crate::introspect::ENV_DISABLE_INTROSPECTION),
-    honoured(crate::introspect::ENV_INTROSPECTION_BIND_ADDRESS),
-    honoured(crate::introspect::ENV_DISABLE_METRICS),
+    honoured(logging::ENV_LOG_LEVEL),
+    honoured(logging::ENV_LOG_FILE),
+    honoured(introspect::ENV_DISABLE_INTROSPECTION),
+    honoured(introspect::ENV_INTROSPECTION_BIND_ADDRESS),
+    honoured(introspect::ENV_DISABLE_METRICS),
     no_effect(
         ENV_VPC_CNI_VERSION,
         "aws-node's own version, for its user agent; vpcnet sends its own",
@@ -186,12 +188,12 @@ pub const VARIABLES: &[Variable] = &[
         ENV_NETWORK_POLICY_ENFORCING_MODE,
         "vpcnet enforces no network policy (deploy/README.md, \"Network policy\")",
     ),
-    honoured(crate::k8s::pods::ENV_ANNOTATE_POD_IP),
-    honoured(crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF),
-    honoured(crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF),
-    honoured(crate::k8s::ENV_MY_NODE_NAME),
-    honoured(crate::k8s::ENV_MY_POD_NAME),
-    honoured(crate::k8s::ENV_CLUSTER_ENDPOINT),
+    honoured(k8s::pods::ENV_ANNOTATE_POD_IP),
+    honoured(k8s::node::ENV_ENI_CONFIG_LABEL_DEF),
+    honoured(k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF),
+    honoured(k8s::ENV_MY_NODE_NAME),
+    honoured(k8s::ENV_MY_POD_NAME),
+    honoured(k8s::ENV_CLUSTER_ENDPOINT),
 ];
 
 /// A value of one of aws-node's variables vpcnet cannot serve.
@@ -271,9 +273,9 @@ mod tests {
         for variable in VARIABLES {
             if variable.answer == Answer::Honoured {
                 assert!(
-                    crate::config::VARIABLES.contains(&variable.name)
-                        || crate::k8s::VARIABLES.contains(&variable.name),
-                    "{} is honoured but not in config::VARIABLES or k8s::VARIABLES",
+                    crate::settings::VARIABLES.contains(&variable.name)
+                        || k8s::VARIABLES.contains(&variable.name),
+                    "{} is honoured but not in settings::VARIABLES or k8s::VARIABLES",
                     variable.name
                 );
             }

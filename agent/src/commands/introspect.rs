@@ -32,10 +32,7 @@ fn fetch<T: DeserializeOwned>(endpoint: &IntrospectionEndpoint, path: &str) -> R
         .parse()
         .map_err(anyhow::Error::msg)
         .context("--introspection-address")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let runtime = super::runtime()?;
     let (status, body) = runtime
         .block_on(introspect::get(&addr, path))
         .with_context(|| {
@@ -53,10 +50,7 @@ fn fetch<T: DeserializeOwned>(endpoint: &IntrospectionEndpoint, path: &str) -> R
 /// answer is alive; with `ready`, the agent must also be able to serve an
 /// ADD. An error (the probe's failure) says why not.
 pub fn probe(socket: &Path, ready: bool, timeout: Duration) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let runtime = super::runtime()?;
     let status = runtime
         .block_on(async {
             tokio::time::timeout(timeout, async {

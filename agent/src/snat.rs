@@ -1,18 +1,18 @@
-//! Configuration from the VPC CNI's environment variables, same names and
-//! meanings. aws-node's own variables read as aws-node reads them (a value
-//! it falls back from, vpcnet falls back from too, saying so: [`Env`]);
-//! vpcnet's own stop the agent on a bad value, naming the variable and what
-//! it accepts.
+//! SNAT as the VPC CNI configures it: whether pods' traffic leaving the VPC
+//! takes the node's address, which destinations are spared, how ports are
+//! chosen, and the routing exception and connmark that go with them. The
+//! variables' names and their reading; the datapath's configuration they
+//! make.
 
 use std::net::Ipv4Addr;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::Ipv4Net;
 use vpcnet_common::{
     addr_to_raw,
     config::{self, Config, FLAG_EXTERNAL_SNAT, RandomizeMode},
 };
 
-use crate::env::Env;
+use crate::env::{ConfigError, Env, go_int};
 
 pub const ENV_EXTERNAL_SNAT: &str = "AWS_VPC_K8S_CNI_EXTERNALSNAT";
 pub const ENV_EXCLUDE_SNAT_CIDRS: &str = "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS";
@@ -26,78 +26,10 @@ pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
 pub const ENV_CONNMARK: &str = "AWS_VPC_K8S_CNI_CONNMARK";
 /// vpcnet's own: the SNAT source port range, `MIN-MAX`.
 pub const ENV_SNAT_PORT_RANGE: &str = "VPCNET_SNAT_PORT_RANGE";
-/// vpcnet's own: the cluster's service CIDRs, whose packets go through the
-/// node's stack (kube-proxy). Unset or blank: the cluster's, from the
-/// Kubernetes API (`crate::k8s::service_cidrs`); without an API server,
-/// EKS's two possible service ranges. Set: an override of both.
-pub const ENV_SERVICE_CIDRS: &str = "VPCNET_SERVICE_CIDRS";
-pub const DEFAULT_SERVICE_CIDRS: &str = "10.100.0.0/16,172.20.0.0/16";
-
-/// The service CIDRs the override names, else the defaults.
-pub fn service_cidrs(env: &Env) -> Result<Vec<Ipv4Net>, ConfigError> {
-    let value = env.get(ENV_SERVICE_CIDRS).unwrap_or(DEFAULT_SERVICE_CIDRS);
-    parse_cidrs(ENV_SERVICE_CIDRS, value)
-}
-
-/// Every variable the agent reads: the deployment's `ConfigMap` sets each,
-/// and its documentation describes each.
-pub const VARIABLES: &[&str] = &[
-    ENV_EXTERNAL_SNAT,
-    ENV_EXCLUDE_SNAT_CIDRS,
-    ENV_RANDOMIZE_SNAT,
-    ENV_CONNMARK,
-    ENV_EXTERNAL_SERVICE_CIDRS,
-    ENV_SNAT_PORT_RANGE,
-    ENV_SERVICE_CIDRS,
-    crate::ipam::settings::ENV_WARM_ENI_TARGET,
-    crate::ipam::settings::ENV_WARM_IP_TARGET,
-    crate::ipam::settings::ENV_MINIMUM_IP_TARGET,
-    crate::ipam::settings::ENV_WARM_PREFIX_TARGET,
-    crate::ipam::settings::ENV_ENABLE_PREFIX_DELEGATION,
-    crate::ipam::settings::ENV_MAX_ENI,
-    crate::ipam::settings::ENV_IP_COOLDOWN_PERIOD,
-    crate::ipam::settings::ENV_CUSTOM_NETWORK_CFG,
-    crate::ipam::settings::ENV_ENI_MTU,
-    crate::ipam::settings::ENV_DISABLE_LEAKED_ENI_CLEANUP,
-    crate::ipam::settings::ENV_BACKING_STORE,
-    crate::ipam::settings::ENV_ENABLE_POD_ENI,
-    crate::ipam::settings::ENV_SG_ENFORCING_MODE,
-    crate::k8s::pods::ENV_ANNOTATE_POD_IP,
-    crate::ipam::settings::ENV_CLUSTER_NAME,
-    crate::ipam::settings::ENV_ADDITIONAL_ENI_TAGS,
-    crate::ipam::settings::ENV_ENABLE_SUBNET_DISCOVERY,
-    crate::ipam::settings::ENV_MANAGE_UNTAGGED_ENI,
-    crate::ipam::settings::ENV_DISABLE_NETWORK_RESOURCE_PROVISIONING,
-    crate::ipam::settings::ENV_MANAGE_ENIS_NON_SCHEDULABLE,
-    crate::k8s::node::ENV_ENI_CONFIG_LABEL_DEF,
-    crate::k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF,
-    crate::ipam::settings::ENV_ENI_CONFIG_SUBNET,
-    crate::ipam::settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
-    crate::ipam::settings::ENV_MAX_PODS,
-    crate::takeover::network_policy::ENV_TAKE_OVER_POLICY_NODE,
-    crate::pods::ENV_VETH_PREFIX,
-    crate::install::ENV_POD_MTU,
-    crate::install::ENV_PLUGIN_LOG_FILE,
-    crate::install::ENV_PLUGIN_LOG_LEVEL,
-    crate::install::ENV_ENABLE_BANDWIDTH_PLUGIN,
-    crate::install::ENV_DISABLE_POD_V6,
-    crate::cloud::ENV_EC2_ENDPOINT,
-    crate::cloud::ENV_HTTP_TIMEOUT,
-    crate::node::ENV_DISABLE_TCP_EARLY_DEMUX,
-    crate::logging::ENV_LOG_LEVEL,
-    crate::logging::ENV_LOG_FILE,
-    crate::introspect::ENV_DISABLE_INTROSPECTION,
-    crate::introspect::ENV_INTROSPECTION_BIND_ADDRESS,
-    crate::introspect::ENV_DISABLE_METRICS,
-];
-
-#[derive(Debug, thiserror::Error)]
-#[error("{variable}={value:?} is invalid: {allowed}")]
-pub struct ConfigError {
-    pub variable: &'static str,
-    pub value: String,
-    pub allowed: &'static str,
-}
+/// aws-node's `NodePort` rules, which vpcnet needs not (a `NodePort`
+/// connection's replies always leave by the primary ENI here): read only to
+/// show it as aws-node does (`/v1/networkutils-env-settings`).
+pub const ENV_NODE_PORT_SUPPORT: &str = "AWS_VPC_CNI_NODE_PORT_SUPPORT";
 
 /// The SNAT settings of the VPC CNI, and the routing exception that goes
 /// with them.
@@ -136,8 +68,8 @@ impl SnatSettings {
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let mut settings = Self {
             external_snat: env.bool_or(ENV_EXTERNAL_SNAT, false),
-            exclude_snat_cidrs: lenient_cidrs(env, ENV_EXCLUDE_SNAT_CIDRS),
-            external_service_cidrs: lenient_cidrs(env, ENV_EXTERNAL_SERVICE_CIDRS),
+            exclude_snat_cidrs: env.lenient_cidrs(ENV_EXCLUDE_SNAT_CIDRS),
+            external_service_cidrs: env.lenient_cidrs(ENV_EXTERNAL_SERVICE_CIDRS),
             ..Self::default()
         };
         if let Some(value) = env.get(ENV_RANDOMIZE_SNAT) {
@@ -189,71 +121,6 @@ impl SnatSettings {
             primary_ifindex: 0,
         }
     }
-}
-
-/// aws-node's CIDR lists: each item an IPv4 CIDR; an invalid or IPv6 item
-/// is left out, tolerated.
-fn lenient_cidrs(env: &Env, variable: &'static str) -> Vec<Ipv4Net> {
-    let Some(value) = env.get(variable) else {
-        return Vec::new();
-    };
-    let mut cidrs = Vec::new();
-    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        match item.parse::<IpNet>() {
-            Ok(IpNet::V4(net)) => cidrs.push(net.trunc()),
-            Ok(IpNet::V6(_)) => env.tolerate(variable, item, "an IPv6 CIDR", "the list without it"),
-            Err(_) => env.tolerate(variable, item, "not a CIDR", "the list without it"),
-        }
-    }
-    cidrs
-}
-
-/// Go's `strconv.ParseInt(v, 0, 64)`: decimal, `0x` hex, `0o` or leading-0
-/// octal, `0b` binary, `_` between digits, an optional sign.
-fn go_int(value: &str) -> Option<i64> {
-    let (negative, digits) = match value.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, value.strip_prefix('+').unwrap_or(value)),
-    };
-    let lower = digits.to_ascii_lowercase();
-    let (radix, body) = if let Some(hex) = lower.strip_prefix("0x") {
-        (16, hex)
-    } else if let Some(octal) = lower.strip_prefix("0o") {
-        (8, octal)
-    } else if let Some(binary) = lower.strip_prefix("0b") {
-        (2, binary)
-    } else if lower.len() > 1 && lower.starts_with('0') {
-        (8, &lower[1..])
-    } else {
-        (10, lower.as_str())
-    };
-    // Underscores only between digits (and after a base prefix).
-    if body.is_empty() || body.ends_with('_') || body.contains("__") {
-        return None;
-    }
-    if body.starts_with('_') && radix == 10 {
-        return None;
-    }
-    let magnitude = i64::from_str_radix(&body.replace('_', ""), radix).ok()?;
-    Some(if negative { -magnitude } else { magnitude })
-}
-
-/// A comma-separated list of IPv4 CIDRs (spaces allowed, empty items skipped).
-pub fn parse_cidrs(variable: &'static str, value: &str) -> Result<Vec<Ipv4Net>, ConfigError> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(|item| {
-            item.parse::<Ipv4Net>()
-                .map(|net| net.trunc())
-                .map_err(|_| ConfigError {
-                    variable,
-                    value: value.to_owned(),
-                    allowed: "a comma-separated list of IPv4 CIDRs such as 10.0.0.0/8,192.168.0.0/16",
-                })
-        })
-        .collect()
 }
 
 fn parse_port_range(variable: &'static str, value: &str) -> Result<(u16, u16), ConfigError> {
@@ -380,7 +247,5 @@ mod tests {
             assert_eq!(err.variable, ENV_SNAT_PORT_RANGE);
             assert!(err.to_string().contains(value), "{err}");
         }
-        let env = Env::from_pairs([(ENV_SERVICE_CIDRS, "10.100.0.0/16,nowhere")]);
-        assert_eq!(service_cidrs(&env).unwrap_err().variable, ENV_SERVICE_CIDRS);
     }
 }

@@ -1,0 +1,630 @@
+//! The running node, assembled from its parts: the datapath, the address
+//! manager, the Kubernetes followers, the CNI server, introspection and the
+//! garbage collector. [`run_node`] reads as the list of what runs; each
+//! part brings its own start.
+
+use std::{
+    io::Write,
+    net::Ipv4Addr,
+    os::fd::AsRawFd,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use ipnet::Ipv4Net;
+use tokio::{sync::watch, task::JoinSet};
+use tracing::{error, info, warn};
+use vpcnet_agent::{
+    cloud::{Cloud, CloudOptions},
+    cni_server,
+    datapath::{
+        AttachMode, CollectorReport, Datapath, LoadOptions,
+        bring_up::{BringUp, bring_up},
+        gc,
+    },
+    env::{Env, parse_cidrs},
+    install, introspect,
+    ipam::{
+        manager::{Manager, ManagerError, ManagerOptions, NodeNetwork, gateway_of},
+        settings::{EniConfig, IpamSettings},
+    },
+    k8s::{self, K8sSettings, node::NodeViews, service_cidrs},
+    link_owner::LinkOwners,
+    netlink::NetlinkHandle,
+    node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
+    pods::{Pods, PodsOptions},
+    retry,
+    settings::Settings,
+    snat::SnatSettings,
+    takeover::{self, network_policy},
+};
+
+use crate::{
+    RunArgs,
+    commands::{self, seconds},
+};
+
+/// `vpcnet-agent run`: every variable read and checked, then the node run
+/// until SIGTERM.
+pub fn run(pin_dir: &Path, args: &RunArgs, env: &Env) -> Result<()> {
+    // Every variable is checked before anything changes on the node.
+    let settings = Settings::read(
+        env,
+        args.ipam,
+        args.introspection_address.as_deref(),
+        args.metrics_address.as_deref(),
+    )?;
+    info!(settings = %settings.view(env)?, "settings in force");
+    if args.ipam {
+        // Before anything changes on the node.
+        if let Some(enforcement) = network_policy::check(env, &args.network_policy_pins)? {
+            warn!(
+                programs = enforcement.programs.len(),
+                dir = %enforcement.dir.display(),
+                "taking over a node where aws-node's network policy agent enforced NetworkPolicy, as {} says: its policies are no longer enforced",
+                network_policy::ENV_TAKE_OVER_POLICY_NODE
+            );
+        }
+    }
+    let runtime = commands::runtime()?;
+    runtime.block_on(run_node(pin_dir, args, settings))
+}
+
+#[allow(clippy::too_many_lines)] // the node's start, part by part
+async fn run_node(pin_dir: &Path, args: &RunArgs, settings: Settings) -> Result<()> {
+    let Settings {
+        snat,
+        service_cidrs,
+        service_cidrs_overridden,
+        k8s,
+        ipam,
+        endpoints,
+        plugin,
+        veth_prefix,
+        cloud,
+        sysctls,
+    } = settings;
+    let netlink = NetlinkHandle::new()?;
+    let cloud = match &ipam {
+        Some(_) => Some(connect_cloud(&cloud).await?),
+        None => None,
+    };
+    let node = node_facts(args, cloud.as_ref(), &netlink).await?;
+    let kube = connect_kubernetes(&k8s)?;
+    let (service_cidrs, service_cidrs_next) = match &kube {
+        Some(client) if !service_cidrs_overridden => {
+            service_cidrs::at_start(client, service_cidrs).await
+        }
+        _ => (service_cidrs, service_cidrs::Next::Nothing),
+    };
+    prepare_node(&sysctls, ipam.as_ref(), &node, &netlink).await?;
+    let cidr_classes = SharedCidrClasses::new(CidrClasses {
+        vpc: node.vpc_cidrs.clone(),
+        excluded: snat.exclude_snat_cidrs.clone(),
+        services: service_cidrs.clone(),
+    });
+    let datapath =
+        start_datapath(pin_dir, args, &snat, &node, &cidr_classes.get(), &netlink).await?;
+    let mut parts = Parts {
+        args,
+        datapath: Arc::new(Mutex::new(datapath)),
+        kube,
+        k8s,
+        node_views: None,
+        tasks: JoinSet::new(),
+    };
+    let collector = Arc::new(Mutex::new(CollectorReport::default()));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let in_flight = Arc::new(cni_server::InFlight::default());
+    parts.follow_cluster(service_cidrs_next, service_cidrs, &cidr_classes);
+    let (ipam_settings, mut introspected_pods) = (ipam.clone(), None);
+    let mut introspected_eni_config = None;
+    if let (Some(settings), Some(cloud)) = (ipam, cloud) {
+        // Pods with a branch ENI are served with ENABLE_POD_ENI only.
+        let branch_mode = settings.pod_eni.then_some(settings.sg_enforcing_mode);
+        let conflist = install::ConflistSettings {
+            eni_mtu: settings.eni_mtu,
+            veth_prefix,
+            enforcing_mode: settings.sg_enforcing_mode,
+            agent_socket: args.cni_socket.clone(),
+            plugin,
+        };
+        let network = Arc::new(NodeLinks {
+            netlink,
+            datapath: Arc::clone(&parts.datapath),
+            mtu: settings.eni_mtu,
+            cidrs: cidr_classes.clone(),
+            owners: LinkOwners::default(),
+        });
+        let (manager, eni_configs) = parts
+            .start_address_manager(settings, &cloud, network)
+            .await?;
+        introspected_eni_config = eni_configs;
+        let pods = parts
+            .serve_cni(manager, branch_mode, &conflist, snat.connmark, &in_flight)
+            .await?;
+        introspected_pods = Some(pods);
+    }
+    // Without --ipam: the datapath's own entries, the IPAM parts empty.
+    introspect::start(
+        &endpoints,
+        introspect::Sources {
+            datapath: Arc::clone(&parts.datapath),
+            pods: introspected_pods,
+            ipam_settings,
+            primary_interface: node.primary_interface.clone(),
+            collector: Arc::clone(&collector),
+            eni_config_objects: introspected_eni_config,
+        },
+        &shutdown_rx,
+        &mut parts.tasks,
+    )?;
+    if args.notify_ready {
+        notify_ready()?;
+    }
+    let result = collect_until_stopped(
+        pin_dir,
+        Duration::from_secs(args.gc_interval.max(1)),
+        &collector,
+    )
+    .await;
+    let _ = shutdown_tx.send(true);
+    if args.ipam {
+        drain_cni(&args.cni_socket, &in_flight).await;
+    }
+    parts.tasks.abort_all();
+    result
+}
+
+/// The running node's shared parts, and the tasks that run them.
+struct Parts<'a> {
+    args: &'a RunArgs,
+    datapath: Arc<Mutex<Datapath>>,
+    kube: Option<kube::Client>,
+    k8s: K8sSettings,
+    /// The node's Node, once followed.
+    node_views: Option<NodeViews>,
+    tasks: JoinSet<()>,
+}
+
+impl Parts<'_> {
+    /// With an API server: follows the node's Node, and keeps the
+    /// datapath's service CIDRs (`current` at start) the cluster's.
+    fn follow_cluster(
+        &mut self,
+        next: service_cidrs::Next,
+        current: Vec<Ipv4Net>,
+        classes: &SharedCidrClasses,
+    ) {
+        let Some(client) = &self.kube else {
+            return;
+        };
+        let (views, follow) = k8s::node::following(client.clone(), self.k8s.clone());
+        self.tasks.spawn(follow);
+        self.node_views = Some(views);
+        let (classes, datapath) = (classes.clone(), Arc::clone(&self.datapath));
+        self.tasks.spawn(service_cidrs::keep(
+            client.clone(),
+            next,
+            current,
+            move |cidrs| {
+                if let Err(error) = classes.update(&datapath, |c| c.services = cidrs.to_vec()) {
+                    error!(%error, "writing the service CIDRs into the datapath");
+                }
+            },
+        ));
+    }
+
+    /// Starts the address manager and what it follows and publishes of the
+    /// cluster: the Node's cordon and max pods, the ENIConfig, the
+    /// CNINode's feature, the events. Returns it, running, and the
+    /// ENIConfig it follows.
+    async fn start_address_manager(
+        &mut self,
+        mut settings: IpamSettings,
+        cloud: &Cloud,
+        network: Arc<dyn NodeNetwork>,
+    ) -> Result<(Manager, Option<watch::Receiver<Option<EniConfig>>>)> {
+        if settings.max_pods.is_none()
+            && let Some(views) = &self.node_views
+        {
+            settings.max_pods = k8s::node::max_pods(views).await;
+        }
+        let (cordoned, eni_configs) = match (&self.kube, &self.node_views) {
+            (Some(client), Some(views)) => {
+                let (cordoned, configs) =
+                    follow_for_manager(client, views, &settings, &mut self.tasks);
+                (Some(cordoned), configs)
+            }
+            _ => (None, None),
+        };
+        let pod_eni = settings.pod_eni;
+        let args = self.args;
+        let opts = ManagerOptions {
+            cordoned,
+            eni_configs,
+            reconcile_interval: seconds("--reconcile-interval", args.reconcile_interval)?,
+            min_eni_lifetime: seconds("--min-eni-lifetime", args.min_eni_lifetime)?,
+            leaked_eni_interval: seconds("--leaked-eni-interval", args.leaked_eni_interval)?,
+            vpc_cidr_interval: seconds("--vpc-cidr-interval", args.vpc_cidr_interval)?,
+            node_reconcile_interval: seconds(
+                "--node-reconcile-interval",
+                args.node_reconcile_interval,
+            )?,
+            ..ManagerOptions::new(settings)
+        };
+        let eni_configs = opts.eni_configs.clone();
+        let manager = start_manager(cloud, &opts, network).await?;
+        if let Some(client) = &self.kube {
+            if pod_eni {
+                self.tasks
+                    .spawn(k8s::cninode::enable_security_groups_for_pods(
+                        client.clone(),
+                        self.k8s.clone(),
+                    ));
+            }
+            self.tasks.spawn(k8s::events::publish(
+                client.clone(),
+                self.k8s.clone(),
+                manager.subscribe_events(),
+            ));
+        }
+        self.tasks.spawn(manager.clone().run());
+        Ok((manager, eni_configs))
+    }
+
+    /// Serves the CNI plugin: the node's pods (those aws-node left taken
+    /// over first, those gone without a DEL swept), the socket, and the
+    /// conflist that points the runtime at it. Returns the pods.
+    async fn serve_cni(
+        &mut self,
+        manager: Manager,
+        branch_mode: Option<vpcnet_api::layout::EnforcingMode>,
+        conflist: &install::ConflistSettings,
+        connmark: u32,
+        in_flight: &Arc<cni_server::InFlight>,
+    ) -> Result<Pods> {
+        let args = self.args;
+        let mut cluster_pods = None;
+        if let Some(client) = &self.kube {
+            match k8s::pods::NodePods::follow(client.clone(), &self.k8s) {
+                Ok((pods, follow)) => {
+                    self.tasks.spawn(follow);
+                    cluster_pods = Some(pods);
+                }
+                Err(error) => warn!(%error, "this node's pods are not followed"),
+            }
+        }
+        let netlink = NetlinkHandle::new()?;
+        let pods = Pods::new(
+            manager,
+            Arc::clone(&self.datapath),
+            NetlinkHandle::new()?,
+            PodsOptions {
+                veth_prefix: conflist.veth_prefix.clone(),
+                orphan_grace: seconds("--orphan-grace", args.orphan_grace)?,
+                branch_mode,
+                branch_links: args.branch_links,
+                cluster_pods,
+            },
+        );
+        // Before the plugin is served: pods aws-node left keep their
+        // addresses, connections and paths.
+        match takeover::take_over(&pods, &self.datapath, &netlink, connmark).await {
+            Ok(report) => report.log(),
+            Err(e) => error!(error = %e, "taking the node over from aws-node failed"),
+        }
+        self.tasks.spawn(sweep_pods(
+            pods.clone(),
+            seconds("--pod-sweep-interval", args.pod_sweep_interval)?,
+        ));
+        let listener = cni_server::bind(&args.cni_socket)?;
+        let (served, counter) = (pods.clone(), Arc::clone(in_flight));
+        self.tasks.spawn(async move {
+            if let Err(e) = cni_server::serve(served, listener, counter).await {
+                error!(error = %e, "CNI backend stopped");
+            }
+        });
+        info!(socket = %args.cni_socket.display(), "CNI backend serving");
+        introspect::recorder::started(self.kube.is_some());
+        if let Some(dir) = &args.cni_conf_dir {
+            let text = install::render_conflist(conflist)?;
+            let path = install::write_conflist(dir, &text)?;
+            info!(conflist = %path.display(), "CNI configuration written");
+            if takeover::set_aside_aws_conflist(dir)? {
+                info!(
+                    set_aside = takeover::AWS_CONFLIST_SET_ASIDE,
+                    "aws-node's CNI configuration set aside"
+                );
+            }
+        }
+        Ok(pods)
+    }
+}
+
+/// What the node is: from the command line, or from IMDS with `--ipam`.
+struct NodeFacts {
+    primary_interface: String,
+    node_addr: Ipv4Addr,
+    vpc_cidrs: Vec<Ipv4Net>,
+    /// The primary ENI's subnet gateway, when known.
+    gateway: Option<Ipv4Addr>,
+}
+
+async fn node_facts(
+    args: &RunArgs,
+    cloud: Option<&Cloud>,
+    netlink: &NetlinkHandle,
+) -> Result<NodeFacts> {
+    let vpc_cidrs = args
+        .vpc_cidrs
+        .as_deref()
+        .map(|v| parse_cidrs("--vpc-cidrs", v))
+        .transpose()?;
+    let Some(cloud) = cloud else {
+        return Ok(NodeFacts {
+            primary_interface: args
+                .primary_interface
+                .clone()
+                .context("--primary-interface is needed without --ipam")?,
+            node_addr: args
+                .node_addr
+                .context("--node-addr is needed without --ipam")?,
+            vpc_cidrs: vpc_cidrs.context("--vpc-cidrs is needed without --ipam")?,
+            gateway: None,
+        });
+    };
+    let instance = cloud.instance_metadata().await?;
+    let primary = cloud.imds_eni(&instance.primary_mac).await?;
+    let primary_interface = if let Some(name) = &args.primary_interface {
+        name.clone()
+    } else {
+        let mac = instance.primary_mac.parse()?;
+        netlink
+            .link_by_mac(mac)
+            .await?
+            .with_context(|| format!("no link has the primary ENI's MAC {mac}"))?
+            .name
+    };
+    Ok(NodeFacts {
+        primary_interface,
+        node_addr: args.node_addr.unwrap_or(instance.local_ipv4),
+        vpc_cidrs: match vpc_cidrs {
+            Some(cidrs) => cidrs,
+            None => primary.vpc_cidrs.clone(),
+        },
+        gateway: Some(gateway_of(primary.subnet_cidr)),
+    })
+}
+
+/// The node's sysctls, and with `--ipam` the primary ENI's MTU: aws-node
+/// gives it the ENIs' MTU too.
+async fn prepare_node(
+    sysctls: &NodeSysctls,
+    ipam: Option<&IpamSettings>,
+    node: &NodeFacts,
+    netlink: &NetlinkHandle,
+) -> Result<()> {
+    sysctls
+        .apply(&node.primary_interface)
+        .context("setting the node's sysctls")?;
+    if let Some(settings) = ipam {
+        let primary = netlink
+            .link_by_name(&node.primary_interface)
+            .await?
+            .with_context(|| format!("no link {}", node.primary_interface))?;
+        if primary.mtu != settings.eni_mtu {
+            netlink
+                .set_mtu(&primary.link_ref(), settings.eni_mtu)
+                .await?;
+            info!(interface = %node.primary_interface, mtu = settings.eni_mtu, "primary ENI's MTU set");
+        }
+    }
+    Ok(())
+}
+
+/// Loads the datapath and brings it up on the primary ENI.
+async fn start_datapath(
+    pin_dir: &Path,
+    args: &RunArgs,
+    snat: &SnatSettings,
+    node: &NodeFacts,
+    cidr_classes: &CidrClasses,
+    netlink: &NetlinkHandle,
+) -> Result<Datapath> {
+    let mut datapath = Datapath::load(&LoadOptions {
+        pin_dir: pin_dir.to_owned(),
+        nat_entries: args.nat_entries,
+        stack_flow_entries: args.stack_flow_entries,
+        attach_mode: AttachMode::from_env()?,
+    })
+    .context("loading the datapath")?;
+    info!(attach = ?datapath.attach_mode(), "datapath loaded");
+    let plan = BringUp {
+        primary_interface: &node.primary_interface,
+        node_addr: node.node_addr,
+        gateway: node.gateway,
+        snat,
+        cidr_classes,
+        layout: args.layout.as_deref(),
+    };
+    bring_up(&mut datapath, netlink, &plan).await?;
+    Ok(datapath)
+}
+
+/// The Kubernetes client, when the agent runs with an API server.
+fn connect_kubernetes(settings: &K8sSettings) -> Result<Option<kube::Client>> {
+    if !settings.enabled {
+        info!(
+            "no Kubernetes API ({} and {} unset): the node's facts come from IMDS and the environment",
+            k8s::ENV_SERVICE_HOST,
+            k8s::ENV_CLUSTER_ENDPOINT
+        );
+        return Ok(None);
+    }
+    let client = k8s::connect(settings)?;
+    info!(node = ?settings.node_name, "Kubernetes API client configured (in-cluster)");
+    Ok(Some(client))
+}
+
+/// What the address manager follows of the cluster: the Node's cordon,
+/// and with custom networking the node's ENIConfig, unless
+/// `VPCNET_ENI_CONFIG_SUBNET` overrides it.
+fn follow_for_manager(
+    client: &kube::Client,
+    views: &k8s::node::NodeViews,
+    settings: &IpamSettings,
+    tasks: &mut JoinSet<()>,
+) -> (
+    watch::Receiver<bool>,
+    Option<watch::Receiver<Option<EniConfig>>>,
+) {
+    let (cordoned, follow_cordon) =
+        k8s::node::derived(views.clone(), false, |node| node.unschedulable);
+    tasks.spawn(follow_cordon);
+    if !settings.custom_network {
+        return (cordoned, None);
+    }
+    if let Some(config) = settings.eni_config_override() {
+        info!(
+            subnet = %config.subnet_id,
+            security_groups = ?config.security_groups,
+            "custom networking from {}: ENIConfig objects are not read",
+            config.source()
+        );
+        return (cordoned, None);
+    }
+    let (configs, subscribed) = watch::channel(None);
+    tasks.spawn(k8s::eni_config::follow(
+        client.clone(),
+        views.clone(),
+        configs,
+    ));
+    (cordoned, Some(subscribed))
+}
+
+/// Starts the address manager, retrying while EC2 throttles or fails.
+async fn start_manager(
+    cloud: &Cloud,
+    opts: &ManagerOptions,
+    network: Arc<dyn NodeNetwork>,
+) -> Result<Manager> {
+    retry_start(
+        "starting the address manager",
+        || Manager::start(cloud.clone(), opts.clone(), Arc::clone(&network)),
+        ManagerError::backs_off,
+    )
+    .await
+}
+
+/// The region from IMDS, retried like the address manager's start: an
+/// IMDS that answers late (a busy node, a throttled endpoint) delays the
+/// start instead of ending it.
+async fn connect_cloud(opts: &CloudOptions) -> Result<Cloud> {
+    retry_start(
+        "connecting to IMDS",
+        || Cloud::connect(opts.clone()),
+        |_| true,
+    )
+    .await
+}
+
+/// How long the start's calls to AWS are retried.
+const START_RETRY_FOR: Duration = Duration::from_mins(5);
+
+/// `attempt` until it succeeds, fails for good (not `retryable`) or
+/// [`START_RETRY_FOR`] has passed, with the agent's backoff from 200 ms
+/// to 20 s.
+async fn retry_start<T, E, Fut>(
+    what: &'static str,
+    mut attempt: impl FnMut() -> Fut,
+    retryable: impl Fn(&E) -> bool,
+) -> Result<T>
+where
+    Fut: Future<Output = Result<T, E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let deadline = tokio::time::Instant::now() + START_RETRY_FOR;
+    let mut delays = retry::delays(Duration::from_millis(200), Duration::from_secs(20));
+    loop {
+        let error = match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(error) => error,
+        };
+        match delays.next() {
+            Some(delay) if retryable(&error) && tokio::time::Instant::now() < deadline => {
+                warn!(%error, retry_in = ?delay, "{what}");
+                tokio::time::sleep(delay).await;
+            }
+            _ => return Err(error).context(what),
+        }
+    }
+}
+
+/// Collects garbage until SIGTERM or SIGINT.
+async fn collect_until_stopped(
+    pin_dir: &Path,
+    gc_interval: Duration,
+    report: &Arc<Mutex<CollectorReport>>,
+) -> Result<()> {
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let collector = gc::Collector::start(pin_dir, gc_interval, report)?;
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    collector.stop().await;
+    info!("stopping: programs stay attached and maps pinned for the next agent");
+    Ok(())
+}
+
+/// New requests find no socket (the plugin says the agent is down); those
+/// under way finish: an ADD cut short would leave the plugin to undo it.
+/// Idle connections are not waited for.
+async fn drain_cni(socket: &Path, in_flight: &cni_server::InFlight) {
+    if let Err(e) = std::fs::remove_file(socket)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(socket = %socket.display(), error = %e, "removing the CNI socket");
+    }
+    if !in_flight.wait_idle(SHUTDOWN_GRACE).await {
+        warn!(grace = ?SHUTDOWN_GRACE, "CNI requests still running at exit");
+    }
+}
+
+/// How long requests under way may take to finish at SIGTERM (an ADD
+/// waits up to 10 s for the pool; kubelet allows 30 s before SIGKILL).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(12);
+
+/// Sweeps for pods that went away without a DEL, every `interval`.
+async fn sweep_pods(pods: Pods, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match pods.sweep().await {
+            Ok(stats) if stats.gone + stats.never_attached > 0 => {
+                info!(
+                    gone = stats.gone,
+                    never_attached = stats.never_attached,
+                    "pod sweep released addresses"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "pod sweep failed"),
+        }
+    }
+}
+
+/// Tells whoever started us that the datapath is attached, then lets go of
+/// stdout so a reader that goes away never blocks or kills us.
+fn notify_ready() -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "READY")?;
+    stdout.flush()?;
+    let devnull = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    nix::unistd::dup2(devnull.as_raw_fd(), std::io::stdout().as_raw_fd())?;
+    Ok(())
+}
