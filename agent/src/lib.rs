@@ -18,6 +18,7 @@ pub mod node;
 pub mod pods;
 pub mod retry;
 pub mod takeover;
+pub mod telemetry;
 
 /// Link setup through rtnetlink (its own crate: the CNI plugin uses it too).
 pub use vpcnet_netlink as netlink;

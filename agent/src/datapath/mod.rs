@@ -5,6 +5,7 @@ mod batch;
 mod carry;
 mod error;
 mod maps;
+pub mod metrics;
 mod nat;
 pub mod pins;
 pub mod tc;
