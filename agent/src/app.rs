@@ -39,6 +39,7 @@ use vpcnet_agent::{
     settings::Settings,
     snat::SnatSettings,
     takeover::{self, network_policy},
+    telemetry,
 };
 
 use crate::{
@@ -328,7 +329,7 @@ impl Parts<'_> {
             }
         });
         info!(socket = %args.cni_socket.display(), "CNI backend serving");
-        introspect::recorder::started(self.kube.is_some());
+        telemetry::started(self.kube.is_some());
         if let Some(dir) = &args.cni_conf_dir {
             let text = install::render_conflist(conflist)?;
             let path = install::write_conflist(dir, &text)?;

@@ -213,7 +213,7 @@ impl CniBackend for Backend {
     ) -> Result<Response<DelNetworkReply>, Status> {
         let _serving = self.in_flight.enter();
         let request = request.into_inner();
-        crate::introspect::recorder::del_request(&request.reason);
+        crate::telemetry::del_request(&request.reason);
         let (key, metadata) = key_of(request.pod)?;
         let released = self
             .pods

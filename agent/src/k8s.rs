@@ -15,6 +15,7 @@
 pub mod cninode;
 pub mod eni_config;
 pub mod events;
+pub mod metrics;
 pub mod node;
 pub mod pods;
 pub mod service_cidrs;
@@ -203,7 +204,7 @@ pub fn connect(settings: &K8sSettings) -> Result<kube::Client, K8sError> {
 }
 
 fn count_answer<B, E>(result: Result<http::Response<B>, E>) -> Result<http::Response<B>, E> {
-    crate::introspect::recorder::kubernetes_answer(
+    crate::telemetry::kubernetes_answer(
         result.as_ref().ok().map(|answer| answer.status().as_u16()),
     );
     result

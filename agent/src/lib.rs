@@ -19,6 +19,7 @@ pub mod retry;
 pub mod settings;
 pub mod snat;
 pub mod takeover;
+pub mod telemetry;
 
 /// Link setup through rtnetlink (its own crate: the CNI plugin uses it too).
 pub use vpcnet_netlink as netlink;

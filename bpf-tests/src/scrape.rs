@@ -1,11 +1,12 @@
 //! The agent's HTTP endpoints as a scraper sees them: a plain HTTP/1.1
 //! GET from a namespace of the lab, and `/metrics` read strictly, as
-//! Prometheus would.
+//! Prometheus would, and checked by Prometheus' own `promtool`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -218,4 +219,76 @@ pub fn scrape_until(what: &str, timeout: Duration, done: impl Fn(&Samples) -> bo
         assert!(Instant::now() < deadline, "{what}: not seen in {timeout:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// What `promtool check metrics` says of names the agent keeps as they are:
+/// aws-node's (`awscni_*_count` counters, milliseconds) and vpcnet's own
+/// released ones. Any other problem is a new metric's, to fix.
+pub const KEPT_NAMES_LINTS: &[&str] = &[
+    "counter metrics should have \"_total\" suffix",
+    "non-histogram and non-summary metrics should not have \"_count\" suffix",
+    "metric names should not contain abbreviated units",
+    "use base unit \"seconds\" instead of \"microseconds\"",
+];
+
+/// `promtool check metrics` (Debian's `prometheus` package, which `cargo
+/// xtask setup` installs) on a scrape: panics if the text does not parse
+/// or promtool is missing; returns the lint problems, one per line (`name
+/// problem`).
+pub fn promtool_check(text: &str) -> Vec<String> {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run promtool ({e}): install Debian's prometheus package \
+                 (cargo xtask setup does)"
+            )
+        });
+    child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(text.as_bytes())
+        .expect("writing the scrape to promtool");
+    let output = child.wait_with_output().expect("promtool's answer");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // 0: clean; 3: lint problems only; anything else (1): it does not parse.
+    match output.status.code() {
+        Some(0) => Vec::new(),
+        Some(3) => said
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect(),
+        _ => panic!(
+            "promtool check metrics refused the scrape ({}):\n{said}",
+            output.status
+        ),
+    }
+}
+
+/// [`promtool_check`] that allows only the problems of kept names
+/// ([`KEPT_NAMES_LINTS`], on `awscni_*` or the listed vpcnet names).
+pub fn promtool_check_kept_names(text: &str, kept: &[&str]) {
+    let problems = promtool_check(text);
+    let unexpected: Vec<&String> = problems
+        .iter()
+        .filter(|line| {
+            let (name, problem) = line.split_once(' ').unwrap_or((line, ""));
+            let kept_name = name.starts_with("awscni_") || kept.contains(&name);
+            !(kept_name && KEPT_NAMES_LINTS.contains(&problem))
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "promtool check metrics: {unexpected:#?}"
+    );
 }

@@ -18,8 +18,8 @@ use vpcnet_bpf_tests::{
     agent_cli,
     ipam::{IpamLab, ec2_call, holdings, lab_lock, pod},
     scrape::{
-        INTROSPECTION, METRICS, Samples, get, get_in, parse_exposition, raw_sample, sample,
-        sample_if, scrape, scrape_until,
+        INTROSPECTION, METRICS, Samples, get, get_in, parse_exposition, promtool_check_kept_names,
+        raw_sample, sample, sample_if, scrape, scrape_until,
     },
 };
 use vpcnet_lab::{
@@ -35,6 +35,9 @@ const SETTINGS_ENV: &[(&str, &str)] = &[
     ("AWS_VPC_CNI_NODE_PORT_SUPPORT", "false"),
     ("AWS_MANAGE_ENIS_NON_SCHEDULABLE", "true"),
 ];
+
+/// vpcnet's metric names promtool would name otherwise, kept as released.
+const KEPT_VPCNET_NAMES: &[&str] = &["vpcnet_gc_last_pass_microseconds"];
 
 /// `GET path` on the introspection endpoint: 200 and JSON.
 fn get_json(path: &str) -> Value {
@@ -330,6 +333,7 @@ fn introspection_and_metrics_show_what_the_agent_holds() {
         Some("text/plain; version=0.0.4; charset=utf-8")
     );
     let (types, samples) = parse_exposition(&scrape.body);
+    promtool_check_kept_names(&scrape.body, KEPT_VPCNET_NAMES);
     let value = |name: &str| sample(&samples, name, &[]);
     let pod_addrs = holdings(&ec2, &instance).pod_addrs.len();
     assert_eq!(value("awscni_assigned_ip_addresses"), n(PODS));
@@ -696,7 +700,9 @@ fn aws_node_metrics_follow_real_events(lab: &mut IpamLab, added: &BTreeMap<Strin
         .expect("ending the throttling");
     let action = failed_call(&samples).expect("a failed call");
     let failed = [("fn", action)];
-    let types = parse_exposition(&get(METRICS, "/metrics").body).0;
+    let body = get(METRICS, "/metrics").body;
+    promtool_check_kept_names(&body, KEPT_VPCNET_NAMES);
+    let types = parse_exposition(&body).0;
     assert_eq!(types["awscni_ec2api_error_count"], "counter");
     assert_eq!(types["awscni_aws_api_error_count"], "counter");
     assert_eq!(types["awscni_del_ip_req_count"], "counter");
@@ -836,6 +842,7 @@ fn without_the_address_manager_the_datapath_is_shown() {
     let scrape = get(METRICS, "/metrics");
     assert_eq!(scrape.status, 200);
     let (types, samples) = parse_exposition(&scrape.body);
+    promtool_check_kept_names(&scrape.body, KEPT_VPCNET_NAMES);
     assert!(
         !types.contains_key("awscni_total_ip_addresses"),
         "no pool without the address manager"

@@ -52,6 +52,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "busybox-static",
     "unzip",
+    // `promtool check metrics` on a real scrape (the introspection test).
+    "prometheus",
     // The kernel matrix's VMs (`crate::vm`): qemu under TCG, and udev,
     // which virtme-ng's guest init needs to name its console ports.
     "qemu-system-x86",

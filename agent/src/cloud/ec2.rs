@@ -14,7 +14,7 @@ use aws_sdk_ec2::{
 use ipnet::Ipv4Net;
 
 use super::{Cloud, CloudError};
-use crate::introspect::recorder::{self, Outcome};
+use crate::telemetry::{self, Outcome};
 
 /// Awaits EC2 call `action` and records it for the metrics, as aws-node's
 /// awsutils does per call: the request, its failure, its latency, EC2's
@@ -43,12 +43,12 @@ where
     let elapsed = began.elapsed();
     match result {
         Ok(out) => {
-            recorder::ec2_call(action, elapsed, Outcome::Ok);
+            telemetry::ec2_call(action, elapsed, Outcome::Ok);
             Ok(out)
         }
         Err(e) => {
             let error = CloudError::from_sdk(action, &e);
-            recorder::ec2_call(action, elapsed, error.outcome());
+            telemetry::ec2_call(action, elapsed, error.outcome());
             Err(error)
         }
     }

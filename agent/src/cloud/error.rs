@@ -6,7 +6,7 @@ use aws_sdk_ec2::{
     error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
 };
 
-use crate::introspect::recorder::Outcome;
+use crate::telemetry::Outcome;
 
 /// EC2's codes for "slow down" and "try again later".
 const RETRYABLE_CODES: &[&str] = &[

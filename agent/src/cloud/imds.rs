@@ -8,7 +8,7 @@ use aws_config::imds::client::error::ImdsError;
 use ipnet::Ipv4Net;
 
 use super::{Cloud, CloudError};
-use crate::introspect::recorder::{self, Outcome};
+use crate::telemetry::{self, Outcome};
 
 const META_DATA: &str = "/latest/meta-data/";
 
@@ -59,7 +59,7 @@ async fn get_optional(
     let path = format!("{META_DATA}{key}");
     let began = std::time::Instant::now();
     let answer = imds.get(&path).await;
-    recorder::imds_call(
+    telemetry::imds_call(
         began.elapsed(),
         match &answer {
             Ok(_) => Outcome::Ok,

@@ -9,6 +9,7 @@
 mod ec2;
 mod error;
 mod imds;
+pub mod metrics;
 
 use std::time::Duration;
 

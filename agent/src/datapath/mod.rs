@@ -7,6 +7,7 @@ mod carry;
 mod error;
 pub mod gc;
 mod maps;
+pub mod metrics;
 mod nat;
 pub mod pins;
 pub mod tc;

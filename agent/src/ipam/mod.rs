@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod datastore;
 pub mod manager;
+pub mod metrics;
 pub mod pool;
 pub mod settings;
 pub mod subnets;

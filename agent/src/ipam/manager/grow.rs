@@ -50,7 +50,7 @@ impl Manager {
 
     pub(super) async fn grow(&self, plan: Growth) -> Result<(), ManagerError> {
         let _action =
-            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_INCREASE_POOL);
+            crate::telemetry::action(crate::telemetry::ACTION_INCREASE_POOL);
         let me = &self.inner;
         let (result, prefixes) = match &plan {
             Growth::OnEni { eni, n, prefixes } => {

@@ -186,46 +186,8 @@ pub enum Severity {
     Warning,
 }
 
-macro_rules! counters {
-    ($($name:ident: $help:literal,)*) => {
-        /// The manager's counters (`vpcnet_ipam_<name>_total`).
-        #[derive(Debug, Default)]
-        pub struct IpamCounters { $(#[doc = $help] pub $name: AtomicU64,)* }
-        impl IpamCounters {
-            /// (name, value) of every counter.
-            #[must_use]
-            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
-            }
-        }
-    };
-}
-
-counters! {
-    assigned: "Addresses handed to pods.",
-    assign_failures: "ADDs that found no address.",
-    released: "Addresses pods gave back.",
-    addrs_allocated: "Secondary addresses assigned by EC2.",
-    addrs_freed: "Secondary addresses given back to EC2.",
-    prefixes_allocated: "/28 prefixes assigned by EC2.",
-    prefixes_freed: "/28 prefixes given back to EC2.",
-    enis_created: "ENIs created and attached.",
-    enis_deleted: "ENIs detached and deleted.",
-    leaked_enis_deleted: "Detached agent ENIs deleted by the leaked-ENI sweep.",
-    prefix_fallbacks: "Prefix delegation fell back to single addresses (InsufficientCidrBlocks).",
-    ec2_errors: "Reconcile passes that ended on an EC2 error.",
-    ec2_throttled: "EC2 calls refused with RequestLimitExceeded.",
-    subnet_exhausted: "EC2 calls refused for lack of addresses in the subnet.",
-    links_restored: "Checks that found an ENI's link rewritten by someone else (MTU, address, routes in main, gateway neighbour) and put it back.",
-    node_reconciles: "Looks at the ENIs and addresses IMDS lists for the instance, for what someone else attached or took away.",
-    enis_found: "ENIs found attached by someone else and taken in (or left alone, as their tags say).",
-    enis_lost: "ENIs found detached by someone else and taken out of the pool.",
-    addrs_found: "Addresses (prefixes' included) found assigned by someone else and taken into the pool.",
-    addrs_lost: "Addresses (prefixes' included) found unassigned by someone else and taken out of the pool.",
-    cordon_held: "Passes that found the pool below its targets on a cordoned node and left it so (the variable to manage ENIs on such nodes is not true).",
-    cidrs_found: "Addresses and prefixes (one each) found assigned by someone else (the unit of `awscni_reconcile_count`).",
-    cidrs_lost: "Addresses and prefixes (one each) found unassigned by someone else (the unit of `awscni_reconcile_count`).",
-}
+/// Named and described with the metrics that report them.
+pub use super::metrics::IpamCounters;
 
 fn bump(counter: &AtomicU64, n: usize) {
     counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);

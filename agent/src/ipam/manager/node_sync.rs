@@ -45,7 +45,7 @@ impl Manager {
     /// pool with `DISABLE_NETWORK_RESOURCE_PROVISIONING`.
     pub(super) async fn reconcile_attached(&self) -> Result<(), ManagerError> {
         let _action =
-            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_NODE_RECONCILE);
+            crate::telemetry::action(crate::telemetry::ACTION_NODE_RECONCILE);
         let me = &self.inner;
         bump(&me.counters.node_reconciles, 1);
         let imds = me.cloud.imds_enis().await?;

@@ -20,7 +20,7 @@ impl Manager {
     /// is freed.
     pub(super) async fn shrink(&self, held: bool) -> Result<(), ManagerError> {
         let _action =
-            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_DECREASE_POOL);
+            crate::telemetry::action(crate::telemetry::ACTION_DECREASE_POOL);
         let me = &self.inner;
         let now = Instant::now();
         let plan = {

@@ -105,10 +105,10 @@ impl Manager {
         network: Arc<dyn NodeNetwork>,
     ) -> Result<Self, ManagerError> {
         let _action =
-            crate::introspect::recorder::action(crate::introspect::recorder::ACTION_NODE_INIT);
+            crate::telemetry::action(crate::telemetry::ACTION_NODE_INIT);
         let began = Instant::now();
         let started = Self::start_inner(cloud, opts, network).await;
-        crate::introspect::recorder::node_initialized(started.is_ok(), began.elapsed());
+        crate::telemetry::node_initialized(started.is_ok(), began.elapsed());
         started
     }
 

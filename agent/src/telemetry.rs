@@ -1,14 +1,23 @@
-//! The events `/metrics` counts that leave no trace in the pool's state:
-//! AWS API calls (per call name, as aws-node's awsutils counts them), the
+//! What the process records as it happens, for the metrics to report: AWS
+//! API calls (per call name, as aws-node's awsutils counts them), the
 //! address manager's actions under way, DEL requests by reason, pod-ENI
-//! errors, and how long the start took. One recorder for the process, as
-//! aws-node has one Prometheus registry: the cloud client, the address
-//! manager and the CNI backend write to it, a scrape reads a copy.
+//! errors, Kubernetes API answers, and how long the start took. One
+//! recorder for the process, as aws-node has one Prometheus registry: the
+//! cloud client, the address manager, the Kubernetes followers and the CNI
+//! backend write to it; a scrape reads a copy, and each owner's `metrics`
+//! module describes what it recorded. A leaf: it imports nothing from the
+//! crate, so recording never pulls in introspection.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{Mutex, MutexGuard, PoisonError},
     time::Duration,
+};
+
+use prometheus::{
+    Registry,
+    core::{Collector, Desc},
+    proto::{self, MetricFamily, MetricType},
 };
 
 /// aws-node's names for the address manager's actions
@@ -35,9 +44,7 @@ pub const IMDS_API: &str = "GetMetadata";
 
 /// Bucket bounds (seconds) of aws-node's duration histograms: Prometheus'
 /// default buckets, which aws-node keeps.
-pub const DURATION_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+pub const DURATION_BUCKETS: [f64; 11] = *prometheus::DEFAULT_BUCKETS;
 
 /// Longest `reason` a DEL request's label keeps (the plugin sends a word).
 const MAX_REASON_LEN: usize = 64;
@@ -285,6 +292,190 @@ fn process_age() -> Option<Duration> {
     Duration::try_from_secs_f64(age.max(0.0)).ok()
 }
 
+/// The families one owner reports at a scrape, read from its snapshot:
+/// a Prometheus [`Collector`] for a registry of the scrape. The registry
+/// checks names, labels and help and refuses a name twice; its text encoder
+/// writes names as given (`awscni_*_count` counters keep their names).
+/// Families without samples are left out of the scrape by the registry.
+#[derive(Default)]
+pub struct Families {
+    descs: Vec<Desc>,
+    collected: Vec<MetricFamily>,
+    /// The first name or label the registry's rules refuse.
+    error: Option<prometheus::Error>,
+}
+
+impl Families {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A counter of one unlabelled sample.
+    pub fn counter(&mut self, name: &str, help: &str, value: u64) -> &mut Self {
+        self.counters(name, help, &[], [(Vec::new(), value)])
+    }
+
+    /// A gauge of one unlabelled sample.
+    pub fn gauge(&mut self, name: &str, help: &str, value: u64) -> &mut Self {
+        self.gauges(name, help, &[], [(Vec::new(), value)])
+    }
+
+    /// A counter family: per sample its label values (in `labels`' order)
+    /// and its value.
+    pub fn counters(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        samples: impl IntoIterator<Item = (Vec<String>, u64)>,
+    ) -> &mut Self {
+        self.family(name, help, labels, MetricType::COUNTER, samples, |m, v| {
+            let mut counter = proto::Counter::default();
+            counter.set_value(as_float(v));
+            m.set_counter(counter);
+        })
+    }
+
+    /// A gauge family, as [`Self::counters`].
+    pub fn gauges(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        samples: impl IntoIterator<Item = (Vec<String>, u64)>,
+    ) -> &mut Self {
+        self.family(name, help, labels, MetricType::GAUGE, samples, |m, v| {
+            let mut gauge = proto::Gauge::default();
+            gauge.set_value(as_float(v));
+            m.set_gauge(gauge);
+        })
+    }
+
+    /// A histogram family of [`DURATION_BUCKETS`] (the encoder adds `+Inf`).
+    pub fn histograms<'a>(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        series: impl IntoIterator<Item = (Vec<String>, &'a Histogram)>,
+    ) -> &mut Self {
+        self.family(name, help, labels, MetricType::HISTOGRAM, series, |m, h| {
+            let mut histogram = proto::Histogram::default();
+            histogram.set_sample_count(h.count);
+            histogram.set_sample_sum(h.sum);
+            histogram.set_bucket(
+                DURATION_BUCKETS
+                    .iter()
+                    .zip(h.buckets)
+                    .map(|(bound, n)| {
+                        let mut bucket = proto::Bucket::default();
+                        bucket.set_upper_bound(*bound);
+                        bucket.set_cumulative_count(n);
+                        bucket
+                    })
+                    .collect(),
+            );
+            m.set_histogram(histogram);
+        })
+    }
+
+    /// A summary family without quantiles (aws-node's latency summaries
+    /// have none): per series its label values, count and sum.
+    pub fn summaries(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        series: impl IntoIterator<Item = (Vec<String>, (u64, f64))>,
+    ) -> &mut Self {
+        self.family(
+            name,
+            help,
+            labels,
+            MetricType::SUMMARY,
+            series,
+            |m, (count, sum)| {
+                let mut summary = proto::Summary::default();
+                summary.set_sample_count(count);
+                summary.set_sample_sum(sum);
+                m.set_summary(summary);
+            },
+        )
+    }
+
+    fn family<T>(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        kind: MetricType,
+        samples: impl IntoIterator<Item = (Vec<String>, T)>,
+        set: impl Fn(&mut proto::Metric, T),
+    ) -> &mut Self {
+        let variable = labels.iter().map(|l| (*l).to_owned()).collect();
+        let desc = match Desc::new(name.to_owned(), help.to_owned(), variable, HashMap::new()) {
+            Ok(desc) => desc,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                return self;
+            }
+        };
+        let mut family = MetricFamily::default();
+        family.set_name(name.to_owned());
+        family.set_help(help.to_owned());
+        family.set_field_type(kind);
+        for (values, value) in samples {
+            debug_assert_eq!(values.len(), labels.len(), "{name}: a value per label");
+            let mut metric = proto::Metric::from_label(
+                labels
+                    .iter()
+                    .zip(values)
+                    .map(|(label, value)| {
+                        let mut pair = proto::LabelPair::default();
+                        pair.set_name((*label).to_owned());
+                        pair.set_value(value);
+                        pair
+                    })
+                    .collect(),
+            );
+            set(&mut metric, value);
+            family.mut_metric().push(metric);
+        }
+        self.descs.push(desc);
+        self.collected.push(family);
+        self
+    }
+
+    /// Registers the families with a scrape's `registry`.
+    ///
+    /// # Errors
+    /// A name, label or help the registry's rules refuse, or a name
+    /// registered already.
+    pub fn register(self, registry: &Registry) -> prometheus::Result<()> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        registry.register(Box::new(self))
+    }
+}
+
+impl Collector for Families {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.collected.clone()
+    }
+}
+
+/// Counts are exposed as floats, as the format has them.
+#[allow(clippy::cast_precision_loss)] // exact up to 2^53
+fn as_float(value: u64) -> f64 {
+    value as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,5 +569,118 @@ mod tests {
     fn this_process_has_an_age() {
         let age = process_age().expect("an age");
         assert!(age < Duration::from_hours(24), "{age:?}");
+    }
+
+    /// The text a registry of `families` writes.
+    fn encoded(families: Families) -> String {
+        let registry = Registry::new();
+        families.register(&registry).expect("registered");
+        prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .expect("encoded")
+    }
+
+    #[test]
+    fn help_type_then_samples() {
+        let mut f = Families::new();
+        f.gauge("up_things", "Things that are up.", 3).counters(
+            "events_total",
+            "Events, by kind.",
+            &["kind", "zone"],
+            [
+                (vec!["a".to_owned(), "y".to_owned()], 1),
+                (vec!["b".to_owned(), "z".to_owned()], 2),
+            ],
+        );
+        // Families by name, as the registry sorts them.
+        assert_eq!(
+            encoded(f),
+            "# HELP events_total Events, by kind.\n\
+             # TYPE events_total counter\n\
+             events_total{kind=\"a\",zone=\"y\"} 1\n\
+             events_total{kind=\"b\",zone=\"z\"} 2\n\
+             # HELP up_things Things that are up.\n\
+             # TYPE up_things gauge\n\
+             up_things 3\n"
+        );
+    }
+
+    #[test]
+    fn escaping() {
+        let mut f = Families::new();
+        f.gauges(
+            "x",
+            "line one\nline two \\ end",
+            &["v"],
+            [(vec!["say \"hi\"\n".to_owned()], 1)],
+        );
+        assert_eq!(
+            encoded(f),
+            "# HELP x line one\\nline two \\\\ end\n# TYPE x gauge\nx{v=\"say \\\"hi\\\"\\n\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn histograms_and_summaries() {
+        let mut h = Histogram::default();
+        h.observe(0.7);
+        h.observe(3.05);
+        let mut f = Families::new();
+        f.histograms(
+            "start_seconds",
+            "Starts.",
+            &["ok"],
+            [(vec!["true".to_owned()], &h)],
+        )
+        .summaries(
+            "call_ms",
+            "Calls.",
+            &["api"],
+            [(vec!["A".to_owned()], (4, 25.0))],
+        );
+        let text = encoded(f);
+        assert!(
+            text.starts_with(
+                "# HELP call_ms Calls.\n\
+                 # TYPE call_ms summary\n\
+                 call_ms_sum{api=\"A\"} 25\n\
+                 call_ms_count{api=\"A\"} 4\n\
+                 # HELP start_seconds Starts.\n\
+                 # TYPE start_seconds histogram\n\
+                 start_seconds_bucket{ok=\"true\",le=\"0.005\"} 0\n"
+            ),
+            "{text}"
+        );
+        for line in [
+            "start_seconds_bucket{ok=\"true\",le=\"0.5\"} 0\n",
+            "start_seconds_bucket{ok=\"true\",le=\"1\"} 1\n",
+            "start_seconds_bucket{ok=\"true\",le=\"5\"} 2\n",
+            "start_seconds_bucket{ok=\"true\",le=\"+Inf\"} 2\n",
+            "start_seconds_sum{ok=\"true\"} 3.75\n",
+            "start_seconds_count{ok=\"true\"} 2\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
+    fn empty_families_are_left_out() {
+        let mut f = Families::new();
+        f.gauges("nothing", "No samples.", &["a"], []);
+        assert_eq!(encoded(f), "");
+    }
+
+    #[test]
+    fn names_the_registry_refuses() {
+        let mut f = Families::new();
+        f.gauge("a-b", "A bad name.", 1);
+        assert!(f.register(&Registry::new()).is_err());
+        let registry = Registry::new();
+        let mut f = Families::new();
+        f.gauge("twice", "Once.", 1);
+        f.register(&registry).expect("registered");
+        let mut f = Families::new();
+        f.gauge("twice", "Twice.", 1);
+        assert!(f.register(&registry).is_err(), "one name, one family");
     }
 }
