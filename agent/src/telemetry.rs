@@ -330,11 +330,7 @@ impl Families {
         labels: &[&str],
         samples: impl IntoIterator<Item = (Vec<String>, u64)>,
     ) -> &mut Self {
-        self.family(name, help, labels, MetricType::COUNTER, samples, |m, v| {
-            let mut counter = proto::Counter::default();
-            counter.set_value(as_float(v));
-            m.set_counter(counter);
-        })
+        self.numbers(name, help, labels, MetricType::COUNTER, samples)
     }
 
     /// A gauge family, as [`Self::counters`].
@@ -345,10 +341,30 @@ impl Families {
         labels: &[&str],
         samples: impl IntoIterator<Item = (Vec<String>, u64)>,
     ) -> &mut Self {
-        self.family(name, help, labels, MetricType::GAUGE, samples, |m, v| {
-            let mut gauge = proto::Gauge::default();
-            gauge.set_value(as_float(v));
-            m.set_gauge(gauge);
+        self.numbers(name, help, labels, MetricType::GAUGE, samples)
+    }
+
+    /// Counters and gauges: whole numbers, exposed as the format's floats.
+    fn numbers(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        kind: MetricType,
+        samples: impl IntoIterator<Item = (Vec<String>, u64)>,
+    ) -> &mut Self {
+        self.family(name, help, labels, kind, samples, |m, v| {
+            #[allow(clippy::cast_precision_loss)] // exact up to 2^53
+            let value = v as f64;
+            if kind == MetricType::COUNTER {
+                let mut counter = proto::Counter::default();
+                counter.set_value(value);
+                m.set_counter(counter);
+            } else {
+                let mut gauge = proto::Gauge::default();
+                gauge.set_value(value);
+                m.set_gauge(gauge);
+            }
         })
     }
 
@@ -468,12 +484,6 @@ impl Collector for Families {
     fn collect(&self) -> Vec<MetricFamily> {
         self.collected.clone()
     }
-}
-
-/// Counts are exposed as floats, as the format has them.
-#[allow(clippy::cast_precision_loss)] // exact up to 2^53
-fn as_float(value: u64) -> f64 {
-    value as f64
 }
 
 #[cfg(test)]
