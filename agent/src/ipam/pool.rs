@@ -830,4 +830,325 @@ mod tests {
         assert_eq!(default_max_pods(c5_18xl, 15, false), 737);
         assert_eq!(default_max_pods(c5_18xl, 15, true), 250);
     }
+
+    #[test]
+    fn max_ips_every_slot_of_every_eni() {
+        let m5_large = InstanceTypeLimits {
+            max_enis: 3,
+            ips_per_eni: 10,
+            vcpus: 2,
+        };
+        assert_eq!(
+            max_ips(m5_large, 3, false),
+            27,
+            "9 secondary slots on 3 ENIs"
+        );
+        assert_eq!(max_ips(m5_large, 3, true), 432, "a /28 in each slot");
+        assert_eq!(max_ips(m5_large, 2, false), 18, "MAX_ENI 2");
+    }
+
+    fn eni(id: &str, device_number: u32) -> EniSnapshot {
+        EniSnapshot {
+            id: id.to_owned(),
+            device_number,
+            ..EniSnapshot::default()
+        }
+    }
+
+    /// `n` addresses of ENI `device`.
+    fn addrs(device: u8, n: u8) -> Vec<Ipv4Addr> {
+        (1..=n).map(|i| Ipv4Addr::new(10, 0, device, i)).collect()
+    }
+
+    /// An ENI whose `n` addresses are all free and out of their cooldown.
+    fn idle(id: &str, device: u8, n: u8) -> EniSnapshot {
+        EniSnapshot {
+            total_ips: n.into(),
+            idle_addrs: addrs(device, n),
+            ..eni(id, device.into())
+        }
+    }
+
+    /// The primary ENI with `held` of its `n` addresses assigned.
+    fn primary(n: u8, held: u8) -> EniSnapshot {
+        EniSnapshot {
+            primary: true,
+            assigned: held.into(),
+            total_ips: n.into(),
+            idle_addrs: addrs(0, n - held),
+            ..eni("eni-primary", 0)
+        }
+    }
+
+    #[test]
+    fn shrink_gives_back_what_warm_ip_target_does_not_need_from_the_highest_eni() {
+        let (m5, m5_pods) = M5_LARGE;
+        // WARM_IP_TARGET 2: 6 free of 14, so 4 over.
+        let targets = ips(1, 2, 0, m5, m5_pods);
+        let enis = [primary(9, 8), idle("eni-1", 1, 5)];
+        assert_eq!(
+            plan_shrink(&targets, &st(14, 8, 0), &enis, false),
+            Some(Shrink::Release {
+                eni: "eni-1".to_owned(),
+                addrs: addrs(1, 4),
+                prefixes: Vec::new(),
+            })
+        );
+        // Custom networking's primary ENI serves no pod: its idle
+        // addresses are not the pool's to give back.
+        let excluded = EniSnapshot {
+            excluded_for_pods: true,
+            ..idle("eni-2", 2, 3)
+        };
+        let enis = [primary(9, 8), idle("eni-1", 1, 5), excluded];
+        assert_eq!(
+            plan_shrink(&targets, &st(17, 8, 0), &enis, true),
+            Some(Shrink::Release {
+                eni: "eni-1".to_owned(),
+                addrs: addrs(1, 5),
+                prefixes: Vec::new(),
+            }),
+            "7 over, 5 idle on eni-1; a cordon holds ENIs, not addresses"
+        );
+    }
+
+    #[test]
+    fn shrink_gives_back_prefixes_beyond_warm_prefix_target() {
+        let (m5, _) = M5_LARGE;
+        let prefix = |i: u8| Ipv4Net::new(Ipv4Addr::new(10, 0, 16, i * 16), 28).unwrap();
+        let with_prefixes = EniSnapshot {
+            total_ips: 32,
+            prefixes: 2,
+            idle_prefixes: vec![prefix(0), prefix(1)],
+            // Never given back one by one with prefix delegation.
+            idle_addrs: addrs(1, 2),
+            ..eni("eni-1", 1)
+        };
+        let enis = [
+            EniSnapshot {
+                prefixes: 1,
+                ..primary(16, 3)
+            },
+            with_prefixes,
+        ];
+        assert_eq!(
+            plan_shrink(&pd(1, 0, 0, m5, 110), &pfx(3, 2, 3, 0), &enis, false),
+            Some(Shrink::Release {
+                eni: "eni-1".to_owned(),
+                addrs: Vec::new(),
+                prefixes: vec![prefix(0)],
+            }),
+            "2 free prefixes, WARM_PREFIX_TARGET 1: one goes"
+        );
+    }
+
+    #[test]
+    fn shrink_frees_the_highest_eni_nothing_holds() {
+        let (m5, m5_pods) = M5_LARGE;
+        // WARM_ENI_TARGET 1: 22 free >= 2 ENIs' worth (18).
+        let targets = ips(1, 0, 0, m5, m5_pods);
+        let stats = st(27, 5, 0);
+        let free = |enis: &[EniSnapshot], held| plan_shrink(&targets, &stats, enis, held);
+        let (eni1, eni2) = (idle("eni-1", 1, 9), idle("eni-2", 2, 9));
+        assert_eq!(
+            free(&[primary(9, 5), eni1.clone(), eni2.clone()], false),
+            Some(Shrink::FreeEni("eni-2".to_owned()))
+        );
+        assert_eq!(
+            free(&[primary(9, 5), eni1.clone(), eni2.clone()], true),
+            None,
+            "cordoned: no ENI freed"
+        );
+        let young = EniSnapshot {
+            kept: true,
+            ..eni2.clone()
+        };
+        assert_eq!(
+            free(&[primary(9, 5), eni1.clone(), young], false),
+            Some(Shrink::FreeEni("eni-1".to_owned())),
+            "younger than min_eni_lifetime (or left alone): kept"
+        );
+        let cooling = EniSnapshot {
+            idle_addrs: addrs(2, 8),
+            ..eni2.clone()
+        };
+        assert_eq!(
+            free(&[primary(9, 5), eni1.clone(), cooling], false),
+            Some(Shrink::FreeEni("eni-1".to_owned())),
+            "an address still cooling keeps its ENI"
+        );
+        let in_use = EniSnapshot {
+            assigned: 1,
+            idle_addrs: addrs(1, 8),
+            ..eni1
+        };
+        assert_eq!(
+            free(&[primary(9, 9), in_use, eni2], false),
+            Some(Shrink::FreeEni("eni-2".to_owned()))
+        );
+        assert_eq!(
+            free(&[primary(9, 5)], false),
+            None,
+            "the primary ENI is never freed"
+        );
+    }
+
+    #[test]
+    fn shrink_keeps_an_eni_the_targets_need() {
+        let (m5, m5_pods) = M5_LARGE;
+        // WARM_IP_TARGET 10: 10 free of 18, none over; freeing eni-1 would
+        // leave 1.
+        let enis = [primary(9, 8), idle("eni-1", 1, 9)];
+        assert_eq!(
+            plan_shrink(&ips(1, 10, 0, m5, m5_pods), &st(18, 8, 0), &enis, false),
+            None
+        );
+        // WARM_ENI_TARGET 1: 17 free < 2 ENIs' worth.
+        let enis = [primary(9, 1), idle("eni-1", 1, 9)];
+        assert_eq!(
+            plan_shrink(&ips(1, 0, 0, m5, m5_pods), &st(18, 1, 0), &enis, false),
+            None
+        );
+    }
+
+    /// An m5.large's room (10 addresses an ENI, 3 ENIs), the ENIs at
+    /// `devices` attached.
+    fn room(devices: &[u32]) -> EniRoom {
+        EniRoom {
+            slots_per_eni: 10,
+            devices_used: devices.iter().copied().collect(),
+            attached: devices.len(),
+            max_enis: 3,
+            can_make_eni: true,
+        }
+    }
+
+    /// An ENI using `slots` of its slots (its own address included).
+    fn using(id: &str, device: u32, slots: usize) -> EniSnapshot {
+        EniSnapshot {
+            slots_used: slots,
+            ..eni(id, device)
+        }
+    }
+
+    #[test]
+    fn growth_fills_the_lowest_eni_with_room_then_makes_one() {
+        let (m5, m5_pods) = M5_LARGE;
+        // WARM_ENI_TARGET 1: 4 free < an ENI's 9.
+        let targets = ips(1, 0, 0, m5, m5_pods);
+        let grow = |enis: &[EniSnapshot], room: &EniRoom| {
+            plan_growth(&targets, &targets, &st(9, 5, 0), enis, room)
+        };
+        let full = using("eni-primary", 0, 10);
+        assert_eq!(
+            grow(std::slice::from_ref(&full), &room(&[0])),
+            Some(Growth::NewEni {
+                device: 1,
+                n: 9,
+                prefixes: false
+            }),
+            "a new ENI, filled"
+        );
+        assert_eq!(
+            grow(
+                &[full.clone(), using("eni-2", 2, 4), using("eni-1", 1, 7)],
+                &room(&[0, 1, 2])
+            ),
+            Some(Growth::OnEni {
+                eni: "eni-1".to_owned(),
+                n: 3,
+                prefixes: false
+            }),
+            "the lowest ENI with a free slot, filled"
+        );
+        let excluded = EniSnapshot {
+            excluded_for_pods: true,
+            ..using("eni-1", 1, 2)
+        };
+        assert_eq!(
+            grow(&[full.clone(), excluded], &room(&[0, 1, 3])),
+            None,
+            "3 ENIs attached (one left alone), the one with room serves no pod"
+        );
+        assert_eq!(
+            grow(std::slice::from_ref(&full), &room(&[0, 1])),
+            Some(Growth::NewEni {
+                device: 2,
+                n: 9,
+                prefixes: false
+            }),
+            "device 1 is taken by an ENI left alone"
+        );
+        let no_eni_config = EniRoom {
+            can_make_eni: false,
+            ..room(&[0])
+        };
+        assert_eq!(grow(std::slice::from_ref(&full), &no_eni_config), None);
+        assert_eq!(
+            plan_growth(&targets, &targets, &st(18, 5, 0), &[full], &room(&[0, 1])),
+            None,
+            "13 free: not too low"
+        );
+    }
+
+    #[test]
+    fn growth_takes_what_warm_ip_target_lacks_up_to_max_pods() {
+        let (m5, m5_pods) = M5_LARGE;
+        let full = [using("eni-primary", 0, 10)];
+        let new_eni = |n| {
+            Some(Growth::NewEni {
+                device: 1,
+                n,
+                prefixes: false,
+            })
+        };
+        let targets = ips(1, 5, 0, m5, m5_pods);
+        assert_eq!(
+            plan_growth(&targets, &targets, &st(9, 7, 0), &full, &room(&[0])),
+            new_eni(3),
+            "2 free, 5 wanted"
+        );
+        let targets = ips(1, 5, 0, m5, 11);
+        assert_eq!(
+            plan_growth(&targets, &targets, &st(9, 7, 0), &full, &room(&[0])),
+            new_eni(2),
+            "max pods 11 leaves room for 2"
+        );
+        let targets = ips(1, 0, 12, m5, m5_pods);
+        assert_eq!(
+            plan_growth(&targets, &targets, &st(9, 0, 0), &full, &room(&[0])),
+            new_eni(3),
+            "MINIMUM_IP_TARGET 12 on 9"
+        );
+    }
+
+    #[test]
+    fn growth_with_prefixes_and_after_falling_back_to_addresses() {
+        let (m5, _) = M5_LARGE;
+        let configured = pd(1, 0, 0, m5, 110);
+        let fell_back = PoolTargets {
+            prefix_delegation: false,
+            ..configured
+        };
+        // One prefix, all 16 held: WARM_PREFIX_TARGET 1 wants one more.
+        let stats = pfx(1, 0, 16, 0);
+        let enis = [using("eni-primary", 0, 2)];
+        assert_eq!(
+            plan_growth(&configured, &configured, &stats, &enis, &room(&[0])),
+            Some(Growth::OnEni {
+                eni: "eni-primary".to_owned(),
+                n: 1,
+                prefixes: true
+            })
+        );
+        assert_eq!(
+            plan_growth(&configured, &fell_back, &stats, &enis, &room(&[0])),
+            Some(Growth::OnEni {
+                eni: "eni-primary".to_owned(),
+                n: 8,
+                prefixes: false
+            }),
+            "a prefix's worth of addresses, as many as the ENI's 8 free slots take"
+        );
+    }
 }

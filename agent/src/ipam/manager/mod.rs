@@ -221,8 +221,8 @@ struct TrackedEni {
     subnet_excluded: bool,
     /// The ENI's own address: never a pod's.
     primary_addr: Option<Ipv4Addr>,
-    /// Not the pool's ([`EniRole`]): holds a device, gives no address, its
-    /// link is not touched.
+    /// Not the pool's ([`start`]'s `EniRole`): holds a device, gives no
+    /// address, its link is not touched.
     no_manage: bool,
     /// The VPC resource controller's trunk ENI (branch ENIs' VLANs).
     trunk: bool,

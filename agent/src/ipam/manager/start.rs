@@ -394,3 +394,120 @@ impl Manager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Whose an attached ENI is, as aws-node's `setUnmanagedENIs` decides.
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const INSTANCE: &str = "i-0node";
+
+    fn eni(tags: &[(&str, &str)], interface_type: Option<&str>) -> EniInfo {
+        EniInfo {
+            id: "eni-1".to_owned(),
+            mac: "0a:00:00:00:00:01".to_owned(),
+            subnet_id: "subnet-1".to_owned(),
+            status: "in-use".to_owned(),
+            attachment_id: None,
+            attachment_status: Some("attached".to_owned()),
+            device_index: Some(1),
+            primary_addr: None,
+            secondary_addrs: Vec::new(),
+            prefixes: Vec::new(),
+            tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>(),
+            interface_type: interface_type.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn which_attached_enis_the_pool_takes_in() {
+        let ours = [(TAG_INSTANCE_ID, INSTANCE)];
+        let cases = [
+            ("the primary", eni(&[], None), true, false, EniRole::Primary),
+            (
+                "made for this instance",
+                eni(&ours, None),
+                false,
+                false,
+                EniRole::Own,
+            ),
+            (
+                "no_manage=false",
+                eni(&[(TAG_NO_MANAGE, "false")], None),
+                false,
+                false,
+                EniRole::Own,
+            ),
+            (
+                "no_manage=true",
+                eni(
+                    &[(TAG_NO_MANAGE, "true"), (TAG_INSTANCE_ID, INSTANCE)],
+                    None,
+                ),
+                false,
+                true,
+                EniRole::NoManage,
+            ),
+            (
+                "another instance's",
+                eni(&[(TAG_INSTANCE_ID, "i-0other")], None),
+                false,
+                false,
+                EniRole::Foreign,
+            ),
+            (
+                "untagged, MANAGE_UNTAGGED_ENI true",
+                eni(&[], None),
+                false,
+                true,
+                EniRole::Untagged,
+            ),
+            (
+                "untagged, MANAGE_UNTAGGED_ENI false",
+                eni(&[], None),
+                false,
+                false,
+                EniRole::Foreign,
+            ),
+            (
+                "a trunk",
+                eni(&ours, Some("trunk")),
+                false,
+                true,
+                EniRole::NotForAddresses,
+            ),
+            (
+                "EFA-only",
+                eni(&ours, Some("efa-only")),
+                false,
+                true,
+                EniRole::NotForAddresses,
+            ),
+        ];
+        for (case, eni, primary, manage_untagged, want) in cases {
+            assert_eq!(
+                EniRole::of(&eni, primary, INSTANCE, manage_untagged),
+                want,
+                "{case}"
+            );
+        }
+        let managed: Vec<EniRole> = [
+            EniRole::Primary,
+            EniRole::Own,
+            EniRole::Untagged,
+            EniRole::NoManage,
+            EniRole::Foreign,
+            EniRole::NotForAddresses,
+        ]
+        .into_iter()
+        .filter(|r| r.managed())
+        .collect();
+        assert_eq!(managed, [EniRole::Primary, EniRole::Own, EniRole::Untagged]);
+    }
+}
