@@ -132,9 +132,7 @@ pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8s
                 return;
             }
             Err(error @ K8sError::Unreadable { .. }) => {
-                crate::telemetry::pod_eni_error(
-                    crate::telemetry::POD_ENI_ENABLE_SECURITY_GROUPS,
-                );
+                crate::telemetry::pod_eni_error(crate::telemetry::POD_ENI_ENABLE_SECURITY_GROUPS);
                 let said = error.to_string();
                 if unreadable_said.as_ref() == Some(&said) {
                     debug!(%error, retry_in = ?delay, "the node's CNINode");
@@ -144,9 +142,7 @@ pub async fn enable_security_groups_for_pods(client: kube::Client, settings: K8s
                 }
             }
             Err(error) => {
-                crate::telemetry::pod_eni_error(
-                    crate::telemetry::POD_ENI_ENABLE_SECURITY_GROUPS,
-                );
+                crate::telemetry::pod_eni_error(crate::telemetry::POD_ENI_ENABLE_SECURITY_GROUPS);
                 warn!(%error, retry_in = ?delay, "adding {SECURITY_GROUPS_FOR_PODS} to the node's CNINode");
             }
         }

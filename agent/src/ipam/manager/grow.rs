@@ -49,8 +49,7 @@ impl Manager {
     }
 
     pub(super) async fn grow(&self, plan: Growth) -> Result<(), ManagerError> {
-        let _action =
-            crate::telemetry::action(crate::telemetry::ACTION_INCREASE_POOL);
+        let _action = crate::telemetry::action(crate::telemetry::ACTION_INCREASE_POOL);
         let me = &self.inner;
         let (result, prefixes) = match &plan {
             Growth::OnEni { eni, n, prefixes } => {

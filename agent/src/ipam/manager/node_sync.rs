@@ -147,8 +147,7 @@ impl Manager {
     /// differs; EC2, the authority, then says what. The only way to the
     /// pool with `DISABLE_NETWORK_RESOURCE_PROVISIONING`.
     pub(super) async fn reconcile_attached(&self) -> Result<(), ManagerError> {
-        let _action =
-            crate::telemetry::action(crate::telemetry::ACTION_NODE_RECONCILE);
+        let _action = crate::telemetry::action(crate::telemetry::ACTION_NODE_RECONCILE);
         let me = &self.inner;
         bump(&me.counters.node_reconciles, 1);
         let imds = me.cloud.imds_enis().await?;

@@ -19,8 +19,7 @@ impl Manager {
     /// whole ENI when that is safe. `held`: the node is cordoned, no ENI
     /// is freed.
     pub(super) async fn shrink(&self, held: bool) -> Result<(), ManagerError> {
-        let _action =
-            crate::telemetry::action(crate::telemetry::ACTION_DECREASE_POOL);
+        let _action = crate::telemetry::action(crate::telemetry::ACTION_DECREASE_POOL);
         let me = &self.inner;
         let now = Instant::now();
         let plan = {

@@ -104,8 +104,7 @@ impl Manager {
         opts: ManagerOptions,
         network: Arc<dyn NodeNetwork>,
     ) -> Result<Self, ManagerError> {
-        let _action =
-            crate::telemetry::action(crate::telemetry::ACTION_NODE_INIT);
+        let _action = crate::telemetry::action(crate::telemetry::ACTION_NODE_INIT);
         let began = Instant::now();
         let started = Self::start_inner(cloud, opts, network).await;
         crate::telemetry::node_initialized(started.is_ok(), began.elapsed());
