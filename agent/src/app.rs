@@ -7,7 +7,7 @@ use std::{
     io::Write,
     net::Ipv4Addr,
     os::fd::AsRawFd,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -17,13 +17,10 @@ use ipnet::Ipv4Net;
 use tokio::{sync::watch, task::JoinSet};
 use tracing::{error, info, warn};
 use vpcnet_agent::{
+    bring_up::{BringUp, bring_up},
     cloud::{Cloud, CloudOptions},
     cni_server,
-    datapath::{
-        AttachMode, CollectorReport, Datapath, LoadOptions,
-        bring_up::{BringUp, bring_up},
-        gc,
-    },
+    datapath::{AttachMode, CollectorReport, Datapath, LoadOptions, gc},
     env::{Env, parse_cidrs},
     install, introspect,
     ipam::{
@@ -34,7 +31,7 @@ use vpcnet_agent::{
     link_owner::LinkOwners,
     netlink::NetlinkHandle,
     node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
-    pods::{Pods, PodsOptions},
+    pods::{BranchLinks, Pods, PodsOptions},
     retry,
     settings::Settings,
     snat::SnatSettings,
@@ -42,10 +39,96 @@ use vpcnet_agent::{
     telemetry,
 };
 
-use crate::{
-    RunArgs,
-    commands::{self, seconds},
-};
+use crate::commands::{self, seconds};
+
+/// `run`'s options.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The primary ENI's interface: SNAT leaves by it (with `--ipam`: the
+    /// link with the primary ENI's MAC).
+    #[arg(long)]
+    primary_interface: Option<String>,
+    /// The primary ENI's address, SNAT's source (with `--ipam`: IMDS's
+    /// `local-ipv4`).
+    #[arg(long)]
+    node_addr: Option<Ipv4Addr>,
+    /// The VPC's CIDR blocks, comma-separated (with `--ipam`: IMDS's, and
+    /// kept up to date).
+    #[arg(long)]
+    vpc_cidrs: Option<String>,
+    /// Run the address manager (ENIs, addresses and prefixes through EC2
+    /// and IMDS, settings from the VPC CNI's variables) and serve the CNI
+    /// plugin on `--cni-socket`.
+    #[arg(long)]
+    ipam: bool,
+    /// The CNI backend's Unix socket.
+    #[arg(long, default_value = vpcnet_api::DEFAULT_CNI_SOCKET)]
+    cni_socket: PathBuf,
+    /// Seconds between two passes over the warm pool.
+    #[arg(long, default_value_t = 5.0)]
+    reconcile_interval: f64,
+    /// Seconds an ENI lives at least before it may be freed.
+    #[arg(long, default_value_t = 60.0)]
+    min_eni_lifetime: f64,
+    /// Seconds between two leaked-ENI sweeps (jittered).
+    #[arg(long, default_value_t = 600.0)]
+    leaked_eni_interval: f64,
+    /// Seconds between two reads of the VPC's CIDRs from IMDS.
+    #[arg(long, default_value_t = 30.0)]
+    vpc_cidr_interval: f64,
+    /// Seconds between two looks for ENIs and addresses someone else
+    /// attached or took away (aws-node's node IP pool reconcile).
+    #[arg(long, env = "VPCNET_NODE_RECONCILE_INTERVAL", default_value_t = 60.0)]
+    node_reconcile_interval: f64,
+    /// Seconds between two sweeps for pods gone without a DEL (their host
+    /// veth vanished): their entries go and their addresses are released.
+    #[arg(long, default_value_t = 5.0)]
+    pod_sweep_interval: f64,
+    /// Seconds an address may stay with a pod the datapath never got before
+    /// a sweep takes it back.
+    #[arg(long, default_value_t = 60.0)]
+    orphan_grace: f64,
+    /// Who makes a branch ENI's `vlan.eth.<vlan id>` link: `vlan`, the
+    /// agent, as an 802.1Q link on the trunk ENI's (as the VPC CNI's plugin
+    /// does); `existing`, someone else (the lab, on a kernel without
+    /// 802.1Q): the agent finds it by the branch ENI's MAC and leaves it.
+    #[arg(long, value_enum, default_value_t = BranchLinks::Vlan)]
+    branch_links: BranchLinks,
+    /// The node's ENIs and pods (JSON, see `vpcnet_api::layout`): every ENI
+    /// and pod veth gets its programs, and the maps their entries.
+    #[arg(long)]
+    layout: Option<PathBuf>,
+    /// Print READY on stdout once attached, then close stdout.
+    #[arg(long)]
+    notify_ready: bool,
+    /// Seconds between NAT garbage collections.
+    #[arg(long, env = "VPCNET_GC_INTERVAL", default_value_t = 5)]
+    gc_interval: u64,
+    /// Flows each NAT map holds.
+    #[arg(long, env = "VPCNET_NAT_ENTRIES", default_value_t = vpcnet_common::maps::NAT_DEFAULT_ENTRIES)]
+    nat_entries: u32,
+    /// Entries of the map of flows through the node's stack (kube-proxy's
+    /// services and node ports, the node's own connections to pods): two
+    /// per flow.
+    #[arg(long, env = "VPCNET_STACK_FLOW_ENTRIES", default_value_t = vpcnet_common::maps::STACK_FLOWS_DEFAULT_ENTRIES)]
+    stack_flow_entries: u32,
+    /// Serve introspection here (`address:port` or `unix:/path`), whatever
+    /// `INTROSPECTION_BIND_ADDRESS` and `DISABLE_INTROSPECTION` say.
+    #[arg(long)]
+    introspection_address: Option<String>,
+    /// Serve Prometheus metrics here (default 0.0.0.0:61678), whatever
+    /// `DISABLE_METRICS` says.
+    #[arg(long)]
+    metrics_address: Option<String>,
+    /// Write the CNI conflist (`10-vpcnet.conflist`) here once the CNI
+    /// backend serves: the runtime's configuration directory, as mounted.
+    #[arg(long, requires = "ipam")]
+    cni_conf_dir: Option<PathBuf>,
+    /// Where aws-node's network policy agent pins its programs: a node
+    /// with any is taken over only with `VPCNET_TAKE_OVER_NETWORK_POLICY_NODE`.
+    #[arg(long, default_value = network_policy::NETWORK_POLICY_PROGRAMS_DIR)]
+    network_policy_pins: PathBuf,
+}
 
 /// `vpcnet-agent run`: every variable read and checked, then the node run
 /// until SIGTERM.

@@ -2,6 +2,7 @@
 //! attach, fill maps, garbage-collect NAT) and the configuration from the
 //! VPC CNI's environment variables. The binary and the tests use it.
 
+pub mod bring_up;
 pub mod cloud;
 pub mod cni_server;
 pub mod datapath;

@@ -116,12 +116,19 @@ impl Settings {
         metrics: Option<&str>,
     ) -> Result<Self, SettingsError> {
         let no_effect = aws_node::check(env)?;
+        let snat = SnatSettings::from_env(env)?;
+        let service_cidrs = service_cidrs::from_env(env)?;
+        let k8s = K8sSettings::from_env(env);
+        let ipam = ipam.then(|| IpamSettings::from_env(env)).transpose()?;
+        if let Some(ipam) = &ipam {
+            ipam.check_eni_config_source(k8s.enabled)?;
+        }
         let settings = Self {
-            snat: SnatSettings::from_env(env)?,
-            service_cidrs: service_cidrs::from_env(env)?,
+            snat,
+            service_cidrs,
             service_cidrs_overridden: env.get(service_cidrs::ENV_SERVICE_CIDRS).is_some(),
-            k8s: K8sSettings::from_env(env),
-            ipam: ipam.then(|| IpamSettings::from_env(env)).transpose()?,
+            k8s,
+            ipam,
             endpoints: introspect::Endpoints::from_env(env, introspection, metrics)?,
             plugin: PluginEnv::from_env(env)?,
             veth_prefix: pods::veth_prefix(env)?,
@@ -226,4 +233,34 @@ impl Settings {
 
 fn cidr_texts(cidrs: &[Ipv4Net]) -> Vec<String> {
     cidrs.iter().map(ToString::to_string).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        ipam::settings::{ENV_CUSTOM_NETWORK_CFG, ENV_ENI_CONFIG_SUBNET},
+        k8s::ENV_SERVICE_HOST,
+    };
+
+    fn read_ipam(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        Settings::read(&Env::from_pairs(vars.iter().copied()), true, None, None)
+    }
+
+    #[test]
+    fn custom_networking_without_the_kubernetes_api_needs_the_pods_subnet() {
+        let err = read_ipam(&[(ENV_CUSTOM_NETWORK_CFG, "true")])
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&err, SettingsError::Invalid(e) if e.variable == ENV_ENI_CONFIG_SUBNET),
+            "{err}"
+        );
+        let in_cluster = read_ipam(&[
+            (ENV_CUSTOM_NETWORK_CFG, "true"),
+            (ENV_SERVICE_HOST, "10.100.0.1"),
+        ])
+        .expect("the ENIConfig's subnet");
+        assert!(in_cluster.ipam.is_some_and(|s| s.custom_network));
+    }
 }

@@ -4,6 +4,7 @@
 use std::{net::Ipv4Addr, path::Path, time::Duration};
 
 use anyhow::{Context, Result, bail};
+use clap::{Subcommand, ValueEnum};
 use vpcnet_agent::{
     datapath::{CollectorReport, DatapathMaps, monotonic_now_ns},
     env::Env,
@@ -14,7 +15,20 @@ use vpcnet_common::{
     raw_to_addr, raw_to_port,
 };
 
-use crate::{OnOff, SetFlag};
+/// `set`'s flags.
+#[derive(Subcommand)]
+pub enum SetFlag {
+    /// `AWS_VPC_K8S_CNI_EXTERNALSNAT`: new flows to non-VPC destinations leave un-NATed.
+    ExternalSnat { value: OnOff },
+    /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: none, hashrandom or prng.
+    RandomizeSnat { mode: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
 
 pub fn open(pin_dir: &Path) -> Result<DatapathMaps> {
     DatapathMaps::open_pinned(pin_dir).with_context(|| {

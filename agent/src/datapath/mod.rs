@@ -2,7 +2,6 @@
 //! attaches the programs to ENIs and fills the maps.
 
 mod batch;
-pub mod bring_up;
 mod carry;
 mod error;
 pub mod gc;

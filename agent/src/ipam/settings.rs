@@ -308,11 +308,15 @@ impl IpamSettings {
                 });
             }
         }
-        // With an API server, the node's ENIConfig says.
-        if self.custom_network
-            && self.eni_config_subnet.is_none()
-            && !crate::k8s::api_server_configured(env)
-        {
+        Ok(())
+    }
+
+    /// Custom networking takes the pods' subnet from the node's ENIConfig,
+    /// which only an API server (`api_server`) has; without one,
+    /// [`ENV_ENI_CONFIG_SUBNET`] must name it. The caller knows whether
+    /// there is one: the Kubernetes settings' variables are not ipam's.
+    pub fn check_eni_config_source(&self, api_server: bool) -> Result<(), ConfigError> {
+        if self.custom_network && self.eni_config_subnet.is_none() && !api_server {
             return Err(ConfigError {
                 variable: ENV_ENI_CONFIG_SUBNET,
                 value: String::new(),
@@ -485,21 +489,18 @@ mod tests {
 
     #[test]
     fn custom_networking_needs_the_pods_subnet_without_the_kubernetes_api() {
-        let err = settings(&[(ENV_CUSTOM_NETWORK_CFG, "true")]).unwrap_err();
+        let custom = settings(&[(ENV_CUSTOM_NETWORK_CFG, "true")]).unwrap();
+        let err = custom.check_eni_config_source(false).unwrap_err();
         assert_eq!(err.variable, ENV_ENI_CONFIG_SUBNET);
-        let in_cluster = settings(&[
-            (ENV_CUSTOM_NETWORK_CFG, "true"),
-            (crate::k8s::ENV_SERVICE_HOST, "10.100.0.1"),
-        ])
-        .unwrap();
-        assert_eq!(in_cluster.eni_config_override(), None, "the ENIConfig's");
+        custom.check_eni_config_source(true).unwrap();
+        assert_eq!(custom.eni_config_override(), None, "the ENIConfig's");
         let overridden = settings(&[
             (ENV_CUSTOM_NETWORK_CFG, "true"),
             (ENV_ENI_CONFIG_SUBNET, "subnet-1"),
         ])
-        .unwrap()
-        .eni_config_override()
         .unwrap();
+        overridden.check_eni_config_source(false).unwrap();
+        let overridden = overridden.eni_config_override().unwrap();
         assert_eq!(
             (
                 overridden.subnet_id.as_str(),

@@ -1,4 +1,5 @@
-//! The datapath's bring-up once loaded: the maps filled (configuration,
+//! The datapath's bring-up on this node once loaded (above the datapath,
+//! which knows nothing of the node's settings): the maps filled (configuration,
 //! timeouts, CIDR classes, the routing exception, the node layout, the
 //! primary ENI) before the programs go on the primary ENI, so that no
 //! packet meets an empty map.
@@ -15,8 +16,8 @@ use vpcnet_common::{
     endpoint::{ENI_PRIMARY, Eni},
 };
 
-use super::{Datapath, DatapathError, gc::sync_timeouts};
 use crate::{
+    datapath::{Datapath, DatapathError, gc::sync_timeouts},
     layout::{self, LayoutError},
     netlink::{NetlinkError, NetlinkHandle},
     node::CidrClasses,
