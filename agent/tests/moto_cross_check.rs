@@ -30,7 +30,7 @@ use std::{
 
 use aws_sdk_ec2::{
     config::{Credentials, Region},
-    types::{InstanceType, ResourceType, Tag, TagSpecification},
+    types::{InstanceType, NetworkInterface, ResourceType, Tag, TagSpecification},
 };
 use ipnet::Ipv4Net;
 use vpcnet_agent::cloud::{
@@ -648,16 +648,21 @@ fn check_created(eni: &EniInfo, world: &World) {
     assert!(!eni.no_manage());
 }
 
-/// What `EniInfo` does not carry but the agent sends: the description
-/// aws-node gives its ENIs and the security group.
-async fn check_wire_fields(ec2: &aws_sdk_ec2::Client, eni_id: &str, world: &World) {
+/// ENI `eni_id` as moto describes it to the SDK.
+async fn described(ec2: &aws_sdk_ec2::Client, eni_id: &str) -> NetworkInterface {
     let out = ec2
         .describe_network_interfaces()
         .network_interface_ids(eni_id)
         .send()
         .await
         .unwrap();
-    let eni = &out.network_interfaces()[0];
+    out.network_interfaces()[0].clone()
+}
+
+/// What `EniInfo` does not carry but the agent sends: the description
+/// aws-node gives its ENIs and the security group.
+async fn check_wire_fields(ec2: &aws_sdk_ec2::Client, eni_id: &str, world: &World) {
+    let eni = described(ec2, eni_id).await;
     assert_eq!(
         eni.description(),
         Some(eni_description(&world.instance_id).as_str())
@@ -673,13 +678,8 @@ async fn check_wire_fields(ec2: &aws_sdk_ec2::Client, eni_id: &str, world: &Worl
 /// stays as attach made it: what is checked here is that the call parsed
 /// and that the flag is described. Returns the flag, for the table.
 async fn delete_on_termination(ec2: &aws_sdk_ec2::Client, eni_id: &str) -> bool {
-    let out = ec2
-        .describe_network_interfaces()
-        .network_interface_ids(eni_id)
-        .send()
-        .await
-        .unwrap();
-    let attachment = out.network_interfaces()[0].attachment().unwrap();
+    let eni = described(ec2, eni_id).await;
+    let attachment = eni.attachment().unwrap();
     attachment
         .delete_on_termination()
         .unwrap_or_else(|| panic!("no deleteOnTermination: {attachment:?}"))

@@ -7,8 +7,8 @@ use aws_sdk_ec2::{
     config::http::HttpResponse,
     error::{ProvideErrorMetadata, SdkError},
     types::{
-        Filter, NetworkInterface, NetworkInterfaceAttachmentChanges, ResourceType, Subnet, Tag,
-        TagSpecification,
+        AssignedPrivateIpAddress, Filter, Ipv4PrefixSpecification, NetworkInterface,
+        NetworkInterfaceAttachmentChanges, ResourceType, Subnet, Tag, TagSpecification,
     },
 };
 use ipnet::Ipv4Net;
@@ -255,6 +255,24 @@ pub fn managed_eni_tags(
 
 fn filter(name: &str, value: &str) -> Filter {
     Filter::builder().name(name).values(value).build()
+}
+
+/// Each of `items` parsed from its `field` (`get`): what an assignment
+/// answered.
+fn parsed_each<I, T: std::str::FromStr>(
+    items: &[I],
+    action: &'static str,
+    field: &'static str,
+    get: impl Fn(&I) -> Option<&str>,
+) -> Result<Vec<T>, CloudError> {
+    items
+        .iter()
+        .map(|item| {
+            get(item)
+                .and_then(|v| v.parse().ok())
+                .ok_or(CloudError::Incomplete { action, field })
+        })
+        .collect()
 }
 
 fn count(n: usize) -> i32 {
@@ -522,17 +540,12 @@ impl Cloud {
                 .send(),
         )
         .await?;
-        out.assigned_private_ip_addresses()
-            .iter()
-            .map(|a| {
-                a.private_ip_address()
-                    .and_then(|a| a.parse().ok())
-                    .ok_or(CloudError::Incomplete {
-                        action: ACTION,
-                        field: "PrivateIpAddress",
-                    })
-            })
-            .collect()
+        parsed_each(
+            out.assigned_private_ip_addresses(),
+            ACTION,
+            "PrivateIpAddress",
+            AssignedPrivateIpAddress::private_ip_address,
+        )
     }
 
     /// Assigns `n` /28 prefixes EC2 picks.
@@ -551,17 +564,12 @@ impl Cloud {
                 .send(),
         )
         .await?;
-        out.assigned_ipv4_prefixes()
-            .iter()
-            .map(|p| {
-                p.ipv4_prefix()
-                    .and_then(|p| p.parse().ok())
-                    .ok_or(CloudError::Incomplete {
-                        action: ACTION,
-                        field: "Ipv4Prefix",
-                    })
-            })
-            .collect()
+        parsed_each(
+            out.assigned_ipv4_prefixes(),
+            ACTION,
+            "Ipv4Prefix",
+            Ipv4PrefixSpecification::ipv4_prefix,
+        )
     }
 
     pub async fn unassign_addrs(&self, eni_id: &str, addrs: &[Ipv4Addr]) -> Result<(), CloudError> {

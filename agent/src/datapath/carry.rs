@@ -89,25 +89,27 @@ impl Carry {
         })
     }
 
-    /// The first pass, before the new programs are swapped in.
-    pub fn before_swap(
+    /// One `pass` of this map's entries into the new `maps` (see the
+    /// module's documentation for what each pass carries).
+    pub fn pass(
         &mut self,
+        pass: Pass,
         maps: &mut DatapathMaps,
         ebpf: &mut Ebpf,
     ) -> Result<(), DatapathError> {
         let name = self.map.name;
         let err = |source| DatapathError::Map { name, source };
         let from_layout = self.from_layout;
-        let tally = match &mut self.source {
-            Source::Config(from) => {
+        let tally = match (pass, &mut self.source) {
+            (Pass::BeforeSwap, Source::Config(from)) => {
                 maps.set_config(&from.get(&0, 0).map_err(err)?)?;
                 Tally::one()
             }
-            Source::Timeouts(from) => {
+            (Pass::BeforeSwap, Source::Timeouts(from)) => {
                 maps.set_timeouts(&from.get(&0, 0).map_err(err)?)?;
                 Tally::one()
             }
-            Source::Cidrs(from) => {
+            (Pass::BeforeSwap, Source::Cidrs(from)) => {
                 let mut tally = Tally::default();
                 for entry in from.iter() {
                     let (key, value): (Key<[u8; 4]>, CidrValue) = entry.map_err(err)?;
@@ -117,7 +119,7 @@ impl Carry {
                 }
                 tally
             }
-            Source::ExternalServiceCidrs(from) => {
+            (Pass::BeforeSwap, Source::ExternalServiceCidrs(from)) => {
                 let mut tally = Tally::default();
                 for entry in from.iter() {
                     let (key, value) = entry.map_err(err)?;
@@ -131,7 +133,7 @@ impl Carry {
                 }
                 tally
             }
-            Source::Flows(from, copied) => {
+            (Pass::BeforeSwap, Source::Flows(from, copied)) => {
                 let to = flows_of_mut(maps, name);
                 let entries = batch::read_all(from).map_err(err)?;
                 let mut tally = Tally::default();
@@ -147,28 +149,9 @@ impl Carry {
                 copied.extend(entries);
                 tally
             }
-            Source::FragPaths(from) => copy_absent(from, &frag_paths(ebpf)?).map_err(err)?,
-            // After the swap only: see the module's documentation.
-            Source::Counters(_) => Tally::default(),
-            Source::Endpoints(from) => copy_absent(from, &maps.endpoints).map_err(err)?,
-            Source::Enis(from) => copy_absent(from, &maps.enis).map_err(err)?,
-        };
-        self.tally.merge(tally);
-        Ok(())
-    }
-
-    /// The second pass, once the new programs run: what the old ones did
-    /// after the first.
-    pub fn after_swap(
-        &mut self,
-        maps: &mut DatapathMaps,
-        ebpf: &mut Ebpf,
-    ) -> Result<(), DatapathError> {
-        let name = self.map.name;
-        let err = |source| DatapathError::Map { name, source };
-        let from_layout = self.from_layout;
-        let tally = match &mut self.source {
-            Source::Flows(from, copied) => {
+            // The flows the old programs created between the passes; the
+            // TCP flags they saw added to the copies.
+            (Pass::AfterSwap, Source::Flows(from, copied)) => {
                 let to = flows_of_mut(maps, name);
                 let mut tally = Tally::default();
                 let mut added = Vec::new();
@@ -190,18 +173,38 @@ impl Carry {
                 }
                 tally
             }
-            Source::FragPaths(from) => copy_absent(from, &frag_paths(ebpf)?).map_err(err)?,
-            Source::Counters(from) => add_counters(from, &mut maps.counters, from_layout)?,
-            Source::Config(_)
-            | Source::Timeouts(_)
-            | Source::Cidrs(_)
-            | Source::ExternalServiceCidrs(_)
-            | Source::Endpoints(_)
-            | Source::Enis(_) => Tally::default(),
+            (_, Source::FragPaths(from)) => copy_absent(from, &frag_paths(ebpf)?).map_err(err)?,
+            (Pass::BeforeSwap, Source::Endpoints(from)) => {
+                copy_absent(from, &maps.endpoints).map_err(err)?
+            }
+            (Pass::BeforeSwap, Source::Enis(from)) => copy_absent(from, &maps.enis).map_err(err)?,
+            // Counters after the swap only: see the module's documentation.
+            (Pass::AfterSwap, Source::Counters(from)) => {
+                add_counters(from, &mut maps.counters, from_layout)?
+            }
+            (Pass::BeforeSwap, Source::Counters(_))
+            | (
+                Pass::AfterSwap,
+                Source::Config(_)
+                | Source::Timeouts(_)
+                | Source::Cidrs(_)
+                | Source::ExternalServiceCidrs(_)
+                | Source::Endpoints(_)
+                | Source::Enis(_),
+            ) => Tally::default(),
         };
         self.tally.merge(tally);
         Ok(())
     }
+}
+
+/// The two passes around the swap of the programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Everything, before the new programs are swapped in.
+    BeforeSwap,
+    /// Once the new programs run: what the old ones did after the first.
+    AfterSwap,
 }
 
 /// Entries carried, and entries not carried: no room in the new map, or

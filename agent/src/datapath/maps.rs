@@ -40,25 +40,12 @@ pub struct DatapathMaps {
 impl DatapathMaps {
     /// Takes the maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
-        let mut take =
-            |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name));
-        Self::from_maps([
-            take(maps::CONFIG)?,
-            take(maps::CT_TIMEOUTS)?,
-            take(maps::CIDRS)?,
-            take(maps::NAT_FWD)?,
-            take(maps::NAT_REV)?,
-            take(maps::COUNTERS)?,
-            take(maps::ENDPOINTS)?,
-            take(maps::ENIS)?,
-            take(maps::STACK_FLOWS)?,
-            take(maps::EXTERNAL_SERVICE_CIDRS)?,
-        ])
+        Self::from_named(|name| ebpf.take_map(name).ok_or(DatapathError::MissingMap(name)))
     }
 
     /// Opens the maps a running (or previous) agent pinned in `pin_dir`.
     pub fn open_pinned(pin_dir: &Path) -> Result<Self, DatapathError> {
-        let open = |name: &'static str| {
+        Self::from_named(|name| {
             let map = maps::ALL
                 .into_iter()
                 .find(|map| map.name == name)
@@ -67,22 +54,28 @@ impl DatapathMaps {
             MapData::from_pin(&path)
                 .and_then(Map::from_map_data)
                 .map_err(|source| DatapathError::OpenPinned { path, source })
-        };
+        })
+    }
+
+    /// Each map by its name from `get`, in the order `from_maps` takes them.
+    fn from_named(
+        mut get: impl FnMut(&'static str) -> Result<Map, DatapathError>,
+    ) -> Result<Self, DatapathError> {
         Self::from_maps([
-            open(maps::CONFIG)?,
-            open(maps::CT_TIMEOUTS)?,
-            open(maps::CIDRS)?,
-            open(maps::NAT_FWD)?,
-            open(maps::NAT_REV)?,
-            open(maps::COUNTERS)?,
-            open(maps::ENDPOINTS)?,
-            open(maps::ENIS)?,
-            open(maps::STACK_FLOWS)?,
-            open(maps::EXTERNAL_SERVICE_CIDRS)?,
+            get(maps::CONFIG)?,
+            get(maps::CT_TIMEOUTS)?,
+            get(maps::CIDRS)?,
+            get(maps::NAT_FWD)?,
+            get(maps::NAT_REV)?,
+            get(maps::COUNTERS)?,
+            get(maps::ENDPOINTS)?,
+            get(maps::ENIS)?,
+            get(maps::STACK_FLOWS)?,
+            get(maps::EXTERNAL_SERVICE_CIDRS)?,
         ])
     }
 
-    /// From the maps in the order `from_ebpf` and `open_pinned` give them.
+    /// From the maps in the order `from_named` gives them.
     fn from_maps(
         [
             config,
@@ -190,31 +183,23 @@ impl DatapathMaps {
     }
 
     pub fn config(&self) -> Result<Config, DatapathError> {
-        self.config
-            .get(&0, 0)
-            .map_err(DatapathError::map(maps::CONFIG))
+        only_entry(&self.config, maps::CONFIG)
     }
 
     /// Writes the configuration: the programs read it on the next packet.
     pub fn set_config(&mut self, config: &Config) -> Result<(), DatapathError> {
-        self.config
-            .set(0, *config, 0)
-            .map_err(DatapathError::map(maps::CONFIG))
+        set_only_entry(&mut self.config, maps::CONFIG, *config)
     }
 
     /// The flow timeouts the programs and the garbage collector use (zero
     /// fields: netfilter's defaults).
     pub fn timeouts(&self) -> Result<Timeouts, DatapathError> {
-        self.ct_timeouts
-            .get(&0, 0)
-            .map_err(DatapathError::map(maps::CT_TIMEOUTS))
+        only_entry(&self.ct_timeouts, maps::CT_TIMEOUTS)
     }
 
     /// Writes the flow timeouts: the programs judge the next flow by them.
     pub fn set_timeouts(&mut self, timeouts: &Timeouts) -> Result<(), DatapathError> {
-        self.ct_timeouts
-            .set(0, *timeouts, 0)
-            .map_err(DatapathError::map(maps::CT_TIMEOUTS))
+        set_only_entry(&mut self.ct_timeouts, maps::CT_TIMEOUTS, *timeouts)
     }
 
     /// Makes the CIDR trie hold exactly `prefixes`: adds the new ones first,
@@ -333,6 +318,24 @@ impl DatapathMaps {
             .map(|per_cpu| per_cpu.iter().sum())
             .map_err(DatapathError::map(maps::COUNTERS))
     }
+}
+
+/// The one entry of single-entry array map `name` (the configuration, the
+/// timeouts).
+fn only_entry<T: aya::Pod>(
+    array: &Array<MapData, T>,
+    name: &'static str,
+) -> Result<T, DatapathError> {
+    array.get(&0, 0).map_err(DatapathError::map(name))
+}
+
+/// Writes the one entry of single-entry array map `name`.
+fn set_only_entry<T: aya::Pod>(
+    array: &mut Array<MapData, T>,
+    name: &'static str,
+    value: T,
+) -> Result<(), DatapathError> {
+    array.set(0, value, 0).map_err(DatapathError::map(name))
 }
 
 fn prefix_len_u8(len: u32) -> u8 {

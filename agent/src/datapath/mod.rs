@@ -27,6 +27,7 @@ use aya::{
         tc::{SchedClassifierLink, TcAttachOptions},
     },
 };
+use carry::Pass;
 pub use error::DatapathError;
 pub use maps::DatapathMaps;
 pub use nat::{
@@ -207,11 +208,11 @@ impl Datapath {
         };
         let mut carries = plans.carries;
         for carry in &mut carries {
-            carry.before_swap(&mut datapath.maps, &mut datapath.ebpf)?;
+            carry.pass(Pass::BeforeSwap, &mut datapath.maps, &mut datapath.ebpf)?;
         }
         datapath.adopt_pinned_links()?;
         for carry in &mut carries {
-            carry.after_swap(&mut datapath.maps, &mut datapath.ebpf)?;
+            carry.pass(Pass::AfterSwap, &mut datapath.maps, &mut datapath.ebpf)?;
             report_carried(carry);
             remove_pin(&carry.from.path);
         }

@@ -647,22 +647,14 @@ mod tests {
 
     #[test]
     fn the_rounding_follows_the_release() {
-        assert_eq!(
-            FrameRounding::of_release("6.1.0-50-amd64"),
-            FrameRounding::Before6_9
-        );
-        assert_eq!(
-            FrameRounding::of_release("6.8.12"),
-            FrameRounding::Before6_9
-        );
-        assert_eq!(
-            FrameRounding::of_release("6.12.95+deb12-amd64"),
-            FrameRounding::Jit16
-        );
-        assert_eq!(
-            FrameRounding::of_release("6.18.44-fc-v782"),
-            FrameRounding::Jit16
-        );
+        for (release, rounding) in [
+            ("6.1.0-50-amd64", FrameRounding::Before6_9),
+            ("6.8.12", FrameRounding::Before6_9),
+            ("6.12.95+deb12-amd64", FrameRounding::Jit16),
+            ("6.18.44-fc-v782", FrameRounding::Jit16),
+        ] {
+            assert_eq!(FrameRounding::of_release(release), rounding, "{release}");
+        }
         // The 6.1 refusal: 360 + 0 + 128 is 544 there.
         let chain = StackUse {
             chain: [360, 128, 0]

@@ -33,29 +33,22 @@ pub enum ClientError {
 pub async fn get(addr: &ListenAddr, path: &str) -> Result<(StatusCode, Bytes), ClientError> {
     const TIMEOUT: Duration = Duration::from_secs(30);
     let shown = addr.to_string();
-    let exchange =
-        async {
-            match addr {
-                ListenAddr::Tcp(socket) => {
-                    let stream = TcpStream::connect(socket).await.map_err(|source| {
-                        ClientError::Connect {
-                            addr: shown.clone(),
-                            source,
-                        }
-                    })?;
-                    exchange(stream, &socket.to_string(), path, &shown).await
-                }
-                ListenAddr::Unix(socket) => {
-                    let stream = UnixStream::connect(socket).await.map_err(|source| {
-                        ClientError::Connect {
-                            addr: shown.clone(),
-                            source,
-                        }
-                    })?;
-                    exchange(stream, "localhost", path, &shown).await
-                }
+    let exchange = async {
+        match addr {
+            ListenAddr::Tcp(socket) => {
+                exchange(
+                    TcpStream::connect(socket),
+                    &socket.to_string(),
+                    path,
+                    &shown,
+                )
+                .await
             }
-        };
+            ListenAddr::Unix(socket) => {
+                exchange(UnixStream::connect(socket), "localhost", path, &shown).await
+            }
+        }
+    };
     tokio::time::timeout(TIMEOUT, exchange)
         .await
         .map_err(|_| ClientError::Timeout {
@@ -64,8 +57,9 @@ pub async fn get(addr: &ListenAddr, path: &str) -> Result<(StatusCode, Bytes), C
         })?
 }
 
+/// Connects with `connect` and sends the request for `path`.
 async fn exchange<S>(
-    stream: S,
+    connect: impl Future<Output = std::io::Result<S>>,
     host: &str,
     path: &str,
     shown: &str,
@@ -73,6 +67,10 @@ async fn exchange<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let stream = connect.await.map_err(|source| ClientError::Connect {
+        addr: shown.to_owned(),
+        source,
+    })?;
     let http = |source| ClientError::Http {
         addr: shown.to_owned(),
         source,

@@ -357,72 +357,48 @@ mod tests {
             .2
     }
 
+    /// A sample's name, labels and value.
+    type Expected<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+
     #[test]
     fn metrics_with_the_address_manager() {
         let text = render_metrics(&snapshot(true)).unwrap();
         let (types, samples) = parse(&text);
-        assert_eq!(value(&samples, "awscni_eni_allocated", &[]), 2);
-        assert_eq!(value(&samples, "awscni_eni_max", &[]), 3);
-        assert_eq!(value(&samples, "awscni_ip_max", &[]), 27);
-        assert_eq!(value(&samples, "awscni_total_ip_addresses", &[]), 18);
-        assert_eq!(value(&samples, "awscni_assigned_ip_addresses", &[]), 3);
-        assert_eq!(value(&samples, "awscni_add_ip_req_count", &[]), 5);
-        assert_eq!(value(&samples, "awscni_no_available_ip_addresses", &[]), 1);
-        assert_eq!(
-            value(&samples, "awscni_ipamd_error_count", &[("fn", "reconcile")]),
-            2
-        );
-        assert_eq!(
-            value(&samples, "awscni_assigned_ip_per_eni", &[("eni", "eni-0")]),
-            2
-        );
-        // A label value with a quote and a line feed comes back intact.
-        assert_eq!(
-            value(
-                &samples,
-                "awscni_assigned_ip_per_eni",
-                &[("eni", "eni-\"odd\"\n")]
-            ),
-            1
-        );
-        assert_eq!(value(&samples, "vpcnet_ipam_released_total", &[]), 1);
-        assert_eq!(value(&samples, "vpcnet_ipam_cooling_ip_addresses", &[]), 1);
-        // NAT pressure: each map's fill, the busiest remote endpoints, the
-        // collector's work.
-        assert_eq!(value(&samples, "vpcnet_nat_flows", &[]), 5);
-        assert_eq!(
-            value(&samples, "vpcnet_map_entries", &[("map", "VPCNET_NAT_REV")]),
-            6
-        );
-        assert_eq!(
-            value(
-                &samples,
+        let expected: &[Expected] = &[
+            ("awscni_eni_allocated", &[], 2),
+            ("awscni_eni_max", &[], 3),
+            ("awscni_ip_max", &[], 27),
+            ("awscni_total_ip_addresses", &[], 18),
+            ("awscni_assigned_ip_addresses", &[], 3),
+            ("awscni_add_ip_req_count", &[], 5),
+            ("awscni_no_available_ip_addresses", &[], 1),
+            ("awscni_ipamd_error_count", &[("fn", "reconcile")], 2),
+            ("awscni_assigned_ip_per_eni", &[("eni", "eni-0")], 2),
+            // A label value with a quote and a line feed comes back intact.
+            ("awscni_assigned_ip_per_eni", &[("eni", "eni-\"odd\"\n")], 1),
+            ("vpcnet_ipam_released_total", &[], 1),
+            ("vpcnet_ipam_cooling_ip_addresses", &[], 1),
+            // NAT pressure: each map's fill, the busiest remote endpoints,
+            // the collector's work.
+            ("vpcnet_nat_flows", &[], 5),
+            ("vpcnet_map_entries", &[("map", "VPCNET_NAT_REV")], 6),
+            (
                 "vpcnet_map_capacity",
-                &[("map", "VPCNET_STACK_PAIRS")]
+                &[("map", "VPCNET_STACK_PAIRS")],
+                262_144,
             ),
-            262_144
-        );
-        assert_eq!(
-            value(
-                &samples,
+            (
                 "vpcnet_nat_remote_endpoint_ports",
-                &[("proto", "tcp"), ("remote", "203.0.113.10:443")]
+                &[("proto", "tcp"), ("remote", "203.0.113.10:443")],
+                4,
             ),
-            4
-        );
-        assert_eq!(value(&samples, "vpcnet_gc_passes_total", &[]), 7);
-        assert_eq!(
-            value(&samples, "vpcnet_gc_last_pass_microseconds", &[]),
-            1500
-        );
-        assert_eq!(
-            value(
-                &samples,
-                "vpcnet_gc_removed_total",
-                &[("reason", "expired")]
-            ),
-            9
-        );
+            ("vpcnet_gc_passes_total", &[], 7),
+            ("vpcnet_gc_last_pass_microseconds", &[], 1500),
+            ("vpcnet_gc_removed_total", &[("reason", "expired")], 9),
+        ];
+        for (name, labels, want) in expected {
+            assert_eq!(value(&samples, name, labels), *want, "{name}{labels:?}");
+        }
         // Counters are counters, pool figures gauges.
         for (name, kind) in [
             ("awscni_add_ip_req_count", "counter"),

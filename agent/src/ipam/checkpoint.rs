@@ -448,6 +448,16 @@ mod tests {
             self.0.join("ipam.json")
         }
 
+        /// A directory whose checkpoint file already holds one entry: the
+        /// previous file a failed write must keep. Its path and content too.
+        fn with_previous(name: &str) -> (Self, PathBuf, Checkpoint) {
+            let dir = Self::new(name);
+            let path = dir.file();
+            let before = Checkpoint::new(vec![entry("old", [10, 0, 0, 1], "old")]);
+            before.write(&path).unwrap();
+            (dir, path, before)
+        }
+
         fn names(&self) -> Vec<String> {
             let mut names: Vec<String> = fs::read_dir(&self.0)
                 .unwrap()
@@ -647,10 +657,7 @@ mod tests {
 
     #[test]
     fn failure_while_writing_keeps_the_previous_file() {
-        let dir = TestDir::new("midway");
-        let path = dir.file();
-        let before = Checkpoint::new(vec![entry("old", [10, 0, 0, 1], "old")]);
-        before.write(&path).unwrap();
+        let (dir, path, before) = TestDir::with_previous("midway");
 
         // Half the new file written, then the disk fails.
         let after = Checkpoint::new(vec![entry("new", [10, 0, 0, 2], "new")]);
@@ -698,10 +705,7 @@ mod tests {
 
     #[test]
     fn uncreatable_temporary_file_keeps_the_previous_file() {
-        let dir = TestDir::new("readonly");
-        let path = dir.file();
-        let before = Checkpoint::new(vec![entry("old", [10, 0, 0, 1], "old")]);
-        before.write(&path).unwrap();
+        let (dir, path, before) = TestDir::with_previous("readonly");
 
         // A read-only directory; root ignores the mode, so check it bites.
         fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o555)).unwrap();

@@ -360,25 +360,17 @@ impl Datastore {
     /// What goes on disk: every assignment, in the VPC CNI's format.
     #[must_use]
     pub fn checkpoint(&self) -> Checkpoint {
-        let mut allocations = Vec::new();
-        for eni in self.enis.values() {
-            for (addr, a) in &eni.addrs {
-                if let AddrState::Assigned {
-                    key,
-                    metadata,
-                    since_unix_ns,
-                } = &a.state
-                {
-                    allocations.push(CheckpointEntry {
-                        key: key.clone(),
-                        ipv4: Some(*addr),
-                        ipv6: None,
-                        allocation_timestamp: *since_unix_ns,
-                        metadata: metadata.clone(),
-                    });
-                }
-            }
-        }
+        let allocations = self
+            .assignments()
+            .into_iter()
+            .map(|a| CheckpointEntry {
+                key: a.key,
+                ipv4: Some(a.addr),
+                ipv6: None,
+                allocation_timestamp: a.since_unix_ns,
+                metadata: a.metadata,
+            })
+            .collect();
         Checkpoint::new(allocations)
     }
 

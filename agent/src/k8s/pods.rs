@@ -180,30 +180,25 @@ impl NodePods {
     /// the background (an ADD does not wait for the API server; the patch
     /// is retried with backoff while the server fails).
     pub fn annotate_added(&self, namespace: &str, name: &str, addr: Ipv4Addr) {
-        if !self.annotate_pod_ip {
-            return;
-        }
-        let (pods, namespace, name) = (self.clone(), namespace.to_owned(), name.to_owned());
-        tokio::spawn(async move {
-            pods.retry_annotation(&namespace, &name, || async {
-                pods.set_pod_ips(&namespace, &name, &addr.to_string(), None)
-                    .await
-            })
-            .await;
-        });
+        self.annotate(namespace, name, addr.to_string(), None);
     }
 
     /// With `ANNOTATE_POD_IP`: the annotation blanked on DEL, if it still
     /// holds the address released (a pod deleted meanwhile is fine).
     pub fn annotate_deleted(&self, namespace: &str, name: &str, released: Ipv4Addr) {
+        self.annotate(namespace, name, String::new(), Some(released));
+    }
+
+    /// With `ANNOTATE_POD_IP`: [`Self::set_pod_ips`] in the background,
+    /// retried.
+    fn annotate(&self, namespace: &str, name: &str, value: String, released: Option<Ipv4Addr>) {
         if !self.annotate_pod_ip {
             return;
         }
         let (pods, namespace, name) = (self.clone(), namespace.to_owned(), name.to_owned());
         tokio::spawn(async move {
             pods.retry_annotation(&namespace, &name, || async {
-                pods.set_pod_ips(&namespace, &name, "", Some(released))
-                    .await
+                pods.set_pod_ips(&namespace, &name, &value, released).await
             })
             .await;
         });

@@ -65,15 +65,8 @@ impl State {
                 // Left alone: only its being there matters.
                 return false;
             };
-            let addrs: BTreeSet<Ipv4Addr> = listed
-                .local_ipv4s
-                .iter()
-                .copied()
-                .filter(|a| Some(*a) != tracked.primary_addr)
-                .collect();
-            let prefixes: BTreeSet<Ipv4Net> = listed.prefixes.iter().copied().collect();
-            addrs != record.secondary_addrs().into_iter().collect()
-                || prefixes != record.prefixes().into_iter().collect()
+            listed_sets(&listed.local_ipv4s, tracked.primary_addr, &listed.prefixes)
+                != pooled_sets(record)
         })
     }
 
@@ -99,37 +92,15 @@ impl State {
     /// pool holds that EC2 no longer lists (lost), leaving out what the
     /// agent itself changed within [`RECENT_GRACE`] of `now`.
     fn addr_changes(&self, record: &EniRecord, eni: &EniInfo, now: Instant) -> AddrChanges {
-        let pooled_addrs: BTreeSet<Ipv4Addr> = record.secondary_addrs().into_iter().collect();
-        let pooled_prefixes: BTreeSet<Ipv4Net> = record.prefixes().into_iter().collect();
-        let listed_addrs: BTreeSet<Ipv4Addr> = eni
-            .secondary_addrs
-            .iter()
-            .copied()
-            .filter(|a| Some(*a) != eni.primary_addr)
-            .collect();
-        let listed_prefixes: BTreeSet<Ipv4Net> = eni.prefixes.iter().copied().collect();
-        let settled_addr = |a: &&Ipv4Addr| !self.changed_recently(Ipv4Net::from(**a), now);
-        let settled_prefix = |p: &&Ipv4Net| !self.changed_recently(**p, now);
-        let found_addrs: Vec<Ipv4Addr> = listed_addrs
-            .difference(&pooled_addrs)
-            .filter(settled_addr)
-            .copied()
-            .collect();
-        let found_prefixes: Vec<Ipv4Net> = listed_prefixes
-            .difference(&pooled_prefixes)
-            .filter(settled_prefix)
-            .copied()
-            .collect();
-        let lost_addrs: Vec<Ipv4Addr> = pooled_addrs
-            .difference(&listed_addrs)
-            .filter(settled_addr)
-            .copied()
-            .collect();
-        let lost_prefixes: Vec<Ipv4Net> = pooled_prefixes
-            .difference(&listed_prefixes)
-            .filter(settled_prefix)
-            .copied()
-            .collect();
+        let (pooled_addrs, pooled_prefixes) = pooled_sets(record);
+        let (listed_addrs, listed_prefixes) =
+            listed_sets(&eni.secondary_addrs, eni.primary_addr, &eni.prefixes);
+        let settled_addr = |a: &Ipv4Addr| !self.changed_recently(Ipv4Net::from(*a), now);
+        let settled_prefix = |p: &Ipv4Net| !self.changed_recently(*p, now);
+        let found_addrs = settled_beyond(&listed_addrs, &pooled_addrs, settled_addr);
+        let found_prefixes = settled_beyond(&listed_prefixes, &pooled_prefixes, settled_prefix);
+        let lost_addrs = settled_beyond(&pooled_addrs, &listed_addrs, settled_addr);
+        let lost_prefixes = settled_beyond(&pooled_prefixes, &listed_prefixes, settled_prefix);
         AddrChanges {
             found_addrs,
             found_prefixes,
@@ -137,6 +108,43 @@ impl State {
             lost_prefixes,
         }
     }
+}
+
+/// A listed ENI's secondary addresses (all but its `primary`) and its
+/// prefixes, as sets to compare with [`pooled_sets`].
+fn listed_sets(
+    addrs: &[Ipv4Addr],
+    primary: Option<Ipv4Addr>,
+    prefixes: &[Ipv4Net],
+) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Net>) {
+    (
+        addrs
+            .iter()
+            .copied()
+            .filter(|a| Some(*a) != primary)
+            .collect(),
+        prefixes.iter().copied().collect(),
+    )
+}
+
+/// The secondary addresses and prefixes the pool holds on an ENI.
+fn pooled_sets(record: &EniRecord) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Net>) {
+    (
+        record.secondary_addrs().into_iter().collect(),
+        record.prefixes().into_iter().collect(),
+    )
+}
+
+/// What `of` has beyond `than`, leaving out what is not `settled`.
+fn settled_beyond<T: Ord + Copy>(
+    of: &BTreeSet<T>,
+    than: &BTreeSet<T>,
+    settled: impl Fn(&T) -> bool,
+) -> Vec<T> {
+    of.difference(than)
+        .copied()
+        .filter(|x| settled(x))
+        .collect()
 }
 
 impl Manager {
