@@ -5,6 +5,11 @@
 /// leave un-NATed (a NAT gateway translates them).
 pub const FLAG_EXTERNAL_SNAT: u32 = 1 << 0;
 
+/// Network policy is enforced (`ENABLE_NETWORK_POLICY=true`): local pods'
+/// packets are judged by their identities in `POLICY_PODS`. Off, the
+/// programs never look at the policy maps.
+pub const FLAG_NETWORK_POLICY: u32 = 1 << 1;
+
 /// The skb mark bit `pod_egress` sets on a pod's packet to a service CIDR
 /// before handing it to the stack, so that `eni_egress`, after kube-proxy's
 /// DNAT, knows the flow's replies must go back through the stack to be
@@ -92,6 +97,11 @@ impl Config {
     #[must_use]
     pub const fn external_snat(&self) -> bool {
         self.flags & FLAG_EXTERNAL_SNAT != 0
+    }
+
+    #[must_use]
+    pub const fn network_policy(&self) -> bool {
+        self.flags & FLAG_NETWORK_POLICY != 0
     }
 
     #[must_use]

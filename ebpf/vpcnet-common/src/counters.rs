@@ -121,6 +121,10 @@ counters! {
     NatEarlyDrop => "nat_early_drop", "NAT: the table was full, an unanswered flow created shortly before was dropped to make room for a new one (conntrack's early drop)";
     PodExternalService => "pod_pass_external_service", "pod: a pod on a secondary ENI to an AWS_EXTERNAL_SERVICE_CIDRS destination, passed to the stack to take the node's route (aws-node's rule 1535: the main table), its replies back through it";
     EgressExternalService => "egress_external_service", "egress: a pod's packet to an AWS_EXTERNAL_SERVICE_CIDRS destination, left on the route the stack gave it instead of steered to the pod's own ENI";
+    PolicyFlowNew => "policy_flow_new", "policy: a new connection the rules of both ends allow, tracked";
+    PolicyFlowPickedUp => "policy_flow_picked_up", "policy: a TCP connection opened before it was tracked (a take-over, a flow evicted or revalidated) whose other end the rules allow to open it, tracked";
+    DropPolicyEgress => "drop_policy_egress", "dropped: network policy: the sending pod's egress rules do not allow it";
+    DropPolicyIngress => "drop_policy_ingress", "dropped: network policy: the receiving pod's ingress rules do not allow it";
 
 }
 

@@ -17,6 +17,7 @@ pub mod counters;
 pub mod endpoint;
 pub mod maps;
 pub mod nat;
+pub mod policy;
 
 /// Marks a `#[repr(C)]` type as plain data for aya's user-space maps.
 macro_rules! impl_pod {

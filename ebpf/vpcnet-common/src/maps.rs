@@ -45,6 +45,16 @@ pub const EXTERNAL_SERVICE_CIDRS: &str = "VPCNET_EXT_SERVICE_CIDRS";
 /// the pod's address and port in both; a pair lives as long as conntrack
 /// keeps the connection (see `nat::flow_expired`).
 pub const STACK_FLOWS: &str = "VPCNET_STACK_PAIRS";
+/// `HashMap<u32 (pod address), PodPolicy>`: each local pod's policy
+/// identities (see [`crate::policy`]).
+pub const POLICY_PODS: &str = "VPCNET_POLICY_PODS";
+/// `LpmTrie<[u8; 8] (identity, peer address), PortSet>`: the peer prefixes
+/// each identity allows, and the ports they may use.
+pub const POLICY_CIDRS: &str = "VPCNET_POLICY_CIDRS";
+/// `LpmTrie<[u8; 8] (port set, protocol, port), PortAllowed>`.
+pub const POLICY_PORTS: &str = "VPCNET_POLICY_PORTS";
+/// `LruHashMap<FlowKey, PolicyFlow>`: connections policy let through.
+pub const POLICY_FLOWS: &str = "VPCNET_POLICY_FLOWS";
 /// A pinned map and the layout of its entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PinnedMap {
@@ -63,7 +73,7 @@ const fn pinned(name: &'static str, layout: u16) -> PinnedMap {
 
 /// Every pinned map with its layout, for loading, clean-up and the object
 /// check.
-pub const ALL: [PinnedMap; 11] = [
+pub const ALL: [PinnedMap; 15] = [
     pinned(CONFIG, 1),
     pinned(CT_TIMEOUTS, 1),
     pinned(CIDRS, 1),
@@ -78,6 +88,10 @@ pub const ALL: [PinnedMap; 11] = [
     pinned(ENIS, 1),
     pinned(STACK_FLOWS, 1),
     pinned(EXTERNAL_SERVICE_CIDRS, 1),
+    pinned(POLICY_PODS, 1),
+    pinned(POLICY_CIDRS, 1),
+    pinned(POLICY_PORTS, 1),
+    pinned(POLICY_FLOWS, 1),
 ];
 
 /// Maps earlier versions pinned that this one no longer uses: removed at
@@ -110,6 +124,16 @@ pub const RECENT_FLOWS_LEN: u32 = 64;
 /// Default number of entries of the stack flows map: two per flow, so
 /// 131072 flows through the stack at once.
 pub const STACK_FLOWS_DEFAULT_ENTRIES: u32 = 262_144;
+
+/// Pods with a policy entry on one node.
+pub const POLICY_PODS_MAX_ENTRIES: u32 = ENDPOINTS_MAX_ENTRIES;
+/// Peer prefixes across every policy identity of a node.
+pub const POLICY_CIDRS_MAX_ENTRIES: u32 = 65_536;
+/// Port prefixes across every port set of a node.
+pub const POLICY_PORTS_MAX_ENTRIES: u32 = 65_536;
+/// Connections policy let through, tracked at once (as conntrack's
+/// default maximum); the least recently used gives way.
+pub const POLICY_FLOWS_DEFAULT_ENTRIES: u32 = 262_144;
 
 /// The tc programs, by function name in the object.
 pub const PROG_ENI_EGRESS: &str = "eni_egress";

@@ -20,7 +20,7 @@ use crate::{
         ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, IP_SADDR_OFF, Ipv4, L4,
         is_ipv4, l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
     },
-    stack,
+    policy, stack,
 };
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
@@ -37,6 +37,10 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         // The mark is ours only on IPv4 (`pod_egress` sets it there); on
         // anything else it is another's bit, and says nothing.
         if ipv4 {
+            // A pod's egress rules judge the backend kube-proxy chose.
+            if let Some(cfg) = config() {
+                policy::admit_in(ctx, cfg)?;
+            }
             remember_service_flow(ctx)?;
         }
     }

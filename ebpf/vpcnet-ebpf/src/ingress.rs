@@ -19,7 +19,7 @@ use crate::{
         ETH_HLEN, Fragment, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4, l4_csum_rel, load,
         parse_ipv4, parse_l4, set_addr, set_port,
     },
-    stack,
+    policy, stack,
 };
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
@@ -57,7 +57,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         Counter::IngressRevSnat
         | Counter::IngressIcmpErrorRevNat
         | Counter::IngressNotNode
-        | Counter::IngressInboundTracked => deliver(ctx, decision)?,
+        | Counter::IngressInboundTracked => deliver(ctx, cfg, decision)?,
         _ => decision.into(),
     };
     if ip.fragment == Fragment::First {
@@ -66,10 +66,11 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
     Ok(verdict)
 }
 
-/// A packet now addressed to a local pod goes straight into it, unless the
-/// pod is a strict security-group pod and this is not its branch ENI.
+/// A packet now addressed to a local pod goes straight into it, past the
+/// stack and `pod_ingress`, once policy let it, unless the pod is a strict
+/// security-group pod and this is not its branch ENI.
 #[inline(always)]
-fn deliver(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
+fn deliver(ctx: &TcContext, cfg: &Config, decision: Counter) -> Result<Verdict, Counter> {
     let daddr: u32 = load(ctx, IP_DADDR_OFF)?;
     let Some(ep) = endpoint(daddr) else {
         return Ok(decision.into());
@@ -83,6 +84,7 @@ fn deliver(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
         return Ok(Counter::IngressStackFlow.into());
     }
     count(decision);
+    policy::admit_in(ctx, cfg)?;
     to_pod(ctx, &ep, Counter::IngressToPod)
 }
 

@@ -1,7 +1,7 @@
 //! vpcnet's tc programs. One unit per job, following the packet: `packet`
 //! (headers, rewrites), `cidr` (the SNAT decision's lookup), `nat` (flows,
 //! ports), `stack` (flows kube-proxy must see), `icmp` (errors), `frag`
-//! (fragments), and the programs that compose them, `egress`, `ingress`
+//! (fragments), `policy` (network policy), and the programs that compose them, `egress`, `ingress`
 //! and `pod`.
 
 #![no_std]
@@ -17,6 +17,7 @@ mod maps;
 mod nat;
 mod packet;
 mod pod;
+mod policy;
 mod stack;
 
 use aya_ebpf::{bindings::TC_ACT_SHOT, macros::classifier, programs::TcContext};

@@ -14,9 +14,11 @@ use vpcnet_common::{
     maps::{
         CIDRS_MAX_ENTRIES, ENDPOINTS_MAX_ENTRIES, ENIS_MAX_ENTRIES,
         EXTERNAL_SERVICE_CIDRS_MAX_ENTRIES, FRAG_PATHS_MAX_ENTRIES, NAT_DEFAULT_ENTRIES,
-        STACK_FLOWS_DEFAULT_ENTRIES,
+        POLICY_CIDRS_MAX_ENTRIES, POLICY_FLOWS_DEFAULT_ENTRIES, POLICY_PODS_MAX_ENTRIES,
+        POLICY_PORTS_MAX_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
     },
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
+    policy::{PodPolicy, PolicyFlow, PortAllowed, PortSet},
 };
 
 use crate::nat::{ClaimSearch, RecentFlows};
@@ -53,6 +55,20 @@ pub static ENIS: HashMap<u32, Eni> = HashMap::pinned(ENIS_MAX_ENTRIES, 0);
 #[map(name = "VPCNET_STACK_PAIRS")]
 pub static STACK_FLOWS: HashMap<FlowKey, NatEntry> =
     HashMap::pinned(STACK_FLOWS_DEFAULT_ENTRIES, 0);
+
+#[map(name = "VPCNET_POLICY_PODS")]
+pub static POLICY_PODS: HashMap<u32, PodPolicy> = HashMap::pinned(POLICY_PODS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_POLICY_CIDRS")]
+pub static POLICY_CIDRS: LpmTrie<[u8; 8], PortSet> = LpmTrie::pinned(POLICY_CIDRS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_POLICY_PORTS")]
+pub static POLICY_PORTS: LpmTrie<[u8; 8], PortAllowed> =
+    LpmTrie::pinned(POLICY_PORTS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_POLICY_FLOWS")]
+pub static POLICY_FLOWS: LruHashMap<FlowKey, PolicyFlow> =
+    LruHashMap::pinned(POLICY_FLOWS_DEFAULT_ENTRIES, 0);
 
 /// The NAT's port search, one slot per CPU (see `nat::ClaimSearch`). Not
 /// pinned: it holds nothing between two packets.

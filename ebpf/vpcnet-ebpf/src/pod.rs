@@ -27,7 +27,7 @@ use crate::{
     frag,
     maps::{config, count, endpoint},
     packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, parse_ipv4, parse_l4, src_mac},
-    stack,
+    policy, stack,
 };
 
 /// `pod_egress`: a packet from a pod.
@@ -51,6 +51,11 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
     }
     if src_mac(ctx)? != ep.mac {
         return Err(Counter::DropSpoofedMac);
+    }
+    // Policy judges a service's backend, after kube-proxy's DNAT (in
+    // `pod_ingress` or `eni_egress`), not the service's address.
+    if cfg.network_policy() && cidr::lookup(ip.daddr) != Some(CidrKind::Service) {
+        policy::admit_in(ctx, cfg)?;
     }
     if ep.strict() {
         // Services still need kube-proxy's DNAT; the stack's route then
@@ -154,8 +159,8 @@ fn to_stack_and_back(ctx: &TcContext, counter: Counter) -> Verdict {
 
 /// `pod_ingress`: a packet the node's stack hands a pod. The stack only
 /// gets to do that for flows our fast paths did not take (kube-proxy's
-/// DNAT, the node's own sockets): remember the flow so the pod's replies go
-/// back through the stack too.
+/// DNAT, the node's own sockets): policy judges it, and the flow is
+/// remembered so the pod's replies go back through the stack too.
 pub fn ingress(ctx: &TcContext) -> Result<Verdict, Counter> {
     if !is_ipv4(ctx) {
         return Ok(Counter::PodNotIpv4.into());
@@ -163,6 +168,14 @@ pub fn ingress(ctx: &TcContext) -> Result<Verdict, Counter> {
     let ip = parse_ipv4(ctx, ETH_HLEN)?;
     if ip.fragment == Fragment::Later {
         return Ok(Counter::PodFragment.into());
+    }
+    // From a service's address: a reply kube-proxy un-DNATed, of a
+    // connection policy judged on its way to the backend.
+    if let Some(cfg) = config()
+        && cfg.network_policy()
+        && cidr::lookup(ip.saddr) != Some(CidrKind::Service)
+    {
+        policy::admit_in(ctx, cfg)?;
     }
     let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
         return Ok(Counter::PodIngressStack.into());

@@ -1,0 +1,237 @@
+//! Network policy, on every way a packet reaches a local pod or leaves one:
+//! the sender's egress rules and the receiver's ingress rules, for the
+//! first packet of a connection; its later packets, either way, pass on the
+//! connection's entry in `POLICY_FLOWS`.
+//!
+//! Why a tracker of its own: vpcnet's other flow tables hold only what is
+//! translated or goes through the stack, while policy must also know the
+//! pod-to-pod and in-VPC connections that are neither.
+
+use aya_ebpf::{maps::lpm_trie::Key, programs::TcContext};
+use vpcnet_common::{
+    cidr::CidrKind,
+    config::Config,
+    counters::Counter,
+    nat::{DEFAULT_TIMEOUTS, FlowKey, NS_PER_SEC, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    policy::{
+        OPENED_BY_KEY_DESTINATION, OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS,
+        POLICY_UNISOLATED, PORTS_ONE, PodPolicy, PolicyFlow, cidr_key_data, flow_key,
+        port_key_data,
+    },
+};
+
+use crate::{
+    cidr, icmp,
+    maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, count, timeouts},
+    nat::now_ns,
+    packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, load, parse_ipv4, parse_l4},
+};
+
+const PROTO_SCTP: u8 = 132;
+
+/// A packet as policy sees it: its tuple (ports for TCP, UDP and SCTP),
+/// whether it opens a connection whatever is known of it (a TCP SYN), and
+/// its ICMP type.
+struct Packet {
+    key: FlowKey,
+    syn: bool,
+    icmp_type: u8,
+}
+
+/// The packet now in `ctx` (after any rewrite) as policy sees it; `None`
+/// for what policy leaves alone: not IPv4, a later fragment (it follows its
+/// first fragment, which was judged).
+#[inline(always)]
+fn packet_in(ctx: &TcContext) -> Result<Option<(Ipv4, Packet)>, Counter> {
+    if !is_ipv4(ctx) {
+        return Ok(None);
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.fragment == Fragment::Later {
+        return Ok(None);
+    }
+    let (sport, dport, syn, icmp_type) = match parse_l4(ctx, ip.proto, ip.l4_off)? {
+        Some(l4) => (
+            l4.sport,
+            l4.dport,
+            ip.proto == PROTO_TCP && l4.is_syn(),
+            l4.icmp_type,
+        ),
+        // SCTP's ports are where TCP's and UDP's are.
+        None if ip.proto == PROTO_SCTP => {
+            let sport: u16 = load(ctx, ip.l4_off)?;
+            let dport: u16 = load(ctx, ip.l4_off + 2)?;
+            (sport, dport, false, 0)
+        }
+        None => (0, 0, false, 0),
+    };
+    let packet = Packet {
+        key: FlowKey::new(ip.saddr, ip.daddr, sport, dport, ip.proto),
+        syn,
+        icmp_type,
+    };
+    Ok(Some((ip, packet)))
+}
+
+/// Judges the packet now in `ctx`: the rules of whichever of its ends is a
+/// local pod. `Err`: the drop reason.
+#[inline(always)]
+pub fn admit_in(ctx: &TcContext, cfg: &Config) -> Result<(), Counter> {
+    if !cfg.network_policy() {
+        return Ok(());
+    }
+    let Some((ip, packet)) = packet_in(ctx)? else {
+        return Ok(());
+    };
+    if ip.proto == PROTO_ICMP && icmp::is_translated_error(packet.icmp_type) {
+        // An error about a connection policy let through belongs to it (as
+        // netfilter's RELATED); about anything else, it is judged as ICMP.
+        if icmp::quoted_flow(ctx, &ip).is_some_and(|quoted| known(&quoted)) {
+            return Ok(());
+        }
+    }
+    admit(&packet)
+}
+
+/// Judges a whole packet or a first fragment. `Err`: the drop reason.
+#[inline(always)]
+fn admit(packet: &Packet) -> Result<(), Counter> {
+    let key = &packet.key;
+    let sender = pod_policy(key.saddr);
+    let receiver = pod_policy(key.daddr);
+    if sender.is_none() && receiver.is_none() {
+        return Ok(());
+    }
+    let (flow, reversed) = flow_key(key);
+    let now = now_ns();
+    // A SYN opens a connection: judged again even on a known tuple, so a
+    // tuple reused after its connection closed gets today's rules.
+    if !packet.syn && refresh(&flow, now) {
+        return Ok(());
+    }
+    let verdict = judge(key, sender, receiver);
+    let opener = match verdict {
+        Ok(()) => {
+            count(Counter::PolicyFlowNew);
+            reversed
+        }
+        // A TCP connection that was running before it was tracked passes
+        // when its other end may open it: what the rules allow is the
+        // connection, whichever end's packet comes first.
+        Err(reason) if key.proto == PROTO_TCP && !packet.syn => {
+            judge(&key.reversed(), receiver, sender).map_err(|_| reason)?;
+            count(Counter::PolicyFlowPickedUp);
+            !reversed
+        }
+        Err(reason) => return Err(reason),
+    };
+    let entry = PolicyFlow {
+        last_seen_ns: now,
+        opener: if opener {
+            OPENED_BY_KEY_DESTINATION
+        } else {
+            OPENED_BY_KEY_SOURCE
+        },
+        ..PolicyFlow::default()
+    };
+    // An LRU map always makes room: the least recently used gives way.
+    let _ = POLICY_FLOWS.insert(&flow, &entry, 0);
+    Ok(())
+}
+
+/// Whether the connection `key` (either direction) is tracked and fresh.
+#[inline(always)]
+fn known(key: &FlowKey) -> bool {
+    let (flow, _) = flow_key(key);
+    // SAFETY: read-only copy of a map value.
+    unsafe { POLICY_FLOWS.get(&flow) }
+        .is_some_and(|entry| fresh(entry.last_seen_ns, flow.proto, now_ns()))
+}
+
+/// Whether the connection keyed `flow` is tracked and fresh; then records
+/// the packet.
+#[inline(always)]
+fn refresh(flow: &FlowKey, now: u64) -> bool {
+    let Some(entry) = POLICY_FLOWS.get_ptr_mut(flow) else {
+        return false;
+    };
+    // SAFETY: a live map value.
+    let last = unsafe { (*entry).last_seen_ns };
+    if !fresh(last, flow.proto, now) {
+        return false;
+    }
+    if now.wrapping_sub(last) > POLICY_FLOW_REFRESH_NS {
+        // SAFETY: a live map value.
+        unsafe { (*entry).last_seen_ns = now };
+    }
+    true
+}
+
+/// Whether a connection last seen at `last` still lives: as long as
+/// netfilter keeps an established one of its protocol (the node's
+/// sysctls).
+#[inline(always)]
+fn fresh(last: u64, proto: u8, now: u64) -> bool {
+    let t = timeouts();
+    let secs = match proto {
+        PROTO_TCP => t.map_or(0, |t| t.tcp_established),
+        PROTO_UDP => t.map_or(0, |t| t.udp_stream),
+        PROTO_ICMP => t.map_or(0, |t| t.icmp),
+        _ => t.map_or(0, |t| t.generic),
+    };
+    let secs = if secs != 0 {
+        secs
+    } else {
+        match proto {
+            PROTO_TCP => DEFAULT_TIMEOUTS.tcp_established,
+            PROTO_UDP => DEFAULT_TIMEOUTS.udp_stream,
+            PROTO_ICMP => DEFAULT_TIMEOUTS.icmp,
+            _ => DEFAULT_TIMEOUTS.generic,
+        }
+    };
+    now.wrapping_sub(last) <= u64::from(secs) * NS_PER_SEC
+}
+
+/// The packet as a new connection from `sender`'s pod to `receiver`'s.
+#[inline(always)]
+fn judge(
+    key: &FlowKey,
+    sender: Option<PodPolicy>,
+    receiver: Option<PodPolicy>,
+) -> Result<(), Counter> {
+    if let Some(pod) = sender
+        && !allows(pod.egress, key.daddr, key.proto, key.dport)
+    {
+        return Err(Counter::DropPolicyEgress);
+    }
+    if let Some(pod) = receiver
+        && !allows(pod.ingress, key.saddr, key.proto, key.dport)
+        // The node's own addresses always reach its pods: kubelet's probes.
+        && cidr::lookup(key.saddr) != Some(CidrKind::Local)
+    {
+        return Err(Counter::DropPolicyIngress);
+    }
+    Ok(())
+}
+
+/// Whether identity `identity` lets `peer` (network order) be the other end
+/// on `proto`'s `port` (network order).
+#[inline(always)]
+fn allows(identity: u32, peer: u32, proto: u8, port: u16) -> bool {
+    if identity == POLICY_UNISOLATED {
+        return true;
+    }
+    let cidr = Key::new(POLICY_ID_BITS + 32, cidr_key_data(identity, peer));
+    let Some(set) = POLICY_CIDRS.get(&cidr) else {
+        return false;
+    };
+    let port = Key::new(PORTS_ONE, port_key_data(set.id, proto, port));
+    POLICY_PORTS.get(&port).is_some()
+}
+
+/// A local pod's policy identities, `None` for any other address.
+#[inline(always)]
+fn pod_policy(addr: u32) -> Option<PodPolicy> {
+    // SAFETY: read-only copy of a map value.
+    unsafe { POLICY_PODS.get(&addr) }.copied()
+}
