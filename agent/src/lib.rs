@@ -16,6 +16,7 @@ pub mod link_owner;
 pub mod logging;
 pub mod node;
 pub mod pods;
+pub mod policy;
 pub mod retry;
 pub mod settings;
 pub mod snat;

@@ -88,11 +88,12 @@ const SUITE_PACKAGE: &str = "vpcnet-bpf-tests";
 
 /// Programs load (over whatever layout of maps is pinned) and decide
 /// packets as they should.
-const VERDICT_TARGETS: [&str; 6] = [
+const VERDICT_TARGETS: [&str; 7] = [
     "verifier",
     "pinned_layouts",
     "verdicts",
     "routing",
+    "network_policy",
     "port_allocation",
     "fuzz",
 ];

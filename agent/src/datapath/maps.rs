@@ -13,6 +13,7 @@ use vpcnet_common::{
     endpoint::{ENI_PRIMARY, Endpoint, Eni},
     maps,
     nat::{FlowKey, NatEntry, Timeouts},
+    policy::{PodPolicy, PolicyFlow, PortAllowed, PortSet},
     raw_to_addr,
 };
 
@@ -35,6 +36,13 @@ pub struct DatapathMaps {
     pub stack_flows: HashMap<MapData, FlowKey, NatEntry>,
     /// `AWS_EXTERNAL_SERVICE_CIDRS`.
     pub external_service_cidrs: LpmTrie<MapData, [u8; 4], ExternalServiceCidr>,
+    /// Network policy (see `vpcnet_common::policy`): each local pod's
+    /// identities, their peer prefixes, the port sets, and the connections
+    /// policy let through.
+    pub policy_pods: HashMap<MapData, u32, PodPolicy>,
+    pub policy_cidrs: LpmTrie<MapData, [u8; 8], PortSet>,
+    pub policy_ports: LpmTrie<MapData, [u8; 8], PortAllowed>,
+    pub policy_flows: HashMap<MapData, FlowKey, PolicyFlow>,
 }
 
 impl DatapathMaps {
@@ -72,6 +80,10 @@ impl DatapathMaps {
             get(maps::ENIS)?,
             get(maps::STACK_FLOWS)?,
             get(maps::EXTERNAL_SERVICE_CIDRS)?,
+            get(maps::POLICY_PODS)?,
+            get(maps::POLICY_CIDRS)?,
+            get(maps::POLICY_PORTS)?,
+            get(maps::POLICY_FLOWS)?,
         ])
     }
 
@@ -88,7 +100,11 @@ impl DatapathMaps {
             enis,
             stack_flows,
             external_service_cidrs,
-        ]: [Map; 10],
+            policy_pods,
+            policy_cidrs,
+            policy_ports,
+            policy_flows,
+        ]: [Map; 14],
     ) -> Result<Self, DatapathError> {
         Ok(Self {
             config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
@@ -105,6 +121,14 @@ impl DatapathMaps {
                 .map_err(DatapathError::map(maps::STACK_FLOWS))?,
             external_service_cidrs: LpmTrie::try_from(external_service_cidrs)
                 .map_err(DatapathError::map(maps::EXTERNAL_SERVICE_CIDRS))?,
+            policy_pods: HashMap::try_from(policy_pods)
+                .map_err(DatapathError::map(maps::POLICY_PODS))?,
+            policy_cidrs: LpmTrie::try_from(policy_cidrs)
+                .map_err(DatapathError::map(maps::POLICY_CIDRS))?,
+            policy_ports: LpmTrie::try_from(policy_ports)
+                .map_err(DatapathError::map(maps::POLICY_PORTS))?,
+            policy_flows: HashMap::try_from(policy_flows)
+                .map_err(DatapathError::map(maps::POLICY_FLOWS))?,
         })
     }
 

@@ -125,6 +125,7 @@ counters! {
     PolicyFlowPickedUp => "policy_flow_picked_up", "policy: a TCP connection opened before it was tracked (a take-over, a flow evicted or revalidated) whose other end the rules allow to open it, tracked";
     DropPolicyEgress => "drop_policy_egress", "dropped: network policy: the sending pod's egress rules do not allow it";
     DropPolicyIngress => "drop_policy_ingress", "dropped: network policy: the receiving pod's ingress rules do not allow it";
+    DropPolicyRevoked => "drop_policy_revoked", "dropped: network policy: a packet of a connection that a policy change denies";
 
 }
 

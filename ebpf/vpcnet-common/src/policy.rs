@@ -90,13 +90,18 @@ pub struct PolicyFlow {
     /// of the key opened the connection (whose egress and whose ingress
     /// judged it).
     pub opener: u8,
-    pub _pad1: u8,
+    /// [`FLOW_REVOKED`]: a policy change denies the connection; its packets
+    /// are dropped until it is opened again (a SYN, judged afresh) or stays
+    /// idle past its timeout. Without this mark a TCP connection would be
+    /// picked up again as opened by its other end.
+    pub revoked: u8,
     pub _pad2: u16,
     pub _pad3: u32,
 }
 
 pub const OPENED_BY_KEY_SOURCE: u8 = 0;
 pub const OPENED_BY_KEY_DESTINATION: u8 = 1;
+pub const FLOW_REVOKED: u8 = 1;
 
 /// How often a flow's `last_seen_ns` is written: not every packet, so that
 /// CPUs sending one flow's packets do not fight over its cache line.

@@ -14,7 +14,7 @@ use vpcnet_common::{
     counters::Counter,
     nat::{DEFAULT_TIMEOUTS, FlowKey, NS_PER_SEC, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
     policy::{
-        OPENED_BY_KEY_DESTINATION, OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS,
+        FLOW_REVOKED, OPENED_BY_KEY_DESTINATION, OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS,
         POLICY_UNISOLATED, PORTS_ONE, PodPolicy, PolicyFlow, cidr_key_data, flow_key,
         port_key_data,
     },
@@ -106,8 +106,12 @@ fn admit(packet: &Packet) -> Result<(), Counter> {
     let now = now_ns();
     // A SYN opens a connection: judged again even on a known tuple, so a
     // tuple reused after its connection closed gets today's rules.
-    if !packet.syn && refresh(&flow, now) {
-        return Ok(());
+    if !packet.syn {
+        match refresh(&flow, now) {
+            Tracked::Allowed => return Ok(()),
+            Tracked::Revoked => return Err(Counter::DropPolicyRevoked),
+            Tracked::No => {}
+        }
     }
     let verdict = judge(key, sender, receiver);
     let opener = match verdict {
@@ -144,27 +148,41 @@ fn admit(packet: &Packet) -> Result<(), Counter> {
 fn known(key: &FlowKey) -> bool {
     let (flow, _) = flow_key(key);
     // SAFETY: read-only copy of a map value.
-    unsafe { POLICY_FLOWS.get(&flow) }
-        .is_some_and(|entry| fresh(entry.last_seen_ns, flow.proto, now_ns()))
+    unsafe { POLICY_FLOWS.get(&flow) }.is_some_and(|entry| {
+        entry.revoked != FLOW_REVOKED && fresh(entry.last_seen_ns, flow.proto, now_ns())
+    })
 }
 
-/// Whether the connection keyed `flow` is tracked and fresh; then records
-/// the packet.
+/// What `POLICY_FLOWS` says of a connection.
+enum Tracked {
+    /// Nothing fresh: the rules judge.
+    No,
+    Allowed,
+    /// A policy change denies it.
+    Revoked,
+}
+
+/// What is known of the connection keyed `flow`; a fresh entry records the
+/// packet.
 #[inline(always)]
-fn refresh(flow: &FlowKey, now: u64) -> bool {
+fn refresh(flow: &FlowKey, now: u64) -> Tracked {
     let Some(entry) = POLICY_FLOWS.get_ptr_mut(flow) else {
-        return false;
+        return Tracked::No;
     };
     // SAFETY: a live map value.
-    let last = unsafe { (*entry).last_seen_ns };
+    let (last, revoked) = unsafe { ((*entry).last_seen_ns, (*entry).revoked) };
     if !fresh(last, flow.proto, now) {
-        return false;
+        return Tracked::No;
     }
     if now.wrapping_sub(last) > POLICY_FLOW_REFRESH_NS {
         // SAFETY: a live map value.
         unsafe { (*entry).last_seen_ns = now };
     }
-    true
+    if revoked == FLOW_REVOKED {
+        Tracked::Revoked
+    } else {
+        Tracked::Allowed
+    }
 }
 
 /// Whether a connection last seen at `last` still lives: as long as

@@ -1,0 +1,132 @@
+//! The policy tables written into, and read back from, the datapath's maps.
+
+use std::net::Ipv4Addr;
+
+use aya::maps::{MapError, lpm_trie::Key};
+use ipnet::Ipv4Net;
+use vpcnet_common::{
+    addr_to_raw,
+    maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS},
+    nat::FlowKey,
+    policy::{
+        FLOW_REVOKED, PORT_ALLOWED, POLICY_ID_BITS, PolicyFlow, PortAllowed, PortSet, cidr_key_data,
+        port_key_data,
+    },
+    port_to_raw, raw_to_addr,
+};
+
+use super::tables::{PortEntry, Tables, Write};
+use crate::datapath::{DatapathError, DatapathMaps};
+
+fn cidr_key(identity: u32, prefix: Ipv4Net) -> Key<[u8; 8]> {
+    Key::new(
+        POLICY_ID_BITS + u32::from(prefix.prefix_len()),
+        cidr_key_data(identity, addr_to_raw(prefix.network().octets())),
+    )
+}
+
+fn port_key(&(set, len, proto, port): &PortEntry) -> Key<[u8; 8]> {
+    Key::new(len, port_key_data(set, proto, port_to_raw(port)))
+}
+
+/// Absent is no error when removing.
+fn removed(result: Result<(), MapError>, name: &'static str) -> Result<(), DatapathError> {
+    match result {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(e) => Err(DatapathError::map(name)(e)),
+    }
+}
+
+/// Carries out `writes` in their order.
+pub fn apply(maps: &mut DatapathMaps, writes: &[Write]) -> Result<(), DatapathError> {
+    for write in writes {
+        match write {
+            Write::SetPort(entry) => maps
+                .policy_ports
+                .insert(
+                    &port_key(entry),
+                    PortAllowed {
+                        marker: PORT_ALLOWED,
+                    },
+                    0,
+                )
+                .map_err(DatapathError::map(POLICY_PORTS))?,
+            Write::SetCidr(identity, prefix, set) => maps
+                .policy_cidrs
+                .insert(&cidr_key(*identity, *prefix), PortSet { id: *set }, 0)
+                .map_err(DatapathError::map(POLICY_CIDRS))?,
+            Write::SetPod(addr, policy) => maps
+                .policy_pods
+                .insert(addr_to_raw(addr.octets()), *policy, 0)
+                .map_err(DatapathError::map(POLICY_PODS))?,
+            Write::RemovePod(addr) => removed(
+                maps.policy_pods.remove(&addr_to_raw(addr.octets())),
+                POLICY_PODS,
+            )?,
+            Write::RemoveCidr(identity, prefix) => removed(
+                maps.policy_cidrs.remove(&cidr_key(*identity, *prefix)),
+                POLICY_CIDRS,
+            )?,
+            Write::RemovePort(entry) => {
+                removed(maps.policy_ports.remove(&port_key(entry)), POLICY_PORTS)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the maps hold now (a previous agent's content, at start).
+pub fn read(maps: &DatapathMaps) -> Result<Tables, DatapathError> {
+    let mut tables = Tables::default();
+    for item in maps.policy_pods.iter() {
+        let (addr, policy) = item.map_err(DatapathError::map(POLICY_PODS))?;
+        tables
+            .pods
+            .insert(Ipv4Addr::from(raw_to_addr(addr)), policy);
+    }
+    for item in maps.policy_cidrs.iter() {
+        let (key, set) = item.map_err(DatapathError::map(POLICY_CIDRS))?;
+        let data = key.data();
+        let identity = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+        let len = key.prefix_len().saturating_sub(POLICY_ID_BITS).min(32);
+        let prefix = Ipv4Net::new(
+            Ipv4Addr::new(data[4], data[5], data[6], data[7]),
+            u8::try_from(len).expect("at most 32"),
+        )
+        .expect("a valid prefix length");
+        tables.cidrs.insert((identity, prefix), set.id);
+    }
+    for item in maps.policy_ports.keys() {
+        let key = item.map_err(DatapathError::map(POLICY_PORTS))?;
+        let data = key.data();
+        let set = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+        let port = u16::from_be_bytes([data[5], data[6]]);
+        tables.ports.insert((set, key.prefix_len(), data[4], port));
+    }
+    Ok(tables)
+}
+
+/// The connections policy let through: each by its key and entry.
+pub fn flows(maps: &DatapathMaps) -> Result<Vec<(FlowKey, PolicyFlow)>, DatapathError> {
+    maps.policy_flows
+        .iter()
+        .collect::<Result<_, _>>()
+        .map_err(DatapathError::map(POLICY_FLOWS))
+}
+
+/// Marks a tracked connection denied (its packets are dropped until it is
+/// opened again) or allowed again.
+pub fn set_flow_revoked(
+    maps: &mut DatapathMaps,
+    key: &FlowKey,
+    flow: &PolicyFlow,
+    revoked: bool,
+) -> Result<(), DatapathError> {
+    let entry = PolicyFlow {
+        revoked: if revoked { FLOW_REVOKED } else { 0 },
+        ..*flow
+    };
+    maps.policy_flows
+        .insert(key, entry, 0)
+        .map_err(DatapathError::map(POLICY_FLOWS))
+}

@@ -1,0 +1,352 @@
+//! Network policy's verdicts on crafted packets, on every way a packet
+//! reaches a local pod or leaves one: rules written by the agent's own
+//! compiler and enforcer, judged by the programs.
+
+use std::net::Ipv4Addr;
+
+use vpcnet_agent::policy::{
+    Enforcer,
+    rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
+};
+use vpcnet_bpf_tests::{
+    Harness, INET, NODE, ONPREM, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    TEST_RUN_IFINDEX,
+    packets::{self, TCP_ACK, TCP_SYN},
+};
+use vpcnet_common::{
+    config::{FLAG_NETWORK_POLICY, MARK_VIA_SERVICE},
+    counters::Counter,
+    endpoint::{ENI_PRIMARY, Endpoint},
+    maps,
+};
+
+const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const POD2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
+const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 1);
+const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 10);
+
+/// The node with POD and POD2, both behind the test run's device (so both
+/// may send through `pod_egress`), policy on, and the agent's enforcer over
+/// its maps.
+struct Node {
+    h: Harness,
+    enforcer: Enforcer,
+}
+
+impl Node {
+    fn new() -> Self {
+        let mut h = Harness::lab_default();
+        h.add_eni(TEST_RUN_IFINDEX, GATEWAY, ENI_PRIMARY);
+        for (addr, mac) in [(POD, POD_MAC), (POD2, POD2_MAC)] {
+            h.add_endpoint(
+                addr,
+                &Endpoint {
+                    ifindex: TEST_RUN_IFINDEX,
+                    eni_ifindex: TEST_RUN_IFINDEX,
+                    mac,
+                    host_mac: [0x02, 0xaa, 0, 0, 0, mac[5]],
+                    flags: 0,
+                },
+            );
+        }
+        let mut cfg = h.datapath.maps.config().unwrap();
+        cfg.flags |= FLAG_NETWORK_POLICY;
+        h.datapath.maps.set_config(&cfg).unwrap();
+        let mut enforcer = Enforcer::new(&h.datapath.maps).unwrap();
+        enforcer.set_node_addresses([NODE]);
+        Self { h, enforcer }
+    }
+
+    /// Gives `pod` these rules and writes them; returns how many tracked
+    /// connections the change revoked.
+    fn rules(&mut self, pod: Ipv4Addr, rules: PodRules) -> usize {
+        self.enforcer.set_pod(pod, rules);
+        self.enforcer.sync(&mut self.h.datapath.maps).unwrap()
+    }
+
+    /// What `pod_egress` does with `packet` sent by `from` (its MAC set).
+    fn send(&self, from: Ipv4Addr, mut packet: Vec<u8>) -> i32 {
+        packet[6..12].copy_from_slice(if from == POD { &POD_MAC } else { &POD2_MAC });
+        self.h.run(maps::PROG_POD_EGRESS, &packet).action
+    }
+
+    fn counted(&self, counter: Counter, f: impl FnOnce() -> i32) -> (i32, u64) {
+        let before = self.h.counter(counter);
+        let action = f();
+        (action, self.h.counter(counter) - before)
+    }
+}
+
+fn peers(cidr: &str, except: &[&str]) -> Peers {
+    Peers {
+        cidr: cidr.parse().unwrap(),
+        except: except.iter().map(|e| e.parse().unwrap()).collect(),
+    }
+}
+
+fn rule(peers: Vec<Peers>, ports: Vec<Ports>) -> Rule {
+    Rule {
+        peers,
+        ports,
+        origin: Origin {
+            namespace: "x".into(),
+            name: "test".into(),
+        },
+    }
+}
+
+fn ingress_only(rules: Vec<Rule>) -> PodRules {
+    PodRules {
+        ingress: Direction::Isolated(rules),
+        egress: Direction::Open,
+    }
+}
+
+fn egress_only(rules: Vec<Rule>) -> PodRules {
+    PodRules {
+        ingress: Direction::Open,
+        egress: Direction::Isolated(rules),
+    }
+}
+
+#[test]
+fn with_policy_off_nothing_is_judged() {
+    let mut node = Node::new();
+    node.rules(POD2, PodRules::deny_all());
+    let mut cfg = node.h.datapath.maps.config().unwrap();
+    cfg.flags &= !FLAG_NETWORK_POLICY;
+    node.h.datapath.maps.set_config(&cfg).unwrap();
+    let sent = packets::tcp(POD, 40000, POD2, 8080, TCP_SYN, b"");
+    assert_eq!(node.send(POD, sent), TC_ACT_REDIRECT);
+    assert_eq!(node.h.counter(Counter::PolicyFlowNew), 0, "nothing tracked");
+}
+
+#[test]
+fn pod_to_pod_meets_the_receivers_ingress_rules_and_its_replies_pass() {
+    let mut node = Node::new();
+    node.rules(
+        POD2,
+        ingress_only(vec![rule(
+            vec![peers("10.20.11.20/32", &[])],
+            vec![Ports::one(Protocol::Tcp, 8080)],
+        )]),
+    );
+    // POD may open 8080 on POD2, not 9090.
+    let (action, new) = node.counted(Counter::PolicyFlowNew, || {
+        node.send(POD, packets::tcp(POD, 40000, POD2, 8080, TCP_SYN, b""))
+    });
+    assert_eq!((action, new), (TC_ACT_REDIRECT, 1));
+    let (action, dropped) = node.counted(Counter::DropPolicyIngress, || {
+        node.send(POD, packets::tcp(POD, 40001, POD2, 9090, TCP_SYN, b""))
+    });
+    assert_eq!((action, dropped), (TC_ACT_SHOT, 1));
+    // POD2 answers the allowed connection.
+    let reply = packets::tcp(POD2, 8080, POD, 40000, TCP_SYN | TCP_ACK, b"");
+    assert_eq!(node.send(POD2, reply), TC_ACT_REDIRECT);
+    // UDP is not TCP on the same port.
+    let (action, _) = node.counted(Counter::DropPolicyIngress, || {
+        node.send(POD, packets::udp(POD, 40000, POD2, 8080, b"q"))
+    });
+    assert_eq!(action, TC_ACT_SHOT);
+}
+
+#[test]
+fn egress_rules_judge_every_destination_with_their_exceptions() {
+    let mut node = Node::new();
+    node.rules(
+        POD,
+        egress_only(vec![
+            rule(
+                vec![peers("10.20.12.50/32", &[])],
+                vec![Ports::one(Protocol::Tcp, 443)],
+            ),
+            rule(
+                vec![peers("0.0.0.0/0", &["203.0.113.0/24"])],
+                vec![Ports::one(Protocol::Udp, 53)],
+            ),
+        ]),
+    );
+    let cases = [
+        (packets::tcp(POD, 40000, PEER, 443, TCP_SYN, b""), true),
+        (packets::tcp(POD, 40001, PEER, 80, TCP_SYN, b""), false),
+        (packets::udp(POD, 40002, ONPREM, 53, b"q"), true),
+        (packets::udp(POD, 40003, INET, 53, b"q"), false),
+        (packets::icmp_echo(POD, PEER, true, 7, 1), false),
+        (packets::tcp(POD, 40004, POD2, 443, TCP_SYN, b""), false),
+    ];
+    for (i, (sent, allowed)) in cases.into_iter().enumerate() {
+        let (action, dropped) =
+            node.counted(Counter::DropPolicyEgress, || node.send(POD, sent.clone()));
+        assert_eq!(dropped == 0, allowed, "case {i}: action {action}");
+        assert_eq!(action == TC_ACT_SHOT, !allowed, "case {i}");
+    }
+}
+
+#[test]
+fn an_isolated_pod_gets_replies_of_its_own_connections_and_nothing_new() {
+    let mut node = Node::new();
+    node.rules(
+        POD,
+        PodRules {
+            ingress: Direction::Isolated(vec![]),
+            egress: Direction::Open,
+        },
+    );
+    assert_eq!(
+        node.send(POD, packets::tcp(POD, 40000, PEER, 80, TCP_SYN, b"")),
+        TC_ACT_REDIRECT
+    );
+    // The reply comes in by the ENI and goes straight into POD.
+    let out = node
+        .h
+        .ingress(&packets::tcp(PEER, 80, POD, 40000, TCP_SYN | TCP_ACK, b""));
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    // PEER opening a connection of its own is dropped, by the ENI's program
+    // and by the pod's when the stack hands it over.
+    node.h.assert_dropped(
+        maps::PROG_ENI_INGRESS,
+        &packets::tcp(PEER, 81, POD, 8080, TCP_SYN, b""),
+        Counter::DropPolicyIngress,
+    );
+    node.h.assert_dropped(
+        maps::PROG_POD_INGRESS,
+        &packets::tcp(INET, 81, POD, 8080, TCP_SYN, b""),
+        Counter::DropPolicyIngress,
+    );
+    // An ICMP error about POD's connection is part of it.
+    let quoted = packets::tcp(POD, 40000, PEER, 80, TCP_ACK, b"");
+    let frag_needed = packets::icmp_error(GATEWAY, POD, 3, 4, &quoted, 28);
+    assert_eq!(node.h.ingress(&frag_needed).action, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn the_nodes_own_addresses_always_reach_its_pods() {
+    let mut node = Node::new();
+    node.rules(POD, PodRules::deny_all());
+    // kubelet's probe, handed over by the stack.
+    let (out, _) = node.h.run_with_mark(
+        maps::PROG_POD_INGRESS,
+        &packets::tcp(NODE, 50000, POD, 8080, TCP_SYN, b""),
+        0,
+    );
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+    // POD's answer passes on the connection.
+    let answer = packets::tcp(POD, 8080, NODE, 50000, TCP_SYN | TCP_ACK, b"");
+    assert_ne!(node.send(POD, answer), TC_ACT_SHOT);
+    // Strict mode's pod that no policy selects: nothing else in or out.
+    node.h.assert_dropped(
+        maps::PROG_POD_INGRESS,
+        &packets::tcp(POD2, 50000, POD, 8080, TCP_SYN, b""),
+        Counter::DropPolicyIngress,
+    );
+    let (action, _) = node.counted(Counter::DropPolicyEgress, || {
+        node.send(POD, packets::udp(POD, 5353, ONPREM, 53, b"q"))
+    });
+    assert_eq!(action, TC_ACT_SHOT);
+}
+
+#[test]
+fn a_service_is_judged_on_the_backend_kube_proxy_chose() {
+    let mut node = Node::new();
+    node.rules(
+        POD,
+        PodRules {
+            ingress: Direction::Isolated(vec![]),
+            egress: Direction::Isolated(vec![rule(
+                vec![peers("10.20.12.0/24", &[])],
+                vec![Ports::one(Protocol::Tcp, 8080)],
+            )]),
+        },
+    );
+    // To the service's address: the stack's, whatever the rules.
+    let to_service = packets::tcp(POD, 40000, SERVICE_IP, 80, TCP_SYN, b"");
+    assert_eq!(node.send(POD, to_service), TC_ACT_UNSPEC);
+    // After DNAT to an allowed backend, out by the ENI; to another, dropped.
+    let (out, _) = node.h.run_with_mark(
+        maps::PROG_ENI_EGRESS,
+        &packets::tcp(POD, 40000, PEER, 8080, TCP_SYN, b""),
+        MARK_VIA_SERVICE,
+    );
+    assert_ne!(out.action, TC_ACT_SHOT);
+    let (out, _) = node.h.run_with_mark(
+        maps::PROG_ENI_EGRESS,
+        &packets::tcp(POD, 40001, INET, 8080, TCP_SYN, b""),
+        MARK_VIA_SERVICE,
+    );
+    assert_eq!(out.action, TC_ACT_SHOT);
+    // A local backend, handed over by the stack: POD2 is not allowed.
+    node.h.assert_dropped(
+        maps::PROG_POD_INGRESS,
+        &packets::tcp(POD, 40002, POD2, 8080, TCP_SYN, b""),
+        Counter::DropPolicyEgress,
+    );
+    // The reply, un-DNATed, comes from the service's address.
+    let (out, _) = node.h.run_with_mark(
+        maps::PROG_POD_INGRESS,
+        &packets::tcp(SERVICE_IP, 80, POD, 40000, TCP_SYN | TCP_ACK, b""),
+        0,
+    );
+    assert_eq!(out.action, TC_ACT_UNSPEC);
+}
+
+#[test]
+fn a_change_that_denies_a_running_connection_stops_it() {
+    let mut node = Node::new();
+    let allow_port = |port| {
+        egress_only(vec![rule(
+            vec![peers("10.20.12.50/32", &[])],
+            vec![Ports::one(Protocol::Tcp, port)],
+        )])
+    };
+    node.rules(POD, allow_port(80));
+    let data = packets::tcp(POD, 40000, PEER, 80, TCP_ACK, b"data");
+    assert_eq!(
+        node.send(POD, packets::tcp(POD, 40000, PEER, 80, TCP_SYN, b"")),
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(node.send(POD, data.clone()), TC_ACT_REDIRECT);
+    // Another change that still allows it leaves it alone.
+    node.rules(POD2, PodRules::deny_all());
+    assert_eq!(node.send(POD, data.clone()), TC_ACT_REDIRECT);
+
+    assert_eq!(node.rules(POD, allow_port(443)), 1, "one connection revoked");
+    let (action, revoked) =
+        node.counted(Counter::DropPolicyRevoked, || node.send(POD, data.clone()));
+    assert_eq!((action, revoked), (TC_ACT_SHOT, 1));
+    // Its replies too.
+    let reply = packets::tcp(PEER, 80, POD, 40000, TCP_ACK, b"");
+    assert_eq!(node.h.ingress(&reply).action, TC_ACT_SHOT);
+    // Allowed again, it goes on.
+    assert_eq!(node.rules(POD, allow_port(80)), 0);
+    assert_eq!(node.send(POD, data), TC_ACT_REDIRECT);
+}
+
+#[test]
+fn a_connection_running_before_it_was_tracked_goes_on_when_either_end_may_open_it() {
+    let mut node = Node::new();
+    // POD2 serves 8080 to POD; POD's egress is open.
+    node.rules(
+        POD2,
+        ingress_only(vec![rule(
+            vec![peers("10.20.11.20/32", &[])],
+            vec![Ports::one(Protocol::Tcp, 8080)],
+        )]),
+    );
+    // POD takes nothing new in. POD2's answer on a connection nothing
+    // tracked (running before a take-over, say) passes all the same: POD
+    // may open that connection to POD2's 8080.
+    node.rules(POD, ingress_only(vec![]));
+    let (action, picked) = node.counted(Counter::PolicyFlowPickedUp, || {
+        node.send(POD2, packets::tcp(POD2, 8080, POD, 40000, TCP_ACK, b"a"))
+    });
+    assert_eq!((action, picked), (TC_ACT_REDIRECT, 1));
+    // A UDP datagram has no such reading, and a SYN opens anew.
+    let (action, _) = node.counted(Counter::DropPolicyIngress, || {
+        node.send(POD2, packets::udp(POD2, 8080, POD, 40001, b"a"))
+    });
+    assert_eq!(action, TC_ACT_SHOT);
+    let (action, _) = node.counted(Counter::DropPolicyIngress, || {
+        node.send(POD2, packets::tcp(POD2, 8080, POD, 40002, TCP_SYN, b""))
+    });
+    assert_eq!(action, TC_ACT_SHOT);
+}
