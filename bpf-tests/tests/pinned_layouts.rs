@@ -32,6 +32,23 @@ use vpcnet_common::{
 
 /// The counters of the last release before versioned pins.
 const RELEASE_COUNTER_SLOTS: u32 = 58;
+/// Maps this version has that the releases before versioned pins had
+/// not: whoever pinned those pinned none of them by a bare name.
+const NEWER_THAN_BARE_PINS: [&str; 4] = [
+    names::POLICY_PODS,
+    names::POLICY_CIDRS,
+    names::POLICY_PORTS,
+    names::POLICY_FLOWS,
+];
+
+/// Removes the bare-name pins a loader of this version's object made of
+/// maps the releases before versioned pins did not have.
+fn unpin_maps_bare_pins_never_had(pin_dir: &Path) {
+    for name in NEWER_THAN_BARE_PINS {
+        std::fs::remove_file(pin_dir.join(name)).unwrap();
+    }
+}
+
 /// The SNAT port of the carried flow.
 const SNAT_PORT: u16 = 30_001;
 
@@ -88,6 +105,7 @@ fn pin_as_the_release_did(pin_dir: &Path, now: u64) {
         .map_max_entries(names::STACK_FLOWS, 1024)
         .load(PROGRAMS)
         .expect("creating the release's maps");
+    unpin_maps_bare_pins_never_had(pin_dir);
     let mut config: Array<_, Config> =
         Array::try_from(release.map_mut(names::CONFIG).unwrap()).unwrap();
     let mut node = config.get(&0, 0).unwrap();
@@ -253,6 +271,7 @@ fn a_newer_layout_is_left_as_it_is_said_and_the_map_starts_empty() {
         let [(key, entry), _] = release_flows(monotonic_now_ns());
         fwd.insert(key, entry, 0).unwrap();
     }
+    unpin_maps_bare_pins_never_had(&pin_dir);
     // The bare-name pins that loader made are the release's: carried.
     let log = Log::default();
     let h = tracing::subscriber::with_default(log.subscriber(), || {
