@@ -7,6 +7,7 @@ pub mod kube_proxy;
 pub mod layout;
 pub mod node;
 pub mod pod;
+pub mod policy_endpoint;
 pub mod vpc_cni;
 
 /// The CNI backend service (generated from `proto/cni.proto`).

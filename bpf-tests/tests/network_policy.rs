@@ -309,7 +309,11 @@ fn a_change_that_denies_a_running_connection_stops_it() {
     node.rules(POD2, PodRules::deny_all());
     assert_eq!(node.send(POD, data.clone()), TC_ACT_REDIRECT);
 
-    assert_eq!(node.rules(POD, allow_port(443)), 1, "one connection revoked");
+    assert_eq!(
+        node.rules(POD, allow_port(443)),
+        1,
+        "one connection revoked"
+    );
     let (action, revoked) =
         node.counted(Counter::DropPolicyRevoked, || node.send(POD, data.clone()));
     assert_eq!((action, revoked), (TC_ACT_SHOT, 1));

@@ -102,7 +102,11 @@ fn port_blocks(first: u16, last: u16) -> Vec<(u16, u32)> {
     let hi = u32::from(last);
     while lo <= hi {
         // The largest block aligned at `lo` that fits before `hi`.
-        let mut size_bits = if lo == 0 { 16 } else { lo.trailing_zeros().min(16) };
+        let mut size_bits = if lo == 0 {
+            16
+        } else {
+            lo.trailing_zeros().min(16)
+        };
         while lo + (1 << size_bits) - 1 > hi {
             size_bits -= 1;
         }
@@ -216,7 +220,10 @@ mod tests {
         assert!(at([10, 9, 0, 1], 6, 80));
         assert!(!at([10, 9, 0, 1], 17, 53));
         assert!(!at([10, 1, 9, 1], 6, 80), "excepted");
-        assert!(at([10, 1, 2, 1], 17, 53), "inside the exception, another rule");
+        assert!(
+            at([10, 1, 2, 1], 17, 53),
+            "inside the exception, another rule"
+        );
         assert!(!at([10, 1, 2, 1], 6, 80));
         assert!(!at([11, 0, 0, 1], 6, 80));
         assert!(compiled[&net("10.1.0.0/16")].is_empty());

@@ -9,8 +9,8 @@ use vpcnet_common::{
     maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS},
     nat::FlowKey,
     policy::{
-        FLOW_REVOKED, PORT_ALLOWED, POLICY_ID_BITS, PolicyFlow, PortAllowed, PortSet, cidr_key_data,
-        port_key_data,
+        FLOW_REVOKED, POLICY_ID_BITS, PORT_ALLOWED, PolicyFlow, PortAllowed, PortSet,
+        cidr_key_data, port_key_data,
     },
     port_to_raw, raw_to_addr,
 };

@@ -283,7 +283,10 @@ mod tests {
         let tables = numbering.tables(&BTreeMap::from([(pod(1), PodRules::deny_all())]));
         let policy = tables.pods[&pod(1)];
         assert_ne!(policy.ingress, POLICY_UNISOLATED);
-        assert_eq!(policy.ingress, policy.egress, "one identity: nothing allowed");
+        assert_eq!(
+            policy.ingress, policy.egress,
+            "one identity: nothing allowed"
+        );
         assert!(tables.cidrs.is_empty());
     }
 }
