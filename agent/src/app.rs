@@ -27,11 +27,15 @@ use vpcnet_agent::{
         manager::{Manager, ManagerError, ManagerOptions, NodeNetwork, gateway_of},
         settings::{EniConfig, IpamSettings},
     },
-    k8s::{self, K8sSettings, node::NodeViews, service_cidrs},
+    k8s::{self, K8sSettings, node::NodeViews, policy_endpoints::PolicyEndpoints, service_cidrs},
     link_owner::LinkOwners,
     netlink::NetlinkHandle,
     node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
     pods::{BranchLinks, Pods, PodsOptions},
+    policy::{
+        node::{NodePolicy, PodName},
+        settings::PolicySettings,
+    },
     retry,
     settings::Settings,
     snat::SnatSettings,
@@ -169,6 +173,7 @@ async fn run_node(pin_dir: &Path, args: &RunArgs, settings: Settings) -> Result<
         veth_prefix,
         cloud,
         sysctls,
+        policy,
     } = settings;
     let netlink = NetlinkHandle::new()?;
     let cloud = match &ipam {
@@ -227,7 +232,14 @@ async fn run_node(pin_dir: &Path, args: &RunArgs, settings: Settings) -> Result<
             .await?;
         introspected_eni_config = eni_configs;
         let pods = parts
-            .serve_cni(manager, branch_mode, &conflist, snat.connmark, &in_flight)
+            .serve_cni(
+                manager,
+                branch_mode,
+                &conflist,
+                snat.connmark,
+                policy,
+                &in_flight,
+            )
             .await?;
         introspected_pods = Some(pods);
     }
@@ -368,6 +380,7 @@ impl Parts<'_> {
         branch_mode: Option<vpcnet_api::layout::EnforcingMode>,
         conflist: &install::ConflistSettings,
         connmark: u32,
+        policy: Option<PolicySettings>,
         in_flight: &Arc<cni_server::InFlight>,
     ) -> Result<Pods> {
         let args = self.args;
@@ -400,6 +413,9 @@ impl Parts<'_> {
             Ok(report) => report.log(),
             Err(e) => error!(error = %e, "taking the node over from aws-node failed"),
         }
+        if let Some(settings) = policy {
+            self.enforce_policy(settings, &pods).await?;
+        }
         self.tasks.spawn(sweep_pods(
             pods.clone(),
             seconds("--pod-sweep-interval", args.pod_sweep_interval)?,
@@ -425,6 +441,43 @@ impl Parts<'_> {
             }
         }
         Ok(pods)
+    }
+}
+
+impl Parts<'_> {
+    /// Network policy from the cluster's PolicyEndpoints: the pods already
+    /// on the node get their rules, then enforcement is on, and every ADD
+    /// from now on writes the pod's rules before its endpoint.
+    async fn enforce_policy(&mut self, settings: PolicySettings, pods: &Pods) -> Result<()> {
+        let client = self
+            .kube
+            .clone()
+            .context("network policy needs the API server")?;
+        let (policies, follow) = PolicyEndpoints::follow(client);
+        self.tasks.spawn(follow);
+        let existing = pods
+            .attachments()
+            .await?
+            .into_iter()
+            .map(|a| {
+                let name = PodName {
+                    namespace: a.metadata.k8s_pod_namespace,
+                    name: a.metadata.k8s_pod_name,
+                };
+                (a.addr, name)
+            })
+            .collect();
+        let node = NodePolicy::start(
+            settings,
+            Arc::clone(&self.datapath),
+            policies,
+            pods.cluster_pods().cloned(),
+            existing,
+        )
+        .await?;
+        pods.enforce_policy(node.clone());
+        self.tasks.spawn(node.follow());
+        Ok(())
     }
 }
 

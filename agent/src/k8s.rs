@@ -18,6 +18,7 @@ pub mod events;
 pub mod metrics;
 pub mod node;
 pub mod pods;
+pub mod policy_endpoints;
 pub mod service_cidrs;
 
 use std::time::Duration;

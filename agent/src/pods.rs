@@ -32,6 +32,7 @@ use crate::{
     },
     k8s::pods::{BranchDecision, NodePods},
     netlink::{LinkInfo, MacAddr, NetlinkError, NetlinkHandle, vlan::VlanSpec},
+    policy::node::{NodePolicy, PodName},
 };
 
 /// The VPC CNI's host veth prefix variable (the plugin's `vethPrefix`).
@@ -193,6 +194,8 @@ struct Inner {
     /// never judges a pod that is being added or deleted. Address
     /// assignment (which may wait for the pool) happens outside it.
     ops: tokio::sync::Mutex<()>,
+    /// Network policy, when enforced: set once before the plugin is served.
+    policy: std::sync::OnceLock<NodePolicy>,
 }
 
 impl Pods {
@@ -209,6 +212,7 @@ impl Pods {
                 netlink,
                 opts,
                 ops: tokio::sync::Mutex::new(()),
+                policy: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -220,6 +224,24 @@ impl Pods {
     /// This node's pods in the Kubernetes API, when the agent has one.
     pub fn cluster_pods(&self) -> Option<&NodePods> {
         self.inner.opts.cluster_pods.as_ref()
+    }
+
+    /// Enforces network policy from now on: every ADD writes the pod's
+    /// rules before its endpoint, every DEL and sweep forgets them. Set
+    /// once, before the plugin is served.
+    pub fn enforce_policy(&self, policy: NodePolicy) {
+        if self.inner.policy.set(policy).is_err() {
+            warn!("network policy was already enforced");
+        }
+    }
+
+    /// A pod's address is gone: its rules too.
+    async fn forget_policy(&self, addr: Ipv4Addr) {
+        if let Some(policy) = self.inner.policy.get()
+            && let Err(error) = policy.pod_removed(addr).await
+        {
+            warn!(%addr, %error, "removing a pod's network policy");
+        }
     }
 
     fn datapath(&self) -> std::sync::MutexGuard<'_, Datapath> {
@@ -265,7 +287,7 @@ impl Pods {
                 .ok_or_else(|| for_pod(PodError::PodEniDisabled))?;
             let _op = self.inner.ops.lock().await;
             return self
-                .attach_branch(&branch, mode, host_veth, pod_mac)
+                .attach_branch(&branch, mode, metadata, host_veth, pod_mac)
                 .await
                 .map_err(for_pod);
         }
@@ -274,7 +296,10 @@ impl Pods {
             return Ok(pod);
         }
         let _op = self.inner.ops.lock().await;
-        if let Err(e) = self.attach(&pod.eni_of(), host_veth, pod_mac, 0).await {
+        if let Err(e) = self
+            .attach(&pod.eni_of(), metadata, host_veth, pod_mac, 0)
+            .await
+        {
             warn!(container = %key.container_id, addr = %pod.addr, error = %e, "datapath step of ADD failed: address released");
             if let Err(release) = self.inner.manager.release(key).await {
                 warn!(container = %key.container_id, error = %release, "releasing after a failed ADD");
@@ -318,6 +343,7 @@ impl Pods {
         &self,
         branch: &BranchEni,
         mode: EnforcingMode,
+        metadata: &IpamMetadata,
         host_veth: &str,
         pod_mac: &str,
     ) -> Result<PodAddress, PodError> {
@@ -326,7 +352,7 @@ impl Pods {
             BranchLinks::Vlan => self.make_branch_link(branch, host_veth).await?,
         };
         let wired = self
-            .wire_branch(&link, branch, mode, host_veth, pod_mac)
+            .wire_branch(&link, branch, mode, metadata, host_veth, pod_mac)
             .await;
         if wired.is_err()
             && let Err(e) = self.release_branch_link(link.index).await
@@ -465,6 +491,7 @@ impl Pods {
         link: &LinkInfo,
         branch: &BranchEni,
         mode: EnforcingMode,
+        metadata: &IpamMetadata,
         host_veth: &str,
         pod_mac: &str,
     ) -> Result<PodAddress, PodError> {
@@ -493,19 +520,34 @@ impl Pods {
             gateway,
             branch: true,
         };
-        self.attach(&pod.eni_of(), host_veth, pod_mac, branch_flags(mode))
-            .await?;
+        self.attach(
+            &pod.eni_of(),
+            metadata,
+            host_veth,
+            pod_mac,
+            branch_flags(mode),
+        )
+        .await?;
         Ok(pod)
     }
 
     async fn attach(
         &self,
         pod: &PodOnEni,
+        metadata: &IpamMetadata,
         host_veth: &str,
         pod_mac: &str,
         flags: u32,
     ) -> Result<(), PodError> {
         let entry = self.endpoint_of(pod, host_veth, pod_mac, flags).await?;
+        // The pod's rules before its entry: its first packet is judged.
+        if let Some(policy) = self.inner.policy.get() {
+            let name = PodName {
+                namespace: metadata.k8s_pod_namespace.clone(),
+                name: metadata.k8s_pod_name.clone(),
+            };
+            policy.pod_added(pod.addr, name).await?;
+        }
         let mut datapath = self.datapath();
         // The entry before the programs: the pod's first packet must not be
         // taken for a spoofed one.
@@ -750,6 +792,7 @@ impl Pods {
             .await
             .map(|(a, _)| a.addr);
         let mut branch_links = Vec::new();
+        let mut removed = Vec::new();
         {
             let mut datapath = self.datapath();
             if let Some(addr) = held
@@ -757,6 +800,7 @@ impl Pods {
             {
                 datapath.detach_ifindex(entry.ifindex);
                 datapath.maps.remove_endpoint(addr)?;
+                removed.push(addr);
             }
             if let Ok(ifindex) = nix::net::if_::if_nametoindex(host_veth) {
                 // A branch-ENI pod holds no pool address: its entry is
@@ -765,10 +809,14 @@ impl Pods {
                     if entry.ifindex == ifindex && entry.flags & ENDPOINT_BRANCH != 0 {
                         datapath.maps.remove_endpoint(addr)?;
                         branch_links.push(entry.eni_ifindex);
+                        removed.push(addr);
                     }
                 }
                 datapath.detach_ifindex(ifindex);
             }
+        }
+        for addr in removed {
+            self.forget_policy(addr).await;
         }
         self.release_branch_links(branch_links).await;
         Ok(self.inner.manager.release(key).await?)
@@ -858,6 +906,7 @@ impl Pods {
         let mut release = Vec::new();
         let mut in_datapath = HashSet::new();
         let mut branch_links = Vec::new();
+        let mut gone = Vec::new();
         {
             let mut datapath = self.datapath();
             datapath.prune_attachments();
@@ -868,6 +917,7 @@ impl Pods {
                 }
                 datapath.detach_ifindex(entry.ifindex);
                 datapath.maps.remove_endpoint(addr)?;
+                gone.push(addr);
                 if entry.flags & ENDPOINT_BRANCH != 0 {
                     info!(addr = %addr, "branch pod's host veth is gone: its branch link goes");
                     branch_links.push(entry.eni_ifindex);
@@ -878,6 +928,9 @@ impl Pods {
                     stats.gone += 1;
                 }
             }
+        }
+        for addr in gone {
+            self.forget_policy(addr).await;
         }
         self.release_branch_links(branch_links).await;
         debug!(

@@ -19,7 +19,9 @@ use crate::{
     k8s::{self, K8sSettings, service_cidrs},
     logging,
     node::{self, NodeSysctls},
-    pods, snat,
+    pods,
+    policy::settings::{self as policy_settings, PolicySettings},
+    snat,
     snat::SnatSettings,
     takeover::network_policy,
 };
@@ -60,6 +62,10 @@ pub const VARIABLES: &[&str] = &[
     ipam_settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
     ipam_settings::ENV_MAX_PODS,
     network_policy::ENV_TAKE_OVER_POLICY_NODE,
+    policy_settings::ENV_ENABLE_NETWORK_POLICY,
+    policy_settings::ENV_NETWORK_POLICY_ENFORCING_MODE,
+    policy_settings::ENV_POLICY_SOURCE,
+    policy_settings::ENV_POLICY_ADD_WAIT,
     pods::ENV_VETH_PREFIX,
     install::ENV_POD_MTU,
     install::ENV_PLUGIN_LOG_FILE,
@@ -103,6 +109,8 @@ pub struct Settings {
     pub veth_prefix: String,
     pub cloud: CloudOptions,
     pub sysctls: NodeSysctls,
+    /// Network policy, when enforced.
+    pub policy: Option<PolicySettings>,
 }
 
 impl Settings {
@@ -123,6 +131,15 @@ impl Settings {
         if let Some(ipam) = &ipam {
             ipam.check_eni_config_source(k8s.enabled)?;
         }
+        let policy = PolicySettings::from_env(env)?;
+        if policy.is_some() && !(k8s.enabled && ipam.is_some()) {
+            return Err(ConfigError {
+                variable: policy_settings::ENV_ENABLE_NETWORK_POLICY,
+                value: "true".to_owned(),
+                allowed: "false without an API server or without --ipam (policies come from the API and name the pods the agent serves)",
+            }
+            .into());
+        }
         let settings = Self {
             snat,
             service_cidrs,
@@ -134,6 +151,7 @@ impl Settings {
             veth_prefix: pods::veth_prefix(env)?,
             cloud: CloudOptions::from_env(env),
             sysctls: NodeSysctls::from_env(env),
+            policy,
         };
         for warning in no_effect {
             warn!("{warning}");

@@ -163,12 +163,30 @@ impl NodePods {
         }
     }
 
+    /// The pod's labels: from the reflector, else from the API server (a
+    /// pod the watch has not delivered yet).
+    pub async fn labels(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, K8sError> {
+        let pod = match self.store.get(&ObjectRef::new(name).within(namespace)) {
+            Some(cached) => cached,
+            None => std::sync::Arc::new(self.get(namespace, name).await?),
+        };
+        Ok(pod.metadata.labels.clone().unwrap_or_default())
+    }
+
     /// The pod from the API server, bounded by [`LOOKUP_TIMEOUT`].
     async fn read(&self, namespace: &str, name: &str) -> Result<PodView, K8sError> {
+        Ok(PodView::of(&self.get(namespace, name).await?))
+    }
+
+    async fn get(&self, namespace: &str, name: &str) -> Result<Pod, K8sError> {
         let what = format!("reading Pod {namespace}/{name}");
         let api = Api::<Pod>::namespaced(self.client.clone(), namespace);
         match tokio::time::timeout(LOOKUP_TIMEOUT, api.get(name)).await {
-            Ok(pod) => Ok(PodView::of(&pod.map_err(K8sError::api(what))?)),
+            Ok(pod) => pod.map_err(K8sError::api(what)),
             Err(_) => Err(K8sError::Timeout {
                 what,
                 after: LOOKUP_TIMEOUT,

@@ -78,13 +78,13 @@ pub fn apply(maps: &mut DatapathMaps, writes: &[Write]) -> Result<(), DatapathEr
 /// What the maps hold now (a previous agent's content, at start).
 pub fn read(maps: &DatapathMaps) -> Result<Tables, DatapathError> {
     let mut tables = Tables::default();
-    for item in maps.policy_pods.iter() {
+    for item in &maps.policy_pods {
         let (addr, policy) = item.map_err(DatapathError::map(POLICY_PODS))?;
         tables
             .pods
             .insert(Ipv4Addr::from(raw_to_addr(addr)), policy);
     }
-    for item in maps.policy_cidrs.iter() {
+    for item in &maps.policy_cidrs {
         let (key, set) = item.map_err(DatapathError::map(POLICY_CIDRS))?;
         let data = key.data();
         let identity = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);

@@ -4,8 +4,11 @@
 //! newly denies are marked so, and their packets dropped.
 
 pub mod compile;
+pub mod endpoints;
 pub mod maps;
+pub mod node;
 pub mod rules;
+pub mod settings;
 pub mod tables;
 
 use std::{
@@ -68,9 +71,10 @@ impl Enforcer {
         self.pods.insert(addr, rules);
     }
 
-    /// The local pod at `addr` is gone.
-    pub fn remove_pod(&mut self, addr: Ipv4Addr) {
-        self.pods.remove(&addr);
+    /// Sets the rules of every local pod, the pods not named gone (written
+    /// at the next sync).
+    pub fn set_pods(&mut self, pods: BTreeMap<Ipv4Addr, PodRules>) {
+        self.pods = pods;
     }
 
     #[must_use]

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use crate::{
     cloud, env::Env, install, introspect, ipam::settings as ipam_settings, k8s, logging, node,
-    pods, snat,
+    pods, policy::settings as policy_settings, snat,
 };
 
 /// vpcnet's answer to one of aws-node's variables.
@@ -47,7 +47,6 @@ pub const ENV_EGRESS_V6_PLUGIN_LOG_FILE: &str = "AWS_VPC_K8S_EGRESS_V6_PLUGIN_LO
 pub const ENV_HOST_CNI_BIN_PATH: &str = "HOST_CNI_BIN_PATH";
 pub const ENV_HOST_CNI_CONFDIR_PATH: &str = "HOST_CNI_CONFDIR_PATH";
 pub const ENV_VPC_CNI_VERSION: &str = "VPC_CNI_VERSION";
-pub const ENV_NETWORK_POLICY_ENFORCING_MODE: &str = "NETWORK_POLICY_ENFORCING_MODE";
 pub const ENV_ENABLE_NFTABLES: &str = "ENABLE_NFTABLES";
 pub const ENV_CONFIGURE_RPFILTER: &str = "AWS_VPC_K8S_CNI_CONFIGURE_RPFILTER";
 
@@ -184,10 +183,8 @@ pub const VARIABLES: &[Variable] = &[
         ENV_VPC_CNI_VERSION,
         "aws-node's own version, for its user agent; vpcnet sends its own",
     ),
-    no_effect(
-        ENV_NETWORK_POLICY_ENFORCING_MODE,
-        "vpcnet enforces no network policy (deploy/README.md, \"Network policy\")",
-    ),
+    honoured(policy_settings::ENV_NETWORK_POLICY_ENFORCING_MODE),
+    honoured(policy_settings::ENV_ENABLE_NETWORK_POLICY),
     honoured(k8s::pods::ENV_ANNOTATE_POD_IP),
     honoured(k8s::node::ENV_ENI_CONFIG_LABEL_DEF),
     honoured(k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF),
@@ -302,10 +299,13 @@ mod tests {
             (ENV_ENABLE_IPV4, "true"),
             (ENV_ENABLE_IPV6, "false"),
             (ENV_VPC_CNI_VERSION, "v1.23.1"),
-            (ENV_NETWORK_POLICY_ENFORCING_MODE, "standard"),
+            (
+                policy_settings::ENV_NETWORK_POLICY_ENFORCING_MODE,
+                "standard",
+            ),
         ]);
         let warnings = check(&env).unwrap();
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].starts_with("VPC_CNI_VERSION=\"v1.23.1\" has no effect"));
     }
 }

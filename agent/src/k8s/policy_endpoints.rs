@@ -1,0 +1,104 @@
+//! The cluster's PolicyEndpoints (`networking.k8s.aws/v1alpha1`, see
+//! `vpcnet_api::policy_endpoint`), followed with a reflector in every
+//! namespace, as aws-node's node agent follows them: its store, a signal on
+//! every change, and whether the first list is in.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use kube::{
+    Api,
+    core::{ApiResource, GroupVersionKind, Object},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+use vpcnet_api::policy_endpoint::{GROUP, KIND, PLURAL, PolicyEndpointSpec, VERSION};
+
+/// A PolicyEndpoint as read (its status, empty in the CRD, is not read).
+pub type PolicyEndpoint = Object<PolicyEndpointSpec, serde_json::Value>;
+
+fn api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
+}
+
+/// The PolicyEndpoints known, and news of them.
+#[derive(Clone)]
+pub struct PolicyEndpoints {
+    store: Store<PolicyEndpoint>,
+    /// Bumped on every change; `true` in [`Self::listed`] once the first
+    /// list is in.
+    changes: watch::Receiver<u64>,
+    listed: watch::Receiver<bool>,
+}
+
+impl PolicyEndpoints {
+    /// The handle, and the reflector that keeps it current (spawn it).
+    pub fn follow(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let resource = api_resource();
+        let writer = reflector::store::Writer::new(resource.clone());
+        let store = writer.as_reader();
+        let api = Api::<PolicyEndpoint>::all_with(client, &resource);
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default()).default_backoff(),
+        );
+        let (changes_tx, changes) = watch::channel(0u64);
+        let (listed_tx, listed) = watch::channel(false);
+        let follow = async move {
+            let mut stream = std::pin::pin!(stream);
+            let mut failing = false;
+            while let Some(event) = stream.next().await {
+                match event {
+                    Err(error) if !failing => {
+                        failing = true;
+                        warn!(%error, "watching PolicyEndpoints: the policies in force stay as they are, retrying");
+                    }
+                    Err(error) => debug!(%error, "watching PolicyEndpoints"),
+                    Ok(watcher::Event::InitDone) => {
+                        if failing {
+                            info!("watching PolicyEndpoints again");
+                        }
+                        failing = false;
+                        listed_tx.send_replace(true);
+                        changes_tx.send_modify(|n| *n += 1);
+                    }
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                        changes_tx.send_modify(|n| *n += 1);
+                    }
+                    Ok(_) => {}
+                }
+            }
+        };
+        (
+            Self {
+                store,
+                changes,
+                listed,
+            },
+            follow,
+        )
+    }
+
+    /// Every PolicyEndpoint known now.
+    #[must_use]
+    pub fn all(&self) -> Vec<Arc<PolicyEndpoint>> {
+        self.store.state()
+    }
+
+    /// Resolves once the first list is in (at once when it is).
+    pub async fn listed(&self) {
+        let mut listed = self.listed.clone();
+        let _ = listed.wait_for(|l| *l).await;
+    }
+
+    /// A receiver that sees every change.
+    #[must_use]
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+}

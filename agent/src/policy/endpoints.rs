@@ -1,0 +1,380 @@
+//! EKS's PolicyEndpoints (its controller's resolution of each
+//! NetworkPolicy) as the rules of this node's pods, the way aws-node's node
+//! agent reads them: every PolicyEndpoint that selects a pod adds its
+//! entries; a direction is isolated when one of them names it in
+//! `podIsolation` or has entries for it.
+//!
+//! Bad input never widens what is allowed: an entry whose prefix or an
+//! exception cannot be read is left out whole, as is one whose ports are
+//! all unreadable (no ports would mean every port); each is reported.
+
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use vpcnet_api::policy_endpoint::{
+    EndpointInfo, ISOLATION_EGRESS, ISOLATION_INGRESS, PolicyEndpointSpec, Port,
+};
+
+use super::rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule};
+
+/// A local pod as PolicyEndpoints select it.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalPod<'a> {
+    pub addr: Ipv4Addr,
+    pub namespace: &'a str,
+    /// Its labels, when the agent follows the API's pods: a pod is then
+    /// selected from its first packet, before the controller lists it.
+    pub labels: Option<&'a BTreeMap<String, String>>,
+}
+
+/// A PolicyEndpoint by its namespace and name.
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub spec: &'a PolicyEndpointSpec,
+}
+
+/// A field of an object that is not enforced as written.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Problem {
+    /// `namespace/name` of the PolicyEndpoint.
+    pub object: String,
+    /// The field's path, e.g. `spec.ingress[2].ports[0].endPort`.
+    pub field: String,
+    pub value: String,
+    pub why: &'static str,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "PolicyEndpoint {} {}={:?}: {}",
+            self.object, self.field, self.value, self.why
+        )
+    }
+}
+
+/// Whether the PolicyEndpoint selects `pod`: it lists the pod's address,
+/// or (the pod's labels known) its policy's namespace and selector take it.
+#[must_use]
+pub fn selects(pe: &Named<'_>, pod: &LocalPod<'_>) -> bool {
+    let listed = pe
+        .spec
+        .pod_selector_endpoints
+        .iter()
+        .any(|e| e.pod_ip.parse::<Ipv4Addr>() == Ok(pod.addr));
+    let by_labels = || {
+        let namespace = if pe.spec.policy_ref.namespace.is_empty() {
+            pe.namespace
+        } else {
+            &pe.spec.policy_ref.namespace
+        };
+        match (pod.labels, &pe.spec.pod_selector) {
+            (Some(labels), Some(selector)) if namespace == pod.namespace => {
+                selector.matches(labels) == Some(true)
+            }
+            _ => false,
+        }
+    };
+    listed || by_labels()
+}
+
+/// The rules of `pod` from every PolicyEndpoint in `all` that selects it;
+/// `None` when none does.
+pub fn pod_rules<'a>(
+    all: impl IntoIterator<Item = Named<'a>>,
+    pod: &LocalPod<'_>,
+    problems: &mut Vec<Problem>,
+) -> Option<PodRules> {
+    let mut rules: Option<PodRules> = None;
+    for pe in all {
+        if !selects(&pe, pod) {
+            continue;
+        }
+        let one = rules_of(&pe, problems);
+        let merged = rules.get_or_insert_with(PodRules::default);
+        merged.ingress.merge(one.ingress);
+        merged.egress.merge(one.egress);
+    }
+    rules
+}
+
+/// What one PolicyEndpoint says of the pods it selects.
+#[must_use]
+pub fn rules_of(pe: &Named<'_>, problems: &mut Vec<Problem>) -> PodRules {
+    let origin = Origin {
+        namespace: pe.spec.policy_ref.namespace.clone(),
+        name: pe.spec.policy_ref.name.clone(),
+    };
+    let object = format!("{}/{}", pe.namespace, pe.name);
+    let mut direction = |isolation: &str, entries: &[EndpointInfo], field: &str| {
+        if entries.is_empty() && !pe.spec.pod_isolation.iter().any(|i| i == isolation) {
+            return Direction::Open;
+        }
+        let mut rules = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let at = format!("spec.{field}[{i}]");
+            rules.extend(rule(entry, &origin, &object, &at, problems));
+        }
+        Direction::Isolated(rules)
+    };
+    PodRules {
+        ingress: direction(ISOLATION_INGRESS, &pe.spec.ingress, "ingress"),
+        egress: direction(ISOLATION_EGRESS, &pe.spec.egress, "egress"),
+    }
+}
+
+/// An address without a mask is a host; `None` for IPv6 (the node serves
+/// IPv4: the controller's `::/0` beside `0.0.0.0/0` says nothing here).
+fn prefix(value: &str) -> Result<Option<Ipv4Net>, ()> {
+    if let Ok(net) = value.parse::<IpNet>() {
+        return Ok(match net {
+            IpNet::V4(v4) => Some(v4.trunc()),
+            IpNet::V6(_) => None,
+        });
+    }
+    match value.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(addr)) => Ok(Some(Ipv4Net::from(addr))),
+        Ok(std::net::IpAddr::V6(_)) => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
+fn rule(
+    entry: &EndpointInfo,
+    origin: &Origin,
+    object: &str,
+    field: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<Rule> {
+    let mut problem = |field: String, value: &str, why| {
+        problems.push(Problem {
+            object: object.to_owned(),
+            field,
+            value: value.to_owned(),
+            why,
+        });
+    };
+    if entry.cidr.is_empty() {
+        // A cluster policy's domain name, or nothing: no NetworkPolicy peer.
+        return None;
+    }
+    let cidr = match prefix(&entry.cidr) {
+        Ok(Some(cidr)) => cidr,
+        Ok(None) => return None,
+        Err(()) => {
+            problem(
+                format!("{field}.cidr"),
+                &entry.cidr,
+                "not an address or a CIDR: the entry is not enforced",
+            );
+            return None;
+        }
+    };
+    let mut except = Vec::new();
+    for (i, value) in entry.except.iter().enumerate() {
+        match prefix(value) {
+            Ok(Some(net)) => except.push(net),
+            Ok(None) => {}
+            Err(()) => {
+                problem(
+                    format!("{field}.except[{i}]"),
+                    value,
+                    "not a CIDR: the entry is not enforced (without it, it would allow more)",
+                );
+                return None;
+            }
+        }
+    }
+    let mut ports = Vec::new();
+    for (i, port) in entry.ports.iter().enumerate() {
+        match ports_of(port) {
+            Ok(p) => ports.push(p),
+            Err((name, value, why)) => problem(format!("{field}.ports[{i}].{name}"), &value, why),
+        }
+    }
+    if !entry.ports.is_empty() && ports.is_empty() {
+        // Every port unreadable: the entry without ports would allow all.
+        return None;
+    }
+    Some(Rule {
+        peers: vec![Peers { cidr, except }],
+        ports,
+        origin: origin.clone(),
+    })
+}
+
+type PortProblem = (&'static str, String, &'static str);
+
+fn ports_of(port: &Port) -> Result<Ports, PortProblem> {
+    let protocol = match port.protocol.as_deref() {
+        None => Protocol::Tcp,
+        Some(name) => Protocol::from_name(name).ok_or_else(|| {
+            (
+                "protocol",
+                name.to_owned(),
+                "not TCP, UDP or SCTP: this port is not enforced",
+            )
+        })?,
+    };
+    let Some(first) = port.port else {
+        return Ok(Ports::all(protocol));
+    };
+    let first = u16::try_from(first).ok().filter(|p| *p != 0).ok_or((
+        "port",
+        first.to_string(),
+        "not a port from 1 to 65535: not enforced",
+    ))?;
+    let last = match port.end_port {
+        None => first,
+        Some(end) => u16::try_from(end).ok().filter(|e| *e >= first).ok_or((
+            "endPort",
+            end.to_string(),
+            "below its port or above 65535: this port is not enforced",
+        ))?,
+    };
+    Ok(Ports {
+        protocol,
+        first,
+        last,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> PolicyEndpointSpec {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn pod(addr: [u8; 4]) -> LocalPod<'static> {
+        LocalPod {
+            addr: Ipv4Addr::from(addr),
+            namespace: "x",
+            labels: None,
+        }
+    }
+
+    #[test]
+    fn selected_by_address_or_by_labels_in_the_policys_namespace() {
+        let pe = spec(serde_json::json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "podSelectorEndpoints": [
+                {"hostIP": "10.20.11.162", "podIP": "10.20.11.20", "name": "a", "namespace": "x"}
+            ]
+        }));
+        let named = Named {
+            namespace: "x",
+            name: "p-abcde",
+            spec: &pe,
+        };
+        assert!(selects(&named, &pod([10, 20, 11, 20])));
+        assert!(!selects(&named, &pod([10, 20, 11, 21])));
+        let web = BTreeMap::from([("app".to_owned(), "web".to_owned())]);
+        let new_pod = LocalPod {
+            labels: Some(&web),
+            ..pod([10, 20, 11, 21])
+        };
+        assert!(selects(&named, &new_pod), "before the controller lists it");
+        let elsewhere = LocalPod {
+            namespace: "y",
+            ..new_pod
+        };
+        assert!(!selects(&named, &elsewhere));
+    }
+
+    #[test]
+    fn isolation_follows_pod_isolation_and_entries() {
+        let mut problems = Vec::new();
+        let pe = spec(serde_json::json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "podIsolation": ["Ingress"],
+        }));
+        let rules = rules_of(
+            &Named {
+                namespace: "x",
+                name: "p-1",
+                spec: &pe,
+            },
+            &mut problems,
+        );
+        assert_eq!(rules.ingress, Direction::Isolated(vec![]));
+        assert_eq!(rules.egress, Direction::Open);
+        let pe = spec(serde_json::json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "egress": [{"cidr": "10.0.0.0/8", "ports": [{"port": 53, "protocol": "UDP"}]}, {"cidr": "::/0"}],
+        }));
+        let rules = rules_of(
+            &Named {
+                namespace: "x",
+                name: "p-2",
+                spec: &pe,
+            },
+            &mut problems,
+        );
+        let Direction::Isolated(egress) = rules.egress else {
+            panic!("egress isolated by its entries");
+        };
+        assert_eq!(egress.len(), 1, "IPv6 says nothing on an IPv4 node");
+        assert_eq!(egress[0].ports, vec![Ports::one(Protocol::Udp, 53)]);
+        assert_eq!(egress[0].origin.to_string(), "x/p");
+        assert!(problems.is_empty());
+    }
+
+    #[test]
+    fn bad_fields_are_reported_and_never_widen_the_allow() {
+        let pe = spec(serde_json::json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "ingress": [
+                {"cidr": "10.0.0.300/8"},
+                {"cidr": "0.0.0.0/0", "except": ["nonsense"]},
+                {"cidr": "10.1.0.0/16", "ports": [{"port": 70000}]},
+                {"cidr": "10.2.0.0/16", "ports": [{"port": 90, "endPort": 80}, {"port": 443}]},
+                {"cidr": "10.3.0.0/16", "ports": [{"protocol": "ICMP", "port": 1}]},
+                {"cidr": "10.4.0.1"}
+            ]
+        }));
+        let mut problems = Vec::new();
+        let rules = rules_of(
+            &Named {
+                namespace: "x",
+                name: "p-1",
+                spec: &pe,
+            },
+            &mut problems,
+        );
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.ingress[0].cidr",
+                "spec.ingress[1].except[0]",
+                "spec.ingress[2].ports[0].port",
+                "spec.ingress[3].ports[0].endPort",
+                "spec.ingress[4].ports[0].protocol",
+            ]
+        );
+        assert!(
+            problems[0]
+                .to_string()
+                .starts_with("PolicyEndpoint x/p-1 spec.ingress[0].cidr=")
+        );
+        let Direction::Isolated(ingress) = rules.ingress else {
+            panic!("isolated");
+        };
+        // What remains: 10.2/16 on 443 only, and the host 10.4.0.1.
+        assert_eq!(ingress.len(), 2, "{ingress:?}");
+        assert_eq!(ingress[0].ports, vec![Ports::one(Protocol::Tcp, 443)]);
+        assert_eq!(
+            ingress[1].peers[0].cidr,
+            "10.4.0.1/32".parse::<Ipv4Net>().unwrap()
+        );
+        let direction = Direction::Isolated(ingress);
+        assert!(!direction.allows(Ipv4Addr::new(10, 1, 0, 1), 6, 80));
+        assert!(!direction.allows(Ipv4Addr::new(192, 0, 2, 1), 6, 80));
+    }
+}
