@@ -59,6 +59,11 @@ pub const API_ACCESS: &[AccessRule] = &[
     ("networking.k8s.io", "servicecidrs", &["list", "watch"]),
     ("", "pods", &["get", "list", "watch", "patch"]),
     ("events.k8s.io", "events", &["create", "patch"]),
+    (
+        vpcnet_api::policy_endpoint::GROUP,
+        vpcnet_api::policy_endpoint::PLURAL,
+        &["list", "watch"],
+    ),
 ];
 
 /// What can go wrong with the Kubernetes API.

@@ -184,7 +184,6 @@ pub const VARIABLES: &[Variable] = &[
         "aws-node's own version, for its user agent; vpcnet sends its own",
     ),
     honoured(policy_settings::ENV_NETWORK_POLICY_ENFORCING_MODE),
-    honoured(policy_settings::ENV_ENABLE_NETWORK_POLICY),
     honoured(k8s::pods::ENV_ANNOTATE_POD_IP),
     honoured(k8s::node::ENV_ENI_CONFIG_LABEL_DEF),
     honoured(k8s::node::ENV_ENI_CONFIG_ANNOTATION_DEF),
