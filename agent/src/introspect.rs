@@ -4,7 +4,8 @@
 //! port 61678 of every interface (off with `DISABLE_METRICS`; the VPC CNI
 //! has no variable for its address, `run --metrics-address` sets it).
 //!
-//! Introspection (JSON): `/v1/enis`, `/v1/pods`, `/v1/nat?limit=N`,
+//! Introspection (JSON): `/v1/enis`, `/v1/pods`, `/v1/policy?pod=NS/NAME`,
+//! `/v1/nat?limit=N`,
 //! `/v1/config`, and aws-node's `/v1/eni-configs`,
 //! `/v1/ipamd-env-settings`, `/v1/networkutils-env-settings`. Metrics:
 //! `/metrics`, the `awscni_` names that mean what they mean with aws-node,
@@ -24,6 +25,7 @@
 pub mod client;
 pub mod env_settings;
 mod handlers;
+mod policy;
 mod routes;
 mod scrape;
 pub mod server;
@@ -64,9 +66,10 @@ pub const METRICS_HELPER_POD_LABEL: (&str, &str) = ("k8s-app", "aws-node");
 pub const DEFAULT_NAT_LIMIT: usize = 1000;
 
 /// The introspection endpoints, in the order `GET /` lists them.
-pub const PATHS: [&str; 8] = [
+pub const PATHS: [&str; 9] = [
     "/v1/enis",
     "/v1/pods",
+    "/v1/policy",
     "/v1/nat",
     "/v1/nat/summary",
     "/v1/config",

@@ -78,6 +78,15 @@ enum Command {
         #[command(flatten)]
         endpoint: introspect::IntrospectionEndpoint,
     },
+    /// Print the network policy in force for each pod (or one pod), rule by
+    /// rule, with the NetworkPolicy each rule came from (asks the running
+    /// agent's introspection endpoint).
+    Policy {
+        #[command(flatten)]
+        endpoint: introspect::IntrospectionEndpoint,
+        /// `NAMESPACE/NAME` of one pod.
+        pod: Option<String>,
+    },
     /// Print the node's ENIs, their addresses and which pod holds each
     /// (asks the running agent's introspection endpoint).
     Enis {
@@ -149,6 +158,7 @@ fn run_command() -> Result<()> {
         Command::Ipam { cni_socket } => commands::ipam::print_ipam(&cni_socket),
         Command::Pods { endpoint } => introspect::print_pods(&endpoint),
         Command::Enis { endpoint, all } => introspect::print_enis(&endpoint, all),
+        Command::Policy { endpoint, pod } => introspect::print_policy(&endpoint, pod.as_deref()),
         Command::Probe {
             ready,
             cni_socket,

@@ -235,6 +235,11 @@ impl Pods {
         }
     }
 
+    /// Network policy, when enforced.
+    pub fn policy(&self) -> Option<&NodePolicy> {
+        self.inner.policy.get()
+    }
+
     /// A pod's address is gone: its rules too.
     async fn forget_policy(&self, addr: Ipv4Addr) {
         if let Some(policy) = self.inner.policy.get()

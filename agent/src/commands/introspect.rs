@@ -9,7 +9,7 @@ use hyper::StatusCode;
 use serde::de::DeserializeOwned;
 use vpcnet_agent::introspect::{
     self, ListenAddr,
-    views::{EnisView, ErrorView, PodsView},
+    views::{DirectionView, EnisView, ErrorView, PodsView, PolicyView},
 };
 
 /// Where the running agent serves introspection.
@@ -80,6 +80,65 @@ pub fn print_pods(endpoint: &IntrospectionEndpoint) -> Result<()> {
     let view: PodsView = fetch(endpoint, "/v1/pods")?;
     print!("{}", pods_table(&view));
     Ok(())
+}
+
+/// `vpcnet-agent policy [NAMESPACE/POD]`: the rules in force, one line per
+/// rule, with the policy each came from.
+pub fn print_policy(endpoint: &IntrospectionEndpoint, pod: Option<&str>) -> Result<()> {
+    let path = match pod {
+        Some(pod) => format!("/v1/policy?pod={pod}"),
+        None => "/v1/policy".to_owned(),
+    };
+    let view: PolicyView = fetch(endpoint, &path)?;
+    print!("{}", policy_table(&view));
+    Ok(())
+}
+
+fn policy_table(view: &PolicyView) -> String {
+    let Some(mode) = &view.mode else {
+        return "network policy is not enforced (ENABLE_NETWORK_POLICY)\n".to_owned();
+    };
+    let mut rows = Vec::new();
+    for pod in &view.pods {
+        let who = format!("{}/{}", pod.namespace, pod.name);
+        for (name, direction) in [("ingress", &pod.ingress), ("egress", &pod.egress)] {
+            let mut row = |peers: String, ports: String, policy: String| {
+                rows.push(vec![
+                    who.clone(),
+                    pod.address.to_string(),
+                    name.to_owned(),
+                    peers,
+                    ports,
+                    policy,
+                ]);
+            };
+            match direction {
+                DirectionView {
+                    isolated: false, ..
+                } => row("everything (not isolated)".into(), "-".into(), "-".into()),
+                DirectionView { rules, .. } if rules.is_empty() => {
+                    row("nothing".into(), "-".into(), "-".into());
+                }
+                DirectionView { rules, .. } => {
+                    for rule in rules {
+                        let ports = if rule.ports.is_empty() {
+                            "any".to_owned()
+                        } else {
+                            rule.ports.join(",")
+                        };
+                        row(rule.peers.join(" "), ports, rule.policy.clone());
+                    }
+                }
+            }
+        }
+    }
+    format!(
+        "mode: {mode}\n{}",
+        table(
+            &["POD", "ADDRESS", "DIRECTION", "PEERS", "PORTS", "POLICY"],
+            &rows
+        )
+    )
 }
 
 pub fn print_enis(endpoint: &IntrospectionEndpoint, all: bool) -> Result<()> {
@@ -340,10 +399,49 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use vpcnet_agent::introspect::views::{
-        AddressView, DatapathEniEntryView, EndpointEntryView, EniView, LinkView, PodRef, PodView,
+        AddressView, DatapathEniEntryView, EndpointEntryView, EniView, LinkView, PodPolicyView,
+        PodRef, PodView, RuleView,
     };
 
     use super::*;
+
+    #[test]
+    fn policy_as_a_table_rule_by_rule() {
+        let view = PolicyView {
+            enforced: true,
+            mode: Some("strict".into()),
+            pods: vec![PodPolicyView {
+                namespace: "x".into(),
+                name: "a".into(),
+                address: Ipv4Addr::new(10, 20, 11, 20),
+                ingress: DirectionView {
+                    isolated: true,
+                    rules: vec![RuleView {
+                        peers: vec!["0.0.0.0/0 except 203.0.113.0/24".into()],
+                        ports: vec!["TCP/80".into(), "UDP/1000-2000".into()],
+                        policy: "x/web".into(),
+                    }],
+                },
+                egress: DirectionView {
+                    isolated: false,
+                    rules: vec![],
+                },
+            }],
+        };
+        assert_eq!(
+            policy_table(&view),
+            "mode: strict\n\
+             POD  ADDRESS      DIRECTION  PEERS                            PORTS                 POLICY\n\
+             x/a  10.20.11.20  ingress    0.0.0.0/0 except 203.0.113.0/24  TCP/80,UDP/1000-2000  x/web\n\
+             x/a  10.20.11.20  egress     everything (not isolated)        -                     -\n"
+        );
+        let off = PolicyView {
+            enforced: false,
+            mode: None,
+            pods: vec![],
+        };
+        assert!(policy_table(&off).contains("not enforced"));
+    }
 
     #[test]
     fn tables_align_and_trim() {

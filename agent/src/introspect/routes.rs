@@ -32,6 +32,7 @@ pub(super) fn introspection(shared: Arc<Shared>) -> Router {
         .route("/v1", get(handlers::index))
         .route("/v1/enis", get(handlers::enis))
         .route("/v1/pods", get(handlers::pods))
+        .route("/v1/policy", get(super::policy::policy))
         .route("/v1/nat", get(handlers::nat))
         .route("/v1/nat/summary", get(handlers::nat_summary))
         .route("/v1/config", get(handlers::config))

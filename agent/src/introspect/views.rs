@@ -17,6 +17,44 @@ pub struct IndexView {
     pub paths: Vec<String>,
 }
 
+/// `GET /v1/policy[?pod=NAMESPACE/NAME]`: the network policy in force for
+/// each local pod, rule by rule, with the policy each rule came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyView {
+    /// Whether network policy is enforced (`ENABLE_NETWORK_POLICY`).
+    pub enforced: bool,
+    /// `NETWORK_POLICY_ENFORCING_MODE`, when enforced.
+    pub mode: Option<String>,
+    pub pods: Vec<PodPolicyView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodPolicyView {
+    pub namespace: String,
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub ingress: DirectionView,
+    pub egress: DirectionView,
+}
+
+/// One direction of a pod: not isolated (everything passes), or only what
+/// one of the rules allows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectionView {
+    pub isolated: bool,
+    pub rules: Vec<RuleView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleView {
+    /// `CIDR` or `CIDR except CIDR,CIDR`.
+    pub peers: Vec<String>,
+    /// `TCP/80`, `UDP/1000-2000`, `SCTP`; none: every protocol and port.
+    pub ports: Vec<String>,
+    /// `namespace/name` of the NetworkPolicy.
+    pub policy: String,
+}
+
 /// `GET /v1/pods`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodsView {

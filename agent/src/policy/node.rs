@@ -132,11 +132,22 @@ impl NodePolicy {
         }
     }
 
-    /// The rules of the local pod at `addr`, as enforced now.
-    pub async fn rules_of(&self, addr: Ipv4Addr) -> Option<(PodName, PodRules)> {
+    #[must_use]
+    pub fn mode(&self) -> EnforcingMode {
+        self.inner.settings.mode
+    }
+
+    /// Every local pod's rules, as enforced now.
+    pub async fn snapshot(&self) -> Vec<(Ipv4Addr, PodName, PodRules)> {
         let state = self.inner.state.lock().await;
-        let pod = state.pods.get(&addr)?;
-        Some((pod.name.clone(), state.enforcer.pod(addr)?.clone()))
+        state
+            .pods
+            .iter()
+            .filter_map(|(addr, pod)| {
+                let rules = state.enforcer.pod(*addr)?.clone();
+                Some((*addr, pod.name.clone(), rules))
+            })
+            .collect()
     }
 
     async fn wait_for_policies(&self) {
