@@ -11,6 +11,7 @@ pub mod fuzz;
 pub mod hooks;
 pub mod idle;
 pub mod ipam;
+pub mod netpol;
 pub mod packets;
 pub mod scrape;
 
