@@ -33,6 +33,7 @@ use vpcnet_agent::{
     node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
     pods::{BranchLinks, Pods, PodsOptions},
     policy::{
+        self,
         node::{NodePolicy, PodName},
         settings::PolicySettings,
     },
@@ -453,6 +454,7 @@ impl Parts<'_> {
             .kube
             .clone()
             .context("network policy needs the API server")?;
+        let event_log = settings.event_log.clone();
         let (policies, follow) = PolicyEndpoints::follow(client);
         self.tasks.spawn(follow);
         let existing = pods
@@ -477,6 +479,15 @@ impl Parts<'_> {
         .await?;
         pods.enforce_policy(node.clone());
         self.tasks.spawn(node.follow());
+        if let Some(log) = event_log {
+            let ring = self
+                .datapath
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take_policy_events()
+                .context("the policy event ring buffer")?;
+            self.tasks.spawn(policy::events::write_events(ring, log));
+        }
         Ok(())
     }
 }

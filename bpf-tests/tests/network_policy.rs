@@ -354,3 +354,58 @@ fn a_connection_running_before_it_was_tracked_goes_on_when_either_end_may_open_i
     });
     assert_eq!(action, TC_ACT_SHOT);
 }
+
+#[test]
+fn verdicts_go_to_the_event_ring_only_when_asked_and_never_block() {
+    use vpcnet_agent::policy::events::line;
+    use vpcnet_common::config::FLAG_POLICY_EVENTS;
+
+    let mut node = Node::new();
+    let mut ring = node.h.datapath.take_policy_events().unwrap();
+    node.rules(POD, PodRules::default());
+    node.rules(POD2, ingress_only(vec![]));
+    let denied = packets::tcp(POD, 40000, POD2, 8080, TCP_SYN, b"");
+    assert_eq!(node.send(POD, denied.clone()), TC_ACT_SHOT);
+    assert!(ring.next().is_none(), "no events unless asked");
+
+    let mut cfg = node.h.datapath.maps.config().unwrap();
+    cfg.flags |= FLAG_POLICY_EVENTS;
+    node.h.datapath.maps.set_config(&cfg).unwrap();
+    assert_eq!(node.send(POD, denied), TC_ACT_SHOT);
+    let allowed = packets::tcp(POD2, 40001, POD, 8080, TCP_SYN, b"");
+    assert_eq!(node.send(POD2, allowed), TC_ACT_REDIRECT);
+    let mut lines = Vec::new();
+    while let Some(item) = ring.next() {
+        // SAFETY: the ring's records are `PolicyEvent`s, plain data.
+        let event: vpcnet_common::policy::PolicyEvent =
+            unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        let ts = "2026-11-27T10:00:00Z".parse().unwrap();
+        lines.push(line(&event, true, ts).unwrap());
+    }
+    let msgs: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["msg"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        msgs,
+        [
+            "Flow Info: Src IP: 10.20.11.20 Src Port: 40000 Dest IP: 10.20.11.21 Dest Port: 8080 Proto TCP Verdict DENY Direction ingress, Tier NETWORK_POLICY",
+            "Flow Info: Src IP: 10.20.11.21 Src Port: 40001 Dest IP: 10.20.11.20 Dest Port: 8080 Proto TCP Verdict ACCEPT Direction egress, Tier DEFAULT",
+            "Flow Info: Src IP: 10.20.11.21 Src Port: 40001 Dest IP: 10.20.11.20 Dest Port: 8080 Proto TCP Verdict ACCEPT Direction ingress, Tier DEFAULT",
+        ]
+    );
+    // A full ring loses events, counted; the packets drop as ever. (A
+    // record is the event and an 8-byte header.)
+    let record = std::mem::size_of::<vpcnet_common::policy::PolicyEvent>() + 8;
+    let room = vpcnet_common::policy::POLICY_EVENTS_BYTES as usize / record;
+    let sent = packets::tcp(POD, 1024, POD2, 9, TCP_SYN, b"");
+    for _ in 0..room + 100 {
+        assert_eq!(node.send(POD, sent.clone()), TC_ACT_SHOT);
+    }
+    assert!(node.h.counter(Counter::PolicyEventLost) > 0);
+}

@@ -332,6 +332,13 @@ impl Datapath {
         &self.stats
     }
 
+    /// The ring buffer of policy's verdicts (`ENABLE_POLICY_EVENT_LOGS`),
+    /// for its one reader; `None` once taken.
+    pub fn take_policy_events(&mut self) -> Option<aya::maps::RingBuf<MapData>> {
+        let map = self.ebpf.take_map(names::POLICY_EVENTS)?;
+        aya::maps::RingBuf::try_from(map).ok()
+    }
+
     /// A loaded program, e.g. to run it on a crafted packet.
     pub fn program(&self, name: &'static str) -> Result<&SchedClassifier, DatapathError> {
         self.ebpf

@@ -5,6 +5,7 @@
 
 pub mod compile;
 pub mod endpoints;
+pub mod events;
 pub mod maps;
 pub mod node;
 pub mod rules;

@@ -12,7 +12,10 @@ use std::{
 };
 
 use tracing::{debug, info, warn};
-use vpcnet_common::{cidr::CidrKind, config::FLAG_NETWORK_POLICY};
+use vpcnet_common::{
+    cidr::CidrKind,
+    config::{FLAG_NETWORK_POLICY, FLAG_POLICY_EVENTS},
+};
 
 use super::{
     Enforcer,
@@ -95,6 +98,9 @@ impl NodePolicy {
             let mut datapath = lock(&node.inner.datapath);
             let mut config = datapath.maps.config()?;
             config.flags |= FLAG_NETWORK_POLICY;
+            if node.inner.settings.event_log.is_some() {
+                config.flags |= FLAG_POLICY_EVENTS;
+            }
             datapath.maps.set_config(&config)?;
         }
         info!(mode = %node.inner.settings.mode, "network policy enforced");

@@ -5,6 +5,7 @@
 
 use std::{fmt, time::Duration};
 
+use super::events::EventLog;
 use crate::env::{ConfigError, Env};
 
 pub const ENV_ENABLE_NETWORK_POLICY: &str = "ENABLE_NETWORK_POLICY";
@@ -14,6 +15,15 @@ pub const ENV_POLICY_SOURCE: &str = "VPCNET_NETWORK_POLICY_SOURCE";
 /// How long a CNI ADD waits for the cluster's policies to be known before
 /// the pod gets its mode's default.
 pub const ENV_POLICY_ADD_WAIT: &str = "VPCNET_NETWORK_POLICY_ADD_WAIT_SECONDS";
+/// aws-node's chart's `nodeAgent.enablePolicyEventLogs`.
+pub const ENV_ENABLE_POLICY_EVENT_LOGS: &str = "ENABLE_POLICY_EVENT_LOGS";
+/// The event log's file (the node agent's `--log-file`).
+pub const ENV_POLICY_EVENT_LOG_FILE: &str = "VPCNET_POLICY_EVENT_LOG_FILE";
+/// `debug` (the node agent's default: ACCEPT lines too) or `info` (DENY
+/// only).
+pub const ENV_POLICY_EVENT_LOG_LEVEL: &str = "VPCNET_POLICY_EVENT_LOG_LEVEL";
+/// Where aws-node's node agent writes, and EKS's log collector looks.
+pub const DEFAULT_POLICY_EVENT_LOG_FILE: &str = "/var/log/aws-routed-eni/network-policy-agent.log";
 
 /// `NETWORK_POLICY_ENFORCING_MODE`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,6 +61,8 @@ pub struct PolicySettings {
     pub source: Source,
     /// How long an ADD waits for the policies to be known.
     pub add_wait: Duration,
+    /// `ENABLE_POLICY_EVENT_LOGS`: where verdicts are logged.
+    pub event_log: Option<EventLog>,
 }
 
 /// An ADD's wait when none is set: kubelet's own CNI timeout is minutes,
@@ -103,10 +115,36 @@ impl PolicySettings {
                     allowed: "whole seconds from 0 to 60",
                 })?,
         };
+        let event_log = if env.bool_or(ENV_ENABLE_POLICY_EVENT_LOGS, false) {
+            let accepts = match env.get(ENV_POLICY_EVENT_LOG_LEVEL) {
+                None => true,
+                Some(level) => match level.to_ascii_lowercase().as_str() {
+                    "debug" => true,
+                    "info" => false,
+                    _ => {
+                        return Err(ConfigError {
+                            variable: ENV_POLICY_EVENT_LOG_LEVEL,
+                            value: level.to_owned(),
+                            allowed: "debug (DENY and ACCEPT) or info (DENY)",
+                        });
+                    }
+                },
+            };
+            Some(EventLog {
+                path: env
+                    .get(ENV_POLICY_EVENT_LOG_FILE)
+                    .unwrap_or(DEFAULT_POLICY_EVENT_LOG_FILE)
+                    .into(),
+                accepts,
+            })
+        } else {
+            None
+        };
         Ok(Some(Self {
             mode,
             source,
             add_wait,
+            event_log,
         }))
     }
 }
@@ -128,6 +166,20 @@ mod tests {
             .unwrap();
         assert_eq!(on.mode, EnforcingMode::Standard);
         assert_eq!(on.add_wait, DEFAULT_ADD_WAIT);
+        assert_eq!(on.event_log, None);
+        let logged = read(&[
+            (ENV_ENABLE_NETWORK_POLICY, "true"),
+            (ENV_ENABLE_POLICY_EVENT_LOGS, "true"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            logged.event_log,
+            Some(EventLog {
+                path: DEFAULT_POLICY_EVENT_LOG_FILE.into(),
+                accepts: true
+            })
+        );
         let strict = read(&[
             (ENV_ENABLE_NETWORK_POLICY, "true"),
             (ENV_NETWORK_POLICY_ENFORCING_MODE, "Strict"),

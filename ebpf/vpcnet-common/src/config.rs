@@ -10,6 +10,10 @@ pub const FLAG_EXTERNAL_SNAT: u32 = 1 << 0;
 /// programs never look at the policy maps.
 pub const FLAG_NETWORK_POLICY: u32 = 1 << 1;
 
+/// `ENABLE_POLICY_EVENT_LOGS`: policy's verdicts go to the `POLICY_EVENTS`
+/// ring buffer, for the agent's event log.
+pub const FLAG_POLICY_EVENTS: u32 = 1 << 2;
+
 /// The skb mark bit `pod_egress` sets on a pod's packet to a service CIDR
 /// before handing it to the stack, so that `eni_egress`, after kube-proxy's
 /// DNAT, knows the flow's replies must go back through the stack to be
@@ -102,6 +106,11 @@ impl Config {
     #[must_use]
     pub const fn network_policy(&self) -> bool {
         self.flags & FLAG_NETWORK_POLICY != 0
+    }
+
+    #[must_use]
+    pub const fn policy_events(&self) -> bool {
+        self.flags & FLAG_POLICY_EVENTS != 0
     }
 
     #[must_use]

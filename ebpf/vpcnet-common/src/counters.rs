@@ -126,6 +126,7 @@ counters! {
     DropPolicyEgress => "drop_policy_egress", "dropped: network policy: the sending pod's egress rules do not allow it";
     DropPolicyIngress => "drop_policy_ingress", "dropped: network policy: the receiving pod's ingress rules do not allow it";
     DropPolicyRevoked => "drop_policy_revoked", "dropped: network policy: a packet of a connection that a policy change denies";
+    PolicyEventLost => "policy_event_lost", "policy: a verdict not logged, the event ring buffer full (ENABLE_POLICY_EVENT_LOGS)";
 
 }
 

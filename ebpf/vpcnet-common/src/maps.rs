@@ -55,6 +55,9 @@ pub const POLICY_CIDRS: &str = "VPCNET_POLICY_CIDRS";
 pub const POLICY_PORTS: &str = "VPCNET_POLICY_PORTS";
 /// `LruHashMap<FlowKey, PolicyFlow>`: connections policy let through.
 pub const POLICY_FLOWS: &str = "VPCNET_POLICY_FLOWS";
+/// `RingBuf` of `PolicyEvent`s, for `ENABLE_POLICY_EVENT_LOGS`. Not
+/// pinned: each agent reads the one its programs write.
+pub const POLICY_EVENTS: &str = "VPCNET_POLICY_EVENTS";
 /// A pinned map and the layout of its entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PinnedMap {

@@ -120,7 +120,39 @@ pub const fn flow_key(key: &FlowKey) -> (FlowKey, bool) {
     }
 }
 
-crate::impl_pod!(PodPolicy, PortSet, PortAllowed, PolicyFlow);
+/// A verdict of policy, as `ENABLE_POLICY_EVENT_LOGS` logs it: one record
+/// of the `POLICY_EVENTS` ring buffer per judged side of a new connection
+/// and per dropped packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyEvent {
+    /// The packet's tuple (network order).
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// [`VERDICT_ACCEPT`] or [`VERDICT_DENY`].
+    pub verdict: u8,
+    /// [`DIRECTION_INGRESS`] or [`DIRECTION_EGRESS`]: whose rules judged.
+    pub direction: u8,
+    /// [`TIER_NETWORK_POLICY`] or [`TIER_DEFAULT`] (no policy isolates
+    /// that direction).
+    pub tier: u8,
+}
+
+pub const VERDICT_ACCEPT: u8 = 0;
+pub const VERDICT_DENY: u8 = 1;
+pub const DIRECTION_INGRESS: u8 = 0;
+pub const DIRECTION_EGRESS: u8 = 1;
+pub const TIER_NETWORK_POLICY: u8 = 0;
+pub const TIER_DEFAULT: u8 = 1;
+
+/// Bytes of the `POLICY_EVENTS` ring buffer: 16 Ki events. When the agent
+/// falls behind, events are lost (counted), never waited for.
+pub const POLICY_EVENTS_BYTES: u32 = 1 << 20;
+
+crate::impl_pod!(PodPolicy, PortSet, PortAllowed, PolicyFlow, PolicyEvent);
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use vpcnet_common::{
     cidr::{CidrValue, ExternalServiceCidr},
@@ -18,7 +18,7 @@ use vpcnet_common::{
         POLICY_PORTS_MAX_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
     },
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
-    policy::{PodPolicy, PolicyFlow, PortAllowed, PortSet},
+    policy::{POLICY_EVENTS_BYTES, PodPolicy, PolicyFlow, PortAllowed, PortSet},
 };
 
 use crate::nat::{ClaimSearch, RecentFlows};
@@ -69,6 +69,9 @@ pub static POLICY_PORTS: LpmTrie<[u8; 8], PortAllowed> =
 #[map(name = "VPCNET_POLICY_FLOWS")]
 pub static POLICY_FLOWS: LruHashMap<FlowKey, PolicyFlow> =
     LruHashMap::pinned(POLICY_FLOWS_DEFAULT_ENTRIES, 0);
+
+#[map(name = "VPCNET_POLICY_EVENTS")]
+pub static POLICY_EVENTS: RingBuf = RingBuf::with_byte_size(POLICY_EVENTS_BYTES, 0);
 
 /// The NAT's port search, one slot per CPU (see `nat::ClaimSearch`). Not
 /// pinned: it holds nothing between two packets.

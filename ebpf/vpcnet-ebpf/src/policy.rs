@@ -14,7 +14,9 @@ use vpcnet_common::{
     counters::Counter,
     nat::{DEFAULT_TIMEOUTS, FlowKey, NS_PER_SEC, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
     policy::{
-        FLOW_REVOKED, OPENED_BY_KEY_DESTINATION, OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS,
+        DIRECTION_EGRESS, DIRECTION_INGRESS, FLOW_REVOKED, OPENED_BY_KEY_DESTINATION,
+        OPENED_BY_KEY_SOURCE, PolicyEvent, TIER_DEFAULT, TIER_NETWORK_POLICY, VERDICT_ACCEPT,
+        VERDICT_DENY, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS,
         POLICY_UNISOLATED, PORTS_ONE, PodPolicy, PolicyFlow, cidr_key_data, flow_key,
         port_key_data,
     },
@@ -22,7 +24,9 @@ use vpcnet_common::{
 
 use crate::{
     cidr, icmp,
-    maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, count, timeouts},
+    maps::{
+        POLICY_CIDRS, POLICY_EVENTS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, count, timeouts,
+    },
     nat::now_ns,
     packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, load, parse_ipv4, parse_l4},
 };
@@ -90,12 +94,12 @@ pub fn admit_in(ctx: &TcContext, cfg: &Config) -> Result<(), Counter> {
             return Ok(());
         }
     }
-    admit(&packet)
+    admit(cfg, &packet)
 }
 
 /// Judges a whole packet or a first fragment. `Err`: the drop reason.
 #[inline(always)]
-fn admit(packet: &Packet) -> Result<(), Counter> {
+fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
     let key = &packet.key;
     let sender = pod_policy(key.saddr);
     let receiver = pod_policy(key.daddr);
@@ -117,17 +121,31 @@ fn admit(packet: &Packet) -> Result<(), Counter> {
     let opener = match verdict {
         Ok(()) => {
             count(Counter::PolicyFlowNew);
+            if cfg.policy_events() {
+                if let Some(pod) = sender {
+                    log(key, VERDICT_ACCEPT, DIRECTION_EGRESS, pod.egress);
+                }
+                if let Some(pod) = receiver {
+                    log(key, VERDICT_ACCEPT, DIRECTION_INGRESS, pod.ingress);
+                }
+            }
             reversed
         }
         // A TCP connection that was running before it was tracked passes
         // when its other end may open it: what the rules allow is the
         // connection, whichever end's packet comes first.
         Err(reason) if key.proto == PROTO_TCP && !packet.syn => {
-            judge(&key.reversed(), receiver, sender).map_err(|_| reason)?;
+            if judge(&key.reversed(), receiver, sender).is_err() {
+                log_denied(cfg, key, reason, sender, receiver);
+                return Err(reason);
+            }
             count(Counter::PolicyFlowPickedUp);
             !reversed
         }
-        Err(reason) => return Err(reason),
+        Err(reason) => {
+            log_denied(cfg, key, reason, sender, receiver);
+            return Err(reason);
+        }
     };
     let entry = PolicyFlow {
         last_seen_ns: now,
@@ -141,6 +159,49 @@ fn admit(packet: &Packet) -> Result<(), Counter> {
     // An LRU map always makes room: the least recently used gives way.
     let _ = POLICY_FLOWS.insert(&flow, &entry, 0);
     Ok(())
+}
+
+/// A denied packet into the event log, as the side whose rules denied it.
+#[inline(always)]
+fn log_denied(
+    cfg: &Config,
+    key: &FlowKey,
+    reason: Counter,
+    sender: Option<PodPolicy>,
+    receiver: Option<PodPolicy>,
+) {
+    if !cfg.policy_events() {
+        return;
+    }
+    let (direction, identity) = if reason == Counter::DropPolicyEgress {
+        (DIRECTION_EGRESS, sender.map_or(0, |p| p.egress))
+    } else {
+        (DIRECTION_INGRESS, receiver.map_or(0, |p| p.ingress))
+    };
+    log(key, VERDICT_DENY, direction, identity);
+}
+
+/// One verdict into the event ring buffer; full, it is counted and lost:
+/// the datapath never waits for the agent.
+#[inline(always)]
+fn log(key: &FlowKey, verdict: u8, direction: u8, identity: u32) {
+    let event = PolicyEvent {
+        saddr: key.saddr,
+        daddr: key.daddr,
+        sport: key.sport,
+        dport: key.dport,
+        proto: key.proto,
+        verdict,
+        direction,
+        tier: if identity == POLICY_UNISOLATED {
+            TIER_DEFAULT
+        } else {
+            TIER_NETWORK_POLICY
+        },
+    };
+    if POLICY_EVENTS.output::<PolicyEvent>(&event, 0).is_err() {
+        count(Counter::PolicyEventLost);
+    }
 }
 
 /// Whether the connection `key` (either direction) is tracked and fresh.
