@@ -665,7 +665,7 @@ pub fn sync(store: &mut Store) -> u64 {
                     "created a PolicyEndpoint"
                 ),
                 Err(err) => {
-                    warn!(policy = %format!("{ns}/{name}"), %err, "creating a PolicyEndpoint")
+                    warn!(policy = %format!("{ns}/{name}"), %err, "creating a PolicyEndpoint");
                 }
             }
         }
