@@ -354,13 +354,7 @@ fn print_state(state: &LabState) {
                 pod.host_veth,
                 addrs::NS_NODE,
                 &sandbox[..sandbox.len().min(12)],
-                if pod.labels.is_empty() {
-                    String::new()
-                } else {
-                    let labels: Vec<String> =
-                        pod.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    format!(" labels {}", labels.join(","))
-                }
+                labels_of(pod)
             ),
             None => println!(
                 "  {:<16} {} on {}{branch} (host veth {} in {})",
@@ -390,6 +384,15 @@ fn print_state(state: &LabState) {
             agent.log.display()
         );
     }
+}
+
+/// ` labels k=v,...`, or nothing for a pod without labels.
+fn labels_of(pod: &vpcnet_lab::PodInfo) -> String {
+    if pod.labels.is_empty() {
+        return String::new();
+    }
+    let labels: Vec<String> = pod.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(" labels {}", labels.join(","))
 }
 
 const PROBE_PORT: u16 = 8080;

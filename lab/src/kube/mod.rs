@@ -8,7 +8,7 @@
 //!   the change history; [`patch`], [`selector`]: what requests carry;
 //!   [`rbac`]: authorisation from the stored roles; [`discovery`]:
 //!   discovery and OpenAPI documents; [`policy_controller`]: EKS's
-//!   network policy controller, turning NetworkPolicies into
+//!   network policy controller, turning each NetworkPolicy into
 //!   PolicyEndpoints.
 //! - [`server`]: HTTPS and the admin socket; [`pki`]: the CA, the server
 //!   certificate, tokens and kubeconfigs; [`KubeApiProcess`]: the binary

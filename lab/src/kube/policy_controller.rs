@@ -766,7 +766,9 @@ mod tests {
     }
 
     fn policy(spec: Value) -> Value {
-        json!({"metadata": {"name": "p", "namespace": "x"}, "spec": spec})
+        let mut policy = json!({"metadata": {"name": "p", "namespace": "x"}});
+        policy["spec"] = spec;
+        policy
     }
 
     fn tcp(port: i32) -> Port {
