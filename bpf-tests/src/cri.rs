@@ -19,7 +19,7 @@ use vpcnet_common::{
     maps::{LINKS_DIR, PIN_DIR},
 };
 use vpcnet_lab::{
-    CriLabOptions, EnforcingMode, IpamLabOptions, Lab, LabOptions,
+    CriLabOptions, EnforcingMode, IpamLabOptions, Lab, LabOptions, NamedPod,
     addrs::{NS_NODE, STRICT_BRANCH_VETH_PREFIX},
     cni_socket_file, cri,
     cri::CriClient,
@@ -63,6 +63,9 @@ pub struct CriNode<'a> {
     pub resource_controller_held: bool,
     /// `POD_SECURITY_GROUP_ENFORCING_MODE`, for the agent and the conflist.
     pub sg_enforcing_mode: EnforcingMode,
+    /// Pods by namespace, name and labels, after the numbered ones (with
+    /// `kube_api`).
+    pub named_pods: &'a [NamedPod],
 }
 
 impl CriNode<'_> {
@@ -78,6 +81,7 @@ impl CriNode<'_> {
             kube_api: false,
             resource_controller_held: false,
             sg_enforcing_mode: EnforcingMode::Strict,
+            named_pods: &[],
         }
     }
 }
@@ -104,6 +108,7 @@ pub fn up_with(node: &CriNode<'_>) -> Lab {
     let opts = LabOptions {
         ipam: Some(ipam),
         sg_enforcing_mode: node.sg_enforcing_mode,
+        named_pods: node.named_pods.to_vec(),
         ..LabOptions::ebpf(node.pods, node.agent.clone())
     };
     Lab::up(&opts).unwrap_or_else(|e| panic!("bringing up the CRI lab: {e}"))

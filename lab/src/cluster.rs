@@ -15,6 +15,7 @@
 //!   every pod has them.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddrV4,
     path::{Path, PathBuf},
     process::Command,
@@ -164,19 +165,31 @@ pub fn bootstrap(
     apply_with_kubectl(files, &deploy_rbac())
 }
 
-/// The namespace the lab's pods are in.
+/// The namespace the lab's numbered pods are in.
 const POD_NAMESPACE: &str = crate::addrs::POD_K8S_NAMESPACE;
 
 /// A pod of the lab as the scheduler leaves it: bound to the node, not
 /// yet running.
 pub fn bind_pod(admin: &KubeAdmin, name: &str) -> Result<()> {
+    bind_named_pod(admin, POD_NAMESPACE, name, &BTreeMap::new())
+}
+
+/// [`bind_pod`] for a pod in `namespace` with `labels` (its Namespace made
+/// first if the cluster has none).
+pub fn bind_named_pod(
+    admin: &KubeAdmin,
+    namespace: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<()> {
+    ensure_namespace(admin, namespace)?;
     admin
         .apply(
-            &format!("/api/v1/namespaces/{POD_NAMESPACE}/pods/{name}"),
+            &pod_path(namespace, name),
             &json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": POD_NAMESPACE},
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
                 "spec": {"nodeName": node_name(),
                     "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.9"}]},
                 "status": {"phase": "Pending"},
@@ -186,11 +199,84 @@ pub fn bind_pod(admin: &KubeAdmin, name: &str) -> Result<()> {
         .map_err(|e| api(&e))
 }
 
+fn pod_path(namespace: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/pods/{name}")
+}
+
+/// Makes Namespace `name` unless it exists (the server gives it its
+/// `kubernetes.io/metadata.name` label).
+pub fn ensure_namespace(admin: &KubeAdmin, name: &str) -> Result<()> {
+    match admin.get(&format!("/api/v1/namespaces/{name}")) {
+        Ok(_) => return Ok(()),
+        Err(err) if err.code() == Some(404) => {}
+        Err(err) => return Err(api(&err)),
+    }
+    match admin.create(
+        "/api/v1/namespaces",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name},
+            "status": {"phase": "Active"}}),
+    ) {
+        // Made meanwhile by someone else: as good.
+        Err(err) if err.code() != Some(409) => Err(api(&err)),
+        _ => Ok(()),
+    }
+}
+
+/// A merge patch of `metadata.labels` (`None` removes a label), as
+/// `kubectl label` sends: watchers see the object modified.
+fn patch_labels(admin: &KubeAdmin, path: &str, changes: &[(String, Option<String>)]) -> Result<()> {
+    let labels: serde_json::Map<String, serde_json::Value> = changes
+        .iter()
+        .map(|(key, value)| (key.clone(), json!(value)))
+        .collect();
+    admin
+        .merge_patch(path, &json!({"metadata": {"labels": labels}}))
+        .map(drop)
+        .map_err(|e| api(&e))
+}
+
+/// Changes a pod's labels.
+pub fn label_pod(
+    admin: &KubeAdmin,
+    namespace: &str,
+    name: &str,
+    changes: &[(String, Option<String>)],
+) -> Result<()> {
+    patch_labels(admin, &pod_path(namespace, name), changes)
+}
+
+/// Changes a namespace's labels.
+pub fn label_namespace(
+    admin: &KubeAdmin,
+    namespace: &str,
+    changes: &[(String, Option<String>)],
+) -> Result<()> {
+    patch_labels(admin, &format!("/api/v1/namespaces/{namespace}"), changes)
+}
+
+/// The pod's object goes, as once kubelet has stopped it.
+pub fn delete_pod(admin: &KubeAdmin, namespace: &str, name: &str) -> Result<()> {
+    match admin.delete(&pod_path(namespace, name)) {
+        Err(err) if err.code() != Some(404) => Err(api(&err)),
+        _ => Ok(()),
+    }
+}
+
 /// What kubelet reports once the pod's sandbox runs: its address.
 pub fn pod_running(admin: &KubeAdmin, name: &str, addr: std::net::Ipv4Addr) -> Result<()> {
+    named_pod_running(admin, POD_NAMESPACE, name, addr)
+}
+
+/// [`pod_running`] for a pod in `namespace`.
+pub fn named_pod_running(
+    admin: &KubeAdmin,
+    namespace: &str,
+    name: &str,
+    addr: std::net::Ipv4Addr,
+) -> Result<()> {
     admin
         .merge_patch(
-            &format!("/api/v1/namespaces/{POD_NAMESPACE}/pods/{name}"),
+            &pod_path(namespace, name),
             &json!({"status": {"phase": "Running", "podIP": addr.to_string(),
                 "podIPs": [{"ip": addr.to_string()}], "hostIP": NODE_PRIMARY_ADDR.to_string()}}),
         )

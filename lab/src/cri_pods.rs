@@ -20,7 +20,7 @@ use crate::{
     cri::{self, Containerd, ContainerdOptions, CriClient, PodSpec, PortMapping},
     error::{Context, LabError, Result},
     netns,
-    options::EnforcingMode,
+    options::{EnforcingMode, NamedPod},
     state::{PodInfo, cni_socket_file, state_dir},
 };
 
@@ -149,6 +149,19 @@ pub fn pod_spec(index: usize) -> PodSpec {
     )
 }
 
+/// The Kubernetes identity of a named pod with index `index` (its uid):
+/// kubelet gives the sandbox the pod's labels.
+pub fn named_pod_spec(index: usize, pod: &NamedPod) -> PodSpec {
+    PodSpec {
+        labels: pod.labels.clone(),
+        ..PodSpec::new(
+            pod.namespace.clone(),
+            pod.name.clone(),
+            format!("00000000-0000-4000-8000-{index:012}"),
+        )
+    }
+}
+
 /// A pod with `hostPort`s (portmap's work).
 pub fn pod_spec_with_ports(index: usize, ports: &[PortMapping]) -> PodSpec {
     PodSpec {
@@ -209,6 +222,7 @@ pub fn describe_pod(client: &CriClient, index: usize, sandbox: &str) -> Result<P
         host_veth,
         host_veth_mac: host_link.mac,
         sandbox: Some(sandbox.to_owned()),
+        labels: BTreeMap::new(),
     })
 }
 

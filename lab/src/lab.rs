@@ -19,10 +19,10 @@ use crate::{
     cri_pods,
     ec2::{EmulatorOptions, EmulatorProcess},
     error::{Context, LabError, Result},
-    kube::{KubeApiOptions, KubeApiProcess},
+    kube::{KubeAdmin, KubeApiOptions, KubeApiProcess},
     kube_proxy, layout,
     netns::{self, lab_namespaces},
-    options::{Datapath, LabOptions},
+    options::{Datapath, LabOptions, NamedPod},
     router,
     state::{self, LabState, PodInfo, state_dir},
     topology,
@@ -172,6 +172,14 @@ impl Lab {
                 self.state.pods.push(pod);
                 self.state.save()?;
             }
+            if !opts.named_pods.is_empty() {
+                let admin = self.kube_admin()?;
+                for (offset, named) in opts.named_pods.iter().enumerate() {
+                    let pod = run_named_pod(&client, &admin, opts.pods + offset, named)?;
+                    self.state.pods.push(pod);
+                    self.state.save()?;
+                }
+            }
         }
         self.state.ready = true;
         self.state.save()
@@ -228,6 +236,102 @@ impl Lab {
         pods.push(backend.clone());
         kube_proxy::install(&self.state.options, &pods)?;
         self.state.save()
+    }
+
+    /// The lab's own client of its API server (this process's, or that of
+    /// a lab left running).
+    pub fn kube_admin(&self) -> Result<KubeAdmin> {
+        if let Some(kube_api) = &self.kube_api {
+            return Ok(kube_api.admin().clone());
+        }
+        if self.state.options.kube_api() {
+            return Ok(KubeAdmin::new(KubeApiOptions::default().admin_socket()));
+        }
+        Err(LabError::InvalidOption(
+            "the lab has no Kubernetes API server".into(),
+        ))
+    }
+
+    /// The pod `NS/NAME` (a numbered pod is `default/pod-N`).
+    pub fn pod_named(&self, key: &str) -> Result<&PodInfo> {
+        self.state
+            .pod_named(key)
+            .ok_or_else(|| LabError::InvalidOption(format!("the lab has no pod {key}")))
+    }
+
+    /// Makes a pod as kubelet does once the scheduler bound it to the
+    /// node: its Pod object (and Namespace), its sandbox through CRI, its
+    /// address reported. Returns it, recorded in the lab's state.
+    pub fn add_pod(&mut self, pod: &NamedPod) -> Result<PodInfo> {
+        if self.state.pod_named(&pod.key()).is_some() {
+            return Err(LabError::InvalidOption(format!(
+                "pod {} exists already",
+                pod.key()
+            )));
+        }
+        if self.state.options.cri().is_none() {
+            return Err(LabError::InvalidOption(
+                "pods are added through CRI: the lab has no container runtime".into(),
+            ));
+        }
+        let admin = self.kube_admin()?;
+        let index = self
+            .state
+            .pods
+            .iter()
+            .map(|p| p.index + 1)
+            .max()
+            .unwrap_or(0);
+        let info = run_named_pod(&self.cri()?, &admin, index, pod)?;
+        self.state.pods.push(info.clone());
+        self.state.save()?;
+        Ok(info)
+    }
+
+    /// Removes pod `NS/NAME` as kubelet does when it is deleted: its
+    /// sandbox stopped and removed (CNI DEL), then its object.
+    pub fn remove_pod(&mut self, key: &str) -> Result<()> {
+        let pod = self.pod_named(key)?.clone();
+        let sandbox = pod.sandbox.as_deref().ok_or_else(|| {
+            LabError::InvalidOption(format!("pod {key} was not made through CRI"))
+        })?;
+        cri_pods::remove_pod(&self.cri()?, sandbox)?;
+        if let Ok(admin) = self.kube_admin() {
+            cluster::delete_pod(&admin, &pod.k8s_namespace, &pod.k8s_name)?;
+        }
+        self.state.pods.retain(|p| p.index != pod.index);
+        info!(pod = key, "pod removed");
+        self.state.save()
+    }
+
+    /// Changes pod `NS/NAME`'s labels (`None` removes one): an update of
+    /// its Pod object, which watchers see.
+    pub fn label_pod(&mut self, key: &str, changes: &[(String, Option<String>)]) -> Result<()> {
+        let (namespace, name) = crate::options::parse_pod_key(key)?;
+        self.pod_named(key)?;
+        cluster::label_pod(&self.kube_admin()?, &namespace, &name, changes)?;
+        let pod = self
+            .state
+            .pods
+            .iter_mut()
+            .find(|p| p.k8s_namespace == namespace && p.k8s_name == name)
+            .expect("found above");
+        for (label, value) in changes {
+            match value {
+                Some(value) => pod.labels.insert(label.clone(), value.clone()),
+                None => pod.labels.remove(label),
+            };
+        }
+        self.state.save()
+    }
+
+    /// Changes Namespace `namespace`'s labels (`None` removes one).
+    pub fn label_namespace(
+        &self,
+        namespace: &str,
+        changes: &[(String, Option<String>)],
+    ) -> Result<()> {
+        cluster::label_namespace(&self.kube_admin()?, namespace, changes)
     }
 
     /// A client of the lab's container runtime (CRI).
@@ -448,6 +552,22 @@ impl Drop for Lab {
             warn!(%err, "tearing the lab down on drop failed; run `cargo xtask lab down`");
         }
     }
+}
+
+/// A named pod as kubelet makes it: bound (its Namespace made if new),
+/// its sandbox run with its labels, its address reported.
+fn run_named_pod(
+    client: &CriClient,
+    admin: &KubeAdmin,
+    index: usize,
+    named: &NamedPod,
+) -> Result<PodInfo> {
+    cluster::bind_named_pod(admin, &named.namespace, &named.name, &named.labels)?;
+    let mut pod = cri_pods::run_pod(client, index, &cri_pods::named_pod_spec(index, named))?;
+    cluster::named_pod_running(admin, &named.namespace, &named.name, pod.addr)?;
+    pod.labels.clone_from(&named.labels);
+    info!(pod = %named.key(), addr = %pod.addr, "pod running");
+    Ok(pod)
 }
 
 /// The lab's VPC resource controller, in the EC2 emulator, on the lab's

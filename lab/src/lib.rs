@@ -55,9 +55,9 @@ pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
 pub use options::{
-    ClusterIpService, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, LabOptions,
+    ClusterIpService, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, LabOptions, NamedPod,
     NodePortService, RandomizeSnat, ServiceBackend, parse_cidr_list, parse_enforcing_mode,
-    parse_index_list,
+    parse_index_list, parse_label_changes, parse_pod_key,
 };
 pub use probe::{
     Observation, PacketCapture, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami,

@@ -1,6 +1,8 @@
 //! What `lab up` is asked to build.
 
-use std::{fmt, net::SocketAddrV4, path::PathBuf, str::FromStr, time::Duration};
+use std::{
+    collections::BTreeMap, fmt, net::SocketAddrV4, path::PathBuf, str::FromStr, time::Duration,
+};
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -174,6 +176,104 @@ pub struct ClusterIpService {
     pub backend: ServiceBackend,
 }
 
+/// A pod by Kubernetes namespace and name, with labels: `NS/NAME` or
+/// `NS/NAME:KEY=VALUE,...` (`--pod`, `lab pod add`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedPod {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NamedPod {
+    /// `NS/NAME`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Whether `name` is a DNS-1123 label (what namespaces and, here, pod
+/// names must be).
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// Splits `NS/NAME` into its parts.
+pub fn parse_pod_key(text: &str) -> Result<(String, String)> {
+    let (namespace, name) = text
+        .split_once('/')
+        .ok_or_else(|| LabError::InvalidOption(format!("pod {text:?}: expected NAMESPACE/NAME")))?;
+    for part in [namespace, name] {
+        if !is_dns_label(part) {
+            return Err(LabError::InvalidOption(format!(
+                "pod {text:?}: {part:?} is not a lowercase DNS label"
+            )));
+        }
+    }
+    Ok((namespace.to_owned(), name.to_owned()))
+}
+
+/// Label changes as kubectl spells them: `K=V` sets, `K-` removes;
+/// comma-separated.
+pub fn parse_label_changes(text: &str) -> Result<Vec<(String, Option<String>)>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            let change = match item.split_once('=') {
+                Some((key, value)) => (key.to_owned(), Some(value.to_owned())),
+                None => match item.strip_suffix('-') {
+                    Some(key) => (key.to_owned(), None),
+                    None => {
+                        return Err(LabError::InvalidOption(format!(
+                            "label {item:?}: expected KEY=VALUE or KEY-"
+                        )));
+                    }
+                },
+            };
+            let valid_value = change.1.as_deref().is_none_or(|v| {
+                v.len() <= 63
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            });
+            if change.0.is_empty() || change.0.contains(char::is_whitespace) || !valid_value {
+                return Err(LabError::InvalidOption(format!(
+                    "label {item:?} is not valid"
+                )));
+            }
+            Ok(change)
+        })
+        .collect()
+}
+
+impl FromStr for NamedPod {
+    type Err = LabError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let (key, labels) = s.split_once(':').unwrap_or((s, ""));
+        let (namespace, name) = parse_pod_key(key)?;
+        let mut set = BTreeMap::new();
+        for (label, value) in parse_label_changes(labels)? {
+            let value = value.ok_or_else(|| {
+                LabError::InvalidOption(format!("pod {s:?}: a new pod's labels are KEY=VALUE"))
+            })?;
+            set.insert(label, value);
+        }
+        Ok(Self {
+            namespace,
+            name,
+            labels: set,
+        })
+    }
+}
+
 /// What the lab is built with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabOptions {
@@ -228,6 +328,10 @@ pub struct LabOptions {
     /// beyond what passes through from the lab's own.
     #[serde(default)]
     pub agent_env: Vec<(String, String)>,
+    /// Pods by namespace, name and labels, after the [`Self::pods`]
+    /// numbered ones (pods through CRI, with the API server).
+    #[serde(default)]
+    pub named_pods: Vec<NamedPod>,
 }
 
 /// The agent's address manager in the lab.
@@ -315,6 +419,7 @@ impl Default for LabOptions {
             filler_pods: 0,
             ipam: None,
             agent_env: Vec::new(),
+            named_pods: Vec::new(),
         }
     }
 }
@@ -372,6 +477,7 @@ impl LabOptions {
                 )));
             }
         }
+        self.validate_named_pods()?;
         if self.datapath == Datapath::Ebpf {
             let Some(agent) = &self.agent_bin else {
                 return Err(LabError::InvalidOption(
@@ -457,6 +563,44 @@ impl LabOptions {
                     "--branch-pods: pod {pod} is listed twice"
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Named pods need the runtime and the API server, and unique names
+    /// (the numbered pods' `default/pod-N` included).
+    fn validate_named_pods(&self) -> Result<()> {
+        if self.named_pods.is_empty() {
+            return Ok(());
+        }
+        if self.cri().is_none() || !self.kube_api() {
+            return Err(LabError::InvalidOption(
+                "--pod: named pods are made through CRI, in a lab with the Kubernetes API server"
+                    .into(),
+            ));
+        }
+        let mut seen: std::collections::BTreeSet<String> = (0..self.pods)
+            .map(|i| {
+                format!(
+                    "{}/{}",
+                    crate::addrs::POD_K8S_NAMESPACE,
+                    crate::addrs::pod_name(i)
+                )
+            })
+            .collect();
+        for pod in &self.named_pods {
+            if !seen.insert(pod.key()) {
+                return Err(LabError::InvalidOption(format!(
+                    "--pod {}: that pod exists already",
+                    pod.key()
+                )));
+            }
+        }
+        if self.pods + self.named_pods.len() > MAX_PODS {
+            return Err(LabError::TooManyPods {
+                requested: self.pods + self.named_pods.len(),
+                max: MAX_PODS,
+            });
         }
         Ok(())
     }
@@ -624,6 +768,28 @@ mod tests {
             EnforcingMode::Standard
         );
         assert!(parse_enforcing_mode("loose").is_err());
+    }
+
+    #[test]
+    fn named_pods_and_label_changes_parse() {
+        let pod: NamedPod = "x/a:app=web,tier=front".parse().unwrap();
+        assert_eq!(pod.key(), "x/a");
+        assert_eq!(pod.labels["app"], "web");
+        assert_eq!(pod.labels["tier"], "front");
+        assert!("y/b".parse::<NamedPod>().unwrap().labels.is_empty());
+        for bad in ["a", "X/a", "x/a:app", "x/a:app-", "x/", "x/a:k=v v"] {
+            assert!(bad.parse::<NamedPod>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_label_changes("app=db, tier-").unwrap(),
+            [("app".into(), Some("db".into())), ("tier".into(), None)]
+        );
+        let opts = LabOptions {
+            named_pods: vec![pod.clone()],
+            ..LabOptions::iptables(1)
+        };
+        let err = opts.validate_named_pods().unwrap_err().to_string();
+        assert!(err.contains("through CRI"), "{err}");
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct PodInfo {
     /// Its pod sandbox, for a pod made through the container runtime.
     #[serde(default)]
     pub sandbox: Option<String>,
+    /// Its Kubernetes labels (a pod made through the runtime, with the API
+    /// server), as they are now.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 fn eth0() -> String {
@@ -94,6 +98,7 @@ impl PodInfo {
             mac: addrs::pod_mac(index),
             host_veth_mac: addrs::pod_host_veth_mac(index),
             sandbox: None,
+            labels: std::collections::BTreeMap::new(),
         })
     }
 
@@ -168,6 +173,13 @@ pub struct LabState {
 }
 
 impl LabState {
+    /// The pod `NS/NAME` (a numbered pod is `default/pod-N`).
+    pub fn pod_named(&self, key: &str) -> Option<&PodInfo> {
+        self.pods
+            .iter()
+            .find(|pod| format!("{}/{}", pod.k8s_namespace, pod.k8s_name) == key)
+    }
+
     /// Loads the running lab's state.
     pub fn load() -> Result<Self> {
         let path = state_file();

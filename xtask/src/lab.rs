@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use vpcnet_lab::{
-    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, Lab, LabOptions, LabState,
+    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, Lab, LabOptions, LabState, NamedPod,
     NodePortService, RandomizeSnat, WhoamiServer, addrs, icmp_echo, send_spoofed_udp, tcp_whoami,
     udp_whoami,
 };
@@ -36,6 +36,44 @@ enum Action {
     Status,
     /// Up, show what each path does, down (the default).
     Demo(Box<UpArgs>),
+    /// Pods of the running lab: add, delete, label.
+    #[command(subcommand)]
+    Pod(PodAction),
+    /// Namespaces of the running lab's cluster: label.
+    #[command(subcommand)]
+    Namespace(NamespaceAction),
+}
+
+#[derive(Subcommand)]
+enum PodAction {
+    /// Make a pod (through CRI, its Pod object bound to the node; its
+    /// Namespace made if new).
+    Add {
+        #[arg(value_name = "NS/NAME[:KEY=VALUE,...]")]
+        pod: NamedPod,
+    },
+    /// Delete a pod (its sandbox, then its object).
+    Del {
+        #[arg(value_name = "NS/NAME")]
+        pod: String,
+    },
+    /// Change a pod's labels (`KEY=VALUE` sets, `KEY-` removes).
+    Label {
+        #[arg(value_name = "NS/NAME")]
+        pod: String,
+        #[arg(value_name = "KEY=VALUE[,KEY-,...]")]
+        labels: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum NamespaceAction {
+    /// Change a namespace's labels (`KEY=VALUE` sets, `KEY-` removes).
+    Label {
+        namespace: String,
+        #[arg(value_name = "KEY=VALUE[,KEY-,...]")]
+        labels: String,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -94,6 +132,11 @@ struct UpArgs {
     /// through containerd.
     #[arg(long, default_value = "m5.large")]
     instance_type: String,
+    /// A pod by namespace and name, with labels, after the --pods ones
+    /// (repeatable; pods through containerd only). Its Namespace is made
+    /// if new.
+    #[arg(long = "pod", value_name = "NS/NAME[:KEY=VALUE,...]")]
+    named_pods: Vec<NamedPod>,
 }
 
 impl UpArgs {
@@ -123,8 +166,48 @@ pub fn run(args: &Args) -> Result<()> {
         }
         Some(Action::Status) => status(),
         Some(Action::Demo(demo_args)) => demo(demo_args),
+        Some(Action::Pod(action)) => pod(action),
+        Some(Action::Namespace(NamespaceAction::Label { namespace, labels })) => {
+            let changes = vpcnet_lab::parse_label_changes(labels)?;
+            Lab::open()
+                .context("looking for the lab")?
+                .label_namespace(namespace, &changes)
+                .with_context(|| format!("labelling namespace {namespace}"))?;
+            println!("namespace {namespace} labelled");
+            Ok(())
+        }
         None => demo(&args.demo),
     }
+}
+
+/// `lab pod ...` on the running lab.
+fn pod(action: &PodAction) -> Result<()> {
+    let mut lab = Lab::open().context("looking for the lab")?;
+    match action {
+        PodAction::Add { pod } => {
+            let info = lab
+                .add_pod(pod)
+                .with_context(|| format!("adding pod {}", pod.key()))?;
+            println!(
+                "pod {} running at {} (netns {})",
+                pod.key(),
+                info.addr,
+                info.netns
+            );
+        }
+        PodAction::Del { pod } => {
+            lab.remove_pod(pod)
+                .with_context(|| format!("deleting pod {pod}"))?;
+            println!("pod {pod} deleted");
+        }
+        PodAction::Label { pod, labels } => {
+            let changes = vpcnet_lab::parse_label_changes(labels)?;
+            lab.label_pod(pod, &changes)
+                .with_context(|| format!("labelling pod {pod}"))?;
+            println!("pod {pod} labelled");
+        }
+    }
+    Ok(())
 }
 
 fn options(args: &UpArgs) -> Result<LabOptions> {
@@ -149,6 +232,7 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         filler_pods: args.filler_pods,
         ipam: None,
         agent_env: Vec::new(),
+        named_pods: args.named_pods.clone(),
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.
@@ -165,6 +249,11 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             crate::build::agent_binary(false).context("building the agent")?
         };
         opts.agent_bin = Some(agent_bin);
+    }
+    if !args.named_pods.is_empty() && !args.through_cri() {
+        bail!(
+            "--pod makes pods through containerd: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
+        );
     }
     if args.through_cri() {
         println!("building vpcnet-cni, the EC2 emulator and the Kubernetes API server...");
@@ -258,13 +347,14 @@ fn print_state(state: &LabState) {
         });
         match &pod.sandbox {
             Some(sandbox) => println!(
-                "  {:<16} {} on {} (host veth {} in {}, sandbox {})",
+                "  {:<16} {} on {} (host veth {} in {}, sandbox {}){}",
                 format!("{}/{}", pod.k8s_namespace, pod.k8s_name),
                 pod.addr,
                 pod.eni,
                 pod.host_veth,
                 addrs::NS_NODE,
-                &sandbox[..sandbox.len().min(12)]
+                &sandbox[..sandbox.len().min(12)],
+                labels_of(pod)
             ),
             None => println!(
                 "  {:<16} {} on {}{branch} (host veth {} in {})",
@@ -294,6 +384,15 @@ fn print_state(state: &LabState) {
             agent.log.display()
         );
     }
+}
+
+/// ` labels k=v,...`, or nothing for a pod without labels.
+fn labels_of(pod: &vpcnet_lab::PodInfo) -> String {
+    if pod.labels.is_empty() {
+        return String::new();
+    }
+    let labels: Vec<String> = pod.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(" labels {}", labels.join(","))
 }
 
 const PROBE_PORT: u16 = 8080;

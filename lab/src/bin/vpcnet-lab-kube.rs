@@ -107,7 +107,12 @@ fn run(args: &Args) -> anyhow::Result<()> {
         // Nothing else is written to standard output: whoever waits reads
         // this one line, then may close the pipe.
         drop(std::io::Write::flush(&mut std::io::stdout()));
-        tokio::join!(server.serve_https(listener, tls), server.serve_admin(admin));
+        // The cluster's control plane comes with its API server, as on EKS.
+        tokio::join!(
+            server.serve_https(listener, tls),
+            server.serve_admin(admin),
+            server.run_policy_controller()
+        );
         Ok(())
     })
 }

@@ -7,7 +7,9 @@
 //! - [`resources`]: the served kinds; [`store`]: objects, revisions and
 //!   the change history; [`patch`], [`selector`]: what requests carry;
 //!   [`rbac`]: authorisation from the stored roles; [`discovery`]:
-//!   discovery and OpenAPI documents.
+//!   discovery and OpenAPI documents; [`policy_controller`]: EKS's
+//!   network policy controller, turning each NetworkPolicy into
+//!   PolicyEndpoints.
 //! - [`server`]: HTTPS and the admin socket; [`pki`]: the CA, the server
 //!   certificate, tokens and kubeconfigs; [`KubeApiProcess`]: the binary
 //!   `vpcnet-lab-kube` run for the lab, and [`KubeAdmin`], the lab's own
@@ -16,6 +18,7 @@
 pub mod discovery;
 pub mod patch;
 pub mod pki;
+pub mod policy_controller;
 mod process;
 pub mod rbac;
 pub mod resources;

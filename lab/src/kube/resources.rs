@@ -1,6 +1,8 @@
 //! The kinds the lab's API server serves: one table, from which discovery,
 //! the OpenAPI documents, routing and RBAC all read.
 
+use vpcnet_api::policy_endpoint;
+
 /// One served resource (a kind at one group version).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Resource {
@@ -96,7 +98,8 @@ pub const ENICONFIG_GROUP: &str = "crd.k8s.amazonaws.com";
 pub const CNINODE_GROUP: &str = "vpcresources.k8s.aws";
 
 /// Everything served: the kinds vpcnet reads or writes, the kinds its
-/// manifests hold, and the two CRDs of the VPC CNI's world.
+/// manifests hold, NetworkPolicy, and the CRDs of the VPC CNI's world
+/// (ENIConfig, CNINode, PolicyEndpoint).
 pub const RESOURCES: &[Resource] = &[
     core("namespaces", "namespace", "Namespace", false, &["ns"]),
     core("nodes", "node", "Node", false, &["no"]),
@@ -138,6 +141,15 @@ pub const RESOURCES: &[Resource] = &[
         "ServiceCIDR",
         false,
         &[],
+    ),
+    grouped(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "networkpolicy",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
     ),
     grouped(
         "rbac.authorization.k8s.io",
@@ -192,6 +204,16 @@ pub const RESOURCES: &[Resource] = &[
         "CNINode",
         false,
         &["cnd"],
+    ),
+    // EKS's network policy controller's CRD (no short name there either).
+    grouped(
+        policy_endpoint::GROUP,
+        policy_endpoint::VERSION,
+        policy_endpoint::PLURAL,
+        "policyendpoint",
+        policy_endpoint::KIND,
+        true,
+        &[],
     ),
 ];
 

@@ -281,6 +281,12 @@ impl KubeApi {
         }
     }
 
+    /// Runs the lab's network policy controller on this server's store
+    /// until the process ends.
+    pub async fn run_policy_controller(&self) {
+        super::policy_controller::run(&self.shared.store).await;
+    }
+
     /// Serves the lab's admin socket until the process ends.
     pub async fn serve_admin(&self, listener: UnixListener) {
         loop {

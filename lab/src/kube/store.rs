@@ -478,6 +478,7 @@ impl Store {
         } else {
             ChangeType::Added
         };
+        set_defaults(resource, &mut object);
         let map = object.as_object_mut().expect("objects are objects");
         map.insert("apiVersion".into(), json!(resource.group_version()));
         map.insert("kind".into(), json!(resource.kind));
@@ -509,6 +510,57 @@ impl Store {
         }
         // No receiver is not an error: nobody watches.
         let _ = self.changes.send(change);
+    }
+}
+
+/// The label every Namespace carries, set by the server on each write.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// What the real server's defaulting and admission set on every write of
+/// the kinds the lab's controllers read: a Namespace's name label, a
+/// NetworkPolicy's `policyTypes` and its ports' protocol.
+fn set_defaults(resource: &Resource, object: &mut Value) {
+    match (resource.group, resource.plural) {
+        ("", "namespaces") => {
+            let name = name_of(object).unwrap_or_default().to_owned();
+            let metadata = &mut object["metadata"];
+            if !metadata["labels"].is_object() {
+                metadata["labels"] = json!({});
+            }
+            metadata["labels"][NAMESPACE_NAME_LABEL] = json!(name);
+        }
+        ("networking.k8s.io", "networkpolicies") => {
+            let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
+                return;
+            };
+            let has_egress = spec
+                .get("egress")
+                .and_then(Value::as_array)
+                .is_some_and(|rules| !rules.is_empty());
+            let types_given = spec
+                .get("policyTypes")
+                .and_then(Value::as_array)
+                .is_some_and(|types| !types.is_empty());
+            if !types_given {
+                let mut types = vec![json!("Ingress")];
+                if has_egress {
+                    types.push(json!("Egress"));
+                }
+                spec.insert("policyTypes".into(), Value::Array(types));
+            }
+            for direction in ["ingress", "egress"] {
+                let rules = spec.get_mut(direction).and_then(Value::as_array_mut);
+                for rule in rules.into_iter().flatten() {
+                    let ports = rule.get_mut("ports").and_then(Value::as_array_mut);
+                    for port in ports.into_iter().flatten() {
+                        if let Some(port) = port.as_object_mut() {
+                            port.entry("protocol").or_insert_with(|| json!("TCP"));
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -1,0 +1,217 @@
+//! The lab as a cluster with network policy: pods made through CRI in
+//! namespaces `x` and `y`, with labels, exist as Pod objects (their
+//! Namespaces labelled as real clusters label them); a NetworkPolicy
+//! applied with kubectl is turned into PolicyEndpoints by the lab's network
+//! policy controller, as EKS's control plane does, and they follow the
+//! pods' labels, the namespaces' labels, pods coming and going, and the
+//! policy's deletion.
+//!
+//! Run: `cargo xtask test --skip-lint -p vpcnet-bpf-tests --test
+//! policy_endpoints`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vpcnet_bpf_tests::{
+    cri::{self, CriNode},
+    ipam::lab_lock,
+};
+use vpcnet_lab::{Lab, NamedPod, addrs, cluster, kube::KubeAdmin, parse_label_changes};
+
+/// How long the controller may take to follow a change.
+const FOLLOW_TIMEOUT: Duration = Duration::from_secs(30);
+const PE_PATH: &str = "/apis/networking.k8s.aws/v1alpha1/namespaces/x/policyendpoints";
+
+const POLICY: &str = r"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: web
+  namespace: x
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels: {team: blue}
+      podSelector:
+        matchLabels: {app: client}
+    - ipBlock: {cidr: 192.0.2.0/24, except: [192.0.2.128/25]}
+    ports:
+    - port: 8080
+  egress:
+  - to:
+    - podSelector: {}
+";
+
+fn changes(text: &str) -> Vec<(String, Option<String>)> {
+    parse_label_changes(text).unwrap()
+}
+
+/// Polls the policy's PolicyEndpoints (bounded) until `done` holds of
+/// them; the last ones it saw.
+fn wait_endpoints(admin: &KubeAdmin, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    loop {
+        let list = admin.get(PE_PATH).unwrap();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        if done(&items) {
+            return items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {FOLLOW_TIMEOUT:?}; the PolicyEndpoints are {items:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The pod addresses (and CIDRs) of a direction of the one object.
+fn cidrs(items: &[Value], direction: &str) -> Vec<String> {
+    items
+        .iter()
+        .flat_map(|pe| {
+            pe["spec"][direction]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|e| e["cidr"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The selected pods' names.
+fn selected(items: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = items
+        .iter()
+        .flat_map(|pe| {
+            pe["spec"]["podSelectorEndpoints"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|e| e["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn addr(lab: &Lab, key: &str) -> String {
+    lab.pod_named(key).unwrap().addr.to_string()
+}
+
+#[test]
+fn policies_become_policy_endpoints_that_follow_pods_namespaces_and_labels() {
+    let _lock = lab_lock();
+    let pods: Vec<NamedPod> = ["x/a:app=web", "x/b:app=db", "y/c:app=client"]
+        .iter()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    // Dropped at the end, on failure too: the lab goes with it.
+    let mut lab = cri::up_with(&CriNode {
+        kube_api: true,
+        named_pods: &pods,
+        ..CriNode::new(1, "m5.large")
+    });
+    let admin = lab.kube_admin().unwrap();
+    let files = lab.kube_api().unwrap().files().clone();
+
+    // Each pod as kubelet makes it: the plugin named its veth from
+    // K8S_POD_NAMESPACE and K8S_POD_NAME; the numbered pod is unchanged.
+    let a = lab.pod_named("x/a").unwrap().clone();
+    assert_eq!(a.host_veth, addrs::host_veth_name("x", "a"));
+    assert_eq!(a.labels["app"], "web");
+    assert_eq!(lab.pod_named("default/pod-0").unwrap().k8s_name, "pod-0");
+    let object = admin.get("/api/v1/namespaces/y/pods/c").unwrap();
+    assert_eq!(object["metadata"]["labels"]["app"], "client");
+    assert_eq!(object["status"]["podIP"], addr(&lab, "y/c").as_str());
+    let namespace = admin.get("/api/v1/namespaces/y").unwrap();
+    assert_eq!(
+        namespace["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "y"
+    );
+    // The state file names each pod for other processes.
+    let state = vpcnet_lab::LabState::load().unwrap();
+    assert_eq!(state.pod_named("x/a").unwrap().netns, a.netns);
+
+    lab.label_namespace("y", &changes("team=blue")).unwrap();
+    cluster::kubectl(&files, &["apply", "-f", "-"], Some(POLICY)).unwrap();
+    let policy = admin
+        .get("/apis/networking.k8s.io/v1/namespaces/x/networkpolicies/web")
+        .unwrap();
+    let (a_ip, b_ip, c_ip) = (addr(&lab, "x/a"), addr(&lab, "x/b"), addr(&lab, "y/c"));
+    let items = wait_endpoints(&admin, "the policy resolved", |items| {
+        cidrs(items, "ingress").contains(&c_ip)
+    });
+    assert_eq!(items.len(), 1, "{items:#?}");
+    let pe = &items[0];
+    let name = pe["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(name.starts_with("web-"), "{name}");
+    assert_eq!(
+        pe["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "name": "web",
+            "uid": policy["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true}])
+    );
+    let port = json!([{"protocol": "TCP", "port": 8080}]);
+    assert_eq!(
+        pe["spec"],
+        json!({
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "policyRef": {"name": "web", "namespace": "x"},
+            "podIsolation": ["Ingress", "Egress"],
+            "podSelectorEndpoints": [{"hostIP": addrs::NODE_PRIMARY_ADDR.to_string(),
+                "podIP": a_ip, "name": "a", "namespace": "x"}],
+            "ingress": [
+                {"cidr": c_ip, "ports": port},
+                {"cidr": "192.0.2.0/24", "except": ["192.0.2.128/25"], "ports": port},
+            ],
+            "egress": [{"cidr": a_ip}, {"cidr": b_ip}],
+        })
+    );
+    let listed = cluster::kubectl(&files, &["get", "netpol,policyendpoints", "-A"], None).unwrap();
+    assert!(
+        listed.contains("networkpolicy.networking.k8s.io/web")
+            && listed.contains(&format!("policyendpoint.networking.k8s.aws/{name}")),
+        "{listed}"
+    );
+
+    // The namespace's label goes: its client is no longer a peer; back.
+    lab.label_namespace("y", &changes("team-")).unwrap();
+    wait_endpoints(&admin, "namespace y unlabelled", |items| {
+        cidrs(items, "ingress") == ["192.0.2.0/24"]
+    });
+    lab.label_namespace("y", &changes("team=blue")).unwrap();
+    wait_endpoints(&admin, "namespace y labelled again", |items| {
+        cidrs(items, "ingress").contains(&c_ip)
+    });
+    // A pod's labels change: it stops being a peer; another is selected.
+    lab.label_pod("y/c", &changes("app=other")).unwrap();
+    lab.label_pod("x/b", &changes("app=web")).unwrap();
+    let items = wait_endpoints(&admin, "pods relabelled", |items| {
+        cidrs(items, "ingress") == ["192.0.2.0/24"] && selected(items) == ["a", "b"]
+    });
+    assert_eq!(
+        items[0]["metadata"]["name"],
+        name.as_str(),
+        "updated in place"
+    );
+    assert_eq!(lab.pod_named("x/b").unwrap().labels["app"], "web");
+
+    // Pods come and go on the running lab.
+    let d = lab.add_pod(&"x/d:app=web".parse().unwrap()).unwrap();
+    let items = wait_endpoints(&admin, "pod x/d added", |items| {
+        selected(items) == ["a", "b", "d"]
+    });
+    assert!(cidrs(&items, "egress").contains(&d.addr.to_string()));
+    lab.remove_pod("x/d").unwrap();
+    wait_endpoints(&admin, "pod x/d removed", |items| {
+        selected(items) == ["a", "b"]
+    });
+    assert!(lab.pod_named("x/d").is_err());
+
+    // The policy goes: its PolicyEndpoints with it.
+    cluster::kubectl(&files, &["delete", "netpol", "web", "-n", "x"], None).unwrap();
+    wait_endpoints(&admin, "the policy deleted", <[Value]>::is_empty);
+    lab.down().unwrap();
+}
