@@ -254,9 +254,9 @@ mod tests {
             "metadata": {"name": "deny", "namespace": "x"},
             "spec": {"podSelector": {}}
         }));
-        assert!(!cluster.allows(&[deny_all.clone()], std, &ya, &xa, "TCP", 80));
+        assert!(!cluster.allows(std::slice::from_ref(&deny_all), std, &ya, &xa, "TCP", 80));
         assert!(
-            cluster.allows(&[deny_all.clone()], std, &xa, &ya, "TCP", 80),
+            cluster.allows(std::slice::from_ref(&deny_all), std, &xa, &ya, "TCP", 80),
             "egress not isolated"
         );
         assert!(
@@ -271,9 +271,9 @@ mod tests {
                                              "podSelector": {"matchLabels": {"pod": "a"}}}],
                                   "ports": [{"port": "serve-80-tcp"}]}]}
         }));
-        assert!(cluster.allows(&[and.clone()], std, &ya, &xa, "TCP", 80));
-        assert!(!cluster.allows(&[and.clone()], std, &ya, &xa, "TCP", 81));
-        assert!(!cluster.allows(&[and.clone()], std, &xb, &xa, "TCP", 80));
+        assert!(cluster.allows(std::slice::from_ref(&and), std, &ya, &xa, "TCP", 80));
+        assert!(!cluster.allows(std::slice::from_ref(&and), std, &ya, &xa, "TCP", 81));
+        assert!(!cluster.allows(std::slice::from_ref(&and), std, &xb, &xa, "TCP", 80));
         assert!(!cluster.allows(&[and], std, &ya, &xa, "UDP", 80));
         // An ipBlock with except, egress.
         let egress = policy(serde_json::json!({
@@ -282,8 +282,8 @@ mod tests {
                      "egress": [{"to": [{"ipBlock": {"cidr": "10.20.11.0/24", "except": ["10.20.11.2/32"]}}],
                                  "ports": [{"protocol": "UDP", "port": 80, "endPort": 81}]}]}
         }));
-        assert!(cluster.allows(&[egress.clone()], std, &xa, &ya, "UDP", 81));
-        assert!(!cluster.allows(&[egress.clone()], std, &xa, &xb, "UDP", 81));
+        assert!(cluster.allows(std::slice::from_ref(&egress), std, &xa, &ya, "UDP", 81));
+        assert!(!cluster.allows(std::slice::from_ref(&egress), std, &xa, &xb, "UDP", 81));
         assert!(!cluster.allows(&[egress], std, &xa, &ya, "TCP", 80));
     }
 }

@@ -82,6 +82,8 @@ pub struct NodePods {
     client: kube::Client,
     store: Store<Pod>,
     annotate_pod_ip: bool,
+    /// Bumped on every change the watch delivers.
+    changes: tokio::sync::watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for NodePods {
@@ -112,6 +114,7 @@ impl NodePods {
             writer,
             watcher(Api::<Pod>::all(client.clone()), config).default_backoff(),
         );
+        let (changes_tx, changes) = tokio::sync::watch::channel(0u64);
         let follow = async move {
             let mut stream = std::pin::pin!(stream);
             let mut failing = false;
@@ -127,6 +130,10 @@ impl NodePods {
                             info!(node, "watching this node's pods again");
                         }
                         failing = false;
+                        changes_tx.send_modify(|n| *n += 1);
+                    }
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                        changes_tx.send_modify(|n| *n += 1);
                     }
                     Ok(_) => {}
                 }
@@ -137,6 +144,7 @@ impl NodePods {
                 client,
                 store,
                 annotate_pod_ip: settings.annotate_pod_ip,
+                changes,
             },
             follow,
         ))
@@ -161,6 +169,20 @@ impl NodePods {
                 Ok(cached)
             }
         }
+    }
+
+    /// A receiver that sees every change of this node's pods.
+    #[must_use]
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.clone()
+    }
+
+    /// The pod's labels as the watch last delivered them.
+    #[must_use]
+    pub fn cached_labels(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        self.store
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|pod| pod.metadata.labels.clone().unwrap_or_default())
     }
 
     /// The pod's labels: from the reflector, else from the API server (a

@@ -125,12 +125,29 @@ impl NodePolicy {
         self.write(&mut state)
     }
 
-    /// Writes every change of the cluster's policies as it arrives, until
-    /// the watch ends.
+    /// Writes every change of the cluster's policies, and of the labels of
+    /// this node's pods, as it arrives, until the watches end.
     pub async fn follow(self) {
-        let mut changes = self.inner.policies.changes();
-        while changes.changed().await.is_ok() {
-            changes.borrow_and_update();
+        let mut policies = self.inner.policies.changes();
+        let mut pods = self.inner.cluster_pods.as_ref().map(NodePods::changes);
+        loop {
+            let pods_changed = async {
+                match &mut pods {
+                    Some(pods) => pods.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let more = tokio::select! {
+                changed = policies.changed() => changed.is_ok(),
+                changed = pods_changed => changed,
+            };
+            if !more {
+                return;
+            }
+            policies.borrow_and_update();
+            if let Some(pods) = &mut pods {
+                pods.borrow_and_update();
+            }
             let mut state = self.inner.state.lock().await;
             if let Err(error) = self.write(&mut state) {
                 warn!(%error, "writing network policy into the datapath");
@@ -194,6 +211,17 @@ impl NodePolicy {
             .collect();
         let mut problems = Vec::new();
         let mut rules = BTreeMap::new();
+        // Labels as the pods' watch has them now; one read at ADD until it
+        // delivers the pod.
+        if let Some(cluster_pods) = &self.inner.cluster_pods {
+            for pod in state.pods.values_mut() {
+                if let Some(labels) =
+                    cluster_pods.cached_labels(&pod.name.namespace, &pod.name.name)
+                {
+                    pod.labels = Some(labels);
+                }
+            }
+        }
         for (addr, pod) in &state.pods {
             let local = LocalPod {
                 addr: *addr,

@@ -1,0 +1,402 @@
+//! Network policy against its specification, in the lab as a cluster: the
+//! cases of Kubernetes' own e2e suite (`test/e2e/network/netpol`: default
+//! deny, namespace and pod selectors and their AND/OR forms, ports and
+//! protocols, port ranges, CIDRs with exceptions, egress, updates of
+//! policies and labels, deletion) over namespaces x, y, z and pods a, b, c,
+//! each probed over TCP and UDP on ports 80 and 81 from every other pod.
+//! Policies are applied with `kubectl`; the lab's network policy controller
+//! turns them into PolicyEndpoints as EKS's does; the agent enforces them.
+//! What should pass is computed by `vpcnet_bpf_tests::netpol`, an
+//! evaluator of the specification written apart from both.
+//!
+//! Run: `cargo xtask test --skip-lint --test network_policy_matrix`.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddrV4,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::json;
+use vpcnet_bpf_tests::{
+    cri::{self, CriNode},
+    ipam::lab_lock,
+    netpol::{Cluster, Labels, Mode, Pod},
+};
+use vpcnet_lab::{Lab, NamedPod, WhoamiServer, cluster, parse_label_changes, probe};
+
+const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const PODS: [&str; 3] = ["a", "b", "c"];
+const PORTS: [u16; 2] = [80, 81];
+const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
+/// How long a probe waits for an answer: the lab's paths answer in
+/// microseconds, a dropped probe waits it out.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+/// How long a change may take to be enforced: controller, PolicyEndpoint,
+/// agent, maps.
+const ENFORCE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Probes at once.
+const PARALLEL: usize = 36;
+
+/// One probe: from a pod to another's address, protocol and port.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Probe {
+    from: String,
+    to: String,
+    protocol: &'static str,
+    port: u16,
+}
+
+struct Matrix {
+    lab: Lab,
+    cluster: Cluster,
+    _servers: Vec<WhoamiServer>,
+    mode: Mode,
+}
+
+impl Matrix {
+    fn up(mode: Mode) -> Self {
+        let pods: Vec<NamedPod> = NAMESPACES
+            .iter()
+            .flat_map(|ns| PODS.iter().map(move |p| format!("{ns}/{p}:pod={p}")))
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let mode_value = match mode {
+            Mode::Standard => "standard",
+            Mode::Strict => "strict",
+        };
+        let env = [
+            ("ENABLE_NETWORK_POLICY", "true"),
+            ("NETWORK_POLICY_ENFORCING_MODE", mode_value),
+        ];
+        let lab = cri::up_with(&CriNode {
+            kube_api: true,
+            named_pods: &pods,
+            env: &env,
+            ..CriNode::new(0, "m5.2xlarge")
+        });
+        let mut cluster = Cluster::default();
+        for ns in NAMESPACES {
+            let labels = parse_label_changes(&format!("ns={ns}")).unwrap();
+            lab.label_namespace(ns, &labels).unwrap();
+            cluster
+                .namespaces
+                .insert(ns.to_owned(), Labels::from([("ns".into(), ns.into())]));
+        }
+        let mut servers = Vec::new();
+        for ns in NAMESPACES {
+            for name in PODS {
+                let info = lab.pod_named(&format!("{ns}/{name}")).unwrap();
+                for port in PORTS {
+                    servers.push(
+                        WhoamiServer::start(&info.netns, SocketAddrV4::new(info.addr, port))
+                            .unwrap(),
+                    );
+                }
+                cluster.pods.push(Pod {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    labels: Labels::from([("pod".into(), name.into())]),
+                    ip: info.addr,
+                    ports: Vec::new(),
+                });
+            }
+        }
+        Self {
+            lab,
+            cluster,
+            _servers: servers,
+            mode,
+        }
+    }
+
+    fn probes(&self) -> Vec<Probe> {
+        let mut out = Vec::new();
+        for from in &self.cluster.pods {
+            for to in &self.cluster.pods {
+                if from == to {
+                    continue;
+                }
+                for protocol in PROTOCOLS {
+                    for port in PORTS {
+                        out.push(Probe {
+                            from: format!("{}/{}", from.namespace, from.name),
+                            to: format!("{}/{}", to.namespace, to.name),
+                            protocol,
+                            port,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn pod(&self, key: &str) -> &Pod {
+        self.cluster
+            .pods
+            .iter()
+            .find(|p| format!("{}/{}", p.namespace, p.name) == key)
+            .unwrap()
+    }
+
+    /// What the specification says of every probe under `policies`.
+    fn expected(&self, policies: &[NetworkPolicy]) -> BTreeMap<Probe, bool> {
+        self.probes()
+            .into_iter()
+            .map(|probe| {
+                let allowed = self.cluster.allows(
+                    policies,
+                    self.mode,
+                    self.pod(&probe.from),
+                    self.pod(&probe.to),
+                    probe.protocol,
+                    probe.port,
+                );
+                (probe, allowed)
+            })
+            .collect()
+    }
+
+    /// Every probe, run in parallel: whether it got its answer.
+    fn observed(&self) -> BTreeMap<Probe, bool> {
+        let probes = self.probes();
+        let mut out = BTreeMap::new();
+        for chunk in probes.chunks(PARALLEL) {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|probe| {
+                        let from = self.lab.pod_named(&probe.from).unwrap().netns.clone();
+                        let to = SocketAddrV4::new(self.pod(&probe.to).ip, probe.port);
+                        let protocol = probe.protocol;
+                        scope.spawn(move || {
+                            let answer = if protocol == "TCP" {
+                                probe::tcp_whoami(&from, to, PROBE_TIMEOUT)
+                            } else {
+                                probe::udp_whoami(&from, to, PROBE_TIMEOUT)
+                            };
+                            answer.unwrap_or_else(|e| panic!("probe {from} -> {to}: {e}"))
+                        })
+                    })
+                    .collect();
+                for (probe, handle) in chunk.iter().zip(handles) {
+                    out.insert(probe.clone(), handle.join().unwrap().is_some());
+                }
+            });
+        }
+        out
+    }
+
+    /// Probes until what passes is what the specification says (the change
+    /// takes a moment to be enforced), bounded; panics with the
+    /// differences.
+    fn assert_matches(&self, case: &str, policies: &[NetworkPolicy]) {
+        let expected = self.expected(policies);
+        let deadline = Instant::now() + ENFORCE_TIMEOUT;
+        loop {
+            let observed = self.observed();
+            let wrong: Vec<String> = expected
+                .iter()
+                .filter(|(probe, allowed)| observed[probe] != **allowed)
+                .map(|(p, allowed)| {
+                    format!(
+                        "{} -> {} {}/{}: expected {}, got {}",
+                        p.from,
+                        p.to,
+                        p.protocol,
+                        p.port,
+                        if *allowed { "allowed" } else { "denied" },
+                        if *allowed { "denied" } else { "allowed" }
+                    )
+                })
+                .collect();
+            if wrong.is_empty() {
+                let allowed = expected.values().filter(|a| **a).count();
+                eprintln!(
+                    "{case} ({:?}): {allowed} of {} probes allowed, as specified",
+                    self.mode,
+                    expected.len()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{case} ({:?}): {} of {} probes differ from the specification:\n{}",
+                self.mode,
+                wrong.len(),
+                expected.len(),
+                wrong.join("\n")
+            );
+        }
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) {
+        let files = self.lab.kube_api().unwrap().files().clone();
+        cluster::kubectl(&files, args, stdin).unwrap();
+    }
+
+    fn apply(&self, policy: &NetworkPolicy) {
+        let text = serde_json::to_string(policy).unwrap();
+        self.kubectl(&["apply", "-f", "-"], Some(&text));
+    }
+
+    fn delete(&self, policy: &NetworkPolicy) {
+        let name = policy.metadata.name.as_deref().unwrap();
+        let ns = policy.metadata.namespace.as_deref().unwrap();
+        self.kubectl(&["delete", "networkpolicy", "-n", ns, name], None);
+    }
+}
+
+fn policy(value: serde_json::Value) -> NetworkPolicy {
+    let mut value = value;
+    value["apiVersion"] = json!("networking.k8s.io/v1");
+    value["kind"] = json!("NetworkPolicy");
+    serde_json::from_value(value).unwrap()
+}
+
+/// The e2e suite's cases, each a set of policies in force together.
+fn cases(matrix: &Matrix) -> Vec<(&'static str, Vec<NetworkPolicy>)> {
+    let ip = |key: &str| matrix.pod(key).ip.to_string();
+    vec![
+        ("no policy", vec![]),
+        (
+            "default deny ingress in x",
+            vec![policy(json!({
+                "metadata": {"name": "deny-ingress", "namespace": "x"},
+                "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+            }))],
+        ),
+        (
+            "ingress from its own namespace only",
+            vec![policy(json!({
+                "metadata": {"name": "same-ns", "namespace": "x"},
+                "spec": {"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}
+            }))],
+        ),
+        (
+            "x/a from namespace y (namespace selector)",
+            vec![policy(json!({
+                "metadata": {"name": "from-y", "namespace": "x"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+                         "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]}
+            }))],
+        ),
+        (
+            "x/a from pods b of namespaces y and z (AND), or from x/c (OR)",
+            vec![policy(json!({
+                "metadata": {"name": "and-or", "namespace": "x"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+                         "ingress": [{"from": [
+                            {"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "In", "values": ["y", "z"]}]},
+                             "podSelector": {"matchLabels": {"pod": "b"}}},
+                            {"podSelector": {"matchLabels": {"pod": "c"}}}
+                         ]}]}
+            }))],
+        ),
+        (
+            "x/a on TCP 80 only, and UDP 81 from namespace z",
+            vec![policy(json!({
+                "metadata": {"name": "ports", "namespace": "x"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+                         "ingress": [
+                            {"ports": [{"protocol": "TCP", "port": 80}]},
+                            {"from": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}],
+                             "ports": [{"protocol": "UDP", "port": 81}]}
+                         ]}
+            }))],
+        ),
+        (
+            "egress of x to namespace z on ports 80-81 (endPort), UDP",
+            vec![policy(json!({
+                "metadata": {"name": "egress-z", "namespace": "x"},
+                "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                         "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}],
+                                     "ports": [{"protocol": "UDP", "port": 80, "endPort": 81}]}]}
+            }))],
+        ),
+        (
+            "x/a from a CIDR less one pod (ipBlock except), with egress of y/b denied",
+            vec![
+                policy(json!({
+                    "metadata": {"name": "cidr", "namespace": "x"},
+                    "spec": {"podSelector": {"matchLabels": {"pod": "a"}},
+                             "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8",
+                                                                "except": [format!("{}/32", ip("y/c"))]}}]}]}
+                })),
+                policy(json!({
+                    "metadata": {"name": "deny-egress", "namespace": "y"},
+                    "spec": {"podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Egress"]}
+                })),
+            ],
+        ),
+    ]
+}
+
+fn run_matrix(mode: Mode) {
+    let _lock = lab_lock();
+    let mut matrix = Matrix::up(mode);
+    let cases = cases(&matrix);
+    for (name, policies) in &cases {
+        for policy in policies {
+            matrix.apply(policy);
+        }
+        matrix.assert_matches(name, policies);
+        for policy in policies {
+            matrix.delete(policy);
+        }
+    }
+    matrix.assert_matches("every policy deleted", &[]);
+
+    // Updates: a namespace's label and a pod's label change what a policy
+    // selects, and the datapath follows.
+    let (_, from_y) = cases
+        .iter()
+        .find(|(name, _)| name.starts_with("x/a from namespace y"))
+        .unwrap()
+        .clone();
+    for policy in &from_y {
+        matrix.apply(policy);
+    }
+    matrix.assert_matches("x/a from namespace y, again", &from_y);
+    matrix
+        .lab
+        .label_namespace("y", &parse_label_changes("ns=elsewhere").unwrap())
+        .unwrap();
+    matrix.cluster.namespaces.insert(
+        "y".into(),
+        Labels::from([("ns".into(), "elsewhere".into())]),
+    );
+    matrix
+        .lab
+        .label_namespace("z", &parse_label_changes("ns=y").unwrap())
+        .unwrap();
+    matrix
+        .cluster
+        .namespaces
+        .insert("z".into(), Labels::from([("ns".into(), "y".into())]));
+    matrix.assert_matches("namespaces relabelled: z is now ns=y", &from_y);
+    matrix
+        .lab
+        .label_pod("x/a", &parse_label_changes("pod=other").unwrap())
+        .unwrap();
+    let a = matrix
+        .cluster
+        .pods
+        .iter_mut()
+        .find(|p| p.namespace == "x" && p.name == "a")
+        .unwrap();
+    a.labels.insert("pod".into(), "other".into());
+    matrix.assert_matches("x/a relabelled: no longer selected", &from_y);
+}
+
+#[test]
+fn standard_mode_enforces_the_specification() {
+    run_matrix(Mode::Standard);
+}
+
+#[test]
+fn strict_mode_enforces_the_specification_and_denies_unselected_pods() {
+    run_matrix(Mode::Strict);
+}
