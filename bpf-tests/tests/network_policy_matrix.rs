@@ -50,8 +50,9 @@ struct Probe {
 
 struct Matrix {
     lab: Lab,
+    /// Each pod's servers, stopped when the matrix is dropped.
     cluster: Cluster,
-    _servers: Vec<WhoamiServer>,
+    servers: Vec<WhoamiServer>,
     mode: Mode,
 }
 
@@ -106,7 +107,7 @@ impl Matrix {
         Self {
             lab,
             cluster,
-            _servers: servers,
+            servers,
             mode,
         }
     }
@@ -230,6 +231,25 @@ impl Matrix {
                 wrong.join("\n")
             );
         }
+    }
+
+    /// A pod made after the policies are in force, with its servers.
+    fn add_pod(&mut self, key: &str) {
+        let (ns, name) = key.split_once('/').unwrap();
+        let named: NamedPod = format!("{key}:pod={name}").parse().unwrap();
+        let info = self.lab.add_pod(&named).unwrap();
+        for port in PORTS {
+            self.servers.push(
+                WhoamiServer::start(&info.netns, SocketAddrV4::new(info.addr, port)).unwrap(),
+            );
+        }
+        self.cluster.pods.push(Pod {
+            namespace: ns.into(),
+            name: name.into(),
+            labels: Labels::from([("pod".into(), name.into())]),
+            ip: info.addr,
+            ports: Vec::new(),
+        });
     }
 
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) {
@@ -389,6 +409,48 @@ fn run_matrix(mode: Mode) {
         .unwrap();
     a.labels.insert("pod".into(), "other".into());
     matrix.assert_matches("x/a relabelled: no longer selected", &from_y);
+    for policy in &from_y {
+        matrix.delete(policy);
+    }
+
+    // A new pod is judged by its policies from its first packet: the first
+    // probe of each pair, not a later one, is what the specification says.
+    let deny = &cases
+        .iter()
+        .find(|(name, _)| name.starts_with("default deny ingress"))
+        .unwrap()
+        .1;
+    for policy in deny {
+        matrix.apply(policy);
+    }
+    matrix.assert_matches("default deny ingress in x, before a new pod", deny);
+    matrix.add_pod("x/d");
+    let first = matrix.observed();
+    let expected = matrix.expected(deny);
+    let wrong: Vec<&Probe> = expected
+        .iter()
+        .filter(|(probe, allowed)| {
+            (probe.from == "x/d" || probe.to == "x/d") && first[*probe] != **allowed
+        })
+        .map(|(probe, _)| probe)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "a new pod's first packets are not judged by its policies: {wrong:#?}"
+    );
+
+    // The node's own addresses reach every pod, whatever the policies
+    // (kubelet's probes).
+    let node = vpcnet_lab::addrs::NS_NODE;
+    for key in ["x/a", "x/d", "y/b"] {
+        let to = SocketAddrV4::new(matrix.pod(key).ip, 80);
+        assert!(
+            probe::tcp_whoami(node, to, ENFORCE_TIMEOUT)
+                .unwrap()
+                .is_some(),
+            "the node cannot reach {key}"
+        );
+    }
 }
 
 #[test]
