@@ -23,7 +23,50 @@ pub mod service_cidrs;
 
 use std::time::Duration;
 
+use futures_util::{Stream, StreamExt};
+use kube::runtime::watcher;
+use tracing::{debug, info, warn};
+
 use crate::env::Env;
+
+/// What a followed kind is to the agent, for its watch's log lines: what
+/// is watched, and what the agent does while the watch fails.
+pub struct Followed<'a> {
+    pub what: &'a str,
+    pub while_failing: &'a str,
+}
+
+/// Drives a reflector's stream to its end: says once when the watch fails
+/// (and once when it is back), and calls `changed` on every change and at
+/// the end of every list (`true` then).
+pub async fn drive<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    followed: Followed<'_>,
+    mut changed: impl FnMut(bool),
+) {
+    // On the heap: a reflector's stream is a large value to keep in the
+    // task's future.
+    let mut stream = stream.boxed();
+    let mut failing = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Err(error) if !failing => {
+                failing = true;
+                warn!(%error, "watching {}: {}, retrying", followed.what, followed.while_failing);
+            }
+            Err(error) => debug!(%error, "watching {}", followed.what),
+            Ok(watcher::Event::InitDone) => {
+                if failing {
+                    info!("watching {} again", followed.what);
+                }
+                failing = false;
+                changed(true);
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => changed(false),
+            Ok(_) => {}
+        }
+    }
+}
 
 /// Where the in-cluster configuration finds the API server (set in every
 /// pod; kube-rs reads it with `KUBERNETES_SERVICE_PORT`).

@@ -15,7 +15,6 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
@@ -27,7 +26,7 @@ use kube::{
     },
 };
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{K8sError, K8sSettings};
 use crate::{env::Env, retry};
@@ -116,28 +115,11 @@ impl NodePods {
         );
         let (changes_tx, changes) = tokio::sync::watch::channel(0u64);
         let follow = async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut failing = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Err(error) if !failing => {
-                        failing = true;
-                        warn!(%error, node, "watching this node's pods: ADDs use what is known, retrying");
-                    }
-                    Err(error) => debug!(%error, "watching this node's pods"),
-                    Ok(watcher::Event::InitDone) => {
-                        if failing {
-                            info!(node, "watching this node's pods again");
-                        }
-                        failing = false;
-                        changes_tx.send_modify(|n| *n += 1);
-                    }
-                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                        changes_tx.send_modify(|n| *n += 1);
-                    }
-                    Ok(_) => {}
-                }
-            }
+            let followed = super::Followed {
+                what: "this node's pods",
+                while_failing: "ADDs use what is known",
+            };
+            super::drive(stream, followed, |_| changes_tx.send_modify(|n| *n += 1)).await;
         };
         Ok((
             Self {

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use kube::{
     Api,
     core::{ApiResource, GroupVersionKind, Object},
@@ -16,7 +15,6 @@ use kube::{
     },
 };
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
 use vpcnet_api::policy_endpoint::{GROUP, KIND, PLURAL, PolicyEndpointSpec, VERSION};
 
 /// A PolicyEndpoint as read (its status, empty in the CRD, is not read).
@@ -50,29 +48,17 @@ impl PolicyEndpoints {
         let (changes_tx, changes) = watch::channel(0u64);
         let (listed_tx, listed) = watch::channel(false);
         let follow = async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut failing = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Err(error) if !failing => {
-                        failing = true;
-                        warn!(%error, "watching PolicyEndpoints: the policies in force stay as they are, retrying");
-                    }
-                    Err(error) => debug!(%error, "watching PolicyEndpoints"),
-                    Ok(watcher::Event::InitDone) => {
-                        if failing {
-                            info!("watching PolicyEndpoints again");
-                        }
-                        failing = false;
-                        listed_tx.send_replace(true);
-                        changes_tx.send_modify(|n| *n += 1);
-                    }
-                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                        changes_tx.send_modify(|n| *n += 1);
-                    }
-                    Ok(_) => {}
+            let followed = super::Followed {
+                what: "PolicyEndpoints",
+                while_failing: "the policies in force stay as they are",
+            };
+            super::drive(stream, followed, |listed| {
+                if listed {
+                    listed_tx.send_replace(true);
                 }
-            }
+                changes_tx.send_modify(|n| *n += 1);
+            })
+            .await;
         };
         (
             Self {

@@ -250,6 +250,14 @@ mod tests {
         serde_json::from_value(json).unwrap()
     }
 
+    fn named<'a>(spec: &'a PolicyEndpointSpec, name: &'a str) -> Named<'a> {
+        Named {
+            namespace: "x",
+            name,
+            spec,
+        }
+    }
+
     fn pod(addr: [u8; 4]) -> LocalPod<'static> {
         LocalPod {
             addr: Ipv4Addr::from(addr),
@@ -267,11 +275,7 @@ mod tests {
                 {"hostIP": "10.20.11.162", "podIP": "10.20.11.20", "name": "a", "namespace": "x"}
             ]
         }));
-        let named = Named {
-            namespace: "x",
-            name: "p-abcde",
-            spec: &pe,
-        };
+        let named = named(&pe, "p-abcde");
         assert!(selects(&named, &pod([10, 20, 11, 20])));
         assert!(!selects(&named, &pod([10, 20, 11, 21])));
         let web = BTreeMap::from([("app".to_owned(), "web".to_owned())]);
@@ -294,28 +298,14 @@ mod tests {
             "policyRef": {"name": "p", "namespace": "x"},
             "podIsolation": ["Ingress"],
         }));
-        let rules = rules_of(
-            &Named {
-                namespace: "x",
-                name: "p-1",
-                spec: &pe,
-            },
-            &mut problems,
-        );
+        let rules = rules_of(&named(&pe, "p-1"), &mut problems);
         assert_eq!(rules.ingress, Direction::Isolated(vec![]));
         assert_eq!(rules.egress, Direction::Open);
         let pe = spec(serde_json::json!({
             "policyRef": {"name": "p", "namespace": "x"},
             "egress": [{"cidr": "10.0.0.0/8", "ports": [{"port": 53, "protocol": "UDP"}]}, {"cidr": "::/0"}],
         }));
-        let rules = rules_of(
-            &Named {
-                namespace: "x",
-                name: "p-2",
-                spec: &pe,
-            },
-            &mut problems,
-        );
+        let rules = rules_of(&named(&pe, "p-2"), &mut problems);
         let Direction::Isolated(egress) = rules.egress else {
             panic!("egress isolated by its entries");
         };
@@ -339,14 +329,7 @@ mod tests {
             ]
         }));
         let mut problems = Vec::new();
-        let rules = rules_of(
-            &Named {
-                namespace: "x",
-                name: "p-1",
-                spec: &pe,
-            },
-            &mut problems,
-        );
+        let rules = rules_of(&named(&pe, "p-1"), &mut problems);
         let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
         assert_eq!(
             fields,
