@@ -15,18 +15,15 @@ use vpcnet_common::{
     nat::{DEFAULT_TIMEOUTS, FlowKey, NS_PER_SEC, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
     policy::{
         DIRECTION_EGRESS, DIRECTION_INGRESS, FLOW_REVOKED, OPENED_BY_KEY_DESTINATION,
-        OPENED_BY_KEY_SOURCE, PolicyEvent, TIER_DEFAULT, TIER_NETWORK_POLICY, VERDICT_ACCEPT,
-        VERDICT_DENY, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS,
-        POLICY_UNISOLATED, PORTS_ONE, PodPolicy, PolicyFlow, cidr_key_data, flow_key,
-        port_key_data,
+        OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS, POLICY_UNISOLATED, PORTS_ONE,
+        PodPolicy, PolicyEvent, PolicyFlow, TIER_DEFAULT, TIER_NETWORK_POLICY, VERDICT_ACCEPT,
+        VERDICT_DENY, cidr_key_data, flow_key, port_key_data,
     },
 };
 
 use crate::{
     cidr, icmp,
-    maps::{
-        POLICY_CIDRS, POLICY_EVENTS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, count, timeouts,
-    },
+    maps::{POLICY_CIDRS, POLICY_EVENTS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, count, timeouts},
     nat::now_ns,
     packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, load, parse_ipv4, parse_l4},
 };
