@@ -154,7 +154,7 @@ fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
         ..PolicyFlow::default()
     };
     // An LRU map always makes room: the least recently used gives way.
-    let _ = POLICY_FLOWS.insert(&flow, &entry, 0);
+    let _ = POLICY_FLOWS.insert(flow, entry, 0);
     Ok(())
 }
 
@@ -206,7 +206,7 @@ fn log(key: &FlowKey, verdict: u8, direction: u8, identity: u32) {
 fn known(key: &FlowKey) -> bool {
     let (flow, _) = flow_key(key);
     // SAFETY: read-only copy of a map value.
-    unsafe { POLICY_FLOWS.get(&flow) }.is_some_and(|entry| {
+    unsafe { POLICY_FLOWS.get(flow) }.is_some_and(|entry| {
         entry.revoked != FLOW_REVOKED && fresh(entry.last_seen_ns, flow.proto, now_ns())
     })
 }
@@ -309,5 +309,5 @@ fn allows(identity: u32, peer: u32, proto: u8, port: u16) -> bool {
 #[inline(always)]
 fn pod_policy(addr: u32) -> Option<PodPolicy> {
     // SAFETY: read-only copy of a map value.
-    unsafe { POLICY_PODS.get(&addr) }.copied()
+    unsafe { POLICY_PODS.get(addr) }.copied()
 }
