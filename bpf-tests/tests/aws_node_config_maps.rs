@@ -80,11 +80,8 @@ fn chart_with(log_dir: &Path, changes: &[(&'static str, &str)]) -> Vec<(&'static
 }
 
 /// What the chart's defaults leave without effect here.
-const CHART_NO_EFFECT: &[&str] = &[
-    "AWS_VPC_CNI_NODE_PORT_SUPPORT",
-    "VPC_CNI_VERSION",
-    "NETWORK_POLICY_ENFORCING_MODE",
-];
+/// (`NETWORK_POLICY_ENFORCING_MODE` is read: with `ENABLE_NETWORK_POLICY`.)
+const CHART_NO_EFFECT: &[&str] = &["AWS_VPC_CNI_NODE_PORT_SUPPORT", "VPC_CNI_VERSION"];
 
 #[allow(clippy::too_many_lines)] // five ConfigMaps, each spelled out
 fn config_maps(log_dir: &Path) -> Vec<ConfigMap> {
