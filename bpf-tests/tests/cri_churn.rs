@@ -47,7 +47,7 @@ use vpcnet_lab::{
     addrs::NS_NODE,
     cni_socket_file,
     cri::{CriClient, PodSpec, SandboxState},
-    cri_pods,
+    cri_pods, test_sizes,
 };
 
 /// The node: an m5.large holds 27 pods; churn keeps at most 15 alive.
@@ -58,7 +58,6 @@ const KEEP: usize = 3;
 /// Attachments the runtime does not know, handed to GC to remove.
 const ORPHANS: usize = 2;
 const DEFAULT_OPS: usize = 500;
-const OPS_VAR: &str = "VPCNET_CHURN_OPS";
 const SEED_VAR: &str = "VPCNET_CHURN_SEED";
 /// The agent is killed after 0.5 to 3 s of life, at most this many times.
 const KILL_AFTER_MS: std::ops::Range<u64> = 500..3000;
@@ -676,7 +675,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn churn_with_the_agent_killed_never_double_assigns_leaks_nothing_and_gc_converges() {
     let _lock = lab_lock();
     let seed = env_or(SEED_VAR, fastrand::u64(..));
-    let ops = env_or(OPS_VAR, DEFAULT_OPS);
+    let ops = env_or(test_sizes::CRI_CHURN_OPS_VAR, DEFAULT_OPS);
     println!("seed {seed} (replay the choices: {SEED_VAR}={seed}); {ops} operations");
     let mut rng = fastrand::Rng::with_seed(seed);
     let lab = cri::up(0, INSTANCE_TYPE);

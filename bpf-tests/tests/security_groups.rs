@@ -44,7 +44,7 @@ use vpcnet_lab::{
     ec2::model::{InterfaceType, StateSnapshot},
     exec_ok,
     kube::KubeAdmin,
-    serial, tcp_whoami,
+    serial, tcp_whoami, test_sizes,
 };
 
 const PORT: u16 = 8080;
@@ -227,14 +227,24 @@ fn probe(
 
 #[test]
 #[ignore = "needs 802.1Q (8021q): runs in the VM kernels of `cargo xtask test`"]
-fn a_strict_branch_pod_over_802_1q() {
-    branch_pod_over_802_1q(Mode::Strict);
+fn a_standard_branch_pod_over_802_1q() {
+    let _lock = serial();
+    let lab = sgp_lab(Mode::Standard, false);
+    branch_pod_over_802_1q(BranchPodLab::on(Mode::Standard, lab));
 }
 
+/// Strict mode's checks share one lab (under TCG a lab takes a minute and
+/// a half to come up): ADDs refused before the trunk and for bad
+/// annotations, then the churn, then one branch pod's paths. Each phase
+/// leaves the node as it found it, which the next one checks.
 #[test]
 #[ignore = "needs 802.1Q (8021q): runs in the VM kernels of `cargo xtask test`"]
-fn a_standard_branch_pod_over_802_1q() {
-    branch_pod_over_802_1q(Mode::Standard);
+fn strict_branch_pods_refused_churned_and_one_over_802_1q() {
+    let _lock = serial();
+    let lab = sgp_lab(Mode::Strict, true);
+    bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing(&lab);
+    branch_pods_come_and_go_and_leave_nothing(&lab);
+    branch_pod_over_802_1q(BranchPodLab::on(Mode::Strict, lab));
 }
 
 /// A branch pod of a lab in `mode`, beside the ordinary pod-0.
@@ -250,10 +260,9 @@ struct BranchPodLab {
 }
 
 impl BranchPodLab {
-    /// The lab, its trunk, and pod-1 asking for a branch ENI, run once the
+    /// `lab`'s trunk, and pod-1 asking for a branch ENI, run once the
     /// controller annotated it.
-    fn up(mode: Mode) -> Self {
-        let lab = sgp_lab(mode, false);
+    fn on(mode: Mode, lab: Lab) -> Self {
         let admin = lab.kube_api().expect("the API server").admin().clone();
         let client = lab.cri().expect("a CRI client");
         let plain = lab.pod(0).clone();
@@ -491,9 +500,7 @@ impl BranchPodLab {
     }
 }
 
-fn branch_pod_over_802_1q(mode: Mode) {
-    let _lock = serial();
-    let mut lab = BranchPodLab::up(mode);
+fn branch_pod_over_802_1q(mut lab: BranchPodLab) {
     lab.check_vlan_link();
     let servers: Vec<WhoamiServer> = [
         (addrs::NS_PEER, addrs::PEER_ADDR),
@@ -520,11 +527,10 @@ fn branch_pod_over_802_1q(mode: Mode) {
     lab.delete();
 }
 
-#[test]
-#[ignore = "needs 802.1Q (8021q): runs in the VM kernels of `cargo xtask test`"]
-fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing() {
-    let _lock = serial();
-    let lab = sgp_lab(Mode::Strict, true);
+/// In a lab whose resource controller is held: no trunk yet, then bad
+/// annotations; each ADD fails naming the pod and leaves nothing. Leaves
+/// the controller running and only pod-0.
+fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing(lab: &Lab) {
     let admin = lab.kube_api().expect("the API server").admin().clone();
     let client = lab.cri().expect("a CRI client");
     let clean = |what: &str| {
@@ -554,7 +560,7 @@ fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing() {
     // The controller comes: the pod's next ADD succeeds.
     lab.start_resource_controller()
         .expect("the resource controller");
-    wait_trunk(&lab);
+    wait_trunk(lab);
     admin
         .merge_patch(
             &pod_path(1),
@@ -620,30 +626,29 @@ fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing() {
     );
     for pod in [first, second] {
         cri_pods::remove_pod(&client, pod.sandbox.as_deref().unwrap()).expect("DEL");
+        admin
+            .delete(&pod_path(pod.index))
+            .expect("deleting the pod");
     }
     clean("after the DELs");
-    lab.down().expect("taking the lab down");
 }
 
 /// How many branch pods the churn test makes: 50, or
-/// [`cluster::BRANCH_POD_CHURN_VAR`] (`cargo xtask test` runs fewer in its
-/// VMs, whose CPU is emulated).
+/// [`test_sizes::BRANCH_POD_CHURN_VAR`] (`cargo xtask test` runs fewer).
 fn churn_pods() -> usize {
-    std::env::var(cluster::BRANCH_POD_CHURN_VAR)
+    std::env::var(test_sizes::BRANCH_POD_CHURN_VAR)
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(50)
 }
 
-#[test]
-#[ignore = "needs 802.1Q (8021q): runs in the VM kernels of `cargo xtask test`"]
-fn branch_pods_come_and_go_and_leave_nothing() {
-    let _lock = serial();
+/// Branch pods come and go: each reachable by its own branch ENI, and
+/// none leaves anything on the node or, after the cooldown, in EC2.
+fn branch_pods_come_and_go_and_leave_nothing(lab: &Lab) {
     let count = churn_pods();
-    let lab = sgp_lab(Mode::Strict, false);
     let admin = lab.kube_api().expect("the API server").admin().clone();
     let client = lab.cri().expect("a CRI client");
-    wait_trunk(&lab);
+    wait_trunk(lab);
     let started = Instant::now();
     let indices: Vec<usize> = (1..=count).collect();
     for &index in &indices {
@@ -656,7 +661,7 @@ fn branch_pods_come_and_go_and_leave_nothing() {
             .unwrap_or_else(|e| panic!("branch pod {index}: {e}"));
         pods.push((pod, branch_eni_of(&annotation).unwrap().unwrap()));
     }
-    let state = ec2(&lab);
+    let state = ec2(lab);
     assert_eq!(
         state.trunk_associations.len(),
         count,
@@ -711,7 +716,7 @@ fn branch_pods_come_and_go_and_leave_nothing() {
     }
     let state = wait_for(
         "every branch ENI deleted after its cooldown",
-        || ec2(&lab),
+        || ec2(lab),
         |state| {
             state.trunk_associations.is_empty()
                 && pods
@@ -732,5 +737,4 @@ fn branch_pods_come_and_go_and_leave_nothing() {
         "{count} branch pods up and reachable in {up:?}; all gone (VLAN links, entries, pins, routes, associations, branch ENIs) after {:?}",
         started.elapsed()
     );
-    lab.down().expect("taking the lab down");
 }

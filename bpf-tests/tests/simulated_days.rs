@@ -53,7 +53,7 @@ use vpcnet_lab::{
     kube_proxy,
     netns::{get_sysctl, set_sysctls},
     probe::tcp_whoami_closed,
-    serial, udp_whoami,
+    serial, test_sizes, udp_whoami,
 };
 
 const SECONDS_PER_DAY: u32 = 86_400;
@@ -297,7 +297,7 @@ fn churn_udp(ns: &str, server: SocketAddrV4, expected_source: Ipv4Addr, when: Wh
 fn three_simulated_days_keep_every_flow_until_its_timeout_and_the_tables_bounded() {
     let _lab_slot = serial();
     let day_secs = env_or("VPCNET_SIMULATED_DAY_SECS", DEFAULT_DAY_SECS);
-    let days = env_or("VPCNET_SIMULATED_DAYS", DEFAULT_DAYS);
+    let days = env_or(test_sizes::SIMULATED_DAYS_VAR, DEFAULT_DAYS);
     let hour = Duration::from_secs(day_secs.into()) / HOURS_PER_DAY;
     let options = LabOptions {
         node_port: Some(NodePortService {

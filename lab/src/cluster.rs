@@ -93,10 +93,6 @@ fn api(err: &crate::kube::KubeApiError) -> LabError {
 /// lab's tests wait for it, so it is short here.
 pub const BRANCH_ENI_COOLDOWN: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How many branch pods the branch-pod churn test makes: the test reads
-/// it, `cargo xtask test` sets it (into the VMs' scripts too).
-pub const BRANCH_POD_CHURN_VAR: &str = "VPCNET_SGP_CHURN_PODS";
-
 /// The lab's VPC resource controller, for the lab's node.
 pub fn resource_controller(admin: &KubeAdmin) -> ControllerOptions {
     ControllerOptions {

@@ -47,6 +47,7 @@ pub mod releases;
 pub mod router;
 mod scratch;
 mod state;
+pub mod test_sizes;
 mod topology;
 mod unix_http;
 pub mod vpc_cni;

@@ -88,6 +88,21 @@ fn profile_name(release: bool) -> &'static str {
     if release { "release" } else { "debug" }
 }
 
+/// Clippy's driver in place of rustc for the workspace's own crates, as
+/// `cargo clippy` runs it: a build then lints what it compiles, and its
+/// dependencies are compiled once (`cargo clippy` checks them a second time,
+/// minutes of a cold build for the EC2 SDK alone).
+const LINTING_WRAPPER: (&str, &str) = ("RUSTC_WORKSPACE_WRAPPER", "clippy-driver");
+
+/// `cargo` for `cargo xtask test`'s builds and test runs: every one lints
+/// the workspace as it compiles it, so none rebuilds what another built (the
+/// wrapper is part of each crate's fingerprint).
+pub fn linting_cargo() -> Command {
+    let mut cargo = vpcnet_lab::cargo_env::cargo();
+    cargo.env(LINTING_WRAPPER.0, LINTING_WRAPPER.1);
+    cargo
+}
+
 fn cargo_build(release: bool) -> Command {
     let mut build = vpcnet_lab::cargo_env::cargo();
     build.arg("build").current_dir(workspace_root());

@@ -22,6 +22,9 @@ pub struct Kernel {
     pub suite: &'static str,
     /// Which EKS nodes run it.
     pub runs_on: &'static str,
+    /// Whether it has TCX links (6.6 and later): without them the agent's
+    /// own choice of attach mode is clsact.
+    pub tcx: bool,
 }
 
 /// The kernels EKS nodes run that this machine (6.18) does not.
@@ -30,11 +33,13 @@ pub const KERNELS: [Kernel; 2] = [
         name: "6.1",
         suite: "bookworm",
         runs_on: "Amazon Linux 2023 for Kubernetes 1.30-1.32",
+        tcx: false,
     },
     Kernel {
         name: "6.12",
         suite: "bookworm-backports",
         runs_on: "Amazon Linux 2023 and Bottlerocket for Kubernetes 1.33-1.35",
+        tcx: true,
     },
 ];
 

@@ -71,7 +71,7 @@ pub struct TestBinary {
 /// builds a second copy of most of them (in CI that second copy ran the
 /// disk full).
 pub fn build_tests(tests: &[String], packages: &[String]) -> Result<Vec<TestBinary>> {
-    let mut build = vpcnet_lab::cargo_env::cargo();
+    let mut build = crate::build::linting_cargo();
     build
         .args([
             "test",
