@@ -2,31 +2,29 @@
 //! stopping at the first step that fails. The tests share kernel state
 //! (network namespaces, pinned maps), so they run as root, one at a time.
 
+mod lint;
+mod sizes;
+mod steps;
+
 use std::{
-    collections::BTreeSet,
     io::{BufRead, BufReader},
-    path::Path,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
-use vpcnet_lab::{
-    fuzz_settings,
-    test_sizes::{
-        BRANCH_POD_CHURN_VAR, CRI_CHURN_OPS_VAR, ROUTING_DIFFERENTIAL_MODES_VAR, SIMULATED_DAYS_VAR,
-    },
-};
 
+use self::{
+    lint::{build_and_lint, lint_steps},
+    sizes::{GUEST_SETTINGS, Sizes},
+    steps::{Step, cargo, format_duration, run_step},
+};
 use crate::{
     build::workspace_root,
     kernels::{KERNELS, Kernel},
-    setup::{self, run_checked, shell_line},
+    setup::{self, shell_line},
     vm,
 };
-
-/// The programs crate: its own workspace, built for the BPF target.
-const EBPF_CRATE_DIR: &str = "ebpf/vpcnet-ebpf";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -68,138 +66,6 @@ pub struct Args {
     filter: Option<String>,
 }
 
-/// The tests' settings a VM's tests get from this environment: the fuzz
-/// test's seed and packets, the branch-pod churn's count.
-const GUEST_SETTINGS: [&str; 3] = [
-    fuzz_settings::SEED_VAR,
-    fuzz_settings::PACKETS_VAR,
-    BRANCH_POD_CHURN_VAR,
-];
-
-/// How big the slowest tests run. `cargo xtask test` is CI's command, and
-/// CI has an hour for a cold build, this machine's tests and two VMs:
-/// there the slowest run smaller counts of the same checks; `--full` runs
-/// each test's own. An environment variable the user set wins.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Sizes {
-    /// Fuzz packets per program here (`None`: the test's 1,000,000).
-    host_fuzz_packets: Option<u64>,
-    /// Fuzz packets per program in a VM: under TCG a packet costs some
-    /// fifteen times what it costs here (20,000 take 40 s).
-    vm_fuzz_packets: u64,
-    /// `cri_churn`'s operations (`None`: its 500).
-    cri_churn_ops: Option<u32>,
-    /// `simulated_days`' days (`None`: its three). Two still restart the
-    /// agent both ways and flip EXTERNALSNAT four times.
-    simulated_days: Option<u32>,
-    /// Branch pods of `security_groups`' churn in a VM: under TCG each
-    /// takes seconds (its own fifty take 7 minutes).
-    vm_branch_pods: u32,
-    /// The enforcing modes of `routing_differential`'s paths in a VM (two
-    /// labs each, minutes under TCG); this machine runs both.
-    vm_routing_modes: &'static str,
-    /// Whether the VM kernels share out [`SPREAD_VLAN_TESTS`] rather than
-    /// each running all of them.
-    spread_vlan_tests: bool,
-}
-
-impl Sizes {
-    const CI: Self = Self {
-        host_fuzz_packets: Some(400_000),
-        vm_fuzz_packets: 10_000,
-        cri_churn_ops: Some(200),
-        simulated_days: Some(2),
-        vm_branch_pods: 4,
-        vm_routing_modes: "standard",
-        spread_vlan_tests: true,
-    };
-    const FULL: Self = Self {
-        host_fuzz_packets: None,
-        vm_fuzz_packets: 20_000,
-        cri_churn_ops: None,
-        simulated_days: None,
-        vm_branch_pods: 50,
-        vm_routing_modes: "strict,standard",
-        spread_vlan_tests: false,
-    };
-
-    fn of(args: &Args) -> Self {
-        let mut sizes = if args.full { Self::FULL } else { Self::CI };
-        if let Some(packets) = args.fuzz_packets {
-            sizes.host_fuzz_packets = Some(packets);
-            sizes.vm_fuzz_packets = packets;
-        }
-        sizes
-    }
-
-    /// The variables for this machine's tests.
-    fn host_env(self) -> Vec<(&'static str, String)> {
-        let mut env = Vec::new();
-        if let Some(packets) = self.host_fuzz_packets {
-            env.push((fuzz_settings::PACKETS_VAR, packets.to_string()));
-        }
-        if let Some(ops) = self.cri_churn_ops {
-            env.push((CRI_CHURN_OPS_VAR, ops.to_string()));
-        }
-        if let Some(days) = self.simulated_days {
-            env.push((SIMULATED_DAYS_VAR, days.to_string()));
-        }
-        unset_by_user(env)
-    }
-
-    /// The variables for a VM's tests.
-    fn vm_env(self) -> Vec<(&'static str, String)> {
-        unset_by_user(vec![
-            (fuzz_settings::PACKETS_VAR, self.vm_fuzz_packets.to_string()),
-            (BRANCH_POD_CHURN_VAR, self.vm_branch_pods.to_string()),
-            (
-                ROUTING_DIFFERENTIAL_MODES_VAR,
-                self.vm_routing_modes.to_owned(),
-            ),
-        ])
-    }
-
-    /// The tests `kernel`'s VM leaves out.
-    fn skipped_in(self, kernel: &Kernel) -> Vec<&'static str> {
-        let mut skipped = HOST_ENOUGH.to_vec();
-        if !kernel.tcx {
-            skipped.extend(SAME_AS_CLSACT_WITHOUT_TCX);
-        }
-        if self.spread_vlan_tests {
-            let index = KERNELS.iter().position(|k| k.name == kernel.name);
-            skipped.extend(
-                SPREAD_VLAN_TESTS
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| Some(i % KERNELS.len()) != index)
-                    .map(|(_, test)| *test),
-            );
-        }
-        skipped
-    }
-}
-
-/// Lab tests over 802.1Q, each minutes under TCG, that CI shares out over
-/// the VM kernels, one each in turn: security groups for pods in each
-/// enforcing mode (the routing differential runs them both again, on
-/// 6.12).
-const SPREAD_VLAN_TESTS: [&str; 2] = [
-    "a_standard_branch_pod_over_802_1q",
-    "strict_branch_pods_refused_churned_and_one_over_802_1q",
-];
-
-/// Tests of the VMs' targets whose outcome no kernel changes (they count
-/// `ip rule`s the agent never writes): this machine's run is theirs.
-const HOST_ENOUGH: [&str; 1] = ["no_ip_rule_per_pod_in_ebpf_mode"];
-
-/// `env` without what the user's environment sets (which the tests here
-/// read, and [`GUEST_SETTINGS`] carry into the VMs).
-fn unset_by_user(env: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
-    env.into_iter()
-        .filter(|(name, _)| std::env::var_os(name).is_none())
-        .collect()
-}
-
 /// Named sets of test targets, all in [`SUITE_PACKAGE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Suite {
@@ -234,10 +100,6 @@ const VERDICT_TARGETS: [&str; 7] = [
 /// The lab with traffic: SNAT, pod to pod and VPC steering, and long flows
 /// through agent restarts and through an upgrade from an earlier release.
 const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
-
-/// Tests that repeat another on a kernel without TCX: forcing clsact there
-/// is what the agent chooses anyway.
-const SAME_AS_CLSACT_WITHOUT_TCX: [&str; 1] = ["restarts_keep_every_flow_with_clsact_filters"];
 
 /// Security groups for pods over real 802.1Q links: every VM kernel (the
 /// host's has no 8021q module; there these tests are ignored).
@@ -321,12 +183,6 @@ impl Place {
     }
 }
 
-/// One step of the run: a name for the summary and the command it runs.
-struct Step {
-    name: &'static str,
-    command: Command,
-}
-
 pub fn run(args: &Args) -> Result<()> {
     require_root()?;
     setup::ensure()?;
@@ -363,7 +219,7 @@ pub fn run(args: &Args) -> Result<()> {
         };
         planned.push((place, selection, binaries));
     }
-    let sizes = Sizes::of(args);
+    let sizes = Sizes::new(args.full, args.fuzz_packets);
     for (place, selection, binaries) in planned {
         let tally = if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
             run_in_vm(kernel, &binaries, args, sizes)?
@@ -517,46 +373,6 @@ fn require_root() -> Result<()> {
     Ok(())
 }
 
-fn lint_steps() -> Vec<Step> {
-    let root = workspace_root();
-    let ebpf_dir = root.join(EBPF_CRATE_DIR);
-
-    // Formatting is always checked for the whole workspace: it is fast, and
-    // the package selection is for the slow steps.
-    let fmt = plain_cargo(&root, &["+nightly", "fmt", "--all", "--", "--check"]);
-    let fmt_ebpf = plain_cargo(&ebpf_dir, &["+nightly", "fmt", "--check"]);
-    // The workspace's clippy runs in its build: `build_and_lint`.
-    let clippy_ebpf = plain_cargo(
-        &ebpf_dir,
-        &[
-            "+nightly",
-            "clippy",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-            "--release",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    );
-    vec![
-        Step {
-            name: "fmt",
-            command: fmt,
-        },
-        Step {
-            name: "fmt (eBPF crate)",
-            command: fmt_ebpf,
-        },
-        Step {
-            name: "clippy (eBPF crate)",
-            command: clippy_ebpf,
-        },
-    ]
-}
-
 fn test_command(selection: &Selection, filter: Option<&str>, nocapture: bool) -> Command {
     let mut test = cargo(&workspace_root(), &["test"]);
     test.args(selection.cargo_args());
@@ -568,125 +384,6 @@ fn test_command(selection: &Selection, filter: Option<&str>, nocapture: bool) ->
         test.arg(filter);
     }
     test
-}
-
-fn cargo(dir: &Path, args: &[&str]) -> Command {
-    let mut command = crate::build::linting_cargo();
-    command.args(args).current_dir(dir).stdin(Stdio::null());
-    command
-}
-
-/// `cargo` without the linting wrapper, for the steps that build nothing
-/// of the workspace.
-fn plain_cargo(dir: &Path, args: &[&str]) -> Command {
-    let mut command = vpcnet_lab::cargo_env::cargo();
-    command.args(args).current_dir(dir).stdin(Stdio::null());
-    command
-}
-
-/// Builds every target of the workspace (the tests' too, so that the test
-/// runs build nothing more) through clippy's driver, and fails on any
-/// warning, as `cargo clippy --all-targets -- -D warnings` does.
-fn build_and_lint(passed: &mut Vec<&'static str>) -> Result<()> {
-    const NAME: &str = "build and clippy";
-    let mut build = cargo(
-        &workspace_root(),
-        &[
-            "build",
-            "--workspace",
-            "--all-targets",
-            "--message-format=json",
-        ],
-    );
-    build.stdout(Stdio::piped()).stderr(Stdio::inherit());
-    println!("==> {NAME}: {}", shell_line(&build));
-    let started = Instant::now();
-    let output = build
-        .output()
-        .with_context(|| format!("cannot start cargo build; {}", stopped_at(NAME, passed)))?;
-    let messages = String::from_utf8_lossy(&output.stdout);
-    for rendered in rendered_diagnostics(&messages) {
-        eprint!("{rendered}");
-    }
-    let warnings = warnings_of(&messages);
-    if !output.status.success() {
-        bail!(
-            "the build failed ({}); {}",
-            output.status,
-            stopped_at(NAME, passed)
-        );
-    }
-    if !warnings.is_empty() {
-        bail!(
-            "{} warnings (above; lints deny them): {}; {}",
-            warnings.len(),
-            warnings.into_iter().collect::<Vec<_>>().join("; "),
-            stopped_at(NAME, passed)
-        );
-    }
-    println!(
-        "<== {NAME} passed in {}",
-        format_duration(started.elapsed())
-    );
-    passed.push(NAME);
-    Ok(())
-}
-
-/// The compilers' diagnostics among cargo's JSON messages.
-fn diagnostics(messages: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
-    messages
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-message")
-}
-
-/// The diagnostics as rustc renders them.
-fn rendered_diagnostics(messages: &str) -> Vec<String> {
-    diagnostics(messages)
-        .filter_map(|m| m["message"]["rendered"].as_str().map(str::to_owned))
-        .collect()
-}
-
-/// The warnings among them, as `file:line: message`, each once (a crate's
-/// library and its tests repeat them). Cargo replays those of crates it did
-/// not rebuild, so a second run finds the same.
-fn warnings_of(messages: &str) -> BTreeSet<String> {
-    diagnostics(messages)
-        .filter(|m| m["message"]["level"] == "warning")
-        .filter_map(|m| {
-            let message = &m["message"];
-            // The summary ("N warnings emitted") has no span.
-            let span = message["spans"].as_array()?.first()?;
-            Some(format!(
-                "{}:{}: {}",
-                span["file_name"].as_str()?,
-                span["line_start"],
-                message["message"].as_str()?
-            ))
-        })
-        .collect()
-}
-
-fn run_step(mut step: Step, passed: &mut Vec<&'static str>) -> Result<()> {
-    println!("==> {}: {}", step.name, shell_line(&step.command));
-    let started = Instant::now();
-    run_checked(&mut step.command).with_context(|| stopped_at(step.name, passed))?;
-    println!(
-        "<== {} passed in {}",
-        step.name,
-        format_duration(started.elapsed())
-    );
-    passed.push(step.name);
-    Ok(())
-}
-
-fn stopped_at(step: &str, passed: &[&str]) -> String {
-    let before = if passed.is_empty() {
-        String::new()
-    } else {
-        format!(" (passed before it: {})", passed.join(", "))
-    };
-    format!("xtask test: FAILED at step `{step}`{before}; fix it and run `cargo xtask test` again")
 }
 
 /// Runs cargo test, echoing its output and adding up libtest's
@@ -765,15 +462,6 @@ impl TestTally {
             "tests: {} passed, {} failed, {} skipped",
             self.passed, self.failed, self.ignored
         )
-    }
-}
-
-fn format_duration(elapsed: Duration) -> String {
-    let seconds = elapsed.as_secs();
-    if seconds >= 60 {
-        format!("{}m{:02}s", seconds / 60, seconds % 60)
-    } else {
-        format!("{:.1}s", elapsed.as_secs_f64())
     }
 }
 
@@ -886,49 +574,5 @@ mod tests {
         }
         assert!(Place::parse_all(&["5.4".into()]).is_err());
         assert_eq!(planned(&args(&["all"], None, &[])).len(), 3);
-    }
-
-    #[test]
-    fn lint_steps_run_in_order_on_both_workspaces() {
-        let names: Vec<&str> = lint_steps().iter().map(|step| step.name).collect();
-        assert_eq!(names, ["fmt", "fmt (eBPF crate)", "clippy (eBPF crate)"]);
-        let clippy = shell_line(&lint_steps().remove(2).command);
-        assert!(clippy.ends_with("-- -D warnings"), "{clippy}");
-    }
-
-    #[test]
-    fn the_builds_warnings_are_found_among_cargos_messages() {
-        let messages = [
-            r#"{"reason":"compiler-artifact","target":{"name":"x"}}"#,
-            r#"{"reason":"compiler-message","message":{"level":"warning","message":"length comparison to zero","spans":[{"file_name":"agent/src/a.rs","line_start":3}]}}"#,
-            r#"{"reason":"compiler-message","message":{"level":"warning","message":"1 warning emitted","spans":[]}}"#,
-            r#"{"reason":"compiler-message","message":{"level":"error","message":"mismatched types","spans":[{"file_name":"b.rs","line_start":1}]}}"#,
-            "not JSON: a build script's line",
-        ]
-        .join("\n");
-        assert_eq!(
-            warnings_of(&messages),
-            BTreeSet::from(["agent/src/a.rs:3: length comparison to zero".to_owned()])
-        );
-    }
-
-    #[test]
-    fn sizes_are_cis_unless_full_and_fuzz_packets_set_both_places() {
-        let mut run = args(&[], None, &[]);
-        assert_eq!(Sizes::of(&run), Sizes::CI);
-        run.full = true;
-        assert_eq!(Sizes::of(&run), Sizes::FULL);
-        run.fuzz_packets = Some(7);
-        let sizes = Sizes::of(&run);
-        assert_eq!(
-            (sizes.host_fuzz_packets, sizes.vm_fuzz_packets),
-            (Some(7), 7)
-        );
-    }
-
-    #[test]
-    fn durations_read_as_seconds_or_minutes() {
-        assert_eq!(format_duration(Duration::from_millis(2500)), "2.5s");
-        assert_eq!(format_duration(Duration::from_secs(125)), "2m05s");
     }
 }
