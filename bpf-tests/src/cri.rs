@@ -66,6 +66,9 @@ pub struct CriNode<'a> {
     /// Pods by namespace, name and labels, after the numbered ones (with
     /// `kube_api`).
     pub named_pods: &'a [NamedPod],
+    /// With `kube_api`: custom resources (by plural) the cluster has not
+    /// installed.
+    pub uninstalled_crds: &'a [&'a str],
 }
 
 impl CriNode<'_> {
@@ -82,6 +85,7 @@ impl CriNode<'_> {
             resource_controller_held: false,
             sg_enforcing_mode: EnforcingMode::Strict,
             named_pods: &[],
+            uninstalled_crds: &[],
         }
     }
 }
@@ -105,6 +109,11 @@ pub fn up_with(node: &CriNode<'_>) -> Lab {
     });
     ipam.kube_api = node.kube_api;
     ipam.resource_controller_held = node.resource_controller_held;
+    ipam.uninstalled_crds = node
+        .uninstalled_crds
+        .iter()
+        .map(|plural| (*plural).to_owned())
+        .collect();
     let opts = LabOptions {
         ipam: Some(ipam),
         sg_enforcing_mode: node.sg_enforcing_mode,

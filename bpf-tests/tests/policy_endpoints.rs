@@ -4,19 +4,26 @@
 //! applied with kubectl is turned into PolicyEndpoints by the lab's network
 //! policy controller, as EKS's control plane does, and they follow the
 //! pods' labels, the namespaces' labels, pods coming and going, and the
-//! policy's deletion.
+//! policy's deletion. A cluster without the PolicyEndpoint CRD (no network
+//! policy controller) delays no pod and isolates none.
 //!
 //! Run: `cargo xtask test --skip-lint -p vpcnet-bpf-tests --test
 //! policy_endpoints`.
 
-use std::time::{Duration, Instant};
+use std::{
+    net::SocketAddrV4,
+    time::{Duration, Instant},
+};
 
 use serde_json::{Value, json};
+use vpcnet_agent::{k8s::policy_endpoints, policy::settings::ENV_POLICY_ADD_WAIT};
 use vpcnet_bpf_tests::{
     cri::{self, CriNode},
     ipam::lab_lock,
 };
-use vpcnet_lab::{Lab, NamedPod, addrs, cluster, kube::KubeAdmin, parse_label_changes};
+use vpcnet_lab::{
+    Lab, NamedPod, WhoamiServer, addrs, cluster, kube::KubeAdmin, parse_label_changes, tcp_whoami,
+};
 
 /// How long the controller may take to follow a change.
 const FOLLOW_TIMEOUT: Duration = Duration::from_secs(30);
@@ -214,4 +221,48 @@ fn policies_become_policy_endpoints_that_follow_pods_namespaces_and_labels() {
     cluster::kubectl(&files, &["delete", "netpol", "web", "-n", "x"], None).unwrap();
     wait_endpoints(&admin, "the policy deleted", <[Value]>::is_empty);
     lab.down().unwrap();
+}
+
+/// With network policy on, an ADD waits (a bounded while) for the cluster's
+/// PolicyEndpoints to be listed. A cluster without their CRD answers the
+/// list with 404: that is an empty list, said once, not a list to wait for.
+#[test]
+fn a_cluster_without_the_policy_endpoint_crd_delays_no_pod_and_isolates_none() {
+    const ADD_WAIT: Duration = Duration::from_secs(20);
+    let _lock = lab_lock();
+    let add_wait = ADD_WAIT.as_secs().to_string();
+    let mut lab = cri::up_with(&CriNode {
+        kube_api: true,
+        env: &[
+            ("ENABLE_NETWORK_POLICY", "true"),
+            (ENV_POLICY_ADD_WAIT, &add_wait),
+        ],
+        uninstalled_crds: &["policyendpoints"],
+        ..CriNode::new(1, "m5.large")
+    });
+    let files = lab.kube_api().unwrap().files().clone();
+    let err = cluster::kubectl(&files, &["get", "policyendpoints", "-A"], None)
+        .expect_err("no PolicyEndpoint CRD in this cluster");
+    assert!(
+        err.to_string()
+            .contains("the server doesn't have a resource type"),
+        "{err}"
+    );
+
+    let started = Instant::now();
+    let web = lab.add_pod(&"x/web:app=web".parse().unwrap()).unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < ADD_WAIT / 2,
+        "the ADD took {took:?}: it waited for PolicyEndpoints the cluster does not serve"
+    );
+    let server = WhoamiServer::start(&web.netns, SocketAddrV4::new(web.addr, 8080)).unwrap();
+    let client = lab.pod(0).clone();
+    let seen = tcp_whoami(&client.netns, server.addr(), Duration::from_secs(3)).unwrap();
+    assert_eq!(seen.map(|s| *s.ip()), Some(client.addr), "nothing isolated");
+
+    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
+    let said = log.matches(policy_endpoints::NOT_SERVED).count();
+    assert_eq!(said, 1, "said once: {log}");
+    println!("ADD of x/web in {took:?} (the ADD wait is {ADD_WAIT:?}); x/web reached from pod-0");
 }

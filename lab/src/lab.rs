@@ -126,12 +126,13 @@ impl Lab {
                 crate::vpc_cni::record_aws_node_state(&emulator, &self.state.pods)?;
             }
             if ipam.kube_api {
-                let kube_api =
-                    KubeApiProcess::start(&KubeApiOptions::default()).map_err(|err| {
-                        LabError::InvalidOption(format!(
-                            "starting the Kubernetes API server: {err}"
-                        ))
-                    })?;
+                let kube_api = KubeApiProcess::start(&KubeApiOptions {
+                    uninstalled: ipam.uninstalled_crds.clone(),
+                    ..KubeApiOptions::default()
+                })
+                .map_err(|err| {
+                    LabError::InvalidOption(format!("starting the Kubernetes API server: {err}"))
+                })?;
                 fs::write(state::kube_api_pid_file(), format!("{}\n", kube_api.pid()))
                     .context(|| "writing the Kubernetes API server's pid file".to_owned())?;
                 self.kube_api = Some(kube_api);

@@ -359,6 +359,11 @@ pub struct IpamLabOptions {
     /// with [`crate::Lab::start_resource_controller`].
     #[serde(default)]
     pub resource_controller_held: bool,
+    /// With [`Self::kube_api`]: custom resources (by plural) the cluster
+    /// has not installed, e.g. `policyendpoints` for one without EKS's
+    /// network policy controller.
+    #[serde(default)]
+    pub uninstalled_crds: Vec<String>,
 }
 
 /// The container runtime of a lab whose pods are made through CRI.
@@ -385,6 +390,7 @@ impl IpamLabOptions {
             cri: None,
             kube_api: false,
             resource_controller_held: false,
+            uninstalled_crds: Vec::new(),
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use kube::{
     Api,
     core::{ApiResource, GroupVersionKind, Object},
@@ -15,7 +16,12 @@ use kube::{
     },
 };
 use tokio::sync::watch;
+use tracing::warn;
 use vpcnet_api::policy_endpoint::{GROUP, KIND, PLURAL, PolicyEndpointSpec, VERSION};
+
+/// What the agent says, once, when the cluster does not serve
+/// PolicyEndpoints (their list answers 404).
+pub const NOT_SERVED: &str = "the cluster serves no PolicyEndpoints";
 
 /// A PolicyEndpoint as read (its status, empty in the CRD, is not read).
 pub type PolicyEndpoint = Object<PolicyEndpointSpec, serde_json::Value>;
@@ -41,12 +47,32 @@ impl PolicyEndpoints {
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
         let api = Api::<PolicyEndpoint>::all_with(client, &resource);
+        let (changes_tx, changes) = watch::channel(0u64);
+        let (listed_tx, listed) = watch::channel(false);
+        let listed_tx = Arc::new(listed_tx);
+        // A cluster without the CRD (no network policy controller) answers
+        // the list with 404: an empty list, not one to hold ADDs for. The
+        // watch goes on, and finds the CRD once it is installed.
+        let mut said = false;
+        let not_served = Arc::clone(&listed_tx);
         let stream = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default()).default_backoff(),
-        );
-        let (changes_tx, changes) = watch::channel(0u64);
-        let (listed_tx, listed) = watch::channel(false);
+        )
+        .inspect(move |event| {
+            if let Err(watcher::Error::InitialListFailed(kube::Error::Api(status))) = event
+                && status.is_not_found()
+            {
+                if !said {
+                    said = true;
+                    warn!(
+                        "{NOT_SERVED} (their CRD, which EKS's network policy controller \
+                         installs, is missing): none are in force until it is"
+                    );
+                }
+                not_served.send_replace(true);
+            }
+        });
         let follow = async move {
             let followed = super::Followed {
                 what: "PolicyEndpoints",

@@ -12,7 +12,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use tracing::{error, info};
 use vpcnet_lab::{
     helper_process,
-    kube::{KubeApi, server::ServerConfig},
+    kube::{KubeApi, resources, server::ServerConfig},
 };
 
 #[derive(Debug, Parser)]
@@ -96,6 +96,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
         }
         let admin = tokio::net::UnixListener::bind(&args.admin_socket)
             .with_context(|| format!("listening on {}", args.admin_socket.display()))?;
+        resources::uninstall(config.uninstalled.clone());
         let server = KubeApi::new(config);
         info!(
             listen = %args.listen,

@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use super::resources::{self, RESOURCES, VERBS};
+use super::resources::{self, VERBS};
 
 /// The hash kubectl caches OpenAPI documents by; the documents never change
 /// while the server runs.
@@ -53,8 +53,7 @@ pub fn group(group: &str) -> Option<Value> {
 
 /// `/api/v1` or `/apis/<group>/<version>`.
 pub fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let served: Vec<Value> = RESOURCES
-        .iter()
+    let served: Vec<Value> = resources::served()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             json!({
@@ -109,8 +108,7 @@ pub fn openapi_group_version(path: &str) -> Option<Value> {
     let (group, version) = resources::group_versions()
         .into_iter()
         .find(|(g, v)| openapi_path(g, v) == path)?;
-    let paths: serde_json::Map<String, Value> = RESOURCES
-        .iter()
+    let paths: serde_json::Map<String, Value> = resources::served()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             let object_path = if r.namespaced {

@@ -162,6 +162,7 @@ pub fn write_cluster_files(
         bookmark_interval_ms: 60_000,
         default_watch_timeout_secs: 1800,
         history: super::store::DEFAULT_HISTORY,
+        uninstalled: Vec::new(),
     };
 
     let sa_dir = files.service_account_dir();

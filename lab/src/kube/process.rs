@@ -59,6 +59,9 @@ pub struct KubeApiOptions {
     pub history: usize,
     /// How long the binary may take to say `READY`.
     pub ready_timeout: Duration,
+    /// Custom resources (by plural) the cluster has not installed: a
+    /// cluster without, say, EKS's network policy controller.
+    pub uninstalled: Vec<String>,
 }
 
 impl Default for KubeApiOptions {
@@ -70,6 +73,7 @@ impl Default for KubeApiOptions {
             bookmark_interval: Duration::from_mins(1),
             history: super::store::DEFAULT_HISTORY,
             ready_timeout: Duration::from_secs(20),
+            uninstalled: Vec::new(),
         }
     }
 }
@@ -123,6 +127,7 @@ impl KubeApiProcess {
         config.bookmark_interval_ms =
             u64::try_from(opts.bookmark_interval.as_millis()).unwrap_or(u64::MAX);
         config.history = opts.history;
+        config.uninstalled.clone_from(&opts.uninstalled);
         fs::write(
             files.server_config(),
             serde_json::to_vec_pretty(&config).expect("serializes"),

@@ -1,6 +1,8 @@
 //! The kinds the lab's API server serves: one table, from which discovery,
 //! the OpenAPI documents, routing and RBAC all read.
 
+use std::sync::OnceLock;
+
 use vpcnet_api::policy_endpoint;
 
 /// One served resource (a kind at one group version).
@@ -217,24 +219,39 @@ pub const RESOURCES: &[Resource] = &[
     ),
 ];
 
-/// The resource at `group`/`version` named `plural`.
-pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+/// Custom resources this cluster has not installed, by plural: their API
+/// answers 404, as a cluster's without that controller's CRD. Set once, as
+/// the server starts.
+static UNINSTALLED: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Leaves the resources named `plurals` out of this process's cluster.
+/// Only the first call counts (the server makes it once).
+pub fn uninstall(plurals: Vec<String>) {
+    let _ = UNINSTALLED.set(plurals);
+}
+
+/// The resources this cluster serves, in table order.
+pub fn served() -> impl Iterator<Item = &'static Resource> {
+    let uninstalled = UNINSTALLED.get();
     RESOURCES
         .iter()
-        .find(|r| r.group == group && r.version == version && r.plural == plural)
+        .filter(move |r| uninstalled.is_none_or(|gone| !gone.iter().any(|p| p == r.plural)))
+}
+
+/// The resource at `group`/`version` named `plural`.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    served().find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// The resource of an object's `apiVersion` and `kind`.
 pub fn by_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
-    RESOURCES
-        .iter()
-        .find(|r| r.group_version() == api_version && r.kind == kind)
+    served().find(|r| r.group_version() == api_version && r.kind == kind)
 }
 
 /// Every group version served, core first, in table order.
 pub fn group_versions() -> Vec<(&'static str, &'static str)> {
     let mut seen: Vec<(&str, &str)> = Vec::new();
-    for resource in RESOURCES {
+    for resource in served() {
         let gv = (resource.group, resource.version);
         if !seen.contains(&gv) {
             seen.push(gv);

@@ -80,6 +80,9 @@ pub struct ServerConfig {
     /// How many changes watches can replay.
     #[serde(default = "default_history")]
     pub history: usize,
+    /// Custom resources (by plural) the cluster has not installed.
+    #[serde(default)]
+    pub uninstalled: Vec<String>,
 }
 
 fn default_bookmark_ms() -> u64 {
@@ -282,8 +285,14 @@ impl KubeApi {
     }
 
     /// Runs the lab's network policy controller on this server's store
-    /// until the process ends.
+    /// until the process ends; in a cluster without its CRD, none (on EKS
+    /// the controller comes with it).
     pub async fn run_policy_controller(&self) {
+        use vpcnet_api::policy_endpoint as pe;
+        if resources::find(pe::GROUP, pe::VERSION, pe::PLURAL).is_none() {
+            info!("no PolicyEndpoint CRD: no network policy controller");
+            return std::future::pending().await;
+        }
         super::policy_controller::run(&self.shared.store).await;
     }
 
