@@ -10,13 +10,10 @@ use vpcnet_lab::{
 
 use crate::kernels::{KERNELS, Kernel};
 
-/// The tests' settings a VM's tests get from this environment: the fuzz
-/// test's seed and packets, the branch-pod churn's count.
-pub(super) const GUEST_SETTINGS: [&str; 3] = [
-    fuzz_settings::SEED_VAR,
-    fuzz_settings::PACKETS_VAR,
-    BRANCH_POD_CHURN_VAR,
-];
+/// The tests' settings other than sizes a VM's tests get from this
+/// environment: the fuzz test's seed. (Sizes set here go in through
+/// [`Sizes::vm_env`].)
+pub(super) const GUEST_SETTINGS: [&str; 1] = [fuzz_settings::SEED_VAR];
 
 /// How big the slowest tests run. `cargo xtask test` is CI's command, and
 /// CI has an hour for a cold build, this machine's tests and two VMs:
@@ -43,6 +40,8 @@ pub(super) struct Sizes {
     /// Whether the VM kernels share out [`SPREAD_VLAN_TESTS`] rather than
     /// each running all of them.
     spread_vlan_tests: bool,
+    /// `--fuzz-packets`: here and in the VMs, over the environment too.
+    fuzz_packets: Option<u64>,
 }
 
 impl Sizes {
@@ -54,6 +53,7 @@ impl Sizes {
         vm_branch_pods: 4,
         vm_routing_modes: "standard",
         spread_vlan_tests: true,
+        fuzz_packets: None,
     };
     const FULL: Self = Self {
         host_fuzz_packets: None,
@@ -63,21 +63,31 @@ impl Sizes {
         vm_branch_pods: 50,
         vm_routing_modes: "strict,standard",
         spread_vlan_tests: false,
+        fuzz_packets: None,
     };
 
     /// CI's sizes, or with `full` each test's own; `fuzz_packets` wins
-    /// over either.
+    /// over either and over the environment.
     pub(super) fn new(full: bool, fuzz_packets: Option<u64>) -> Self {
-        let mut sizes = if full { Self::FULL } else { Self::CI };
-        if let Some(packets) = fuzz_packets {
-            sizes.host_fuzz_packets = Some(packets);
-            sizes.vm_fuzz_packets = packets;
+        let sizes = if full { Self::FULL } else { Self::CI };
+        Self {
+            fuzz_packets,
+            ..sizes
         }
-        sizes
     }
 
     /// The variables for this machine's tests.
     pub(super) fn host_env(self) -> Vec<(&'static str, String)> {
+        self.host_env_over(|name| std::env::var(name).ok())
+    }
+
+    /// The variables for a VM's tests (its guest starts from a clean
+    /// environment).
+    pub(super) fn vm_env(self) -> Vec<(&'static str, String)> {
+        self.vm_env_over(|name| std::env::var(name).ok())
+    }
+
+    fn host_env_over(self, user: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
         let mut env = Vec::new();
         if let Some(packets) = self.host_fuzz_packets {
             env.push((fuzz_settings::PACKETS_VAR, packets.to_string()));
@@ -88,19 +98,37 @@ impl Sizes {
         if let Some(days) = self.simulated_days {
             env.push((SIMULATED_DAYS_VAR, days.to_string()));
         }
-        unset_by_user(env)
+        self.settle(env, user)
     }
 
-    /// The variables for a VM's tests.
-    pub(super) fn vm_env(self) -> Vec<(&'static str, String)> {
-        unset_by_user(vec![
+    fn vm_env_over(self, user: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+        let env = vec![
             (fuzz_settings::PACKETS_VAR, self.vm_fuzz_packets.to_string()),
             (BRANCH_POD_CHURN_VAR, self.vm_branch_pods.to_string()),
             (
                 ROUTING_DIFFERENTIAL_MODES_VAR,
                 self.vm_routing_modes.to_owned(),
             ),
-        ])
+        ];
+        self.settle(env, user)
+    }
+
+    /// `env` with the user's value of each variable they set, then
+    /// `--fuzz-packets` over both.
+    fn settle(
+        self,
+        env: Vec<(&'static str, String)>,
+        user: impl Fn(&str) -> Option<String>,
+    ) -> Vec<(&'static str, String)> {
+        let mut env: Vec<(&'static str, String)> = env
+            .into_iter()
+            .map(|(name, ours)| (name, user(name).unwrap_or(ours)))
+            .collect();
+        if let Some(packets) = self.fuzz_packets {
+            env.retain(|(name, _)| *name != fuzz_settings::PACKETS_VAR);
+            env.push((fuzz_settings::PACKETS_VAR, packets.to_string()));
+        }
+        env
     }
 
     /// The tests `kernel`'s VM leaves out.
@@ -140,26 +168,46 @@ const HOST_ENOUGH: [&str; 1] = ["no_ip_rule_per_pod_in_ebpf_mode"];
 /// is what the agent chooses anyway.
 const SAME_AS_CLSACT_WITHOUT_TCX: [&str; 1] = ["restarts_keep_every_flow_with_clsact_filters"];
 
-/// `env` without what the user's environment sets (which the tests here
-/// read, and [`GUEST_SETTINGS`] carry into the VMs).
-fn unset_by_user(env: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
-    env.into_iter()
-        .filter(|(name, _)| std::env::var_os(name).is_none())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sizes_are_cis_unless_full_and_fuzz_packets_set_both_places() {
+    fn sizes_are_cis_unless_full() {
         assert_eq!(Sizes::new(false, None), Sizes::CI);
         assert_eq!(Sizes::new(true, None), Sizes::FULL);
-        let sizes = Sizes::new(true, Some(7));
-        assert_eq!(
-            (sizes.host_fuzz_packets, sizes.vm_fuzz_packets),
-            (Some(7), 7)
-        );
+    }
+
+    fn value<'a>(env: &'a [(&str, String)], name: &str) -> Option<&'a str> {
+        env.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn the_users_variables_win_over_sizes_and_fuzz_packets_over_both() {
+        let user = |name: &str| match name {
+            ROUTING_DIFFERENTIAL_MODES_VAR => Some("strict".to_owned()),
+            fuzz_settings::PACKETS_VAR => Some("5".to_owned()),
+            _ => None,
+        };
+        let vm = Sizes::new(false, None).vm_env_over(user);
+        assert_eq!(value(&vm, ROUTING_DIFFERENTIAL_MODES_VAR), Some("strict"));
+        assert_eq!(value(&vm, fuzz_settings::PACKETS_VAR), Some("5"));
+        assert_eq!(value(&vm, BRANCH_POD_CHURN_VAR), Some("4"));
+        let host = Sizes::new(false, None).host_env_over(user);
+        assert_eq!(value(&host, fuzz_settings::PACKETS_VAR), Some("5"));
+        assert_eq!(value(&host, SIMULATED_DAYS_VAR), Some("2"));
+
+        let flagged = Sizes::new(true, Some(7));
+        for env in [flagged.vm_env_over(user), flagged.host_env_over(user)] {
+            assert_eq!(value(&env, fuzz_settings::PACKETS_VAR), Some("7"));
+            assert_eq!(
+                env.iter()
+                    .filter(|(n, _)| *n == fuzz_settings::PACKETS_VAR)
+                    .count(),
+                1
+            );
+        }
     }
 }
