@@ -27,15 +27,18 @@ use vpcnet_agent::{
         manager::{Manager, ManagerError, ManagerOptions, NodeNetwork, gateway_of},
         settings::{EniConfig, IpamSettings},
     },
-    k8s::{self, K8sSettings, node::NodeViews, policy_endpoints::PolicyEndpoints, service_cidrs},
+    k8s::{
+        self, K8sSettings, network_policies::NetworkPolicySources, node::NodeViews,
+        policy_endpoints::PolicyEndpoints, service_cidrs,
+    },
     link_owner::LinkOwners,
     netlink::NetlinkHandle,
     node::{CidrClasses, NodeLinks, NodeSysctls, SharedCidrClasses},
     pods::{BranchLinks, Pods, PodsOptions},
     policy::{
         self,
-        node::{NodePolicy, PodName},
-        settings::PolicySettings,
+        node::{NodePolicy, PodName, Policies},
+        settings::{PolicySettings, Source},
     },
     retry,
     settings::Settings,
@@ -446,7 +449,8 @@ impl Parts<'_> {
 }
 
 impl Parts<'_> {
-    /// Network policy from the cluster's PolicyEndpoints: the pods already
+    /// Network policy from the cluster's PolicyEndpoints, or its
+    /// NetworkPolicies resolved here: the pods already
     /// on the node get their rules, then enforcement is on, and every ADD
     /// from now on writes the pod's rules before its endpoint.
     async fn enforce_policy(&mut self, settings: PolicySettings, pods: &Pods) -> Result<()> {
@@ -455,8 +459,18 @@ impl Parts<'_> {
             .clone()
             .context("network policy needs the API server")?;
         let event_log = settings.event_log.clone();
-        let (policies, follow) = PolicyEndpoints::follow(client);
-        self.tasks.spawn(follow);
+        let policies = match settings.source {
+            Source::PolicyEndpoints => {
+                let (policies, follow) = PolicyEndpoints::follow(client);
+                self.tasks.spawn(follow);
+                Policies::Endpoints(policies)
+            }
+            Source::NetworkPolicies => {
+                let (sources, follow) = NetworkPolicySources::follow(&client);
+                self.tasks.spawn(follow);
+                Policies::NetworkPolicies(sources)
+            }
+        };
         let existing = pods
             .attachments()
             .await?

@@ -16,6 +16,7 @@ pub mod cninode;
 pub mod eni_config;
 pub mod events;
 pub mod metrics;
+pub mod network_policies;
 pub mod node;
 pub mod pods;
 pub mod policy_endpoints;
@@ -107,6 +108,8 @@ pub const API_ACCESS: &[AccessRule] = &[
         vpcnet_api::policy_endpoint::PLURAL,
         &["list", "watch"],
     ),
+    ("", "namespaces", &["list", "watch"]),
+    ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
 ];
 
 /// What can go wrong with the Kubernetes API.

@@ -108,7 +108,18 @@ pub struct LabelSelectorRequirement {
     pub values: Vec<String>,
 }
 
+/// The operators a [`LabelSelectorRequirement`] may have.
+pub const SELECTOR_OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+
 impl LabelSelector {
+    /// Whether every requirement has an operator the API defines.
+    #[must_use]
+    pub fn readable(&self) -> bool {
+        self.match_expressions
+            .iter()
+            .all(|r| SELECTOR_OPERATORS.contains(&r.operator.as_str()))
+    }
+
     /// Whether `labels` satisfy the selector (an empty one selects all);
     /// `None` for an operator the API does not define.
     #[must_use]

@@ -4,8 +4,10 @@
 //! protocols, port ranges, CIDRs with exceptions, egress, updates of
 //! policies and labels, deletion) over namespaces x, y, z and pods a, b, c,
 //! each probed over TCP and UDP on ports 80 and 81 from every other pod.
-//! Policies are applied with `kubectl`; the lab's network policy controller
-//! turns them into PolicyEndpoints as EKS's does; the agent enforces them.
+//! Policies are applied with `kubectl` and reach the agent by either of its
+//! sources: the lab's network policy controller turns them into
+//! PolicyEndpoints as EKS's does, or (a cluster without that CRD) the agent
+//! resolves them itself; the agent enforces them.
 //! What should pass is computed by `vpcnet_bpf_tests::netpol`, an
 //! evaluator of the specification written apart from both.
 //!
@@ -24,12 +26,42 @@ use vpcnet_bpf_tests::{
     ipam::lab_lock,
     netpol::{Cluster, Labels, Mode, Pod},
 };
-use vpcnet_lab::{Lab, NamedPod, WhoamiServer, cluster, parse_label_changes, probe};
+use vpcnet_lab::{
+    Lab, NamedPod, WhoamiServer,
+    cluster::{self, POD_SERVED_PORTS as PORTS, served_port_name},
+    parse_label_changes, probe,
+};
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 const PODS: [&str; 3] = ["a", "b", "c"];
-const PORTS: [u16; 2] = [80, 81];
 const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
+
+/// Where the agent reads the policies from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The lab's controller's PolicyEndpoints, as on EKS.
+    PolicyEndpoints,
+    /// NetworkPolicy resolved by the agent, the PolicyEndpoint CRD not
+    /// installed.
+    NetworkPolicies,
+}
+
+/// A pod of the model: the lab's pods serve every port by name.
+fn model_pod(namespace: &str, name: &str, ip: std::net::Ipv4Addr) -> Pod {
+    Pod {
+        namespace: namespace.into(),
+        name: name.into(),
+        labels: Labels::from([("pod".into(), name.into())]),
+        ip,
+        ports: PORTS
+            .iter()
+            .flat_map(|port| {
+                PROTOCOLS
+                    .map(|protocol| (served_port_name(*port, protocol), protocol.into(), *port))
+            })
+            .collect(),
+    }
+}
 /// How long a probe waits for an answer: the lab's paths answer in
 /// microseconds, a dropped probe waits it out.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
@@ -54,10 +86,13 @@ struct Matrix {
     cluster: Cluster,
     servers: Vec<WhoamiServer>,
     mode: Mode,
+    source: Source,
+    /// In force beside every case's policies.
+    baseline: Vec<NetworkPolicy>,
 }
 
 impl Matrix {
-    fn up(mode: Mode) -> Self {
+    fn up(mode: Mode, source: Source) -> Self {
         let pods: Vec<NamedPod> = NAMESPACES
             .iter()
             .flat_map(|ns| PODS.iter().map(move |p| format!("{ns}/{p}:pod={p}")))
@@ -67,14 +102,20 @@ impl Matrix {
             Mode::Standard => "standard",
             Mode::Strict => "strict",
         };
-        let env = [
+        let mut env = vec![
             ("ENABLE_NETWORK_POLICY", "true"),
             ("NETWORK_POLICY_ENFORCING_MODE", mode_value),
         ];
+        let mut uninstalled_crds: &[&str] = &[];
+        if source == Source::NetworkPolicies {
+            env.push(("VPCNET_NETWORK_POLICY_SOURCE", "network-policies"));
+            uninstalled_crds = &["policyendpoints"];
+        }
         let lab = cri::up_with(&CriNode {
             kube_api: true,
             named_pods: &pods,
             env: &env,
+            uninstalled_crds,
             ..CriNode::new(0, "m5.2xlarge")
         });
         let mut cluster = Cluster::default();
@@ -95,21 +136,32 @@ impl Matrix {
                             .unwrap(),
                     );
                 }
-                cluster.pods.push(Pod {
-                    namespace: ns.into(),
-                    name: name.into(),
-                    labels: Labels::from([("pod".into(), name.into())]),
-                    ip: info.addr,
-                    ports: Vec::new(),
-                });
+                cluster.pods.push(model_pod(ns, name, info.addr));
             }
         }
-        Self {
+        // In strict mode, a pod no policy selects is allowed nothing: every
+        // case would be all denied. Namespace y allows everything, so the
+        // cases judge selected pods (x's, y's) beside unselected ones (z's).
+        let baseline = match mode {
+            Mode::Standard => Vec::new(),
+            Mode::Strict => vec![policy(json!({
+                "metadata": {"name": "allow-all", "namespace": "y"},
+                "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                         "ingress": [{}], "egress": [{}]}
+            }))],
+        };
+        let matrix = Self {
             lab,
             cluster,
             servers,
             mode,
+            source,
+            baseline,
+        };
+        for policy in &matrix.baseline {
+            matrix.apply(policy);
         }
+        matrix
     }
 
     fn probes(&self) -> Vec<Probe> {
@@ -142,8 +194,11 @@ impl Matrix {
             .unwrap()
     }
 
-    /// What the specification says of every probe under `policies`.
+    /// What the specification says of every probe under `policies` and the
+    /// baseline.
     fn expected(&self, policies: &[NetworkPolicy]) -> BTreeMap<Probe, bool> {
+        let policies = [&self.baseline[..], policies].concat();
+        let policies = &policies[..];
         self.probes()
             .into_iter()
             .map(|probe| {
@@ -216,16 +271,18 @@ impl Matrix {
             if wrong.is_empty() {
                 let allowed = expected.values().filter(|a| **a).count();
                 eprintln!(
-                    "{case} ({:?}): {allowed} of {} probes allowed, as specified",
+                    "{case} ({:?}, {:?}): {allowed} of {} probes allowed, as specified",
                     self.mode,
+                    self.source,
                     expected.len()
                 );
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{case} ({:?}): {} of {} probes differ from the specification:\n{}",
+                "{case} ({:?}, {:?}): {} of {} probes differ from the specification:\n{}",
                 self.mode,
+                self.source,
                 wrong.len(),
                 expected.len(),
                 wrong.join("\n")
@@ -243,13 +300,7 @@ impl Matrix {
                 WhoamiServer::start(&info.netns, SocketAddrV4::new(info.addr, port)).unwrap(),
             );
         }
-        self.cluster.pods.push(Pod {
-            namespace: ns.into(),
-            name: name.into(),
-            labels: Labels::from([("pod".into(), name.into())]),
-            ip: info.addr,
-            ports: Vec::new(),
-        });
+        self.cluster.pods.push(model_pod(ns, name, info.addr));
     }
 
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) {
@@ -328,6 +379,30 @@ fn cases(matrix: &Matrix) -> Vec<(&'static str, Vec<NetworkPolicy>)> {
             }))],
         ),
         (
+            "x/b on its named ports serve-81-udp from anywhere and serve-80-tcp from y",
+            vec![policy(json!({
+                "metadata": {"name": "named-in", "namespace": "x"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "b"}},
+                         "ingress": [
+                            {"ports": [{"protocol": "UDP", "port": "serve-81-udp"}]},
+                            {"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                             "ports": [{"port": "serve-80-tcp"}]}
+                         ]}
+            }))],
+        ),
+        (
+            "egress of y/c to the named port serve-80-udp of x, and TCP 81 anywhere",
+            vec![policy(json!({
+                "metadata": {"name": "named-out", "namespace": "y"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "c"}}, "policyTypes": ["Egress"],
+                         "egress": [
+                            {"to": [{"namespaceSelector": {"matchLabels": {"ns": "x"}}}],
+                             "ports": [{"protocol": "UDP", "port": "serve-80-udp"}]},
+                            {"ports": [{"port": 81}]}
+                         ]}
+            }))],
+        ),
+        (
             "egress of x to namespace z on ports 80-81 (endPort), UDP",
             vec![policy(json!({
                 "metadata": {"name": "egress-z", "namespace": "x"},
@@ -354,9 +429,9 @@ fn cases(matrix: &Matrix) -> Vec<(&'static str, Vec<NetworkPolicy>)> {
     ]
 }
 
-fn run_matrix(mode: Mode) {
+fn run_matrix(mode: Mode, source: Source) {
     let _lock = lab_lock();
-    let mut matrix = Matrix::up(mode);
+    let mut matrix = Matrix::up(mode, source);
     let cases = cases(&matrix);
     for (name, policies) in &cases {
         for policy in policies {
@@ -454,11 +529,21 @@ fn run_matrix(mode: Mode) {
 }
 
 #[test]
-fn standard_mode_enforces_the_specification() {
-    run_matrix(Mode::Standard);
+fn standard_mode_enforces_the_specification_through_policy_endpoints() {
+    run_matrix(Mode::Standard, Source::PolicyEndpoints);
 }
 
 #[test]
-fn strict_mode_enforces_the_specification_and_denies_unselected_pods() {
-    run_matrix(Mode::Strict);
+fn strict_mode_enforces_the_specification_through_policy_endpoints() {
+    run_matrix(Mode::Strict, Source::PolicyEndpoints);
+}
+
+#[test]
+fn standard_mode_enforces_the_specification_resolved_by_the_agent() {
+    run_matrix(Mode::Standard, Source::NetworkPolicies);
+}
+
+#[test]
+fn strict_mode_enforces_the_specification_resolved_by_the_agent() {
+    run_matrix(Mode::Strict, Source::NetworkPolicies);
 }

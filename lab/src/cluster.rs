@@ -170,6 +170,17 @@ pub fn bind_pod(admin: &KubeAdmin, name: &str) -> Result<()> {
     bind_named_pod(admin, POD_NAMESPACE, name, &BTreeMap::new())
 }
 
+/// The ports every pod the lab binds declares, by name, as the pods of
+/// Kubernetes' network policy e2e suite do (`serve-80-tcp`...): policies
+/// can name them.
+pub const POD_SERVED_PORTS: [u16; 2] = [80, 81];
+
+/// The name a pod's container gives `port` of `protocol` (`TCP`, `UDP`).
+#[must_use]
+pub fn served_port_name(port: u16, protocol: &str) -> String {
+    format!("serve-{port}-{}", protocol.to_ascii_lowercase())
+}
+
 /// [`bind_pod`] for a pod in `namespace` with `labels` (its Namespace made
 /// first if the cluster has none).
 pub fn bind_named_pod(
@@ -179,6 +190,15 @@ pub fn bind_named_pod(
     labels: &BTreeMap<String, String>,
 ) -> Result<()> {
     ensure_namespace(admin, namespace)?;
+    let ports: Vec<serde_json::Value> = POD_SERVED_PORTS
+        .iter()
+        .flat_map(|port| {
+            ["TCP", "UDP"].map(|protocol| {
+                json!({"name": served_port_name(*port, protocol), "containerPort": port,
+                       "protocol": protocol})
+            })
+        })
+        .collect();
     admin
         .apply(
             &pod_path(namespace, name),
@@ -187,7 +207,8 @@ pub fn bind_named_pod(
                 "kind": "Pod",
                 "metadata": {"name": name, "namespace": namespace, "labels": labels},
                 "spec": {"nodeName": node_name(),
-                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.9"}]},
+                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.9",
+                                    "ports": ports}]},
                 "status": {"phase": "Pending"},
             }),
         )

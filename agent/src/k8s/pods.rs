@@ -159,26 +159,23 @@ impl NodePods {
         self.changes.clone()
     }
 
-    /// The pod's labels as the watch last delivered them.
+    /// The pod as the watch last delivered it.
     #[must_use]
-    pub fn cached_labels(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
-        self.store
-            .get(&ObjectRef::new(name).within(namespace))
-            .map(|pod| pod.metadata.labels.clone().unwrap_or_default())
+    pub fn cached(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Pod>> {
+        self.store.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// The pod's labels: from the reflector, else from the API server (a
-    /// pod the watch has not delivered yet).
-    pub async fn labels(
+    /// The pod: from the reflector, else from the API server (a pod the
+    /// watch has not delivered yet).
+    pub async fn object(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<BTreeMap<String, String>, K8sError> {
-        let pod = match self.store.get(&ObjectRef::new(name).within(namespace)) {
-            Some(cached) => cached,
-            None => std::sync::Arc::new(self.get(namespace, name).await?),
-        };
-        Ok(pod.metadata.labels.clone().unwrap_or_default())
+    ) -> Result<std::sync::Arc<Pod>, K8sError> {
+        match self.cached(namespace, name) {
+            Some(cached) => Ok(cached),
+            None => Ok(std::sync::Arc::new(self.get(namespace, name).await?)),
+        }
     }
 
     /// The pod from the API server, bounded by [`LOOKUP_TIMEOUT`].

@@ -8,14 +8,16 @@
 //! exception cannot be read is left out whole, as is one whose ports are
 //! all unreadable (no ports would mean every port); each is reported.
 
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use ipnet::{IpNet, Ipv4Net};
 use vpcnet_api::policy_endpoint::{
-    EndpointInfo, ISOLATION_EGRESS, ISOLATION_INGRESS, PolicyEndpointSpec, Port,
+    EndpointInfo, ISOLATION_EGRESS, ISOLATION_INGRESS, KIND, PolicyEndpointSpec,
 };
 
-use super::rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule};
+use super::{
+    fields::{self, Problem, Report},
+    rules::{Direction, Origin, PodRules, Rule},
+};
 
 /// A local pod as PolicyEndpoints select it.
 #[derive(Clone, Copy, Debug)]
@@ -33,27 +35,6 @@ pub struct Named<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub spec: &'a PolicyEndpointSpec,
-}
-
-/// A field of an object that is not enforced as written.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Problem {
-    /// `namespace/name` of the PolicyEndpoint.
-    pub object: String,
-    /// The field's path, e.g. `spec.ingress[2].ports[0].endPort`.
-    pub field: String,
-    pub value: String,
-    pub why: &'static str,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "PolicyEndpoint {} {}={:?}: {}",
-            self.object, self.field, self.value, self.why
-        )
-    }
 }
 
 /// Whether the PolicyEndpoint selects `pod`: it lists the pod's address,
@@ -108,7 +89,11 @@ pub fn rules_of(pe: &Named<'_>, problems: &mut Vec<Problem>) -> PodRules {
         namespace: pe.spec.policy_ref.namespace.clone(),
         name: pe.spec.policy_ref.name.clone(),
     };
-    let object = format!("{}/{}", pe.namespace, pe.name);
+    let mut report = Report {
+        kind: KIND,
+        object: format!("{}/{}", pe.namespace, pe.name),
+        problems,
+    };
     let mut direction = |isolation: &str, entries: &[EndpointInfo], field: &str| {
         if entries.is_empty() && !pe.spec.pod_isolation.iter().any(|i| i == isolation) {
             return Direction::Open;
@@ -116,7 +101,7 @@ pub fn rules_of(pe: &Named<'_>, problems: &mut Vec<Problem>) -> PodRules {
         let mut rules = Vec::new();
         for (i, entry) in entries.iter().enumerate() {
             let at = format!("spec.{field}[{i}]");
-            rules.extend(rule(entry, &origin, &object, &at, problems));
+            rules.extend(rule(entry, &origin, &at, &mut report));
         }
         Direction::Isolated(rules)
     };
@@ -126,125 +111,41 @@ pub fn rules_of(pe: &Named<'_>, problems: &mut Vec<Problem>) -> PodRules {
     }
 }
 
-/// An address without a mask is a host; `None` for IPv6 (the node serves
-/// IPv4: the controller's `::/0` beside `0.0.0.0/0` says nothing here).
-fn prefix(value: &str) -> Result<Option<Ipv4Net>, ()> {
-    if let Ok(net) = value.parse::<IpNet>() {
-        return Ok(match net {
-            IpNet::V4(v4) => Some(v4.trunc()),
-            IpNet::V6(_) => None,
-        });
-    }
-    match value.parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V4(addr)) => Ok(Some(Ipv4Net::from(addr))),
-        Ok(std::net::IpAddr::V6(_)) => Ok(None),
-        Err(_) => Err(()),
-    }
-}
-
 fn rule(
     entry: &EndpointInfo,
     origin: &Origin,
-    object: &str,
     field: &str,
-    problems: &mut Vec<Problem>,
+    report: &mut Report<'_>,
 ) -> Option<Rule> {
-    let mut problem = |field: String, value: &str, why| {
-        problems.push(Problem {
-            object: object.to_owned(),
-            field,
-            value: value.to_owned(),
-            why,
-        });
-    };
     if entry.cidr.is_empty() {
         // A cluster policy's domain name, or nothing: no NetworkPolicy peer.
         return None;
     }
-    let cidr = match prefix(&entry.cidr) {
-        Ok(Some(cidr)) => cidr,
-        Ok(None) => return None,
-        Err(()) => {
-            problem(
-                format!("{field}.cidr"),
-                &entry.cidr,
-                "not an address or a CIDR: the entry is not enforced",
-            );
-            return None;
-        }
-    };
-    let mut except = Vec::new();
-    for (i, value) in entry.except.iter().enumerate() {
-        match prefix(value) {
-            Ok(Some(net)) => except.push(net),
-            Ok(None) => {}
-            Err(()) => {
-                problem(
-                    format!("{field}.except[{i}]"),
-                    value,
-                    "not a CIDR: the entry is not enforced (without it, it would allow more)",
-                );
-                return None;
-            }
-        }
-    }
+    let peers = fields::peers(&entry.cidr, &entry.except, field, report)?;
     let mut ports = Vec::new();
     for (i, port) in entry.ports.iter().enumerate() {
-        match ports_of(port) {
-            Ok(p) => ports.push(p),
-            Err((name, value, why)) => problem(format!("{field}.ports[{i}].{name}"), &value, why),
-        }
+        let at = format!("{field}.ports[{i}]");
+        let read = fields::protocol(port.protocol.as_deref(), &at, report)
+            .and_then(|protocol| fields::ports(protocol, port.port, port.end_port, &at, report));
+        ports.extend(read);
     }
     if !entry.ports.is_empty() && ports.is_empty() {
         // Every port unreadable: the entry without ports would allow all.
         return None;
     }
     Some(Rule {
-        peers: vec![Peers { cidr, except }],
+        peers: vec![peers],
         ports,
         origin: origin.clone(),
     })
 }
 
-type PortProblem = (&'static str, String, &'static str);
-
-fn ports_of(port: &Port) -> Result<Ports, PortProblem> {
-    let protocol = match port.protocol.as_deref() {
-        None => Protocol::Tcp,
-        Some(name) => Protocol::from_name(name).ok_or_else(|| {
-            (
-                "protocol",
-                name.to_owned(),
-                "not TCP, UDP or SCTP: this port is not enforced",
-            )
-        })?,
-    };
-    let Some(first) = port.port else {
-        return Ok(Ports::all(protocol));
-    };
-    let first = u16::try_from(first).ok().filter(|p| *p != 0).ok_or((
-        "port",
-        first.to_string(),
-        "not a port from 1 to 65535: not enforced",
-    ))?;
-    let last = match port.end_port {
-        None => first,
-        Some(end) => u16::try_from(end).ok().filter(|e| *e >= first).ok_or((
-            "endPort",
-            end.to_string(),
-            "below its port or above 65535: this port is not enforced",
-        ))?,
-    };
-    Ok(Ports {
-        protocol,
-        first,
-        last,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use ipnet::Ipv4Net;
+
     use super::*;
+    use crate::policy::rules::{Ports, Protocol};
 
     fn spec(json: serde_json::Value) -> PolicyEndpointSpec {
         serde_json::from_value(json).unwrap()

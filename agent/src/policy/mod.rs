@@ -6,7 +6,9 @@
 pub mod compile;
 pub mod endpoints;
 pub mod events;
+pub mod fields;
 pub mod maps;
+pub mod network_policies;
 pub mod node;
 pub mod rules;
 pub mod settings;

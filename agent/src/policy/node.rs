@@ -19,14 +19,50 @@ use vpcnet_common::{
 
 use super::{
     Enforcer,
-    endpoints::{self, LocalPod, Named, Problem},
+    endpoints::{self, LocalPod, Named},
+    fields::Problem,
+    network_policies::{Cluster, ClusterPod, Resolved},
     rules::PodRules,
     settings::{EnforcingMode, PolicySettings},
 };
 use crate::{
     datapath::{Datapath, DatapathError},
-    k8s::{pods::NodePods, policy_endpoints::PolicyEndpoints},
+    k8s::{
+        network_policies::NetworkPolicySources, pods::NodePods, policy_endpoints::PolicyEndpoints,
+    },
 };
+
+/// Where the policies come from (see `settings::Source`).
+#[derive(Clone)]
+pub enum Policies {
+    /// EKS's controller's resolution.
+    Endpoints(PolicyEndpoints),
+    /// NetworkPolicy, resolved here.
+    NetworkPolicies(NetworkPolicySources),
+}
+
+impl Policies {
+    async fn listed(&self) {
+        match self {
+            Self::Endpoints(p) => p.listed().await,
+            Self::NetworkPolicies(p) => p.listed().await,
+        }
+    }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        match self {
+            Self::Endpoints(p) => p.changes(),
+            Self::NetworkPolicies(p) => p.changes(),
+        }
+    }
+
+    const fn what(&self) -> &'static str {
+        match self {
+            Self::Endpoints(_) => "PolicyEndpoints",
+            Self::NetworkPolicies(_) => "NetworkPolicies",
+        }
+    }
+}
 
 /// A local pod, as the CNI named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +80,7 @@ pub struct NodePolicy {
 struct Inner {
     settings: PolicySettings,
     datapath: Arc<Mutex<Datapath>>,
-    policies: PolicyEndpoints,
+    policies: Policies,
     cluster_pods: Option<NodePods>,
     state: tokio::sync::Mutex<State>,
 }
@@ -58,7 +94,8 @@ struct State {
 
 struct LocalPodState {
     name: PodName,
-    labels: Option<BTreeMap<String, String>>,
+    /// The pod as the API has it (labels, named ports), once known.
+    seen: Option<ClusterPod>,
 }
 
 impl NodePolicy {
@@ -67,7 +104,7 @@ impl NodePolicy {
     pub async fn start(
         settings: PolicySettings,
         datapath: Arc<Mutex<Datapath>>,
-        policies: PolicyEndpoints,
+        policies: Policies,
         cluster_pods: Option<NodePods>,
         pods: Vec<(Ipv4Addr, PodName)>,
     ) -> Result<Self, DatapathError> {
@@ -89,8 +126,8 @@ impl NodePolicy {
         {
             let mut state = node.inner.state.lock().await;
             for (addr, name) in pods {
-                let labels = node.labels(&name).await;
-                state.pods.insert(addr, LocalPodState { name, labels });
+                let seen = node.seen(&name).await;
+                state.pods.insert(addr, LocalPodState { name, seen });
             }
             node.write(&mut state)?;
         }
@@ -110,9 +147,9 @@ impl NodePolicy {
     /// A pod joins the node: its rules are written before this returns.
     pub async fn pod_added(&self, addr: Ipv4Addr, name: PodName) -> Result<(), DatapathError> {
         self.wait_for_policies().await;
-        let labels = self.labels(&name).await;
+        let seen = self.seen(&name).await;
         let mut state = self.inner.state.lock().await;
-        state.pods.insert(addr, LocalPodState { name, labels });
+        state.pods.insert(addr, LocalPodState { name, seen });
         self.write(&mut state)
     }
 
@@ -182,17 +219,18 @@ impl NodePolicy {
             warn!(
                 ?wait,
                 mode = %self.inner.settings.mode,
-                "the cluster's PolicyEndpoints are not known yet: the pod gets its mode's default until they are"
+                "the cluster's {} are not known yet: the pod gets its mode's default until they are",
+                self.inner.policies.what()
             );
         }
     }
 
-    async fn labels(&self, name: &PodName) -> Option<BTreeMap<String, String>> {
+    async fn seen(&self, name: &PodName) -> Option<ClusterPod> {
         let pods = self.inner.cluster_pods.as_ref()?;
-        match pods.labels(&name.namespace, &name.name).await {
-            Ok(labels) => Some(labels),
+        match pods.object(&name.namespace, &name.name).await {
+            Ok(pod) => Some(ClusterPod::of(&pod)),
             Err(error) => {
-                debug!(%error, pod = %format!("{}/{}", name.namespace, name.name), "the pod's labels are not known: selected by the controller's lists only");
+                debug!(%error, pod = %format!("{}/{}", name.namespace, name.name), "the pod is not known: selected by the controller's lists only");
                 None
             }
         }
@@ -200,41 +238,32 @@ impl NodePolicy {
 
     /// Every local pod's rules from the policies known now, into the maps.
     fn write(&self, state: &mut State) -> Result<(), DatapathError> {
-        let all = self.inner.policies.all();
-        let named: Vec<Named<'_>> = all
-            .iter()
-            .map(|pe| Named {
-                namespace: pe.metadata.namespace.as_deref().unwrap_or_default(),
-                name: pe.metadata.name.as_deref().unwrap_or_default(),
-                spec: &pe.spec,
-            })
-            .collect();
-        let mut problems = Vec::new();
-        let mut rules = BTreeMap::new();
-        // Labels as the pods' watch has them now; one read at ADD until it
-        // delivers the pod.
+        // The pods as the pods' watch has them now; one read at ADD until
+        // it delivers the pod.
         if let Some(cluster_pods) = &self.inner.cluster_pods {
             for pod in state.pods.values_mut() {
-                if let Some(labels) =
-                    cluster_pods.cached_labels(&pod.name.namespace, &pod.name.name)
-                {
-                    pod.labels = Some(labels);
+                if let Some(object) = cluster_pods.cached(&pod.name.namespace, &pod.name.name) {
+                    pod.seen = Some(ClusterPod::of(&object));
                 }
             }
         }
-        for (addr, pod) in &state.pods {
-            let local = LocalPod {
-                addr: *addr,
-                namespace: &pod.name.namespace,
-                labels: pod.labels.as_ref(),
-            };
-            let selected = endpoints::pod_rules(named.iter().copied(), &local, &mut problems);
-            let pod_rules = selected.unwrap_or_else(|| match self.inner.settings.mode {
-                EnforcingMode::Standard => PodRules::default(),
-                EnforcingMode::Strict => PodRules::deny_all(),
-            });
-            rules.insert(*addr, pod_rules);
-        }
+        let mut problems = Vec::new();
+        let selected = match &self.inner.policies {
+            Policies::Endpoints(policies) => from_endpoints(policies, &state.pods, &mut problems),
+            Policies::NetworkPolicies(sources) => {
+                from_network_policies(sources, &state.pods, &mut problems)
+            }
+        };
+        let rules = selected
+            .into_iter()
+            .map(|(addr, selected)| {
+                let rules = selected.unwrap_or_else(|| match self.inner.settings.mode {
+                    EnforcingMode::Standard => PodRules::default(),
+                    EnforcingMode::Strict => PodRules::deny_all(),
+                });
+                (addr, rules)
+            })
+            .collect();
         problems.sort();
         problems.dedup();
         for problem in &problems {
@@ -260,6 +289,82 @@ impl NodePolicy {
         }
         Ok(())
     }
+}
+
+fn local_pod(addr: Ipv4Addr, pod: &LocalPodState) -> LocalPod<'_> {
+    LocalPod {
+        addr,
+        namespace: &pod.name.namespace,
+        labels: pod.seen.as_ref().map(|seen| &seen.labels),
+    }
+}
+
+/// What the PolicyEndpoints that select each local pod say of it.
+fn from_endpoints(
+    policies: &PolicyEndpoints,
+    pods: &BTreeMap<Ipv4Addr, LocalPodState>,
+    problems: &mut Vec<Problem>,
+) -> Vec<(Ipv4Addr, Option<PodRules>)> {
+    let all = policies.all();
+    let named: Vec<Named<'_>> = all
+        .iter()
+        .map(|pe| Named {
+            namespace: pe.metadata.namespace.as_deref().unwrap_or_default(),
+            name: pe.metadata.name.as_deref().unwrap_or_default(),
+            spec: &pe.spec,
+        })
+        .collect();
+    pods.iter()
+        .map(|(addr, pod)| {
+            let local = local_pod(*addr, pod);
+            let rules = endpoints::pod_rules(named.iter().copied(), &local, problems);
+            (*addr, rules)
+        })
+        .collect()
+}
+
+/// What the NetworkPolicy objects that select each local pod say of it, resolved
+/// against the cluster, this node's pods at the addresses they were given
+/// (before kubelet reports them).
+fn from_network_policies(
+    sources: &NetworkPolicySources,
+    pods: &BTreeMap<Ipv4Addr, LocalPodState>,
+    problems: &mut Vec<Problem>,
+) -> Vec<(Ipv4Addr, Option<PodRules>)> {
+    let mut cluster = Cluster {
+        namespaces: sources
+            .namespaces()
+            .iter()
+            .map(|ns| {
+                let name = ns.metadata.name.clone().unwrap_or_default();
+                (name, ns.metadata.labels.clone().unwrap_or_default())
+            })
+            .collect(),
+        pods: sources.pods().iter().map(|p| ClusterPod::of(p)).collect(),
+    };
+    let local: BTreeMap<(&str, &str), Ipv4Addr> = pods
+        .iter()
+        .map(|(addr, pod)| ((pod.name.namespace.as_str(), pod.name.name.as_str()), *addr))
+        .collect();
+    // A local pod is at the address it was given; no other pod is there.
+    cluster.pods.retain(|p| {
+        !local.contains_key(&(p.namespace.as_str(), p.name.as_str()))
+            && p.addr.is_none_or(|addr| !pods.contains_key(&addr))
+    });
+    cluster.pods.extend(pods.iter().filter_map(|(addr, pod)| {
+        let mut seen = pod.seen.clone()?;
+        seen.addr = Some(*addr);
+        Some(seen)
+    }));
+    let policies = sources.policies();
+    let resolved = Resolved::new(policies.iter().map(|p| &**p), &cluster, problems);
+    pods.iter()
+        .map(|(addr, pod)| {
+            let ports = pod.seen.as_ref().map_or(&[][..], |seen| &seen.ports);
+            let rules = resolved.pod_rules(&local_pod(*addr, pod), ports, problems);
+            (*addr, rules)
+        })
+        .collect()
 }
 
 fn lock(datapath: &Mutex<Datapath>) -> std::sync::MutexGuard<'_, Datapath> {

@@ -52,6 +52,20 @@ pub enum Source {
     /// node agent reads them.
     #[default]
     PolicyEndpoints,
+    /// `networking.k8s.io/v1` NetworkPolicy resolved by the agent from
+    /// Pods and Namespaces, where no controller runs.
+    NetworkPolicies,
+}
+
+impl Source {
+    /// As [`ENV_POLICY_SOURCE`] names it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::PolicyEndpoints => "policy-endpoints",
+            Self::NetworkPolicies => "network-policies",
+        }
+    }
 }
 
 /// Network policy on this node: `None` when off.
@@ -92,14 +106,15 @@ impl PolicySettings {
             }
         };
         let source = match env.get(ENV_POLICY_SOURCE) {
-            None | Some("policy-endpoints") => Source::PolicyEndpoints,
-            Some(other) => {
-                return Err(ConfigError {
+            None => Source::default(),
+            Some(value) => [Source::PolicyEndpoints, Source::NetworkPolicies]
+                .into_iter()
+                .find(|s| s.name() == value)
+                .ok_or_else(|| ConfigError {
                     variable: ENV_POLICY_SOURCE,
-                    value: other.to_owned(),
-                    allowed: "policy-endpoints",
-                });
-            }
+                    value: value.to_owned(),
+                    allowed: "policy-endpoints or network-policies",
+                })?,
         };
         let add_wait = match env.get(ENV_POLICY_ADD_WAIT) {
             None => DEFAULT_ADD_WAIT,
@@ -187,6 +202,14 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(strict.mode, EnforcingMode::Strict);
+        assert_eq!(strict.source, Source::PolicyEndpoints);
+        let resolved = read(&[
+            (ENV_ENABLE_NETWORK_POLICY, "true"),
+            (ENV_POLICY_SOURCE, "network-policies"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(resolved.source, Source::NetworkPolicies);
         let none = read(&[
             (ENV_ENABLE_NETWORK_POLICY, "true"),
             (ENV_NETWORK_POLICY_ENFORCING_MODE, "none"),
