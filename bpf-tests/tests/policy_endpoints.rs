@@ -16,13 +16,18 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use vpcnet_agent::{k8s::policy_endpoints, policy::settings::ENV_POLICY_ADD_WAIT};
+use vpcnet_agent::{
+    k8s::policy_endpoints,
+    policy::{node, settings::ENV_POLICY_ADD_WAIT},
+};
 use vpcnet_bpf_tests::{
     cri::{self, CriNode},
     ipam::lab_lock,
 };
 use vpcnet_lab::{
-    Lab, NamedPod, WhoamiServer, addrs, cluster, kube::KubeAdmin, parse_label_changes, tcp_whoami,
+    Lab, NamedPod, WhoamiServer, addrs, cluster,
+    kube::{KubeAdmin, server::FaultRule},
+    parse_label_changes, tcp_whoami,
 };
 
 /// How long the controller may take to follow a change.
@@ -265,4 +270,86 @@ fn a_cluster_without_the_policy_endpoint_crd_delays_no_pod_and_isolates_none() {
     let said = log.matches(policy_endpoints::NOT_SERVED).count();
     assert_eq!(said, 1, "said once: {log}");
     println!("ADD of x/web in {took:?} (the ADD wait is {ADD_WAIT:?}); x/web reached from pod-0");
+}
+
+/// Whether `from` gets an answer from `to` within a probe's wait.
+fn reaches(from: &str, to: SocketAddrV4) -> bool {
+    tcp_whoami(from, to, PROBE_TIMEOUT).unwrap().is_some()
+}
+
+/// How long a probe waits for an answer the lab gives in microseconds.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[test]
+fn with_the_api_server_away_the_policies_in_force_stay_through_an_agent_restart() {
+    let _lock = lab_lock();
+    let mut lab = cri::up_with(&CriNode {
+        kube_api: true,
+        env: &[("ENABLE_NETWORK_POLICY", "true")],
+        ..CriNode::new(1, "m5.large")
+    });
+    let admin = lab.kube_api().unwrap().admin().clone();
+    let files = lab.kube_api().unwrap().files().clone();
+    let web = lab.add_pod(&"x/web:app=web".parse().unwrap()).unwrap();
+    let open = lab.add_pod(&"x/open:app=open".parse().unwrap()).unwrap();
+    let _servers = [
+        WhoamiServer::start(&web.netns, SocketAddrV4::new(web.addr, 8080)).unwrap(),
+        WhoamiServer::start(&open.netns, SocketAddrV4::new(open.addr, 8080)).unwrap(),
+    ];
+    let (to_web, to_open) = (
+        SocketAddrV4::new(web.addr, 8080),
+        SocketAddrV4::new(open.addr, 8080),
+    );
+    let client = lab.pod(0).netns.clone();
+    assert!(reaches(&client, to_web), "before any policy");
+    let deny = r"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-web, namespace: x}
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  policyTypes: [Ingress]
+";
+    cluster::kubectl(&files, &["apply", "-f", "-"], Some(deny)).unwrap();
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    while reaches(&client, to_web) {
+        assert!(Instant::now() < deadline, "the policy is never enforced");
+    }
+
+    // Away: every request dropped, the open watches ended.
+    admin
+        .set_faults(&[FaultRule {
+            drop_connection: true,
+            ..FaultRule::default()
+        }])
+        .unwrap();
+    admin.end_watches().unwrap();
+    let check = |when: &str| {
+        assert!(!reaches(&client, to_web), "{when}: x/web reached");
+        assert!(reaches(&client, to_open), "{when}: x/open not reached");
+    };
+    check("the API server away");
+    lab.stop_agent().unwrap();
+    lab.start_agent().unwrap();
+    check("the agent restarted, the API server away");
+    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
+    assert!(log.contains(node::HELD), "the agent does not say so: {log}");
+
+    // Back: the policy is read again and still in force.
+    admin.set_faults(&[]).unwrap();
+    check("the API server back");
+    cluster::kubectl(
+        &files,
+        &["delete", "networkpolicy", "-n", "x", "deny-web"],
+        None,
+    )
+    .unwrap();
+    let deadline = Instant::now() + FOLLOW_TIMEOUT;
+    while !reaches(&client, to_web) {
+        assert!(Instant::now() < deadline, "the deletion is never followed");
+    }
+    println!(
+        "x/web denied through the API server's absence and an agent restart without it; reached once the policy was deleted"
+    );
 }

@@ -103,6 +103,12 @@ impl NetworkPolicySources {
         let _ = listed.wait_for(|l| *l).await;
     }
 
+    /// Whether the first list of each kind is in.
+    #[must_use]
+    pub fn listed_now(&self) -> bool {
+        *self.listed.borrow()
+    }
+
     /// A receiver that sees every change.
     #[must_use]
     pub fn changes(&self) -> watch::Receiver<u64> {

@@ -108,6 +108,12 @@ impl PolicyEndpoints {
         let _ = listed.wait_for(|l| *l).await;
     }
 
+    /// Whether the first list is in.
+    #[must_use]
+    pub fn listed_now(&self) -> bool {
+        *self.listed.borrow()
+    }
+
     /// A receiver that sees every change.
     #[must_use]
     pub fn changes(&self) -> watch::Receiver<u64> {

@@ -35,6 +35,9 @@ use crate::datapath::{DatapathError, DatapathMaps};
 #[derive(Debug)]
 pub struct Enforcer {
     pods: BTreeMap<Ipv4Addr, PodRules>,
+    /// Pods whose rules are not known (the policies not listed yet): they
+    /// keep what the maps hold for them.
+    held: BTreeSet<Ipv4Addr>,
     numbering: Numbering,
     written: Tables,
     /// The node's own addresses: they always reach its pods.
@@ -57,6 +60,7 @@ impl Enforcer {
             .unwrap_or(0);
         Ok(Self {
             pods: BTreeMap::new(),
+            held: BTreeSet::new(),
             numbering: Numbering::starting_at(highest.saturating_add(1)),
             written,
             node_addrs: BTreeSet::new(),
@@ -75,13 +79,25 @@ impl Enforcer {
     }
 
     /// Sets the rules of every local pod, the pods not named gone (written
-    /// at the next sync).
-    pub fn set_pods(&mut self, pods: BTreeMap<Ipv4Addr, PodRules>) {
+    /// at the next sync). A pod in `held` keeps what the maps hold for it,
+    /// if they hold anything, and `pods`' rules for it otherwise.
+    pub fn set_pods(&mut self, pods: BTreeMap<Ipv4Addr, PodRules>, held: BTreeSet<Ipv4Addr>) {
         self.pods = pods;
+        self.held = held;
     }
 
+    /// Whether the maps hold rules for the pod at `addr`.
+    #[must_use]
+    pub fn holds(&self, addr: Ipv4Addr) -> bool {
+        self.written.pods.contains_key(&addr)
+    }
+
+    /// The rules of the pod at `addr`; `None` for a held one.
     #[must_use]
     pub fn pod(&self, addr: Ipv4Addr) -> Option<&PodRules> {
+        if self.held.contains(&addr) {
+            return None;
+        }
         self.pods.get(&addr)
     }
 
@@ -89,7 +105,14 @@ impl Enforcer {
     /// connections they no longer allow (and restores the revoked ones they
     /// allow again). Returns how many were revoked.
     pub fn sync(&mut self, maps: &mut DatapathMaps) -> Result<usize, DatapathError> {
-        let next = self.numbering.tables(&self.pods);
+        let mut known = self.pods.clone();
+        let mut kept = Tables::default();
+        self.held.retain(|addr| kept.keep_pod(&self.written, *addr));
+        known.retain(|addr, _| !self.held.contains(addr));
+        let mut next = self.numbering.tables(&known);
+        next.pods.extend(kept.pods);
+        next.cidrs.extend(kept.cidrs);
+        next.ports.extend(kept.ports);
         let writes = self.written.writes_to(&next);
         if writes.is_empty() {
             return Ok(0);
@@ -117,6 +140,11 @@ impl Enforcer {
         };
         let from = Ipv4Addr::from(raw_to_addr(opened.saddr));
         let to = Ipv4Addr::from(raw_to_addr(opened.daddr));
+        // A held pod's rules are not known: its connections stay as they
+        // are.
+        if self.held.contains(&from) || self.held.contains(&to) {
+            return flow.revoked != FLOW_REVOKED;
+        }
         let port = raw_to_port(opened.dport);
         let egress = self
             .pods

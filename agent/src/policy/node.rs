@@ -6,7 +6,7 @@
 //! policies is written as it arrives.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     sync::{Arc, Mutex},
 };
@@ -49,6 +49,13 @@ impl Policies {
         }
     }
 
+    fn listed_now(&self) -> bool {
+        match self {
+            Self::Endpoints(p) => p.listed_now(),
+            Self::NetworkPolicies(p) => p.listed_now(),
+        }
+    }
+
     fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         match self {
             Self::Endpoints(p) => p.changes(),
@@ -63,6 +70,10 @@ impl Policies {
         }
     }
 }
+
+/// What the agent says while the policies are not known yet and the
+/// datapath keeps the rules it holds.
+pub const HELD: &str = "the pods the datapath enforces policy for keep the rules it holds";
 
 /// A local pod, as the CNI named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +101,8 @@ struct State {
     pods: BTreeMap<Ipv4Addr, LocalPodState>,
     /// The problems reported last, so each is said once.
     problems: Vec<Problem>,
+    /// Whether the pods the maps hold were last kept as they were.
+    held: bool,
 }
 
 struct LocalPodState {
@@ -119,6 +132,7 @@ impl NodePolicy {
                     enforcer,
                     pods: BTreeMap::new(),
                     problems: Vec::new(),
+                    held: false,
                 }),
             }),
         };
@@ -272,7 +286,28 @@ impl NodePolicy {
             }
         }
         state.problems = problems;
-        state.enforcer.set_pods(rules);
+        // Until the policies are listed (the API server away at start),
+        // the rules the maps hold are the last ones known: a pod they hold
+        // keeps them, and only a pod they do not gets its mode's default.
+        let held: BTreeSet<Ipv4Addr> = if self.inner.policies.listed_now() {
+            BTreeSet::new()
+        } else {
+            state
+                .pods
+                .keys()
+                .copied()
+                .filter(|addr| state.enforcer.holds(*addr))
+                .collect()
+        };
+        if !held.is_empty() && !state.held {
+            warn!(
+                pods = held.len(),
+                "the cluster's {} are not known yet: {HELD} until they are",
+                self.inner.policies.what()
+            );
+        }
+        state.held = !held.is_empty();
+        state.enforcer.set_pods(rules, held);
         let mut datapath = lock(&self.inner.datapath);
         // The node's own addresses, as the datapath knows them.
         let node_addrs: Vec<Ipv4Addr> = datapath

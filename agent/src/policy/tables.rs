@@ -41,6 +41,31 @@ pub enum Write {
 }
 
 impl Tables {
+    /// Adds what `from` holds for the pod at `addr` (its identities, their
+    /// prefixes and port sets) to `self`; `false` when `from` holds nothing
+    /// for it. The ids cannot meet new ones: numbering starts above them.
+    pub fn keep_pod(&mut self, from: &Self, addr: Ipv4Addr) -> bool {
+        let Some(policy) = from.pods.get(&addr) else {
+            return false;
+        };
+        self.pods.insert(addr, *policy);
+        let ids = [policy.ingress, policy.egress];
+        let mut sets = BTreeSet::new();
+        for (&(id, prefix), &set) in &from.cidrs {
+            if ids.contains(&id) {
+                self.cidrs.insert((id, prefix), set);
+                sets.insert(set);
+            }
+        }
+        self.ports.extend(
+            from.ports
+                .iter()
+                .filter(|(set, ..)| sets.contains(set))
+                .copied(),
+        );
+        true
+    }
+
     /// The writes that make `self` into `next`: what is added first (port
     /// sets, then prefixes, then the pods that point at them), what is
     /// removed last (pods, then prefixes, then port sets), so every lookup
