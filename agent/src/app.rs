@@ -461,7 +461,7 @@ impl Parts<'_> {
         let event_log = settings.event_log.clone();
         let policies = match settings.source {
             Source::PolicyEndpoints => {
-                let (policies, follow) = PolicyEndpoints::follow(client);
+                let (policies, follow) = PolicyEndpoints::follow(client.clone());
                 self.tasks.spawn(follow);
                 Policies::Endpoints(policies)
             }
@@ -483,12 +483,16 @@ impl Parts<'_> {
                 (a.addr, name)
             })
             .collect();
+        let (problems, unsent) = tokio::sync::broadcast::channel(policy::node::PROBLEMS_QUEUED);
+        self.tasks
+            .spawn(k8s::events::publish(client, self.k8s.clone(), unsent));
         let node = NodePolicy::start(
             settings,
             Arc::clone(&self.datapath),
             policies,
             pods.cluster_pods().cloned(),
             existing,
+            problems,
         )
         .await?;
         pods.enforce_policy(node.clone());

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "networking.k8s.aws";
 pub const VERSION: &str = "v1alpha1";
+/// `GROUP/VERSION`, as objects name it.
+pub const API_VERSION: &str = "networking.k8s.aws/v1alpha1";
 pub const KIND: &str = "PolicyEndpoint";
 pub const PLURAL: &str = "policyendpoints";
 /// How many entries the controller puts in one list of one object before
@@ -153,6 +155,11 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn the_api_version_is_the_group_and_version() {
+        assert_eq!(API_VERSION, format!("{GROUP}/{VERSION}"));
+    }
 
     #[test]
     fn the_controllers_json_reads_with_its_names() {

@@ -5,7 +5,9 @@
 //! policy controller, as EKS's control plane does, and they follow the
 //! pods' labels, the namespaces' labels, pods coming and going, and the
 //! policy's deletion. A cluster without the PolicyEndpoint CRD (no network
-//! policy controller) delays no pod and isolates none.
+//! policy controller) delays no pod and isolates none. Fields the agent
+//! cannot enforce as written are Events on its pod, from either source,
+//! and the policies in force stay while the API server is away.
 //!
 //! Run: `cargo xtask test --skip-lint -p vpcnet-bpf-tests --test
 //! policy_endpoints`.
@@ -18,7 +20,7 @@ use std::{
 use serde_json::{Value, json};
 use vpcnet_agent::{
     k8s::policy_endpoints,
-    policy::{node, settings::ENV_POLICY_ADD_WAIT},
+    policy::{fields, node, settings::ENV_POLICY_ADD_WAIT},
 };
 use vpcnet_bpf_tests::{
     cri::{self, CriNode},
@@ -352,4 +354,128 @@ spec:
     println!(
         "x/web denied through the API server's absence and an agent restart without it; reached once the policy was deleted"
     );
+}
+
+/// A policy for x/web with one valid rule (TCP 8081 from anywhere) among
+/// rules the agent cannot enforce as written.
+const BAD_FIELDS: &str = r"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: bad-fields, namespace: x}
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: 10.0.0.300/8}}]
+  - from: [{ipBlock: {cidr: 0.0.0.0/0, except: [nonsense]}}]
+  - ports: [{port: 8080, endPort: 8000}]
+  - ports: [{protocol: ICMP, port: 8080}]
+  - ports: [{port: serve-99-tcp}]
+  - ports: [{port: 8081}]
+";
+
+/// The notes of the agent's policy Events.
+fn problem_notes(admin: &KubeAdmin) -> Vec<String> {
+    let path = format!(
+        "/apis/events.k8s.io/v1/namespaces/{}/events",
+        cluster::AGENT_NAMESPACE
+    );
+    admin.get(&path).unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == fields::PROBLEM_REASON)
+        .map(|e| {
+            assert_eq!(e["type"], "Warning", "{e}");
+            assert_eq!(e["regarding"]["name"], cluster::AGENT_POD_NAME, "{e}");
+            e["note"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn fields_that_cannot_be_enforced_are_events_and_the_rest_is_enforced_from_either_source() {
+    let _lock = lab_lock();
+    // Through PolicyEndpoints the controller resolves named ports (one
+    // nothing serves never reaches the agent) and merges the entries of
+    // one CIDR: the fields' places differ.
+    let sources: [(&str, &[&str], &str, &[&str]); 2] = [
+        (
+            "policy-endpoints",
+            &[],
+            "PolicyEndpoint x/bad-fields-",
+            &[".cidr=", ".except[0]=", ".endPort=", ".protocol="],
+        ),
+        (
+            "network-policies",
+            &["policyendpoints"],
+            "NetworkPolicy x/bad-fields ",
+            &[
+                "spec.ingress[0].from[0].ipBlock.cidr=",
+                "spec.ingress[1].from[0].ipBlock.except[0]=",
+                "spec.ingress[2].ports[0].endPort=",
+                "spec.ingress[3].ports[0].protocol=",
+                "spec.ingress[4].ports[0].port=",
+            ],
+        ),
+    ];
+    for (source, uninstalled_crds, object, named) in sources {
+        let mut lab = cri::up_with(&CriNode {
+            kube_api: true,
+            env: &[
+                ("ENABLE_NETWORK_POLICY", "true"),
+                ("VPCNET_NETWORK_POLICY_SOURCE", source),
+            ],
+            uninstalled_crds,
+            ..CriNode::new(1, "m5.large")
+        });
+        let admin = lab.kube_api().unwrap().admin().clone();
+        let files = lab.kube_api().unwrap().files().clone();
+        let web = lab.add_pod(&"x/web:app=web".parse().unwrap()).unwrap();
+        let _servers = [8080, 8081].map(|port| {
+            WhoamiServer::start(&web.netns, SocketAddrV4::new(web.addr, port)).unwrap()
+        });
+        let client = lab.pod(0).netns.clone();
+        cluster::kubectl(&files, &["apply", "-f", "-"], Some(BAD_FIELDS)).unwrap();
+        let deadline = Instant::now() + FOLLOW_TIMEOUT;
+        while reaches(&client, SocketAddrV4::new(web.addr, 8080)) {
+            assert!(
+                Instant::now() < deadline,
+                "{source}: the policy is never enforced"
+            );
+        }
+        assert!(
+            reaches(&client, SocketAddrV4::new(web.addr, 8081)),
+            "{source}: the valid rule is not enforced"
+        );
+        let notes = loop {
+            let notes = problem_notes(&admin);
+            if named
+                .iter()
+                .all(|field| notes.iter().any(|n| n.contains(field)))
+            {
+                break notes;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{source}: events {notes:#?}, wanted {named:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert_eq!(
+            notes.len(),
+            named.len(),
+            "{source}: each said once: {notes:#?}"
+        );
+        assert!(
+            notes.iter().all(|n| n.starts_with(object)),
+            "{source}: {notes:#?}"
+        );
+        println!(
+            "{source}: 8080 denied, 8081 allowed; events:\n  {}",
+            notes.join("\n  ")
+        );
+        lab.down().unwrap();
+    }
 }

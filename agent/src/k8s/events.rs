@@ -1,6 +1,7 @@
-//! The address manager's events as Kubernetes Events on the agent's pod
-//! (`events.k8s.io/v1`, as aws-node sends its `MissingIAMPermissions`), so
-//! `kubectl describe pod` and `kubectl get events` show them.
+//! The agent's events as Kubernetes Events on its pod (`events.k8s.io/v1`,
+//! as aws-node sends its `MissingIAMPermissions`), so `kubectl describe
+//! pod` and `kubectl get events` show them: the address manager's, and
+//! network policy's fields that cannot be enforced.
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{
@@ -16,12 +17,41 @@ use crate::ipam::manager::{IpamEvent, Severity};
 /// The events' reporting controller.
 pub const REPORTING_CONTROLLER: &str = "vpcnet-agent";
 
-/// Publishes `events` until the manager is gone. Without `MY_POD_NAME` the
-/// events stay in the agent's log and its introspection.
-pub async fn publish(client: kube::Client, settings: K8sSettings, mut events: Receiver<IpamEvent>) {
+/// Something the agent tells the cluster about.
+pub trait AgentEvent: Clone + Send + 'static {
+    /// Whose events these are, for the log.
+    const SOURCE: &'static str;
+    fn event(&self) -> Event;
+}
+
+impl AgentEvent for IpamEvent {
+    const SOURCE: &'static str = "the address manager";
+
+    fn event(&self) -> Event {
+        Event {
+            type_: match self.severity {
+                Severity::Normal => EventType::Normal,
+                Severity::Warning => EventType::Warning,
+            },
+            reason: self.reason.to_owned(),
+            note: Some(self.message.clone()),
+            action: self.action.to_owned(),
+            secondary: None,
+        }
+    }
+}
+
+/// Publishes `events` until their sender is gone. Without `MY_POD_NAME`
+/// the events stay in the agent's log (and its introspection).
+pub async fn publish<E: AgentEvent>(
+    client: kube::Client,
+    settings: K8sSettings,
+    mut events: Receiver<E>,
+) {
     let Some(pod_name) = settings.pod_name.clone() else {
         info!(
-            "{ENV_MY_POD_NAME} is not set: the address manager's events are logged, not sent to the Kubernetes API"
+            "{ENV_MY_POD_NAME} is not set: {}'s events are logged, not sent to the Kubernetes API",
+            E::SOURCE
         );
         return;
     };
@@ -60,21 +90,8 @@ pub async fn publish(client: kube::Client, settings: K8sSettings, mut events: Re
         let reference = regarding
             .clone()
             .unwrap_or_else(|| pod_reference(&namespace, &pod_name));
-        let sent = recorder
-            .publish(
-                &Event {
-                    type_: match event.severity {
-                        Severity::Normal => EventType::Normal,
-                        Severity::Warning => EventType::Warning,
-                    },
-                    reason: event.reason.to_owned(),
-                    note: Some(event.message.clone()),
-                    action: event.action.to_owned(),
-                    secondary: None,
-                },
-                &reference,
-            )
-            .await;
+        let event = event.event();
+        let sent = recorder.publish(&event, &reference).await;
         if let Err(error) = sent {
             // Events are best effort: the log and introspection have them.
             warn!(%error, reason = event.reason, "sending an event to the Kubernetes API");

@@ -11,11 +11,11 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use vpcnet_api::policy_endpoint::{
-    EndpointInfo, ISOLATION_EGRESS, ISOLATION_INGRESS, KIND, PolicyEndpointSpec,
+    API_VERSION, EndpointInfo, ISOLATION_EGRESS, ISOLATION_INGRESS, KIND, PolicyEndpointSpec,
 };
 
 use super::{
-    fields::{self, Problem, Report},
+    fields::{self, Kind, Problem, Report},
     rules::{Direction, Origin, PodRules, Rule},
 };
 
@@ -90,7 +90,10 @@ pub fn rules_of(pe: &Named<'_>, problems: &mut Vec<Problem>) -> PodRules {
         name: pe.spec.policy_ref.name.clone(),
     };
     let mut report = Report {
-        kind: KIND,
+        kind: Kind {
+            name: KIND,
+            api_version: API_VERSION,
+        },
         object: format!("{}/{}", pe.namespace, pe.name),
         problems,
     };

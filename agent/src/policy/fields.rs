@@ -7,14 +7,30 @@
 use std::{fmt, net::IpAddr};
 
 use ipnet::{IpNet, Ipv4Net};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType};
 
 use super::rules::{Peers, Ports, Protocol};
+use crate::k8s::events::AgentEvent;
+
+/// A kind of object policies come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Kind {
+    /// `PolicyEndpoint`, `NetworkPolicy`.
+    pub name: &'static str,
+    pub api_version: &'static str,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
 
 /// A field of an object that is not enforced as written.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Problem {
-    /// `PolicyEndpoint`, `NetworkPolicy`.
-    pub kind: &'static str,
+    pub kind: Kind,
     /// `namespace/name` of the object.
     pub object: String,
     /// The field's path, e.g. `spec.ingress[2].ports[0].endPort`.
@@ -33,9 +49,48 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The Event's reason (a warning on the agent's pod).
+pub const PROBLEM_REASON: &str = "PolicyNotEnforcedAsWritten";
+/// The longest action the API takes.
+const MAX_ACTION: usize = 128;
+
+impl AgentEvent for Problem {
+    const SOURCE: &'static str = "network policy";
+
+    /// About the object (`related`); the field in the action, so each
+    /// field is an Event of its own (one series per action and object).
+    fn event(&self) -> Event {
+        let (namespace, name) = self
+            .object
+            .split_once('/')
+            .unwrap_or(("", self.object.as_str()));
+        let mut action = format!("Enforce {}", self.field);
+        if action.len() > MAX_ACTION {
+            let mut end = MAX_ACTION;
+            while !action.is_char_boundary(end) {
+                end -= 1;
+            }
+            action.truncate(end);
+        }
+        Event {
+            type_: EventType::Warning,
+            reason: PROBLEM_REASON.to_owned(),
+            note: Some(self.to_string()),
+            action,
+            secondary: Some(ObjectReference {
+                api_version: Some(self.kind.api_version.to_owned()),
+                kind: Some(self.kind.name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                ..ObjectReference::default()
+            }),
+        }
+    }
+}
+
 /// Collects the problems of one object.
 pub struct Report<'a> {
-    pub kind: &'static str,
+    pub kind: Kind,
     pub object: String,
     pub problems: &'a mut Vec<Problem>,
 }

@@ -37,14 +37,17 @@ use vpcnet_api::policy_endpoint::{LabelSelector, LabelSelectorRequirement};
 
 use super::{
     endpoints::LocalPod,
-    fields::{self, Problem, Report},
+    fields::{self, Kind, Problem, Report},
     rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
 };
 use crate::k8s::pods::POD_IPS_ANNOTATION;
 
 pub type Labels = BTreeMap<String, String>;
 
-const KIND: &str = "NetworkPolicy";
+const KIND: Kind = Kind {
+    name: "NetworkPolicy",
+    api_version: "networking.k8s.io/v1",
+};
 /// The label the API server gives every namespace, its name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 

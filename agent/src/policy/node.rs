@@ -75,6 +75,9 @@ impl Policies {
 /// datapath keeps the rules it holds.
 pub const HELD: &str = "the pods the datapath enforces policy for keep the rules it holds";
 
+/// Problems waiting to be sent as Events, at most.
+pub const PROBLEMS_QUEUED: usize = 64;
+
 /// A local pod, as the CNI named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodName {
@@ -94,6 +97,8 @@ struct Inner {
     policies: Policies,
     cluster_pods: Option<NodePods>,
     state: tokio::sync::Mutex<State>,
+    /// Each problem, when first found.
+    problems: tokio::sync::broadcast::Sender<Problem>,
 }
 
 struct State {
@@ -113,13 +118,16 @@ struct LocalPodState {
 
 impl NodePolicy {
     /// Takes over what the maps hold and turns enforcement on once every
-    /// pod in `pods` has its rules written.
+    /// pod in `pods` has its rules written. Fields of the policies that
+    /// cannot be enforced as written go to `problems`, each when first
+    /// found.
     pub async fn start(
         settings: PolicySettings,
         datapath: Arc<Mutex<Datapath>>,
         policies: Policies,
         cluster_pods: Option<NodePods>,
         pods: Vec<(Ipv4Addr, PodName)>,
+        problems: tokio::sync::broadcast::Sender<Problem>,
     ) -> Result<Self, DatapathError> {
         let enforcer = Enforcer::new(&lock(&datapath).maps)?;
         let node = Self {
@@ -134,6 +142,7 @@ impl NodePolicy {
                     problems: Vec::new(),
                     held: false,
                 }),
+                problems,
             }),
         };
         node.wait_for_policies().await;
@@ -283,6 +292,8 @@ impl NodePolicy {
         for problem in &problems {
             if !state.problems.contains(problem) {
                 warn!("{problem}");
+                // No one listening (no API server) is no error.
+                let _ = self.inner.problems.send(problem.clone());
             }
         }
         state.problems = problems;
