@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 
 use vpcnet_agent::policy::{
-    Enforcer,
+    self, Enforcer,
     rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
 };
 use vpcnet_bpf_tests::{
@@ -18,6 +18,7 @@ use vpcnet_common::{
     counters::Counter,
     endpoint::{ENI_PRIMARY, Endpoint},
     maps,
+    policy::PodVerdicts,
 };
 
 const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -148,6 +149,18 @@ fn pod_to_pod_meets_the_receivers_ingress_rules_and_its_replies_pass() {
         node.send(POD, packets::udp(POD, 40000, POD2, 8080, b"q"))
     });
     assert_eq!(action, TC_ACT_SHOT);
+    // On POD2's verdicts: one connection allowed in, two packets denied;
+    // POD, under no policy, has none.
+    let verdicts = policy::maps::verdicts(&node.h.datapath.maps).unwrap();
+    assert_eq!(
+        verdicts.get(&POD2),
+        Some(&PodVerdicts {
+            ingress_allowed: 1,
+            ingress_denied: 2,
+            ..PodVerdicts::default()
+        })
+    );
+    assert_eq!(verdicts.get(&POD), None);
 }
 
 #[test]
@@ -180,6 +193,15 @@ fn egress_rules_judge_every_destination_with_their_exceptions() {
         assert_eq!(dropped == 0, allowed, "case {i}: action {action}");
         assert_eq!(action == TC_ACT_SHOT, !allowed, "case {i}");
     }
+    let verdicts = policy::maps::verdicts(&node.h.datapath.maps).unwrap();
+    assert_eq!(
+        verdicts[&POD],
+        PodVerdicts {
+            egress_allowed: 2,
+            egress_denied: 4,
+            ..PodVerdicts::default()
+        }
+    );
 }
 
 #[test]

@@ -34,11 +34,12 @@ use vpcnet_common::{
 const RELEASE_COUNTER_SLOTS: u32 = 58;
 /// Maps this version has that the releases before versioned pins had
 /// not: whoever pinned those pinned none of them by a bare name.
-const NEWER_THAN_BARE_PINS: [&str; 4] = [
+const NEWER_THAN_BARE_PINS: [&str; 5] = [
     names::POLICY_PODS,
     names::POLICY_CIDRS,
     names::POLICY_PORTS,
     names::POLICY_FLOWS,
+    names::POLICY_VERDICTS,
 ];
 
 /// Removes the bare-name pins a loader of this version's object made of

@@ -23,8 +23,10 @@ use vpcnet_agent::{
     policy::{fields, node, settings::ENV_POLICY_ADD_WAIT},
 };
 use vpcnet_bpf_tests::{
+    agent_cli,
     cri::{self, CriNode},
     ipam::lab_lock,
+    scrape,
 };
 use vpcnet_lab::{
     Lab, NamedPod, WhoamiServer, addrs, cluster,
@@ -318,6 +320,30 @@ spec:
     while reaches(&client, to_web) {
         assert!(Instant::now() < deadline, "the policy is never enforced");
     }
+
+    // What policy decided for x/web, as operators see it: the CLI and the
+    // metrics.
+    let (_, samples) = scrape::scrape();
+    let denied = scrape::sample(
+        &samples,
+        "vpcnet_policy_pod_verdicts_total",
+        &[
+            ("namespace", "x"),
+            ("pod", "web"),
+            ("direction", "ingress"),
+            ("verdict", "denied"),
+        ],
+    );
+    assert!(denied > 0, "x/web's denied packets are not counted");
+    let table = agent_cli(&["policy", "x/web"]);
+    let row = table
+        .lines()
+        .skip_while(|l| !l.starts_with("verdicts"))
+        .find(|l| l.starts_with("x/web"))
+        .unwrap_or_else(|| panic!("no verdicts for x/web: {table}"));
+    let in_denied: u64 = row.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(in_denied >= denied, "{table}");
+    println!("{table}");
 
     // Away: every request dropped, the open watches ended.
     admin

@@ -113,6 +113,11 @@ fn policy_table(view: &PolicyView) -> String {
                 ]);
             };
             match direction {
+                _ if pod.held => row(
+                    "as the datapath held them (policies not listed yet)".into(),
+                    "-".into(),
+                    "-".into(),
+                ),
                 DirectionView {
                     isolated: false, ..
                 } => row("everything (not isolated)".into(), "-".into(), "-".into()),
@@ -132,11 +137,37 @@ fn policy_table(view: &PolicyView) -> String {
             }
         }
     }
+    let verdicts: Vec<Vec<String>> = view
+        .pods
+        .iter()
+        .map(|pod| {
+            let v = &pod.verdicts;
+            vec![
+                format!("{}/{}", pod.namespace, pod.name),
+                pod.address.to_string(),
+                v.ingress_allowed.to_string(),
+                v.ingress_denied.to_string(),
+                v.egress_allowed.to_string(),
+                v.egress_denied.to_string(),
+            ]
+        })
+        .collect();
     format!(
-        "mode: {mode}\n{}",
+        "mode: {mode}\n{}\nverdicts (connections allowed, packets denied):\n{}",
         table(
             &["POD", "ADDRESS", "DIRECTION", "PEERS", "PORTS", "POLICY"],
             &rows
+        ),
+        table(
+            &[
+                "POD",
+                "ADDRESS",
+                "IN ALLOWED",
+                "IN DENIED",
+                "OUT ALLOWED",
+                "OUT DENIED"
+            ],
+            &verdicts
         )
     )
 }
@@ -400,7 +431,7 @@ mod tests {
 
     use vpcnet_agent::introspect::views::{
         AddressView, DatapathEniEntryView, EndpointEntryView, EniView, LinkView, PodPolicyView,
-        PodRef, PodView, RuleView,
+        PodRef, PodView, RuleView, VerdictsView,
     };
 
     use super::*;
@@ -414,6 +445,7 @@ mod tests {
                 namespace: "x".into(),
                 name: "a".into(),
                 address: Ipv4Addr::new(10, 20, 11, 20),
+                held: false,
                 ingress: DirectionView {
                     isolated: true,
                     rules: vec![RuleView {
@@ -426,6 +458,12 @@ mod tests {
                     isolated: false,
                     rules: vec![],
                 },
+                verdicts: VerdictsView {
+                    ingress_allowed: 3,
+                    ingress_denied: 12,
+                    egress_allowed: 7,
+                    egress_denied: 0,
+                },
             }],
         };
         assert_eq!(
@@ -433,7 +471,11 @@ mod tests {
             "mode: strict\n\
              POD  ADDRESS      DIRECTION  PEERS                            PORTS                 POLICY\n\
              x/a  10.20.11.20  ingress    0.0.0.0/0 except 203.0.113.0/24  TCP/80,UDP/1000-2000  x/web\n\
-             x/a  10.20.11.20  egress     everything (not isolated)        -                     -\n"
+             x/a  10.20.11.20  egress     everything (not isolated)        -                     -\n\
+             \n\
+             verdicts (connections allowed, packets denied):\n\
+             POD  ADDRESS      IN ALLOWED  IN DENIED  OUT ALLOWED  OUT DENIED\n\
+             x/a  10.20.11.20  3           12         7            0\n"
         );
         let off = PolicyView {
             enforced: false,

@@ -46,6 +46,8 @@ pub enum DatapathError {
         release: String,
         reason: String,
     },
+    #[error("counting the possible CPUs (for a per-CPU map's entry)")]
+    Cpus(#[source] std::io::Error),
     #[error("program {0} is missing from the eBPF object")]
     MissingProgram(&'static str),
     #[error("map {0} is missing from the eBPF object")]

@@ -3,7 +3,7 @@
 
 use std::{net::Ipv4Addr, path::Path};
 
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, lpm_trie::Key};
 use ipnet::Ipv4Net;
 use vpcnet_common::{
     addr_to_raw,
@@ -13,7 +13,7 @@ use vpcnet_common::{
     endpoint::{ENI_PRIMARY, Endpoint, Eni},
     maps,
     nat::{FlowKey, NatEntry, Timeouts},
-    policy::{PodPolicy, PolicyFlow, PortAllowed, PortSet},
+    policy::{PodPolicy, PodVerdicts, PolicyFlow, PortAllowed, PortSet},
     raw_to_addr,
 };
 
@@ -43,6 +43,8 @@ pub struct DatapathMaps {
     pub policy_cidrs: LpmTrie<MapData, [u8; 8], PortSet>,
     pub policy_ports: LpmTrie<MapData, [u8; 8], PortAllowed>,
     pub policy_flows: HashMap<MapData, FlowKey, PolicyFlow>,
+    /// What policy decided for each pod under it, per CPU.
+    pub policy_verdicts: PerCpuHashMap<MapData, u32, PodVerdicts>,
 }
 
 impl DatapathMaps {
@@ -84,6 +86,7 @@ impl DatapathMaps {
             get(maps::POLICY_CIDRS)?,
             get(maps::POLICY_PORTS)?,
             get(maps::POLICY_FLOWS)?,
+            get(maps::POLICY_VERDICTS)?,
         ])
     }
 
@@ -104,7 +107,8 @@ impl DatapathMaps {
             policy_cidrs,
             policy_ports,
             policy_flows,
-        ]: [Map; 14],
+            policy_verdicts,
+        ]: [Map; 15],
     ) -> Result<Self, DatapathError> {
         Ok(Self {
             config: Array::try_from(config).map_err(DatapathError::map(maps::CONFIG))?,
@@ -129,6 +133,8 @@ impl DatapathMaps {
                 .map_err(DatapathError::map(maps::POLICY_PORTS))?,
             policy_flows: HashMap::try_from(policy_flows)
                 .map_err(DatapathError::map(maps::POLICY_FLOWS))?,
+            policy_verdicts: PerCpuHashMap::try_from(policy_verdicts)
+                .map_err(DatapathError::map(maps::POLICY_VERDICTS))?,
         })
     }
 

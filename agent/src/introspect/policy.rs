@@ -12,7 +12,7 @@ use axum::{
 use super::{
     handlers::Shared,
     routes::{error, json},
-    views::{DirectionView, PodPolicyView, PolicyView, RuleView},
+    views::{DirectionView, PodPolicyView, PolicyView, RuleView, VerdictsView},
 };
 use crate::policy::rules::{Direction, Peers};
 
@@ -34,21 +34,33 @@ pub(super) async fn policy(
             },
         );
     };
-    let pods: Vec<PodPolicyView> = node
-        .snapshot()
-        .await
+    let snapshot = match node.snapshot().await {
+        Ok(snapshot) => snapshot,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let pods: Vec<PodPolicyView> = snapshot
         .into_iter()
-        .filter(|(_, name, _)| {
+        .filter(|pod| {
             wanted
                 .as_ref()
-                .is_none_or(|(ns, n)| *ns == name.namespace && *n == name.name)
+                .is_none_or(|(ns, n)| *ns == pod.name.namespace && *n == pod.name.name)
         })
-        .map(|(address, name, rules)| PodPolicyView {
-            namespace: name.namespace,
-            name: name.name,
-            address,
-            ingress: direction(&rules.ingress),
-            egress: direction(&rules.egress),
+        .map(|pod| {
+            let rules = pod.rules.clone().unwrap_or_default();
+            PodPolicyView {
+                namespace: pod.name.namespace,
+                name: pod.name.name,
+                address: pod.addr,
+                held: pod.rules.is_none(),
+                ingress: direction(&rules.ingress),
+                egress: direction(&rules.egress),
+                verdicts: VerdictsView {
+                    ingress_allowed: pod.verdicts.ingress_allowed,
+                    ingress_denied: pod.verdicts.ingress_denied,
+                    egress_allowed: pod.verdicts.egress_allowed,
+                    egress_denied: pod.verdicts.egress_denied,
+                },
+            }
         })
         .collect();
     if let Some((ns, name)) = &wanted

@@ -16,6 +16,7 @@ use crate::{
     datapath::{self, metrics::DatapathSnapshot},
     ipam::{self, metrics::PoolSnapshot},
     k8s,
+    policy::{self, node::PodSnapshot},
     telemetry::{self, Recorded},
 };
 
@@ -28,6 +29,8 @@ pub struct MetricsSnapshot {
     /// The address manager's pool (`None` without `--ipam`).
     pub ipam: Option<PoolSnapshot>,
     pub datapath: DatapathSnapshot,
+    /// Network policy's local pods (none when it is off).
+    pub policy: Vec<PodSnapshot>,
     /// What the cloud client, the address manager, the Kubernetes side and
     /// the CNI backend recorded.
     pub recorded: Recorded,
@@ -43,9 +46,14 @@ pub(super) async fn snapshot(state: &Arc<Shared>) -> Result<MetricsSnapshot, Int
         DatapathSnapshot::read(&s.maps, s.datapath().attached().count(), s.collector())
     })
     .await?;
+    let policy = match state.pods.as_ref().and_then(|p| p.policy()) {
+        Some(node) => node.snapshot().await?,
+        None => Vec::new(),
+    };
     Ok(MetricsSnapshot {
         ipam,
         datapath,
+        policy,
         recorded: telemetry::snapshot(),
     })
 }
@@ -65,6 +73,7 @@ pub fn render_metrics(snapshot: &MetricsSnapshot) -> prometheus::Result<String> 
     cloud::metrics::register(&registry, &snapshot.recorded)?;
     k8s::metrics::register(&registry, &snapshot.recorded)?;
     datapath::metrics::register(&registry, &snapshot.datapath)?;
+    policy::metrics::register(&registry, &snapshot.policy)?;
     TextEncoder::new().encode_to_string(&registry.gather())
 }
 
@@ -75,12 +84,13 @@ mod tests {
         time::Duration,
     };
 
-    use vpcnet_common::{addr_to_raw, counters::Counter, port_to_raw};
+    use vpcnet_common::{addr_to_raw, counters::Counter, policy::PodVerdicts, port_to_raw};
 
     use super::*;
     use crate::{
         datapath::{CollectorReport, EndpointPorts, MapFill, NatPressure},
         ipam::{manager::IpamStatus, pool::PoolStats},
+        policy::node::PodName,
     };
 
     fn n(value: usize) -> u64 {
@@ -201,6 +211,20 @@ mod tests {
                     orphans: 1,
                 },
             },
+            policy: vec![PodSnapshot {
+                addr: std::net::Ipv4Addr::new(10, 20, 11, 20),
+                name: PodName {
+                    namespace: "x".into(),
+                    name: "web".into(),
+                },
+                rules: None,
+                verdicts: PodVerdicts {
+                    ingress_allowed: 3,
+                    ingress_denied: 12,
+                    egress_allowed: 7,
+                    egress_denied: 0,
+                },
+            }],
             // Without the address manager nothing calls AWS or serves the
             // plugin.
             recorded: if ipam {
@@ -395,6 +419,16 @@ mod tests {
             ("vpcnet_gc_passes_total", &[], 7),
             ("vpcnet_gc_last_pass_microseconds", &[], 1500),
             ("vpcnet_gc_removed_total", &[("reason", "expired")], 9),
+            (
+                "vpcnet_policy_pod_verdicts_total",
+                &[
+                    ("namespace", "x"),
+                    ("pod", "web"),
+                    ("direction", "ingress"),
+                    ("verdict", "denied"),
+                ],
+                12,
+            ),
         ];
         for (name, labels, want) in expected {
             assert_eq!(value(&samples, name, labels), *want, "{name}{labels:?}");

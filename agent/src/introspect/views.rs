@@ -33,8 +33,24 @@ pub struct PodPolicyView {
     pub namespace: String,
     pub name: String,
     pub address: Ipv4Addr,
+    /// The rules, unless held from before the policies were listed (the
+    /// agent started without the API server): the datapath keeps the ones
+    /// it had.
+    pub held: bool,
     pub ingress: DirectionView,
     pub egress: DirectionView,
+    /// What policy decided for the pod.
+    pub verdicts: VerdictsView,
+}
+
+/// Connections a pod's rules allowed (counted once, at their first
+/// packet) and packets they denied, each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictsView {
+    pub ingress_allowed: u64,
+    pub ingress_denied: u64,
+    pub egress_allowed: u64,
+    pub egress_denied: u64,
 }
 
 /// One direction of a pod: not isolated (everything passes), or only what

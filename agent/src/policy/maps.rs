@@ -1,15 +1,15 @@
 //! The policy tables written into, and read back from, the datapath's maps.
 
-use std::net::Ipv4Addr;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use aya::maps::{MapError, lpm_trie::Key};
+use aya::maps::{MapError, PerCpuValues, lpm_trie::Key};
 use ipnet::Ipv4Net;
 use vpcnet_common::{
     addr_to_raw,
-    maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS},
+    maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, POLICY_VERDICTS},
     nat::FlowKey,
     policy::{
-        FLOW_REVOKED, POLICY_ID_BITS, PORT_ALLOWED, PolicyFlow, PortAllowed, PortSet,
+        FLOW_REVOKED, POLICY_ID_BITS, PORT_ALLOWED, PodVerdicts, PolicyFlow, PortAllowed, PortSet,
         cidr_key_data, port_key_data,
     },
     port_to_raw, raw_to_addr,
@@ -55,14 +55,27 @@ pub fn apply(maps: &mut DatapathMaps, writes: &[Write]) -> Result<(), DatapathEr
                 .policy_cidrs
                 .insert(&cidr_key(*identity, *prefix), PortSet { id: *set }, 0)
                 .map_err(DatapathError::map(POLICY_CIDRS))?,
-            Write::SetPod(addr, policy) => maps
-                .policy_pods
-                .insert(addr_to_raw(addr.octets()), *policy, 0)
-                .map_err(DatapathError::map(POLICY_PODS))?,
-            Write::RemovePod(addr) => removed(
-                maps.policy_pods.remove(&addr_to_raw(addr.octets())),
-                POLICY_PODS,
-            )?,
+            Write::SetPod(addr, policy) => {
+                let key = addr_to_raw(addr.octets());
+                // Counted from its first verdict: the entry is there
+                // first, and a pod whose identities change keeps its
+                // counts.
+                if maps.policy_verdicts.get(&key, 0).is_err() {
+                    let zeros = PerCpuValues::try_from(vec![PodVerdicts::default(); cpus()?])
+                        .map_err(DatapathError::Cpus)?;
+                    maps.policy_verdicts
+                        .insert(key, zeros, 0)
+                        .map_err(DatapathError::map(POLICY_VERDICTS))?;
+                }
+                maps.policy_pods
+                    .insert(key, *policy, 0)
+                    .map_err(DatapathError::map(POLICY_PODS))?;
+            }
+            Write::RemovePod(addr) => {
+                let key = addr_to_raw(addr.octets());
+                removed(maps.policy_pods.remove(&key), POLICY_PODS)?;
+                removed(maps.policy_verdicts.remove(&key), POLICY_VERDICTS)?;
+            }
             Write::RemoveCidr(identity, prefix) => removed(
                 maps.policy_cidrs.remove(&cidr_key(*identity, *prefix)),
                 POLICY_CIDRS,
@@ -104,6 +117,23 @@ pub fn read(maps: &DatapathMaps) -> Result<Tables, DatapathError> {
         tables.ports.insert((set, key.prefix_len(), data[4], port));
     }
     Ok(tables)
+}
+
+fn cpus() -> Result<usize, DatapathError> {
+    aya::util::nr_cpus().map_err(|(_, source)| DatapathError::Cpus(source))
+}
+
+/// What policy decided for each pod under it, summed over the CPUs.
+pub fn verdicts(maps: &DatapathMaps) -> Result<BTreeMap<Ipv4Addr, PodVerdicts>, DatapathError> {
+    let mut out = BTreeMap::new();
+    for item in &maps.policy_verdicts {
+        let (addr, per_cpu) = item.map_err(DatapathError::map(POLICY_VERDICTS))?;
+        let sum = per_cpu
+            .iter()
+            .fold(PodVerdicts::default(), |sum, v| sum.plus(*v));
+        out.insert(Ipv4Addr::from(raw_to_addr(addr)), sum);
+    }
+    Ok(out)
 }
 
 /// The connections policy let through: each by its key and entry.

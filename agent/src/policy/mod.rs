@@ -8,6 +8,7 @@ pub mod endpoints;
 pub mod events;
 pub mod fields;
 pub mod maps;
+pub mod metrics;
 pub mod network_policies;
 pub mod node;
 pub mod rules;

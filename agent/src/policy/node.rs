@@ -15,12 +15,14 @@ use tracing::{debug, info, warn};
 use vpcnet_common::{
     cidr::CidrKind,
     config::{FLAG_NETWORK_POLICY, FLAG_POLICY_EVENTS},
+    policy::PodVerdicts,
 };
 
 use super::{
     Enforcer,
     endpoints::{self, LocalPod, Named},
     fields::Problem,
+    maps,
     network_policies::{Cluster, ClusterPod, Resolved},
     rules::PodRules,
     settings::{EnforcingMode, PolicySettings},
@@ -83,6 +85,16 @@ pub const PROBLEMS_QUEUED: usize = 64;
 pub struct PodName {
     pub namespace: String,
     pub name: String,
+}
+
+/// A local pod as network policy has it.
+#[derive(Clone, Debug)]
+pub struct PodSnapshot {
+    pub addr: Ipv4Addr,
+    pub name: PodName,
+    /// `None` while held (the rules the maps held at start stay).
+    pub rules: Option<PodRules>,
+    pub verdicts: PodVerdicts,
 }
 
 /// Network policy on this node; cheap to clone.
@@ -220,17 +232,25 @@ impl NodePolicy {
         self.inner.settings.mode
     }
 
-    /// Every local pod's rules, as enforced now.
-    pub async fn snapshot(&self) -> Vec<(Ipv4Addr, PodName, PodRules)> {
+    /// Every local pod's rules, as enforced now (a pod whose rules are held
+    /// from before the policies were listed has none), and what policy
+    /// decided for it.
+    ///
+    /// # Errors
+    /// The verdicts' map cannot be read.
+    pub async fn snapshot(&self) -> Result<Vec<PodSnapshot>, DatapathError> {
         let state = self.inner.state.lock().await;
-        state
+        let verdicts = maps::verdicts(&lock(&self.inner.datapath).maps)?;
+        Ok(state
             .pods
             .iter()
-            .filter_map(|(addr, pod)| {
-                let rules = state.enforcer.pod(*addr)?.clone();
-                Some((*addr, pod.name.clone(), rules))
+            .map(|(addr, pod)| PodSnapshot {
+                addr: *addr,
+                name: pod.name.clone(),
+                rules: state.enforcer.pod(*addr).cloned(),
+                verdicts: verdicts.get(addr).copied().unwrap_or_default(),
             })
-            .collect()
+            .collect())
     }
 
     async fn wait_for_policies(&self) {

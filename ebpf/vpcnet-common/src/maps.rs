@@ -48,6 +48,9 @@ pub const STACK_FLOWS: &str = "VPCNET_STACK_PAIRS";
 /// `HashMap<u32 (pod address), PodPolicy>`: each local pod's policy
 /// identities (see [`crate::policy`]).
 pub const POLICY_PODS: &str = "VPCNET_POLICY_PODS";
+/// `PerCpuHashMap<u32 (pod address), PodVerdicts>`: what policy decided
+/// for each local pod under it.
+pub const POLICY_VERDICTS: &str = "VPCNET_POLICY_VERDICTS";
 /// `LpmTrie<[u8; 8] (identity, peer address), PortSet>`: the peer prefixes
 /// each identity allows, and the ports they may use.
 pub const POLICY_CIDRS: &str = "VPCNET_POLICY_CIDRS";
@@ -76,7 +79,7 @@ const fn pinned(name: &'static str, layout: u16) -> PinnedMap {
 
 /// Every pinned map with its layout, for loading, clean-up and the object
 /// check.
-pub const ALL: [PinnedMap; 15] = [
+pub const ALL: [PinnedMap; 16] = [
     pinned(CONFIG, 1),
     pinned(CT_TIMEOUTS, 1),
     pinned(CIDRS, 1),
@@ -95,6 +98,7 @@ pub const ALL: [PinnedMap; 15] = [
     pinned(POLICY_CIDRS, 1),
     pinned(POLICY_PORTS, 1),
     pinned(POLICY_FLOWS, 1),
+    pinned(POLICY_VERDICTS, 1),
 ];
 
 /// Maps earlier versions pinned that this one no longer uses: removed at

@@ -22,6 +22,36 @@ pub struct PodPolicy {
     pub egress: u32,
 }
 
+/// `POLICY_VERDICTS[pod address]`, per CPU: what policy decided for the
+/// pod. A connection counts once, at its first packet; a denied packet
+/// counts each time. The agent makes the entry with the pod's
+/// [`PodPolicy`] and removes it with it; the programs only add.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodVerdicts {
+    /// Connections to the pod its ingress rules allowed.
+    pub ingress_allowed: u64,
+    /// Packets to the pod its ingress rules denied.
+    pub ingress_denied: u64,
+    /// Connections from the pod its egress rules allowed.
+    pub egress_allowed: u64,
+    /// Packets from the pod its egress rules denied.
+    pub egress_denied: u64,
+}
+
+impl PodVerdicts {
+    /// `self` plus `other` (the sum over CPUs).
+    #[must_use]
+    pub const fn plus(self, other: Self) -> Self {
+        Self {
+            ingress_allowed: self.ingress_allowed.wrapping_add(other.ingress_allowed),
+            ingress_denied: self.ingress_denied.wrapping_add(other.ingress_denied),
+            egress_allowed: self.egress_allowed.wrapping_add(other.egress_allowed),
+            egress_denied: self.egress_denied.wrapping_add(other.egress_denied),
+        }
+    }
+}
+
 /// The identity of a direction no policy isolates: everything passes.
 pub const POLICY_UNISOLATED: u32 = 0;
 
@@ -152,7 +182,14 @@ pub const TIER_DEFAULT: u8 = 1;
 /// falls behind, events are lost (counted), never waited for.
 pub const POLICY_EVENTS_BYTES: u32 = 1 << 20;
 
-crate::impl_pod!(PodPolicy, PortSet, PortAllowed, PolicyFlow, PolicyEvent);
+crate::impl_pod!(
+    PodPolicy,
+    PodVerdicts,
+    PortSet,
+    PortAllowed,
+    PolicyFlow,
+    PolicyEvent
+);
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use vpcnet_common::{
     cidr::{CidrValue, ExternalServiceCidr},
@@ -18,7 +18,7 @@ use vpcnet_common::{
         POLICY_PORTS_MAX_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
     },
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
-    policy::{POLICY_EVENTS_BYTES, PodPolicy, PolicyFlow, PortAllowed, PortSet},
+    policy::{POLICY_EVENTS_BYTES, PodPolicy, PodVerdicts, PolicyFlow, PortAllowed, PortSet},
 };
 
 use crate::nat::{ClaimSearch, RecentFlows};
@@ -58,6 +58,10 @@ pub static STACK_FLOWS: HashMap<FlowKey, NatEntry> =
 
 #[map(name = "VPCNET_POLICY_PODS")]
 pub static POLICY_PODS: HashMap<u32, PodPolicy> = HashMap::pinned(POLICY_PODS_MAX_ENTRIES, 0);
+
+#[map(name = "VPCNET_POLICY_VERDICTS")]
+pub static POLICY_VERDICTS: PerCpuHashMap<u32, PodVerdicts> =
+    PerCpuHashMap::pinned(POLICY_PODS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_POLICY_CIDRS")]
 pub static POLICY_CIDRS: LpmTrie<[u8; 8], PortSet> = LpmTrie::pinned(POLICY_CIDRS_MAX_ENTRIES, 0);

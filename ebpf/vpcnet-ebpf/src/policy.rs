@@ -12,18 +12,21 @@ use vpcnet_common::{
     cidr::CidrKind,
     config::Config,
     counters::Counter,
-    nat::{DEFAULT_TIMEOUTS, FlowKey, NS_PER_SEC, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    nat::{DEFAULT_TIMEOUTS, FlowKey, FlowState, PROTO_ICMP, PROTO_TCP},
     policy::{
         DIRECTION_EGRESS, DIRECTION_INGRESS, FLOW_REVOKED, OPENED_BY_KEY_DESTINATION,
         OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS, POLICY_UNISOLATED, PORTS_ONE,
-        PodPolicy, PolicyEvent, PolicyFlow, TIER_DEFAULT, TIER_NETWORK_POLICY, VERDICT_ACCEPT,
-        VERDICT_DENY, cidr_key_data, flow_key, port_key_data,
+        PodPolicy, PodVerdicts, PolicyEvent, PolicyFlow, TIER_DEFAULT, TIER_NETWORK_POLICY,
+        VERDICT_ACCEPT, VERDICT_DENY, cidr_key_data, flow_key, port_key_data,
     },
 };
 
 use crate::{
     cidr, icmp,
-    maps::{POLICY_CIDRS, POLICY_EVENTS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, count, timeouts},
+    maps::{
+        POLICY_CIDRS, POLICY_EVENTS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, POLICY_VERDICTS,
+        count, timeouts,
+    },
     nat::now_ns,
     packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, load, parse_ipv4, parse_l4},
 };
@@ -118,6 +121,7 @@ fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
     let opener = match verdict {
         Ok(()) => {
             count(Counter::PolicyFlowNew);
+            tally_allowed(key, sender, receiver);
             if cfg.policy_events() {
                 if let Some(pod) = sender {
                     log(key, VERDICT_ACCEPT, DIRECTION_EGRESS, pod.egress);
@@ -133,13 +137,16 @@ fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
         // connection, whichever end's packet comes first.
         Err(reason) if key.proto == PROTO_TCP && !packet.syn => {
             if judge(&key.reversed(), receiver, sender).is_err() {
+                tally_denied(key, reason);
                 log_denied(cfg, key, reason, sender, receiver);
                 return Err(reason);
             }
             count(Counter::PolicyFlowPickedUp);
+            tally_allowed(&key.reversed(), receiver, sender);
             !reversed
         }
         Err(reason) => {
+            tally_denied(key, reason);
             log_denied(cfg, key, reason, sender, receiver);
             return Err(reason);
         }
@@ -156,6 +163,45 @@ fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
     // An LRU map always makes room: the least recently used gives way.
     let _ = POLICY_FLOWS.insert(flow, entry, 0);
     Ok(())
+}
+
+/// A connection `key`'s opener may open, on the pods' verdicts.
+#[inline(always)]
+fn tally_allowed(key: &FlowKey, sender: Option<PodPolicy>, receiver: Option<PodPolicy>) {
+    if sender.is_some() {
+        tally(key.saddr, |v| {
+            v.egress_allowed = v.egress_allowed.wrapping_add(1)
+        });
+    }
+    if receiver.is_some() {
+        tally(key.daddr, |v| {
+            v.ingress_allowed = v.ingress_allowed.wrapping_add(1);
+        });
+    }
+}
+
+/// A denied packet, on the verdicts of the pod whose rules denied it.
+#[inline(always)]
+fn tally_denied(key: &FlowKey, reason: Counter) {
+    if reason == Counter::DropPolicyEgress {
+        tally(key.saddr, |v| {
+            v.egress_denied = v.egress_denied.wrapping_add(1)
+        });
+    } else {
+        tally(key.daddr, |v| {
+            v.ingress_denied = v.ingress_denied.wrapping_add(1)
+        });
+    }
+}
+
+/// Adds to this CPU's verdicts of the pod at `addr` (an entry only the
+/// agent makes).
+#[inline(always)]
+fn tally(addr: u32, add: impl FnOnce(&mut PodVerdicts)) {
+    if let Some(verdicts) = POLICY_VERDICTS.get_ptr_mut(addr) {
+        // SAFETY: this CPU's live map value.
+        add(unsafe { &mut *verdicts });
+    }
 }
 
 /// A denied packet into the event log, as the side whose rules denied it.
@@ -248,24 +294,11 @@ fn refresh(flow: &FlowKey, now: u64) -> Tracked {
 /// sysctls).
 #[inline(always)]
 fn fresh(last: u64, proto: u8, now: u64) -> bool {
-    let t = timeouts();
-    let secs = match proto {
-        PROTO_TCP => t.map_or(0, |t| t.tcp_established),
-        PROTO_UDP => t.map_or(0, |t| t.udp_stream),
-        PROTO_ICMP => t.map_or(0, |t| t.icmp),
-        _ => t.map_or(0, |t| t.generic),
+    let lives = match timeouts() {
+        Some(t) => t.timeout_ns(proto, FlowState::Established, true),
+        None => DEFAULT_TIMEOUTS.timeout_ns(proto, FlowState::Established, true),
     };
-    let secs = if secs != 0 {
-        secs
-    } else {
-        match proto {
-            PROTO_TCP => DEFAULT_TIMEOUTS.tcp_established,
-            PROTO_UDP => DEFAULT_TIMEOUTS.udp_stream,
-            PROTO_ICMP => DEFAULT_TIMEOUTS.icmp,
-            _ => DEFAULT_TIMEOUTS.generic,
-        }
-    };
-    now.wrapping_sub(last) <= u64::from(secs) * NS_PER_SEC
+    now.wrapping_sub(last) <= lives
 }
 
 /// The packet as a new connection from `sender`'s pod to `receiver`'s.
