@@ -91,6 +91,23 @@ pub fn icmp_error(
     ipv4_frame(src, dst, 1, &icmp, &[])
 }
 
+/// An SCTP packet with one INIT chunk (its checksum left zero: nothing on
+/// the node checks it).
+pub fn sctp_init(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+    let mut sctp = vec![0u8; 12 + 20];
+    sctp[0..2].copy_from_slice(&sport.to_be_bytes());
+    sctp[2..4].copy_from_slice(&dport.to_be_bytes());
+    // The INIT chunk: type 1, its length, an initiate tag, a window,
+    // streams and an initial TSN.
+    sctp[12] = 1;
+    sctp[14..16].copy_from_slice(&20u16.to_be_bytes());
+    sctp[16..20].copy_from_slice(&0x5eed_0001u32.to_be_bytes());
+    sctp[20..24].copy_from_slice(&65_535u32.to_be_bytes());
+    sctp[24..28].copy_from_slice(&0x0001_0001u32.to_be_bytes());
+    sctp[28..32].copy_from_slice(&1u32.to_be_bytes());
+    ipv4_frame(src, dst, 132, &sctp, &[])
+}
+
 /// An Ethernet frame around an IPv4 header (with `options`) and `payload`
 /// given as bytes, checksum computed here.
 pub fn ipv4_frame(

@@ -205,6 +205,33 @@ fn egress_rules_judge_every_destination_with_their_exceptions() {
 }
 
 #[test]
+fn sctp_is_judged_on_its_ports_as_tcp_and_udp_are() {
+    let mut node = Node::new();
+    node.rules(
+        POD2,
+        ingress_only(vec![rule(
+            vec![peers("0.0.0.0/0", &[])],
+            vec![Ports {
+                protocol: Protocol::Sctp,
+                first: 3868,
+                last: 3870,
+            }],
+        )]),
+    );
+    for (port, allowed) in [(3868, true), (3870, true), (3871, false)] {
+        let (action, dropped) = node.counted(Counter::DropPolicyIngress, || {
+            node.send(POD, packets::sctp_init(POD, 40000, POD2, port))
+        });
+        assert_eq!(dropped == 0, allowed, "SCTP {port}: action {action}");
+    }
+    // TCP on an SCTP rule's port is not SCTP.
+    let (_, dropped) = node.counted(Counter::DropPolicyIngress, || {
+        node.send(POD, packets::tcp(POD, 40001, POD2, 3868, TCP_SYN, b""))
+    });
+    assert_eq!(dropped, 1);
+}
+
+#[test]
 fn an_isolated_pod_gets_replies_of_its_own_connections_and_nothing_new() {
     let mut node = Node::new();
     node.rules(
