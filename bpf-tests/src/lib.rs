@@ -11,11 +11,13 @@ pub mod fuzz;
 pub mod hooks;
 pub mod idle;
 pub mod ipam;
+pub mod loaded;
 pub mod netpol;
 pub mod packets;
 pub mod scrape;
 
 use std::{
+    mem::ManuallyDrop,
     net::Ipv4Addr,
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
@@ -23,6 +25,7 @@ use std::{
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::Ipv4Net;
+use loaded::Loaded;
 use vpcnet_agent::{
     datapath::{Datapath, DatapathError, LoadOptions, remove_pins},
     snat::SnatSettings,
@@ -67,10 +70,16 @@ pub const KERNEL_RULES: [&str; 3] = [
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
 /// The real programs, loaded with maps pinned in a directory of their own
-/// that is removed on drop.
+/// that is removed on drop ([`Harness::load_in`]), or taken from those this
+/// process loaded before, their maps emptied and unpinned
+/// ([`Harness::new`]).
 pub struct Harness {
-    pub datapath: Datapath,
-    pin_dir: PathBuf,
+    /// Taken out on drop, to be handed back.
+    pub datapath: ManuallyDrop<Datapath>,
+    /// `None` for programs taken from the process' loaded ones.
+    pin_dir: Option<PathBuf>,
+    /// What goes with programs to hand back when the test passed.
+    reusable: Option<Loaded>,
 }
 
 /// What a program did with a packet.
@@ -100,7 +109,11 @@ impl Harness {
             ..LoadOptions::default()
         });
         match loaded {
-            Ok(datapath) => Ok(Self { datapath, pin_dir }),
+            Ok(datapath) => Ok(Self {
+                datapath: ManuallyDrop::new(datapath),
+                pin_dir: Some(pin_dir),
+                reusable: None,
+            }),
             Err(e) => {
                 let _ = remove_pins(&pin_dir);
                 Err(e)
@@ -108,12 +121,18 @@ impl Harness {
         }
     }
 
-    /// Loads the programs with `nat_entries` flows per NAT map and the lab's
-    /// node configured with `settings`.
+    /// The programs with `nat_entries` flows per NAT map (loaded once per
+    /// process, see [`loaded`]) and the lab's node configured with
+    /// `settings`.
     pub fn new(settings: &SnatSettings, nat_entries: u32) -> Self {
-        let mut harness = Self::load_in(Self::new_pin_dir(), nat_entries).unwrap_or_else(|e| {
+        let (loaded, datapath) = Loaded::take(nat_entries).unwrap_or_else(|e| {
             panic!("loading the programs (run as root, after `cargo xtask setup`): {e:?}")
         });
+        let mut harness = Self {
+            datapath: ManuallyDrop::new(datapath),
+            pin_dir: None,
+            reusable: Some(loaded),
+        };
         harness.configure(settings);
         let cidrs: Vec<(Ipv4Net, CidrKind)> = VPC_CIDRS
             .iter()
@@ -278,7 +297,17 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        let _ = remove_pins(&self.pin_dir);
+        // SAFETY: taken once, here, and never read again.
+        let datapath = unsafe { ManuallyDrop::take(&mut self.datapath) };
+        if let Some(pin_dir) = &self.pin_dir {
+            let _ = remove_pins(pin_dir);
+        }
+        // A failed test's maps may be in any state: not for the next one.
+        if let Some(loaded) = self.reusable.take()
+            && !std::thread::panicking()
+        {
+            loaded.give_back(datapath);
+        }
     }
 }
 

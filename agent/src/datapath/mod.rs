@@ -339,6 +339,12 @@ impl Datapath {
         aya::maps::RingBuf::try_from(map).ok()
     }
 
+    /// Whether [`Self::take_policy_events`] has taken the ring.
+    #[must_use]
+    pub fn policy_events_taken(&self) -> bool {
+        self.ebpf.map(names::POLICY_EVENTS).is_none()
+    }
+
     /// A loaded program, e.g. to run it on a crafted packet.
     pub fn program(&self, name: &'static str) -> Result<&SchedClassifier, DatapathError> {
         self.ebpf
