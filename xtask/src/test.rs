@@ -71,7 +71,7 @@ pub struct Args {
 pub enum Suite {
     /// On every kernel: the programs load within their budgets, and the
     /// `BPF_PROG_TEST_RUN` verdict tests; in a VM, security groups for pods
-    /// over 802.1Q; on 6.1, also the lab with traffic, agent restarts and
+    /// over 802.1Q and the network policy matrix; on 6.1, also the lab with traffic, agent restarts and
     /// an upgrade under long-lived flows; on 6.12, the routing differential
     /// over 802.1Q.
     Matrix,
@@ -105,6 +105,10 @@ const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
 /// host's has no 8021q module; there these tests are ignored).
 const VLAN_TARGETS: [&str; 1] = ["security_groups"];
 
+/// Network policy against its specification, in every VM (this machine
+/// runs every test).
+const POLICY_TARGETS: [&str; 1] = ["network_policy_matrix"];
+
 /// The routing differential (both datapaths, branch pods on real VLANs):
 /// on the VM kernel that runs no traffic targets.
 const VLAN_DIFFERENTIAL_TARGETS: [&str; 1] = ["routing_differential"];
@@ -133,6 +137,7 @@ impl Suite {
         let mut targets = VERDICT_TARGETS.to_vec();
         if kernel.is_some() {
             targets.extend(VLAN_TARGETS);
+            targets.extend(POLICY_TARGETS);
         }
         match self {
             // CI's time goes to traffic on the oldest kernel EKS runs.

@@ -38,7 +38,8 @@ pub(super) struct Sizes {
     /// labs each, minutes under TCG); this machine runs both.
     vm_routing_modes: &'static str,
     /// Whether the VM kernels share out [`SPREAD_VLAN_TESTS`] rather than
-    /// each running all of them.
+    /// each running all of them, and leave [`HOST_ENOUGH_IN_CI`] to this
+    /// machine.
     spread_vlan_tests: bool,
     /// `--fuzz-packets`: here and in the VMs, over the environment too.
     fuzz_packets: Option<u64>,
@@ -146,10 +147,22 @@ impl Sizes {
                     .filter(|(i, _)| Some(i % KERNELS.len()) != index)
                     .map(|(_, test)| *test),
             );
+            skipped.extend(HOST_ENOUGH_IN_CI);
         }
         skipped
     }
 }
+
+/// The network policy matrix's runs: under TCG one takes over half an
+/// hour (a case, minutes), so CI runs them on this machine only; the VMs'
+/// verdict tests judge policy with the same programs on their kernels, and
+/// `--full` runs the matrix in the VMs too.
+const HOST_ENOUGH_IN_CI: [&str; 4] = [
+    "standard_mode_enforces_the_specification_through_policy_endpoints",
+    "strict_mode_enforces_the_specification_through_policy_endpoints",
+    "standard_mode_enforces_the_specification_resolved_by_the_agent",
+    "strict_mode_enforces_the_specification_resolved_by_the_agent",
+];
 
 /// Lab tests over 802.1Q, each minutes under TCG, that CI shares out over
 /// the VM kernels, one each in turn: security groups for pods in each
@@ -171,6 +184,29 @@ const SAME_AS_CLSACT_WITHOUT_TCX: [&str; 1] = ["restarts_keep_every_flow_with_cl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ci_runs_each_spread_test_on_one_vm_kernel_and_full_on_all() {
+        let ci = Sizes::new(false, None);
+        for test in SPREAD_VLAN_TESTS {
+            let running = KERNELS
+                .iter()
+                .filter(|k| !ci.skipped_in(k).contains(&test))
+                .count();
+            assert_eq!(running, 1, "{test}");
+        }
+        for kernel in &KERNELS {
+            let skipped = ci.skipped_in(kernel);
+            assert!(HOST_ENOUGH_IN_CI.iter().all(|t| skipped.contains(t)));
+            let full = Sizes::new(true, None).skipped_in(kernel);
+            assert!(
+                SPREAD_VLAN_TESTS
+                    .iter()
+                    .chain(&HOST_ENOUGH_IN_CI)
+                    .all(|t| !full.contains(t))
+            );
+        }
+    }
 
     #[test]
     fn sizes_are_cis_unless_full() {
