@@ -60,17 +60,17 @@ pub fn wait_warm_pool(wanted: usize) -> Result<()> {
 }
 
 /// The calls' wall times, and the plugin's own.
-struct Cycles {
-    adds: Vec<Duration>,
-    dels: Vec<Duration>,
-    runs: Vec<Duration>,
-    removes: Vec<Duration>,
+pub(crate) struct Cycles {
+    pub adds: Vec<Duration>,
+    pub dels: Vec<Duration>,
+    pub runs: Vec<Duration>,
+    pub removes: Vec<Duration>,
 }
 
 /// `cycles` times: `pods` `RunPodSandbox` calls, then `StopPodSandbox` and
 /// `RemovePodSandbox` of each; the wall times of the calls and the plugin's
 /// own (its log's `elapsed_ms`).
-fn cycles(lab: &Lab, pods: usize, cycles: usize) -> Result<Cycles> {
+pub(crate) fn cycles(lab: &Lab, pods: usize, cycles: usize) -> Result<Cycles> {
     let client = lab.cri()?;
     let calls_before = plugin_calls().len();
     let (mut runs, mut removes) = (Vec::new(), Vec::new());

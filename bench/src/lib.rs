@@ -22,6 +22,8 @@ pub mod measurement;
 pub mod nat_fill;
 pub mod options;
 pub mod plot;
+pub mod policy_apply;
+pub mod policy_fill;
 pub mod profile;
 pub mod report;
 pub mod run;

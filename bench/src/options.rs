@@ -38,6 +38,10 @@ pub struct BenchOptions {
     pub churn_pods: usize,
     /// The agent, the CNI plugin and the load generator.
     pub bin_dir: PathBuf,
+    /// Network policies applied one after another (the time each takes
+    /// to reach the node's maps).
+    #[serde(default = "BenchOptions::policy_applies_default")]
+    pub policy_applies: usize,
     /// The parts to run (all by default).
     #[serde(default = "Part::all")]
     pub parts: Vec<Part>,
@@ -60,6 +64,8 @@ pub enum Part {
     NatLoad,
     /// The agent's memory and CPU with many pods.
     Agent,
+    /// Flows with a node's worth of network policy against none.
+    Policy,
 }
 
 impl Part {
@@ -71,6 +77,7 @@ impl Part {
             Self::Churn,
             Self::Cni,
             Self::NatLoad,
+            Self::Policy,
         ]
     }
 }
@@ -93,6 +100,7 @@ impl BenchOptions {
             // Each holds up to its local port range (28232) or open-file
             // limit (20000 here): together more than the 64512 SNAT ports.
             churn_pods: 4,
+            policy_applies: Self::policy_applies_default(),
             bin_dir,
             parts: Part::all(),
         }
@@ -114,6 +122,7 @@ impl BenchOptions {
             agent_pods: 20,
             churn_s: 1.0,
             churn_pods: 1,
+            policy_applies: 2,
             bin_dir,
             parts: Part::all(),
         }
@@ -123,6 +132,11 @@ impl BenchOptions {
     /// all without a call to EC2 between cycles.
     fn nat_load_pods_default() -> usize {
         24
+    }
+
+    /// 100 applies: the p99 the slowest but one.
+    fn policy_applies_default() -> usize {
+        100
     }
 
     /// 10 cycles of 24: 240 ADDs per occupancy, the p99 the third slowest.

@@ -8,7 +8,7 @@ use vpcnet_lab::Datapath;
 
 use crate::{
     profile::{PROGRAMS, program_key},
-    run::{Results, scale_name},
+    run::{Results, policy_name, scale_name},
 };
 
 /// Which way is better.
@@ -365,6 +365,49 @@ pub fn sections(results: &Results) -> Vec<Section> {
         ));
     }
 
+    let mut policy = Vec::new();
+    for (flow, title, key, unit, better) in POLICY_FIGURES {
+        for (with_policy, state) in [(false, "no policy"), (true, "policy on")] {
+            policy.push(Figure::new(
+                format!("{title}, {state}"),
+                policy_name(flow, with_policy),
+                key,
+                unit,
+                better,
+            ));
+        }
+    }
+    for (key, unit) in [("p50_ms", "ms p50"), ("p99_ms", "ms p99")] {
+        policy.push(Figure::new(
+            "kubectl apply to the node's maps (1000 pods in the cluster)",
+            "policy/apply_to_maps",
+            key,
+            unit,
+            Lower,
+        ));
+        policy.push(Figure::new(
+            "plugin ADD with policies in force",
+            "policy/cni_add",
+            key,
+            unit,
+            Lower,
+        ));
+    }
+    policy.push(Figure::new(
+        "rules written",
+        "policy/maps",
+        "rules",
+        "",
+        Lower,
+    ));
+    policy.push(Figure::new(
+        "policy maps' memory",
+        "policy/maps",
+        "bytes",
+        "bytes",
+        Lower,
+    ));
+
     vec![
         Section {
             title: "Per-packet paths (routed = no NAT, no rules: the ceiling)",
@@ -396,8 +439,21 @@ pub fn sections(results: &Results) -> Vec<Section> {
             datapaths: EBPF,
             figures: nat_load,
         },
+        Section {
+            title: "Network policy: 1000 pods' state and 500 rules (100 CIDRs with exceptions per set, port ranges) against none (vpcnet only)",
+            datapaths: EBPF,
+            figures: policy,
+        },
     ]
 }
+
+/// The policy part's figures: flow, title, value, unit, which way is
+/// better.
+const POLICY_FIGURES: [(&str, &str, &str, &str, Better); 3] = [
+    ("snat_rr", "SNAT RR p50", "p50_us", "µs", Better::Lower),
+    ("pod_rr", "pod → pod RR p50", "p50_us", "µs", Better::Lower),
+    ("snat_crr", "SNAT CRR", "rate", "conn/s", Better::Higher),
+];
 
 fn cell(value: Option<f64>) -> String {
     match value {
@@ -487,6 +543,28 @@ pub fn targets(results: &Results) -> Vec<Target> {
             );
         }
     }
+    for (flow, title, key, _, better) in POLICY_FIGURES {
+        let ratio = results.paired_ratio(
+            (e, &policy_name(flow, true)),
+            (e, &policy_name(flow, false)),
+            key,
+        );
+        push(
+            format!("{title} with a node's network policy within 3% of none"),
+            format!("{} of no policy's", ratio_cell(ratio)),
+            ratio.map(|v| match better {
+                Better::Lower => v <= 1.03,
+                Better::Higher => v >= 0.97,
+            }),
+        );
+    }
+    let apply_p99 = results.median(e, "policy/apply_to_maps", "p99_ms");
+    push(
+        "a NetworkPolicy from kubectl apply to the node's maps within 1 s at p99 (1000 pods)"
+            .into(),
+        format!("{} ms", cell(apply_p99)),
+        apply_p99.map(|v| v < 1000.0),
+    );
     let (fullest, emptiest) = (
         crate::cni_latency::NAT_OCCUPANCY_PERCENT.last(),
         crate::cni_latency::NAT_OCCUPANCY_PERCENT.first(),

@@ -25,6 +25,7 @@ use crate::{
     measure::{Client, ClientRun, Load, Server, iperf3_stream},
     measurement::Measurement,
     options::{BenchOptions, Part},
+    policy_fill::PolicyFill,
     profile::{ProgramCost, ProgramStats, program_key},
 };
 
@@ -193,6 +194,17 @@ pub fn run(opts: &BenchOptions, progress: &dyn Fn(&str)) -> Result<Results> {
         if runs(Part::NatLoad) {
             progress("  ebpf: CNI ADD with the NAT table 10%, 50% and 90% full");
             measurements.extend(cni_latency::run_under_nat_load(opts, round)?);
+        }
+        if runs(Part::Policy) {
+            progress(&format!(
+                "  ebpf: flows with {POLICY_FILLERS} pods' network policy and none"
+            ));
+            measurements.extend(policy_cost(opts, round)?);
+            progress(&format!(
+                "  ebpf: NetworkPolicy applied to the maps, {} pods in the cluster; CNI ADD with policies",
+                crate::policy_apply::CLUSTER_PODS
+            ));
+            measurements.extend(crate::policy_apply::run(opts, round)?);
         }
     }
     Ok(Results {
@@ -407,6 +419,94 @@ fn scale(
 /// The name of a scale sweep point.
 pub fn scale_name(fillers: usize, exclusions: usize) -> String {
     format!("scale_rr/{fillers}/{exclusions}")
+}
+
+/// Pods' worth of endpoint and policy state in the policy part.
+pub const POLICY_FILLERS: usize = 1000;
+
+/// The name of the policy part's measurement of `flow`, `with_policy` or
+/// not.
+pub fn policy_name(flow: &str, with_policy: bool) -> String {
+    let state = if with_policy { "on" } else { "none" };
+    format!("policy/{state}/{flow}")
+}
+
+/// SNAT RR and CRR and pod-to-pod RR on a node with [`POLICY_FILLERS`]
+/// pods' endpoint state, with a node's worth of network policy (see
+/// [`PolicyFill`]) and with none, in the same lab, the order alternating
+/// from round to round.
+fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
+    let lab = lab_up(&lab_options(opts, Datapath::Ebpf, 3, 1))?;
+    let tools = opts.tools();
+    let (client, target) = (lab.pod(0), lab.pod(2));
+    let _servers = [
+        Server::start(&tools, NS_INET, SocketAddrV4::new(INET_ADDR, PORT))?,
+        Server::start(&tools, &target.netns, SocketAddrV4::new(target.addr, PORT))?,
+    ];
+    let _fillers = FillerEndpoints::insert(POLICY_FILLERS)?;
+    let (inet, pod) = (
+        SocketAddrV4::new(INET_ADDR, PORT),
+        SocketAddrV4::new(target.addr, PORT),
+    );
+    let duration = opts.duration();
+    let order = if round.is_multiple_of(2) {
+        [false, true]
+    } else {
+        [true, false]
+    };
+    let mut out = Vec::new();
+    for with_policy in order {
+        let fill = with_policy
+            .then(|| {
+                PolicyFill::insert(
+                    POLICY_FILLERS,
+                    client.addr,
+                    &[INET_ADDR, target.addr],
+                    target.addr,
+                    PORT,
+                )
+            })
+            .transpose()?;
+        let name = |flow| policy_name(flow, with_policy);
+        let rr_to = |to| Client::run(&tools, &client.netns, to, rr(duration));
+        out.push(Measurement::of_load(
+            round,
+            Datapath::Ebpf,
+            &name("snat_rr"),
+            rr_to(inet)?,
+        ));
+        out.push(Measurement::of_load(
+            round,
+            Datapath::Ebpf,
+            &name("pod_rr"),
+            rr_to(pod)?,
+        ));
+        let crr = ClientRun {
+            load: Load::CrrServerCloses,
+            duration,
+            threads: opts.crr_threads,
+            timeout: Duration::from_secs(1),
+            pace: Duration::ZERO,
+        };
+        out.push(Measurement::of_load(
+            round,
+            Datapath::Ebpf,
+            &name("snat_crr"),
+            Client::run(&tools, &client.netns, inet, crr)?,
+        ));
+        if let Some(fill) = &fill {
+            let mut memory = Measurement::new(round, Datapath::Ebpf, "policy/maps")
+                .with("rules", fill.rules() as f64);
+            let mut total = 0;
+            for (map, bytes) in PolicyFill::memory()? {
+                memory = memory.with(&format!("bytes/{map}"), bytes as f64);
+                total += bytes;
+            }
+            out.push(memory.with("bytes", total as f64));
+        }
+    }
+    lab.down().context("taking the lab down")?;
+    Ok(out)
 }
 
 /// Server processes of the churn, each holding up to its open-file limit
