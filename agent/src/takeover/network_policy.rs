@@ -2,9 +2,11 @@
 //! network policy agent) enforced on the node. It enforces with eBPF
 //! programs on each pod's host veth, pinned as
 //! `<pod>_handle_ingress` / `<pod>_handle_egress` under
-//! `/sys/fs/bpf/globals/aws/programs`. vpcnet enforces no network policy:
-//! taking such a node over would end that enforcement without a word, so
-//! the take-over refuses unless the operator opts in knowingly.
+//! `/sys/fs/bpf/globals/aws/programs`. vpcnet does not take that
+//! enforcement over without a gap yet: its programs would take the pods
+//! before their policies are in its maps, and aws-node's would stay
+//! attached with policies nobody updates. So the take-over refuses such a
+//! node unless the operator opts in knowingly.
 
 use std::{
     io,
@@ -16,7 +18,8 @@ use crate::env::Env;
 /// Where the network policy agent pins its programs.
 pub const NETWORK_POLICY_PROGRAMS_DIR: &str = "/sys/fs/bpf/globals/aws/programs";
 /// `true`: take a node whose pods had NetworkPolicy enforced over anyway
-/// (their policies stop being enforced).
+/// (their policies are enforced again once vpcnet's agent has written
+/// them, with `ENABLE_NETWORK_POLICY`).
 pub const ENV_TAKE_OVER_POLICY_NODE: &str = "VPCNET_TAKE_OVER_NETWORK_POLICY_NODE";
 /// The pinned programs' name endings.
 const PROGRAM_SUFFIXES: [&str; 2] = ["_handle_ingress", "_handle_egress"];
@@ -55,7 +58,7 @@ pub fn detect(dir: &Path) -> io::Result<Option<Enforcement>> {
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyNodeError {
     #[error(
-        "aws-node's network policy agent enforced NetworkPolicy on this node ({count} programs pinned in {dir}, e.g. {example}); vpcnet enforces no network policy, so taking the node over would end that enforcement. Keep aws-node on this node, or set {ENV_TAKE_OVER_POLICY_NODE}=true to take it over knowingly (deploy/README.md, \"Network policy\")",
+        "aws-node's network policy agent enforced NetworkPolicy on this node ({count} programs pinned in {dir}, e.g. {example}); vpcnet does not take that enforcement over without a gap yet (its pods would be unenforced until vpcnet's agent has written their policies). Keep aws-node on this node, or set {ENV_TAKE_OVER_POLICY_NODE}=true to take it over knowingly (deploy/README.md, \"Network policy\")",
         count = .0.programs.len(),
         dir = .0.dir.display(),
         example = .0.programs[0]
