@@ -115,13 +115,11 @@ fn wait_changed(
 /// force.
 pub fn run(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
     let warm = opts.cni_pods.to_string();
-    let env = [
-        ("ENABLE_NETWORK_POLICY", "true"),
-        ("WARM_IP_TARGET", warm.as_str()),
-    ];
+    let env = [("WARM_IP_TARGET", warm.as_str())];
     let mut options = ipam_lab_options(opts, "m5.2xlarge", &env, true);
     if let Some(ipam) = &mut options.ipam {
         ipam.kube_api = true;
+        ipam.enforce_network_policy("standard", "policy-endpoints");
     }
     options.named_pods = vec![
         format!("{SELECTED}:app=server")

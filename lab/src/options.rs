@@ -366,6 +366,27 @@ pub struct IpamLabOptions {
     pub uninstalled_crds: Vec<String>,
 }
 
+impl IpamLabOptions {
+    /// Network policy on the node, as an operator sets aws-node's
+    /// variables: `mode` `standard` or `strict`, read from `source`
+    /// (`policy-endpoints`, or `network-policies`: the agent resolves
+    /// NetworkPolicy, and the cluster serves no PolicyEndpoint CRD, as one
+    /// without EKS's controller).
+    pub fn enforce_network_policy(&mut self, mode: &str, source: &str) {
+        self.env.extend(
+            [
+                ("ENABLE_NETWORK_POLICY", "true"),
+                ("NETWORK_POLICY_ENFORCING_MODE", mode),
+                ("VPCNET_NETWORK_POLICY_SOURCE", source),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        if source == "network-policies" {
+            self.uninstalled_crds = vec![vpcnet_api::policy_endpoint::PLURAL.to_owned()];
+        }
+    }
+}
+
 /// The container runtime of a lab whose pods are made through CRI.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CriLabOptions {

@@ -137,6 +137,22 @@ struct UpArgs {
     /// if new.
     #[arg(long = "pod", value_name = "NS/NAME[:KEY=VALUE,...]")]
     named_pods: Vec<NamedPod>,
+    /// Network policy enforced by the agent in this mode (`standard` or
+    /// `strict`: `ENABLE_NETWORK_POLICY=true` and
+    /// `NETWORK_POLICY_ENFORCING_MODE`); pods through containerd only.
+    #[arg(long, value_name = "MODE", value_parser = ["standard", "strict"])]
+    network_policy: Option<String>,
+    /// With --network-policy, where the agent reads policy from:
+    /// `policy-endpoints` (the lab's controller's, as on EKS) or
+    /// `network-policies` (resolved by the agent; the lab then serves no
+    /// PolicyEndpoint CRD).
+    #[arg(
+        long,
+        default_value = "policy-endpoints",
+        value_parser = ["policy-endpoints", "network-policies"],
+        requires = "network_policy"
+    )]
+    policy_source: String,
 }
 
 impl UpArgs {
@@ -255,6 +271,11 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             "--pod makes pods through containerd: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
         );
     }
+    if args.network_policy.is_some() && !args.through_cri() {
+        bail!(
+            "--network-policy needs the cluster's API server, which pods through containerd have: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
+        );
+    }
     if args.through_cri() {
         println!("building vpcnet-cni, the EC2 emulator and the Kubernetes API server...");
         let cni_plugin =
@@ -267,6 +288,9 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         ipam.cri = Some(CriLabOptions { cni_plugin });
         // The agent in-cluster, as on EKS.
         ipam.kube_api = true;
+        if let Some(mode) = &args.network_policy {
+            ipam.enforce_network_policy(mode, &args.policy_source);
+        }
         opts.ipam = Some(ipam);
     }
     opts.validate()?;
