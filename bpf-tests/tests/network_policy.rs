@@ -16,7 +16,7 @@ use vpcnet_bpf_tests::{
 use vpcnet_common::{
     config::{FLAG_NETWORK_POLICY, MARK_VIA_SERVICE},
     counters::Counter,
-    endpoint::{ENI_PRIMARY, Endpoint},
+    endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint},
     maps,
     policy::PodVerdicts,
 };
@@ -24,6 +24,9 @@ use vpcnet_common::{
 const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const POD2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x22];
 const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 1);
+/// A branch ENI's VLAN link (or, with the test run's device as the link,
+/// the branch pod's host veth) that is not the test run's device.
+const BRANCH_LINK: u32 = 3003;
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 10);
 
 /// The node with POD and POD2, both behind the test run's device (so both
@@ -202,6 +205,68 @@ fn egress_rules_judge_every_destination_with_their_exceptions() {
             ..PodVerdicts::default()
         }
     );
+}
+
+#[test]
+fn a_branch_eni_pods_rules_judge_what_reaches_it_over_its_vlan_and_what_it_sends() {
+    let mut node = Node::new();
+    // The test run's device is POD2's branch ENI's link (strict mode: all
+    // its traffic goes by it).
+    node.h.add_eni(TEST_RUN_IFINDEX, GATEWAY, ENI_BRANCH);
+    node.h.add_endpoint(
+        POD2,
+        &Endpoint {
+            ifindex: BRANCH_LINK,
+            eni_ifindex: TEST_RUN_IFINDEX,
+            mac: POD2_MAC,
+            host_mac: [0x02, 0xaa, 0, 0, 0, 0x22],
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    node.rules(
+        POD2,
+        PodRules {
+            ingress: Direction::Isolated(vec![rule(
+                vec![peers("10.20.12.0/24", &[])],
+                vec![Ports::one(Protocol::Tcp, 8080)],
+            )]),
+            egress: Direction::Isolated(vec![rule(vec![peers("10.20.0.0/16", &[])], vec![])]),
+        },
+    );
+    // In by the VLAN: PEER on 8080 only.
+    let (action, new) = node.counted(Counter::PolicyFlowNew, || {
+        node.h
+            .ingress(&packets::tcp(PEER, 40000, POD2, 8080, TCP_SYN, b""))
+            .action
+    });
+    assert_eq!((action, new), (TC_ACT_REDIRECT, 1));
+    let (action, dropped) = node.counted(Counter::DropPolicyIngress, || {
+        node.h
+            .ingress(&packets::tcp(PEER, 40001, POD2, 9090, TCP_SYN, b""))
+            .action
+    });
+    assert_eq!((action, dropped), (TC_ACT_SHOT, 1));
+    // Out by the VLAN: the VPC, not the internet. The test run's device is
+    // POD2's host veth now, its branch ENI's link another.
+    node.h.add_eni(BRANCH_LINK, GATEWAY, ENI_BRANCH);
+    node.h.add_endpoint(
+        POD2,
+        &Endpoint {
+            ifindex: TEST_RUN_IFINDEX,
+            eni_ifindex: BRANCH_LINK,
+            mac: POD2_MAC,
+            host_mac: [0x02, 0xaa, 0, 0, 0, 0x22],
+            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
+        },
+    );
+    let (action, _) = node.counted(Counter::DropPolicyEgress, || {
+        node.send(POD2, packets::tcp(POD2, 40002, PEER, 443, TCP_SYN, b""))
+    });
+    assert_eq!(action, TC_ACT_REDIRECT);
+    let (action, dropped) = node.counted(Counter::DropPolicyEgress, || {
+        node.send(POD2, packets::tcp(POD2, 40003, INET, 443, TCP_SYN, b""))
+    });
+    assert_eq!((action, dropped), (TC_ACT_SHOT, 1));
 }
 
 #[test]
