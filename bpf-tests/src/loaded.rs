@@ -38,6 +38,29 @@ macro_rules! clear {
     }};
 }
 
+/// The fragment paths map of `datapath`, opened from its pin (the agent's
+/// typed maps leave it out).
+///
+/// # Errors
+/// The pin cannot be opened as that map.
+pub fn frag_paths(
+    datapath: &Datapath,
+) -> Result<HashMap<MapData, FragKey, FragPath>, DatapathError> {
+    let pinned = names::ALL
+        .into_iter()
+        .find(|m| m.name == names::FRAG_PATHS)
+        .ok_or(DatapathError::MissingMap(names::FRAG_PATHS))?;
+    let path = pins::pin_path(datapath.pin_dir(), &pinned);
+    let data = MapData::from_pin(&path).map_err(|source| DatapathError::OpenPinned {
+        path: path.clone(),
+        source,
+    })?;
+    HashMap::try_from(aya::maps::Map::LruHashMap(data)).map_err(|source| DatapathError::Map {
+        name: names::FRAG_PATHS,
+        source,
+    })
+}
+
 impl Loaded {
     /// Programs with `nat_entries` flows per NAT map: the ones a passed
     /// test handed back, emptied, else a fresh load.
@@ -70,24 +93,7 @@ impl Loaded {
             ..LoadOptions::default()
         })
         .and_then(|datapath| {
-            let frag_map = names::ALL
-                .into_iter()
-                .find(|m| m.name == names::FRAG_PATHS)
-                .ok_or(DatapathError::MissingMap(names::FRAG_PATHS))?;
-            let path = pins::pin_path(&pin_dir, &frag_map);
-            let frag_paths = MapData::from_pin(&path)
-                .map_err(|e| DatapathError::OpenPinned {
-                    path: path.clone(),
-                    source: e,
-                })
-                .and_then(|data| {
-                    HashMap::try_from(aya::maps::Map::LruHashMap(data)).map_err(|source| {
-                        DatapathError::Map {
-                            name: names::FRAG_PATHS,
-                            source,
-                        }
-                    })
-                })?;
+            let frag_paths = frag_paths(&datapath)?;
             Ok((
                 Self {
                     nat_entries,

@@ -21,9 +21,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use ipnet::Ipv4Net;
-use vpcnet_agent::datapath::pins;
 use vpcnet_common::{
     addr_to_raw,
     cidr::CidrKind,
@@ -556,14 +555,7 @@ pub fn run(opts: &Options) -> Report {
         Harness::load_in(Harness::new_pin_dir(), maps::NAT_DEFAULT_ENTRIES).unwrap_or_else(|e| {
             panic!("loading the programs (as root, after `cargo xtask setup`): {e:?}")
         });
-    let frag_pin = maps::ALL
-        .into_iter()
-        .find(|m| m.name == maps::FRAG_PATHS)
-        .expect("fragment map");
-    let frag_data = MapData::from_pin(pins::pin_path(h.datapath.pin_dir(), &frag_pin))
-        .expect("fragment map pin");
-    let frags = BpfHashMap::try_from(Map::from_map_data(frag_data).expect("fragment map"))
-        .expect("fragment map type");
+    let frags = crate::loaded::frag_paths(&h.datapath).expect("the fragment map");
     let mut bench = Bench { h, frags };
 
     let per_episode = EPISODE_PACKETS / 4;
