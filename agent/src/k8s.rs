@@ -30,6 +30,42 @@ use tracing::{debug, info, warn};
 
 use crate::env::Env;
 
+/// What a follower tells of the objects it follows: a count bumped on
+/// every change, and whether its first list is in.
+#[derive(Clone)]
+pub struct Progress {
+    changes: tokio::sync::watch::Receiver<u64>,
+    listed: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Progress {
+    #[must_use]
+    pub const fn new(
+        changes: tokio::sync::watch::Receiver<u64>,
+        listed: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self { changes, listed }
+    }
+
+    /// Resolves once the first list is in (at once when it is).
+    pub async fn listed(&self) {
+        let mut listed = self.listed.clone();
+        let _ = listed.wait_for(|l| *l).await;
+    }
+
+    /// Whether the first list is in.
+    #[must_use]
+    pub fn listed_now(&self) -> bool {
+        *self.listed.borrow()
+    }
+
+    /// A receiver that sees every change.
+    #[must_use]
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.clone()
+    }
+}
+
 /// What a followed kind is to the agent, for its watch's log lines: what
 /// is watched, and what the agent does while the watch fails.
 pub struct Followed<'a> {

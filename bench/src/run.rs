@@ -230,6 +230,18 @@ fn lab_options(opts: &BenchOptions, datapath: Datapath, pods: usize, enis: usize
     LabOptions { enis, ..base }
 }
 
+/// A connection per request on the options' CRR threads, closed as
+/// `load` says.
+fn crr(opts: &BenchOptions, load: Load) -> ClientRun {
+    ClientRun {
+        load,
+        duration: opts.duration(),
+        threads: opts.crr_threads,
+        timeout: Duration::from_secs(1),
+        pace: Duration::ZERO,
+    }
+}
+
 /// One connection, back to back, for `duration`.
 fn rr(duration: Duration) -> ClientRun {
     ClientRun {
@@ -306,13 +318,7 @@ fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Mea
 
     // A connection per request, the server closing first (an HTTP server
     // answering `Connection: close`): the server keeps the TIME_WAIT.
-    let crr = |load| ClientRun {
-        load,
-        duration,
-        threads: opts.crr_threads,
-        timeout: Duration::from_secs(1),
-        pace: Duration::ZERO,
-    };
+    let crr = |load| crr(opts, load);
     out.push(Measurement::of_load(
         round,
         datapath,
@@ -481,18 +487,16 @@ fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
             &name("pod_rr"),
             rr_to(pod)?,
         ));
-        let crr = ClientRun {
-            load: Load::CrrServerCloses,
-            duration,
-            threads: opts.crr_threads,
-            timeout: Duration::from_secs(1),
-            pace: Duration::ZERO,
-        };
         out.push(Measurement::of_load(
             round,
             Datapath::Ebpf,
             &name("snat_crr"),
-            Client::run(&tools, &client.netns, inet, crr)?,
+            Client::run(
+                &tools,
+                &client.netns,
+                inet,
+                crr(opts, Load::CrrServerCloses),
+            )?,
         ));
         if let Some(fill) = &fill {
             let mut memory = Measurement::new(round, Datapath::Ebpf, "policy/maps")

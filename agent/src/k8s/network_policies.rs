@@ -32,10 +32,8 @@ pub struct NetworkPolicySources {
     policies: Store<NetworkPolicy>,
     namespaces: Store<Namespace>,
     pods: Store<Pod>,
-    /// Bumped on every change of any of them.
-    changes: watch::Receiver<u64>,
-    /// `true` once the first list of each is in.
-    listed: watch::Receiver<bool>,
+    /// Changes of any of them; listed once each is.
+    progress: super::Progress,
 }
 
 /// How many kinds are followed (each sets its bit in the listed mask).
@@ -75,8 +73,7 @@ impl NetworkPolicySources {
                 policies,
                 namespaces,
                 pods,
-                changes,
-                listed,
+                progress: super::Progress::new(changes, listed),
             },
             follow,
         )
@@ -97,22 +94,10 @@ impl NetworkPolicySources {
         self.pods.state()
     }
 
-    /// Resolves once the first list of each kind is in.
-    pub async fn listed(&self) {
-        let mut listed = self.listed.clone();
-        let _ = listed.wait_for(|l| *l).await;
-    }
-
-    /// Whether the first list of each kind is in.
+    /// Its changes, and whether the first list is in.
     #[must_use]
-    pub fn listed_now(&self) -> bool {
-        *self.listed.borrow()
-    }
-
-    /// A receiver that sees every change.
-    #[must_use]
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.clone()
+    pub const fn progress(&self) -> &super::Progress {
+        &self.progress
     }
 }
 

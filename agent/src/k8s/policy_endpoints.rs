@@ -34,10 +34,7 @@ fn api_resource() -> ApiResource {
 #[derive(Clone)]
 pub struct PolicyEndpoints {
     store: Store<PolicyEndpoint>,
-    /// Bumped on every change; `true` in [`Self::listed`] once the first
-    /// list is in.
-    changes: watch::Receiver<u64>,
-    listed: watch::Receiver<bool>,
+    progress: super::Progress,
 }
 
 impl PolicyEndpoints {
@@ -89,8 +86,7 @@ impl PolicyEndpoints {
         (
             Self {
                 store,
-                changes,
-                listed,
+                progress: super::Progress::new(changes, listed),
             },
             follow,
         )
@@ -102,21 +98,9 @@ impl PolicyEndpoints {
         self.store.state()
     }
 
-    /// Resolves once the first list is in (at once when it is).
-    pub async fn listed(&self) {
-        let mut listed = self.listed.clone();
-        let _ = listed.wait_for(|l| *l).await;
-    }
-
-    /// Whether the first list is in.
+    /// Its changes, and whether the first list is in.
     #[must_use]
-    pub fn listed_now(&self) -> bool {
-        *self.listed.borrow()
-    }
-
-    /// A receiver that sees every change.
-    #[must_use]
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.clone()
+    pub const fn progress(&self) -> &super::Progress {
+        &self.progress
     }
 }

@@ -30,7 +30,8 @@ use super::{
 use crate::{
     datapath::{Datapath, DatapathError},
     k8s::{
-        network_policies::NetworkPolicySources, pods::NodePods, policy_endpoints::PolicyEndpoints,
+        Progress, network_policies::NetworkPolicySources, pods::NodePods,
+        policy_endpoints::PolicyEndpoints,
     },
 };
 
@@ -44,24 +45,10 @@ pub enum Policies {
 }
 
 impl Policies {
-    async fn listed(&self) {
+    const fn progress(&self) -> &Progress {
         match self {
-            Self::Endpoints(p) => p.listed().await,
-            Self::NetworkPolicies(p) => p.listed().await,
-        }
-    }
-
-    fn listed_now(&self) -> bool {
-        match self {
-            Self::Endpoints(p) => p.listed_now(),
-            Self::NetworkPolicies(p) => p.listed_now(),
-        }
-    }
-
-    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        match self {
-            Self::Endpoints(p) => p.changes(),
-            Self::NetworkPolicies(p) => p.changes(),
+            Self::Endpoints(p) => p.progress(),
+            Self::NetworkPolicies(p) => p.progress(),
         }
     }
 
@@ -200,7 +187,7 @@ impl NodePolicy {
     /// Writes every change of the cluster's policies, and of the labels of
     /// this node's pods, as it arrives, until the watches end.
     pub async fn follow(self) {
-        let mut policies = self.inner.policies.changes();
+        let mut policies = self.inner.policies.progress().changes();
         let mut pods = self.inner.cluster_pods.as_ref().map(NodePods::changes);
         loop {
             let pods_changed = async {
@@ -255,7 +242,7 @@ impl NodePolicy {
 
     async fn wait_for_policies(&self) {
         let wait = self.inner.settings.add_wait;
-        if tokio::time::timeout(wait, self.inner.policies.listed())
+        if tokio::time::timeout(wait, self.inner.policies.progress().listed())
             .await
             .is_err()
         {
@@ -320,7 +307,7 @@ impl NodePolicy {
         // Until the policies are listed (the API server away at start),
         // the rules the maps hold are the last ones known: a pod they hold
         // keeps them, and only a pod they do not gets its mode's default.
-        let held: BTreeSet<Ipv4Addr> = if self.inner.policies.listed_now() {
+        let held: BTreeSet<Ipv4Addr> = if self.inner.policies.progress().listed_now() {
             BTreeSet::new()
         } else {
             state
