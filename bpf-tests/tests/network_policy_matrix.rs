@@ -65,6 +65,9 @@ fn model_pod(namespace: &str, name: &str, ip: std::net::Ipv4Addr) -> Pod {
 /// How long a probe waits for an answer: the lab's paths answer in
 /// microseconds, a dropped probe waits it out.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+/// How long a probe that should have been answered waits when asked
+/// again.
+const RETRY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a change may take to be enforced: controller, PolicyEndpoint,
 /// agent, maps.
 const ENFORCE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -217,7 +220,11 @@ impl Matrix {
 
     /// Every probe, run in parallel: whether it got its answer.
     fn observed(&self) -> BTreeMap<Probe, bool> {
-        let probes = self.probes();
+        self.observe(&self.probes(), PROBE_TIMEOUT)
+    }
+
+    /// `probes`, run in parallel, each waiting `timeout` for its answer.
+    fn observe(&self, probes: &[Probe], timeout: Duration) -> BTreeMap<Probe, bool> {
         let mut out = BTreeMap::new();
         for chunk in probes.chunks(PARALLEL) {
             std::thread::scope(|scope| {
@@ -229,9 +236,9 @@ impl Matrix {
                         let protocol = probe.protocol;
                         scope.spawn(move || {
                             let answer = if protocol == "TCP" {
-                                probe::tcp_whoami(&from, to, PROBE_TIMEOUT)
+                                probe::tcp_whoami(&from, to, timeout)
                             } else {
-                                probe::udp_whoami(&from, to, PROBE_TIMEOUT)
+                                probe::udp_whoami(&from, to, timeout)
                             };
                             answer.unwrap_or_else(|e| panic!("probe {from} -> {to}: {e}"))
                         })
@@ -252,7 +259,15 @@ impl Matrix {
         let expected = self.expected(policies);
         let deadline = Instant::now() + ENFORCE_TIMEOUT;
         loop {
-            let observed = self.observed();
+            let mut observed = self.observed();
+            // An allowed probe that got no answer is asked again, waiting
+            // longer: a slow machine (a VM under TCG) is no denial.
+            let unanswered: Vec<Probe> = expected
+                .iter()
+                .filter(|(probe, allowed)| **allowed && !observed[*probe])
+                .map(|(probe, _)| probe.clone())
+                .collect();
+            observed.extend(self.observe(&unanswered, RETRY_TIMEOUT));
             let wrong: Vec<String> = expected
                 .iter()
                 .filter(|(probe, allowed)| observed[probe] != **allowed)

@@ -285,6 +285,24 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_pod_keeps_its_identities_prefixes_and_ports_and_nothing_else() {
+        let mut numbering = Numbering::starting_at(1);
+        let written = numbering.tables(&BTreeMap::from([
+            (pod(1), rules("10.0.0.0/8", 80)),
+            (pod(2), rules("192.0.2.0/24", 443)),
+        ]));
+        let mut kept = Tables::default();
+        assert!(kept.keep_pod(&written, pod(1)));
+        assert!(!kept.keep_pod(&written, pod(9)), "nothing held for it");
+        let only = numbering.tables(&BTreeMap::from([(pod(1), rules("10.0.0.0/8", 80))]));
+        assert_eq!(kept.pods, BTreeMap::from([(pod(1), written.pods[&pod(1)])]));
+        assert_eq!(kept.cidrs.len(), only.cidrs.len());
+        assert_eq!(kept.ports.len(), only.ports.len());
+        let id = written.pods[&pod(1)].ingress;
+        assert!(kept.cidrs.keys().all(|(identity, _)| *identity == id));
+    }
+
+    #[test]
     fn content_no_pod_has_is_removed() {
         let mut numbering = Numbering::starting_at(100);
         let before = numbering.tables(&BTreeMap::from([(pod(1), rules("10.0.0.0/8", 80))]));
