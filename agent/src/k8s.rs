@@ -7,7 +7,10 @@
 //! - [`node`]: max pods, the unschedulable taint, the ENIConfig name;
 //! - [`cninode`]: the `SecurityGroupsForPods` feature with `ENABLE_POD_ENI`;
 //! - [`pods`]: this node's pods, for ADD's branch ENI and `ANNOTATE_POD_IP`;
-//! - [`events`]: the address manager's events on the agent's pod;
+//! - [`events`]: the agent's events on its pod;
+//! - [`policy_endpoints`], [`network_policies`]: what network policy is
+//!   read from (EKS's PolicyEndpoints, or NetworkPolicy with Namespaces
+//!   and Pods);
 //! - [`eni_config`]: custom networking's ENIConfig objects;
 //! - [`service_cidrs`]: the `networking.k8s.io/v1` ServiceCIDR objects, else the
 //!   `kubernetes` Service's address within EKS's defaults.
