@@ -87,10 +87,11 @@ impl Enforcer {
         self.held = held;
     }
 
-    /// Whether the maps hold rules for the pod at `addr`.
+    /// How many pods keep what the maps held for them (since the last
+    /// sync).
     #[must_use]
-    pub fn holds(&self, addr: Ipv4Addr) -> bool {
-        self.written.pods.contains_key(&addr)
+    pub fn held_pods(&self) -> usize {
+        self.held.len()
     }
 
     /// The rules of the pod at `addr`; `None` for a held one.
@@ -106,11 +107,12 @@ impl Enforcer {
     /// connections they no longer allow (and restores the revoked ones they
     /// allow again). Returns how many were revoked.
     pub fn sync(&mut self, maps: &mut DatapathMaps) -> Result<usize, DatapathError> {
-        let mut known = self.pods.clone();
         let mut kept = Tables::default();
         self.held.retain(|addr| kept.keep_pod(&self.written, *addr));
-        known.retain(|addr, _| !self.held.contains(addr));
-        let mut next = self.numbering.tables(&known);
+        let held = &self.held;
+        let mut next = self
+            .numbering
+            .tables(self.pods.iter().filter(|(addr, _)| !held.contains(addr)));
         next.pods.extend(kept.pods);
         next.cidrs.extend(kept.cidrs);
         next.ports.extend(kept.ports);

@@ -33,7 +33,10 @@ use k8s_openapi::{
     },
     apimachinery::pkg::{apis::meta::v1, util::intstr::IntOrString},
 };
-use vpcnet_api::policy_endpoint::{LabelSelector, LabelSelectorRequirement};
+// A PolicyEndpoint's `podIsolation` holds the policy's `policyTypes`.
+use vpcnet_api::policy_endpoint::{
+    ISOLATION_EGRESS, ISOLATION_INGRESS, LabelSelector, LabelSelectorRequirement,
+};
 
 use super::{
     endpoints::LocalPod,
@@ -364,8 +367,8 @@ fn resolve(
     };
     let (ingress_typed, egress_typed) = match &spec.policy_types {
         Some(types) if !types.is_empty() => (
-            types.iter().any(|t| t == "Ingress"),
-            types.iter().any(|t| t == "Egress"),
+            types.iter().any(|t| t == ISOLATION_INGRESS),
+            types.iter().any(|t| t == ISOLATION_EGRESS),
         ),
         _ => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
     };
@@ -381,7 +384,8 @@ fn resolve(
             .enumerate()
             .map(|(i, rule)| {
                 let at = format!("spec.ingress[{i}]");
-                let peers = resolver.peer_nets(rule.from.as_deref(), &format!("{at}.from"));
+                let sets = resolver.peer_sets(rule.from.as_deref(), &format!("{at}.from"));
+                let peers = nets(sets.as_deref());
                 let ports = resolver.rule_ports(rule.ports.as_deref(), &format!("{at}.ports"));
                 IngressRule { peers, ports }
             })
@@ -465,20 +469,43 @@ impl<'r> Resolver<'r, '_> {
         PeerSet::Pods(taken)
     }
 
-    /// The prefixes a rule's peers take (none listed: every address).
-    fn peer_nets(&mut self, entries: Option<&[NetworkPolicyPeer]>, field: &str) -> Vec<Peers> {
-        let Some(entries) = entries.filter(|e| !e.is_empty()) else {
-            return vec![every_address()];
+    /// What each of a rule's peers takes; `None` when none is listed
+    /// (every address).
+    fn peer_sets(
+        &mut self,
+        entries: Option<&[NetworkPolicyPeer]>,
+        field: &str,
+    ) -> Option<Vec<PeerSet<'r>>> {
+        let entries = entries.filter(|e| !e.is_empty())?;
+        Some(
+            entries
+                .iter()
+                .enumerate()
+                .map(|(j, entry)| self.peer(entry, &format!("{field}[{j}]")))
+                .collect(),
+        )
+    }
+
+    /// The pods among the cluster's peers that `sets` take, each once.
+    fn pods_of(&self, sets: Option<&[PeerSet<'r>]>) -> BTreeMap<Ipv4Addr, &'r ClusterPod> {
+        let cluster = self.cluster;
+        let Some(sets) = sets else {
+            return cluster.peers().map(|(p, addr)| (addr, p)).collect();
         };
-        let mut nets = Vec::new();
-        for (j, entry) in entries.iter().enumerate() {
-            match self.peer(entry, &format!("{field}[{j}]")) {
-                PeerSet::Block(peers) => nets.push(peers),
-                PeerSet::Pods(pods) => nets.extend(pods.into_iter().map(|(_, addr)| host(addr))),
+        let mut pods = BTreeMap::new();
+        for set in sets {
+            match set {
+                PeerSet::Block(block) => pods.extend(
+                    cluster
+                        .peers()
+                        .filter(|(_, addr)| block.contains(*addr))
+                        .map(|(p, addr)| (addr, p)),
+                ),
+                PeerSet::Pods(taken) => pods.extend(taken.iter().map(|(p, addr)| (*addr, *p))),
                 PeerSet::Nothing => {}
             }
         }
-        dedup(nets)
+        pods
     }
 
     fn rule_ports(&mut self, ports: Option<&[NetworkPolicyPort]>, field: &str) -> RulePorts {
@@ -529,9 +556,10 @@ impl<'r> Resolver<'r, '_> {
         origin: &Origin,
     ) -> Vec<Rule> {
         let ports = self.rule_ports(ports, &format!("{field}.ports"));
+        let sets = self.peer_sets(to, &format!("{field}.to"));
         let mut rules = Vec::new();
         if ports.every || !ports.numbered.is_empty() {
-            let peers = self.peer_nets(to, &format!("{field}.to"));
+            let peers = nets(sets.as_deref());
             if !peers.is_empty() {
                 rules.push(Rule {
                     peers,
@@ -543,27 +571,7 @@ impl<'r> Resolver<'r, '_> {
         if ports.named.is_empty() {
             return rules;
         }
-        // The pods the peers take, each once.
-        let mut pods: BTreeMap<Ipv4Addr, &ClusterPod> = BTreeMap::new();
-        match to.filter(|t| !t.is_empty()) {
-            None => pods.extend(self.cluster.peers().map(|(p, addr)| (addr, p))),
-            Some(entries) => {
-                for (j, entry) in entries.iter().enumerate() {
-                    match self.peer(entry, &format!("{field}.to[{j}]")) {
-                        PeerSet::Block(block) => pods.extend(
-                            self.cluster
-                                .peers()
-                                .filter(|(_, addr)| block.contains(*addr))
-                                .map(|(p, addr)| (addr, p)),
-                        ),
-                        PeerSet::Pods(taken) => {
-                            pods.extend(taken.into_iter().map(|(p, addr)| (addr, p)));
-                        }
-                        PeerSet::Nothing => {}
-                    }
-                }
-            }
-        }
+        let pods = self.pods_of(sets.as_deref());
         for name in &ports.named {
             let mut by_number: BTreeMap<u16, Vec<Peers>> = BTreeMap::new();
             for (addr, pod) in &pods {
@@ -586,6 +594,22 @@ impl<'r> Resolver<'r, '_> {
         }
         rules
     }
+}
+
+/// The prefixes `sets` take (`None`: every address).
+fn nets(sets: Option<&[PeerSet<'_>]>) -> Vec<Peers> {
+    let Some(sets) = sets else {
+        return vec![every_address()];
+    };
+    let mut nets = Vec::new();
+    for set in sets {
+        match set {
+            PeerSet::Block(peers) => nets.push(peers.clone()),
+            PeerSet::Pods(pods) => nets.extend(pods.iter().map(|(_, addr)| host(*addr))),
+            PeerSet::Nothing => {}
+        }
+    }
+    dedup(nets)
 }
 
 fn every_address() -> Peers {

@@ -310,21 +310,8 @@ impl NodePolicy {
         let held: BTreeSet<Ipv4Addr> = if self.inner.policies.progress().listed_now() {
             BTreeSet::new()
         } else {
-            state
-                .pods
-                .keys()
-                .copied()
-                .filter(|addr| state.enforcer.holds(*addr))
-                .collect()
+            state.pods.keys().copied().collect()
         };
-        if !held.is_empty() && !state.held {
-            warn!(
-                pods = held.len(),
-                "the cluster's {} are not known yet: {HELD} until they are",
-                self.inner.policies.what()
-            );
-        }
-        state.held = !held.is_empty();
         state.enforcer.set_pods(rules, held);
         let mut datapath = lock(&self.inner.datapath);
         // The node's own addresses, as the datapath knows them.
@@ -337,6 +324,15 @@ impl NodePolicy {
             .collect();
         state.enforcer.set_node_addresses(node_addrs);
         let revoked = state.enforcer.sync(&mut datapath.maps)?;
+        let held = state.enforcer.held_pods();
+        if held > 0 && !state.held {
+            warn!(
+                pods = held,
+                "the cluster's {} are not known yet: {HELD} until they are",
+                self.inner.policies.what()
+            );
+        }
+        state.held = held > 0;
         if revoked > 0 {
             info!(revoked, "connections a policy change denies were stopped");
         }

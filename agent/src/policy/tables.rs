@@ -142,7 +142,10 @@ impl Numbering {
 
     /// The tables for `pods`; ids of content no pod has any more are
     /// forgotten.
-    pub fn tables(&mut self, pods: &BTreeMap<Ipv4Addr, PodRules>) -> Tables {
+    pub fn tables<'p>(
+        &mut self,
+        pods: impl IntoIterator<Item = (&'p Ipv4Addr, &'p PodRules)>,
+    ) -> Tables {
         let mut building = Building {
             numbering: self,
             compiled: BTreeMap::new(),
