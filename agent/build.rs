@@ -13,6 +13,9 @@ use std::{
 };
 
 const OBJECT: &str = "vpcnet.bpf.o";
+/// The lab's reproduction of aws-node's network policy programs, built by
+/// the same run (the agent does not embed it).
+const AWS_NETWORK_POLICY_OBJECT: &str = "aws-network-policy.bpf.o";
 
 fn main() {
     println!("cargo:rerun-if-env-changed=VPCNET_EBPF");
@@ -39,6 +42,7 @@ fn main() {
             );
         }
         std::fs::write(&object, []).expect("write stub object");
+        std::fs::write(out_dir.join(AWS_NETWORK_POLICY_OBJECT), []).expect("write stub object");
         return;
     }
 
@@ -75,9 +79,17 @@ fn main() {
         status.success(),
         "building the eBPF programs failed ({status}); `cargo xtask setup` installs what it needs"
     );
-    let built = target_dir.join("bpfel-unknown-none/release/vpcnet");
-    std::fs::copy(&built, &object)
-        .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), object.display()));
+    for (bin, object) in [
+        ("vpcnet", object),
+        (
+            "aws-network-policy",
+            out_dir.join(AWS_NETWORK_POLICY_OBJECT),
+        ),
+    ] {
+        let built = target_dir.join("bpfel-unknown-none/release").join(bin);
+        std::fs::copy(&built, &object)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", built.display(), object.display()));
+    }
 }
 
 fn which(program: &str) -> Option<PathBuf> {

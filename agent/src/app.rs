@@ -133,7 +133,7 @@ pub struct RunArgs {
     #[arg(long, requires = "ipam")]
     cni_conf_dir: Option<PathBuf>,
     /// Where aws-node's network policy agent pins its programs: a node
-    /// with any is taken over only with `VPCNET_TAKE_OVER_NETWORK_POLICY_NODE`.
+    /// with any has its policies taken over (with `ENABLE_NETWORK_POLICY`).
     #[arg(long, default_value = network_policy::NETWORK_POLICY_PROGRAMS_DIR)]
     network_policy_pins: PathBuf,
 }
@@ -149,23 +149,30 @@ pub fn run(pin_dir: &Path, args: &RunArgs, env: &Env) -> Result<()> {
         args.metrics_address.as_deref(),
     )?;
     info!(settings = %settings.view(env)?, "settings in force");
-    if args.ipam {
-        // Before anything changes on the node.
-        if let Some(enforcement) = network_policy::check(env, &args.network_policy_pins)? {
-            warn!(
-                programs = enforcement.programs.len(),
-                dir = %enforcement.dir.display(),
-                "taking over a node where aws-node's network policy agent enforced NetworkPolicy, as {} says: its policies are no longer enforced",
-                network_policy::ENV_TAKE_OVER_POLICY_NODE
-            );
-        }
+    // Before anything changes on the node.
+    let aws_policy = if args.ipam {
+        network_policy::check(settings.policy.is_some(), &args.network_policy_pins)?
+    } else {
+        None
+    };
+    if let Some(enforcement) = &aws_policy {
+        info!(
+            programs = enforcement.programs.len(),
+            dir = %enforcement.dir.display(),
+            "aws-node's network policy agent enforced NetworkPolicy here: vpcnet takes its policies over before its programs go"
+        );
     }
     let runtime = commands::runtime()?;
-    runtime.block_on(run_node(pin_dir, args, settings))
+    runtime.block_on(run_node(pin_dir, args, settings, aws_policy))
 }
 
 #[allow(clippy::too_many_lines)] // the node's start, part by part
-async fn run_node(pin_dir: &Path, args: &RunArgs, settings: Settings) -> Result<()> {
+async fn run_node(
+    pin_dir: &Path,
+    args: &RunArgs,
+    settings: Settings,
+    aws_policy: Option<network_policy::Enforcement>,
+) -> Result<()> {
     let Settings {
         snat,
         service_cidrs,
@@ -206,6 +213,7 @@ async fn run_node(pin_dir: &Path, args: &RunArgs, settings: Settings) -> Result<
         kube,
         k8s,
         node_views: None,
+        aws_policy,
         tasks: JoinSet::new(),
     };
     let collector = Arc::new(Mutex::new(CollectorReport::default()));
@@ -286,6 +294,8 @@ struct Parts<'a> {
     k8s: K8sSettings,
     /// The node's Node, once followed.
     node_views: Option<NodeViews>,
+    /// aws-node's network policy enforcement, to be taken over.
+    aws_policy: Option<network_policy::Enforcement>,
     tasks: JoinSet<()>,
 }
 
@@ -411,14 +421,17 @@ impl Parts<'_> {
                 cluster_pods,
             },
         );
-        // Before the plugin is served: pods aws-node left keep their
-        // addresses, connections and paths.
-        match takeover::take_over(&pods, &self.datapath, &netlink, connmark).await {
-            Ok(report) => report.log(),
-            Err(e) => error!(error = %e, "taking the node over from aws-node failed"),
-        }
+        // Policy first: a pod the take-over gives a datapath entry is
+        // judged by its rules from then on.
         if let Some(settings) = policy {
             self.enforce_policy(settings, &pods).await?;
+        }
+        // Before the plugin is served: pods aws-node left keep their
+        // addresses, connections and paths.
+        let policy_filters = self.aws_policy.is_some();
+        match takeover::take_over(&pods, &self.datapath, &netlink, connmark, policy_filters).await {
+            Ok(report) => report.log(),
+            Err(e) => error!(error = %e, "taking the node over from aws-node failed"),
         }
         self.tasks.spawn(sweep_pods(
             pods.clone(),
@@ -493,6 +506,7 @@ impl Parts<'_> {
             pods.cluster_pods().cloned(),
             existing,
             problems,
+            self.aws_policy.is_some(),
         )
         .await?;
         pods.enforce_policy(node.clone());

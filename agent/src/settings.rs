@@ -23,7 +23,6 @@ use crate::{
     policy::settings::{self as policy_settings, PolicySettings},
     snat,
     snat::SnatSettings,
-    takeover::network_policy,
 };
 
 /// Every variable the agent reads: the deployment's `ConfigMap` sets each,
@@ -61,7 +60,6 @@ pub const VARIABLES: &[&str] = &[
     ipam_settings::ENV_ENI_CONFIG_SUBNET,
     ipam_settings::ENV_ENI_CONFIG_SECURITY_GROUPS,
     ipam_settings::ENV_MAX_PODS,
-    network_policy::ENV_TAKE_OVER_POLICY_NODE,
     policy_settings::ENV_ENABLE_NETWORK_POLICY,
     policy_settings::ENV_NETWORK_POLICY_ENFORCING_MODE,
     policy_settings::ENV_POLICY_SOURCE,

@@ -30,7 +30,10 @@
 //! datapath translated ([`export_flows`]), detaches the programs and puts
 //! aws-node's conflist back.
 
+pub mod flows;
 pub mod network_policy;
+
+use flows::{export_flows, forget_stack_aliases, forget_stale_connections, import_flows};
 
 use std::{
     collections::BTreeSet,
@@ -49,19 +52,14 @@ use vpcnet_api::{
     },
 };
 use vpcnet_common::{
-    addr_to_raw,
     cidr::CidrKind,
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_PRIMARY},
-    nat::{
-        FlowKey, FlowKind, FlowState, NS_PER_SEC, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY,
-        SEEN_FIN, SEEN_SYN,
-    },
-    port_to_raw, raw_to_addr, raw_to_port,
+    raw_to_addr,
 };
 use vpcnet_netlink::{MacAddr, NetlinkError, NetlinkHandle, route::Ipv4Route, rule::Ipv4Rule};
 
 use crate::{
-    datapath::{Datapath, DatapathError, DatapathMaps, monotonic_now_ns, remove_pins},
+    datapath::{Datapath, DatapathError, DatapathMaps, remove_pins},
     install::CONFLIST_NAME,
     ipam::checkpoint::{Checkpoint, CheckpointError},
     pods::{PodError, Pods},
@@ -121,7 +119,7 @@ pub enum TakeOverError {
 }
 
 /// Runs `program args`, returning its standard output.
-fn run(program: &str, args: &[&str]) -> Result<String, TakeOverError> {
+pub(super) fn run(program: &str, args: &[&str]) -> Result<String, TakeOverError> {
     let command = format!("{program} {}", args.join(" "));
     let output = Command::new(program)
         .args(args)
@@ -137,281 +135,6 @@ fn run(program: &str, args: &[&str]) -> Result<String, TakeOverError> {
         });
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// One direction of a connection, as conntrack shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuple {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
-    pub sport: u16,
-    pub dport: u16,
-}
-
-impl Tuple {
-    fn flow_key(&self, proto: u8) -> FlowKey {
-        FlowKey::new(
-            addr_to_raw(self.src.octets()),
-            addr_to_raw(self.dst.octets()),
-            port_to_raw(self.sport),
-            port_to_raw(self.dport),
-            proto,
-        )
-    }
-}
-
-/// A TCP or UDP connection of conntrack's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Connection {
-    pub proto: u8,
-    /// The TCP state (`ESTABLISHED`, ...); `None` for UDP.
-    pub tcp_state: Option<String>,
-    /// Whether the reply direction has seen a packet.
-    pub replied: bool,
-    pub original: Tuple,
-    pub reply: Tuple,
-}
-
-/// A line of `conntrack -L` (`tcp 6 431999 ESTABLISHED src=... dst=...
-/// sport=... dport=... src=... ...`): the original tuple, then the reply
-/// tuple. Other protocols and malformed lines are `None`.
-#[must_use]
-pub fn parse_conntrack_line(line: &str) -> Option<Connection> {
-    let mut words = line.split_whitespace();
-    let proto = match words.next()? {
-        "tcp" => PROTO_TCP,
-        "udp" => PROTO_UDP,
-        _ => return None,
-    };
-    let mut tcp_state = None;
-    let mut replied = true;
-    let mut fields: Vec<(&str, &str)> = Vec::new();
-    for word in words.skip(2) {
-        if let Some((key, value)) = word.split_once('=') {
-            fields.push((key, value));
-        } else if word == "[UNREPLIED]" {
-            replied = false;
-        } else if proto == PROTO_TCP && fields.is_empty() {
-            tcp_state = Some(word.to_owned());
-        }
-    }
-    let tuple = |nth: usize| -> Option<Tuple> {
-        let value = |key: &str| {
-            fields
-                .iter()
-                .filter(|(k, _)| *k == key)
-                .nth(nth)
-                .map(|(_, v)| *v)
-        };
-        Some(Tuple {
-            src: value("src")?.parse().ok()?,
-            dst: value("dst")?.parse().ok()?,
-            sport: value("sport")?.parse().ok()?,
-            dport: value("dport")?.parse().ok()?,
-        })
-    };
-    Some(Connection {
-        proto,
-        tcp_state,
-        replied,
-        original: tuple(0)?,
-        reply: tuple(1)?,
-    })
-}
-
-/// Every IPv4 TCP and UDP connection conntrack holds in this namespace.
-pub fn conntrack_connections() -> Result<Vec<Connection>, TakeOverError> {
-    Ok(run("conntrack", &["-L", "-f", "ipv4"])?
-        .lines()
-        .filter_map(parse_conntrack_line)
-        .collect())
-}
-
-/// The datapath's `seen` flags of a connection's two directions.
-fn seen_flags(connection: &Connection) -> (u8, u8) {
-    let both = |flags| (SEEN_ANY | flags, SEEN_ANY | flags);
-    match connection.tcp_state.as_deref() {
-        None if connection.replied => both(0),
-        None => (SEEN_ANY, 0),
-        Some("SYN_SENT") => (SEEN_ANY | SEEN_SYN, 0),
-        Some("SYN_RECV") => (SEEN_ANY | SEEN_SYN, SEEN_ANY | SEEN_SYN | SEEN_ACK),
-        Some("FIN_WAIT" | "CLOSE_WAIT" | "LAST_ACK") => (
-            SEEN_ANY | SEEN_SYN | SEEN_ACK | SEEN_FIN,
-            SEEN_ANY | SEEN_SYN | SEEN_ACK,
-        ),
-        Some("TIME_WAIT" | "CLOSE") => both(SEEN_SYN | SEEN_ACK | SEEN_FIN),
-        Some(_) => both(SEEN_SYN | SEEN_ACK),
-    }
-}
-
-/// What to copy from conntrack into the datapath.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FlowImports {
-    /// A pod's connection iptables source-NATed: its tuple, the address
-    /// and port it leaves as, and the flags of its two directions.
-    pub translated: Vec<(FlowKey, Ipv4Addr, u16, (u8, u8))>,
-    /// Connections kube-proxy must keep seeing (a DNAT to or from a pod),
-    /// by the pod's tuple: a node port's to the pod, the pod's to a service.
-    pub stack: Vec<FlowKey>,
-}
-
-/// Picks the connections of `pods` the datapath must carry on as iptables
-/// did.
-#[must_use]
-pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) -> FlowImports {
-    let mut imports = FlowImports::default();
-    for connection in connections {
-        let (original, reply) = (connection.original, connection.reply);
-        let dnat = reply.src != original.dst || reply.sport != original.dport;
-        let snat = reply.dst != original.src || reply.dport != original.sport;
-        if dnat {
-            let reply_key = reply.flow_key(connection.proto);
-            if pods.contains(&reply.src) {
-                imports.stack.push(reply_key);
-            } else if pods.contains(&reply.dst) {
-                imports.stack.push(reply_key.reversed());
-            }
-        } else if snat && pods.contains(&original.src) {
-            imports.translated.push((
-                original.flow_key(connection.proto),
-                reply.dst,
-                reply.dport,
-                seen_flags(connection),
-            ));
-        }
-    }
-    imports
-}
-
-/// Copies the connections of `pods` that iptables translated (and
-/// kube-proxy's) into the datapath's maps. Returns what was imported.
-pub fn import_flows(
-    maps: &mut DatapathMaps,
-    pods: &BTreeSet<Ipv4Addr>,
-) -> Result<FlowImports, TakeOverError> {
-    let mut imports = plan_flow_imports(&conntrack_connections()?, pods);
-    let now = monotonic_now_ns();
-    let mut imported = Vec::new();
-    for (key, addr, port, seen) in imports.translated {
-        let raw_addr = addr_to_raw(addr.octets());
-        if maps.import_translated_flow(key, raw_addr, port_to_raw(port), seen, now)? {
-            imported.push((key, addr, port, seen));
-        }
-    }
-    imports.translated = imported;
-    for key in &imports.stack {
-        maps.import_stack_flow(*key, now)?;
-    }
-    Ok(imports)
-}
-
-/// Once the pods' programs carry the imported flows, their packets no
-/// longer go through iptables: the node-socket aliases go, and so does
-/// what `pod_ingress` learnt from the replies the stack delivered meanwhile.
-fn forget_stack_aliases(maps: &mut DatapathMaps, imports: &FlowImports) {
-    for (key, addr, port, _) in &imports.translated {
-        maps.forget_stack_flow(*key);
-        maps.forget_stack_alias(*key, addr_to_raw(addr.octets()), port_to_raw(*port));
-    }
-}
-
-/// Hands the datapath's translated connections to conntrack (each as a
-/// source-NATed entry to the same address and port, with aws-node's
-/// connmark), so iptables carries them on once the programs are gone.
-/// An entry conntrack kept from before the take-over is replaced: its
-/// TCP window is long out of date. Returns how many were written.
-pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOverError> {
-    let mut exported = 0;
-    let timeouts = maps.timeouts()?;
-    for flow in maps.flows()? {
-        if flow.kind() != Some(FlowKind::Snat) {
-            continue;
-        }
-        let state = flow.state();
-        let (proto, conntrack_state) = match (flow.key.proto, state) {
-            (_, FlowState::Closed | FlowState::Reset) => continue,
-            (PROTO_TCP, FlowState::New) => ("tcp", Some("SYN_SENT")),
-            (PROTO_TCP, FlowState::SynRecv) => ("tcp", Some("SYN_RECV")),
-            (PROTO_TCP, FlowState::Established) => ("tcp", Some("ESTABLISHED")),
-            (PROTO_TCP, FlowState::Closing) => ("tcp", Some("FIN_WAIT")),
-            (PROTO_UDP, _) => ("udp", None),
-            _ => continue,
-        };
-        // Conntrack's own timeout for the state, as the datapath used it.
-        let timeout = (timeouts.timeout_ns(flow.key.proto, state, true) / NS_PER_SEC).to_string();
-        let key = flow.key;
-        let (src, dst) = (
-            Ipv4Addr::from(raw_to_addr(key.saddr)).to_string(),
-            Ipv4Addr::from(raw_to_addr(key.daddr)).to_string(),
-        );
-        let (sport, dport) = (
-            raw_to_port(key.sport).to_string(),
-            raw_to_port(key.dport).to_string(),
-        );
-        let tuple = [
-            "-p", proto, "-s", &src, "-d", &dst, "--sport", &sport, "--dport", &dport,
-        ];
-        // None there is the usual case, and conntrack says so by failing.
-        let mut delete = vec!["-D"];
-        delete.extend(tuple);
-        let _ = run("conntrack", &delete);
-        let nat = format!(
-            "{}:{}",
-            Ipv4Addr::from(raw_to_addr(flow.fwd.addr)),
-            raw_to_port(flow.fwd.port)
-        );
-        let mark = connmark.to_string();
-        let replied = state != FlowState::New;
-        let mut create = vec!["-I"];
-        create.extend(tuple);
-        create.extend(["-t", &timeout, "--src-nat", &nat]);
-        if let Some(state) = conntrack_state {
-            create.extend(["--state", state]);
-        }
-        if replied {
-            create.extend(["-u", "SEEN_REPLY,ASSURED"]);
-        }
-        // After `-u`: conntrack-tools 1.4.7 writes the status bits over a
-        // mark given before them.
-        create.extend(["--mark", &mark]);
-        run("conntrack", &create)?;
-        exported += 1;
-    }
-    Ok(exported)
-}
-
-/// Removes conntrack's entries of untranslated TCP connections of `pods`
-/// (to the VPC, pod to pod, opened from outside): the datapath carried
-/// them past the stack, so an entry conntrack kept from before the take-over
-/// has a TCP window long out of date. Back in the stack, their packets
-/// would be out of window, INVALID, and dropped by kube-proxy's
-/// `KUBE-FORWARD`; without an entry conntrack picks each up mid-stream
-/// instead (`nf_conntrack_tcp_loose`, on by default). NATed entries
-/// (kube-proxy's DNAT, the SNAT just handed over) stay. Returns how many
-/// went.
-pub fn forget_stale_connections(pods: &[Ipv4Addr]) -> Result<usize, TakeOverError> {
-    let mut forgotten = 0;
-    for connection in conntrack_connections()? {
-        let (orig, reply) = (connection.original, connection.reply);
-        let untranslated = reply.src == orig.dst
-            && reply.dst == orig.src
-            && reply.sport == orig.dport
-            && reply.dport == orig.sport;
-        let of_a_pod = pods.contains(&orig.src) || pods.contains(&orig.dst);
-        if connection.proto != PROTO_TCP || !untranslated || !of_a_pod {
-            continue;
-        }
-        let (src, dst) = (orig.src.to_string(), orig.dst.to_string());
-        let (sport, dport) = (orig.sport.to_string(), orig.dport.to_string());
-        let delete = [
-            "-D", "-p", "tcp", "-s", &src, "-d", &dst, "--sport", &sport, "--dport", &dport,
-        ];
-        // Gone meanwhile is as good.
-        if run("conntrack", &delete).is_ok() {
-            forgotten += 1;
-        }
-    }
-    Ok(forgotten)
 }
 
 /// The iptables tables ipamd writes to.
@@ -668,6 +391,10 @@ pub struct TakeOver {
     pub not_adopted: usize,
     pub translated_flows: usize,
     pub stack_flows: usize,
+    /// Connections network policy let through, tracked on.
+    pub policy_flows: usize,
+    /// aws-node's network policy filters deleted from the pods' veths.
+    pub policy_filters_removed: usize,
     pub iptables_removed: usize,
     pub ip_rules_removed: usize,
 }
@@ -688,6 +415,8 @@ impl TakeOver {
             adopted = self.adopted,
             translated_flows = self.translated_flows,
             stack_flows = self.stack_flows,
+            policy_flows = self.policy_flows,
+            policy_filters_removed = self.policy_filters_removed,
             iptables_removed = self.iptables_removed,
             ip_rules_removed = self.ip_rules_removed,
             "node taken over from aws-node"
@@ -696,13 +425,16 @@ impl TakeOver {
 }
 
 /// Takes the node over from aws-node (see the module's doc): imports the
-/// flows of the pods it left, adopts them, then removes its rules. Does
-/// nothing on a node aws-node never ran (no pod to adopt, no chain).
+/// flows of the pods it left, adopts them, then removes its rules, and
+/// with `policy_filters` its network policy agent's filters from the
+/// adopted pods' veths. Does nothing on a node aws-node never ran (no pod
+/// to adopt, no chain).
 pub async fn take_over(
     pods: &Pods,
     datapath: &Mutex<Datapath>,
     netlink: &NetlinkHandle,
     connmark: u32,
+    policy_filters: bool,
 ) -> Result<TakeOver, TakeOverError> {
     let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
     // A strict pod keeps its VLAN table after the take-over: one the
@@ -758,6 +490,13 @@ pub async fn take_over(
         forget_stack_aliases(&mut lock().maps, imports);
         report.translated_flows += imports.translated.len();
         report.stack_flows += imports.stack.len();
+        report.policy_flows += imports.policy.len();
+    }
+    if policy_filters {
+        // The adopted pods' programs judge them now, with their policies.
+        for pod in adoptees.iter().filter(|pod| adopted.contains(&pod.addr)) {
+            report.policy_filters_removed += network_policy::detach_filters(&pod.host_veth);
+        }
     }
     let adopted_branch: Vec<BranchPodWiring> = branch_pods
         .into_iter()
@@ -943,77 +682,4 @@ async fn eni_table(
         .and_then(|link| link.mac)
         .ok_or(TakeOverError::NoEniLink(ifindex))?;
     Ok(vpc_cni::eni_route_table(device_number(mac).await?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn conntrack_lines_parse() {
-        let tcp = parse_conntrack_line(
-            "tcp      6 431999 ESTABLISHED src=10.20.11.20 dst=203.0.113.10 sport=40000 dport=5201 \
-             src=203.0.113.10 dst=10.20.11.162 sport=5201 dport=61000 [ASSURED] mark=128 use=1",
-        )
-        .unwrap();
-        assert_eq!(tcp.tcp_state.as_deref(), Some("ESTABLISHED"));
-        assert!(tcp.replied);
-        assert_eq!(tcp.original.sport, 40000);
-        assert_eq!(tcp.reply.dst, Ipv4Addr::new(10, 20, 11, 162));
-        assert_eq!(tcp.reply.dport, 61000);
-        let udp = parse_conntrack_line(
-            "udp      17 25 src=10.20.11.20 dst=203.0.113.10 sport=5353 dport=53 [UNREPLIED] \
-             src=203.0.113.10 dst=10.20.11.162 sport=53 dport=5353 mark=0 use=1",
-        )
-        .unwrap();
-        assert!(!udp.replied && udp.tcp_state.is_none());
-        assert!(
-            parse_conntrack_line(
-                "icmp     1 29 src=10.20.11.20 dst=203.0.113.10 type=8 code=0 id=7 \
-                 src=203.0.113.10 dst=10.20.11.162 type=0 code=0 id=7 mark=0 use=1"
-            )
-            .is_none()
-        );
-    }
-
-    #[test]
-    fn pods_snat_and_kube_proxy_flows_are_imported_and_nothing_else() {
-        let pod = Ipv4Addr::new(10, 20, 11, 20);
-        let pods = BTreeSet::from([pod]);
-        let lines = [
-            // The pod's connection to the internet, source-NATed.
-            "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=203.0.113.10 sport=40000 dport=80 \
-             src=203.0.113.10 dst=10.20.11.162 sport=80 dport=61000 [ASSURED] use=1",
-            // To the VPC: untranslated.
-            "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=10.20.12.50 sport=40001 dport=80 \
-             src=10.20.12.50 dst=10.20.11.20 sport=80 dport=40001 [ASSURED] use=1",
-            // A node port to the pod, DNATed by kube-proxy.
-            "tcp 6 100 ESTABLISHED src=10.20.12.50 dst=10.20.11.162 sport=50000 dport=30080 \
-             src=10.20.11.20 dst=10.20.12.50 sport=8080 dport=50000 [ASSURED] use=1",
-            // The node's own connection.
-            "tcp 6 100 ESTABLISHED src=10.20.11.162 dst=203.0.113.10 sport=33000 dport=443 \
-             src=203.0.113.10 dst=10.20.11.162 sport=443 dport=33000 [ASSURED] use=1",
-            // The pod's connection to a service, DNATed to peer.
-            "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=10.100.0.10 sport=40002 dport=80 \
-             src=10.20.12.50 dst=10.20.11.20 sport=8080 dport=40002 [ASSURED] use=1",
-        ];
-        let connections: Vec<_> = lines
-            .iter()
-            .map(|l| parse_conntrack_line(l).unwrap())
-            .collect();
-        let imports = plan_flow_imports(&connections, &pods);
-        assert_eq!(imports.translated.len(), 1);
-        let (key, addr, port, seen) = imports.translated[0];
-        assert_eq!(key, connections[0].original.flow_key(PROTO_TCP));
-        assert_eq!((addr, port), (Ipv4Addr::new(10, 20, 11, 162), 61000));
-        assert_eq!(seen.0 & SEEN_ACK, SEEN_ACK);
-        // Both by the pod's tuple: the one its packets carry.
-        assert_eq!(
-            imports.stack,
-            [
-                connections[2].reply.flow_key(PROTO_TCP),
-                connections[4].reply.flow_key(PROTO_TCP).reversed()
-            ]
-        );
-    }
 }

@@ -2,6 +2,7 @@
 //! that reads it: the node layout (the lab's static nodes) and the CNI
 //! plugin's gRPC API (`proto/cni.proto`).
 
+pub mod aws_network_policy;
 pub mod conflist;
 pub mod kube_proxy;
 pub mod layout;

@@ -2,6 +2,7 @@
 //! its own pin directory, packets built with etherparse, and checksum checks
 //! written independently of the code under test.
 
+pub mod aws_policy_agent;
 pub mod bulk;
 pub mod cri;
 pub mod differential;

@@ -1,7 +1,7 @@
 //! The datapath manager: loads the embedded programs, pins their maps,
 //! attaches the programs to ENIs and fills the maps.
 
-mod batch;
+pub(crate) mod batch;
 mod carry;
 mod error;
 pub mod gc;
@@ -40,6 +40,12 @@ use vpcnet_common::{maps as names, nat::FlowKey};
 
 /// The compiled programs (see build.rs); empty when built without bpf-linker.
 pub static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vpcnet.bpf.o"));
+
+/// Where the build put the lab's reproduction of aws-node's network
+/// policy programs (`ebpf/vpcnet-ebpf/src/bin/aws_network_policy.rs`): the
+/// tests load it as aws-node's agent would. Not part of the agent.
+pub const LAB_AWS_NETWORK_POLICY_OBJECT: &str =
+    concat!(env!("OUT_DIR"), "/aws-network-policy.bpf.o");
 
 /// Refuses, in one line, a kernel the programs cannot run on.
 fn check_kernel() -> Result<(), DatapathError> {

@@ -9,14 +9,15 @@ use vpcnet_common::{
     maps::{POLICY_CIDRS, POLICY_FLOWS, POLICY_PODS, POLICY_PORTS, POLICY_VERDICTS},
     nat::FlowKey,
     policy::{
-        FLOW_REVOKED, POLICY_ID_BITS, PORT_ALLOWED, PodVerdicts, PolicyFlow, PortAllowed, PortSet,
-        cidr_key_data, port_key_data,
+        FLOW_REVOKED, OPENED_BY_KEY_DESTINATION, OPENED_BY_KEY_SOURCE, POLICY_ID_BITS,
+        PORT_ALLOWED, PodVerdicts, PolicyFlow, PortAllowed, PortSet, cidr_key_data, flow_key,
+        port_key_data,
     },
     port_to_raw, raw_to_addr,
 };
 
 use super::tables::{PortEntry, Tables, Write};
-use crate::datapath::{DatapathError, DatapathMaps};
+use crate::datapath::{DatapathError, DatapathMaps, batch};
 
 fn cidr_key(identity: u32, prefix: Ipv4Net) -> Key<[u8; 8]> {
     Key::new(
@@ -159,4 +160,25 @@ pub fn set_flow_revoked(
     maps.policy_flows
         .insert(key, entry, 0)
         .map_err(DatapathError::map(POLICY_FLOWS))
+}
+
+/// Tracks the connection whose packets from its opener carry `opened`
+/// (a connection another enforcer let through, taken over with the node),
+/// unless it is tracked already. Returns whether it was added.
+pub fn track_flow(
+    maps: &DatapathMaps,
+    opened: &FlowKey,
+    now_ns: u64,
+) -> Result<bool, DatapathError> {
+    let (key, reversed) = flow_key(opened);
+    let flow = PolicyFlow {
+        last_seen_ns: now_ns,
+        opener: if reversed {
+            OPENED_BY_KEY_DESTINATION
+        } else {
+            OPENED_BY_KEY_SOURCE
+        },
+        ..PolicyFlow::default()
+    };
+    batch::put_if_absent(&maps.policy_flows, &key, &flow).map_err(DatapathError::map(POLICY_FLOWS))
 }

@@ -119,7 +119,10 @@ impl NodePolicy {
     /// Takes over what the maps hold and turns enforcement on once every
     /// pod in `pods` has its rules written. Fields of the policies that
     /// cannot be enforced as written go to `problems`, each when first
-    /// found.
+    /// found. Taking over another enforcer's policies
+    /// (`taking_over_enforcement`), the pods wait for the cluster's
+    /// policies however long they take: the other enforcer's programs
+    /// judge them meanwhile, and a mode's default would not.
     pub async fn start(
         settings: PolicySettings,
         datapath: Arc<Mutex<Datapath>>,
@@ -127,6 +130,7 @@ impl NodePolicy {
         cluster_pods: Option<NodePods>,
         pods: Vec<(Ipv4Addr, PodName)>,
         problems: tokio::sync::broadcast::Sender<Problem>,
+        taking_over_enforcement: bool,
     ) -> Result<Self, DatapathError> {
         let enforcer = Enforcer::new(&lock(&datapath).maps)?;
         let node = Self {
@@ -144,7 +148,11 @@ impl NodePolicy {
                 problems,
             }),
         };
-        node.wait_for_policies().await;
+        if taking_over_enforcement {
+            node.wait_until_listed().await;
+        } else {
+            node.wait_for_policies().await;
+        }
         {
             let mut state = node.inner.state.lock().await;
             for (addr, name) in pods {
@@ -250,6 +258,18 @@ impl NodePolicy {
                 ?wait,
                 mode = %self.inner.settings.mode,
                 "the cluster's {} are not known yet: the pod gets its mode's default until they are",
+                self.inner.policies.what()
+            );
+        }
+    }
+
+    async fn wait_until_listed(&self) {
+        let wait = self.inner.settings.add_wait;
+        let progress = self.inner.policies.progress();
+        while tokio::time::timeout(wait, progress.listed()).await.is_err() {
+            warn!(
+                ?wait,
+                "the cluster's {} are not known yet: the enforcement taken over stays as it is until they are",
                 self.inner.policies.what()
             );
         }

@@ -11,6 +11,7 @@
 // both sides can build them with struct literals.
 #![allow(clippy::pub_underscore_fields)]
 
+pub mod aws_network_policy;
 pub mod cidr;
 pub mod config;
 pub mod counters;
