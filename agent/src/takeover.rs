@@ -8,13 +8,17 @@
 //!    straight into it from then on.
 //! 2. The connections iptables translated are copied from conntrack into
 //!    the NAT table, and kube-proxy's into the stack flows, so the programs
-//!    keep each on its port and path ([`import_flows`]). Until the next
+//!    keep each on its port and path, and every answered one into network
+//!    policy's tracked connections ([`import_flows`]). Until the next
 //!    step, what the pods send still goes through iptables.
 //! 3. The pods get their programs (`Pods::finish_adoption`).
 //! 4. Only then do aws-node's iptables rules and ip rules go
 //!    ([`remove_vpc_cni_iptables`], [`remove_vpc_cni_rules`]); a pod that
 //!    could not be adopted keeps its rules, and the node-wide ones stay
-//!    while any is left.
+//!    while any is left. Where aws-node's network policy agent enforced
+//!    policies, its filters go from the adopted pods' veths
+//!    ([`network_policy`]): vpcnet enforced the same policies before step
+//!    1, and step 2 tracked the connections policy let through.
 //! 5. aws-node's conflist is set aside, so the runtime picks vpcnet's.
 //!
 //! Branch-ENI pods (security groups for pods) are in no checkpoint: their
@@ -33,8 +37,6 @@
 pub mod flows;
 pub mod network_policy;
 
-use flows::{export_flows, forget_stack_aliases, forget_stale_connections, import_flows};
-
 use std::{
     collections::BTreeSet,
     net::Ipv4Addr,
@@ -43,6 +45,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
+use flows::{export_flows, forget_stack_aliases, forget_stale_connections, import_flows};
 use tracing::{debug, info, warn};
 use vpcnet_api::{
     pod::BRANCH_LINK_PREFIX,

@@ -6,7 +6,9 @@
 #[must_use]
 pub fn pod_identifier(name: &str, namespace: &str) -> String {
     let name = name.replace('.', "_");
-    let prefix = name.rsplit_once('-').map_or(name.as_str(), |(head, _)| head);
+    let prefix = name
+        .rsplit_once('-')
+        .map_or(name.as_str(), |(head, _)| head);
     format!("{prefix}@{namespace}")
 }
 
@@ -26,6 +28,9 @@ mod tests {
         assert_eq!(pod_identifier("web-7d9f8-xyz12", "prod"), "web-7d9f8@prod");
         assert_eq!(pod_identifier("db.v2-0", "x"), "db_v2@x");
         assert_eq!(pod_identifier("solo", "x"), "solo@x");
-        assert_eq!(pin_name("solo@x", "handle_ingress"), "solo@x_handle_ingress");
+        assert_eq!(
+            pin_name("solo@x", "handle_ingress"),
+            "solo@x_handle_ingress"
+        );
     }
 }

@@ -119,7 +119,10 @@ fn encode(infos: &[&EndpointInfo], isolated: bool, node_addr: Ipv4Addr) -> Direc
                     _ => PROTOCOL_ANY,
                 },
                 start_port: port.port.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
-                end_port: port.end_port.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+                end_port: port
+                    .end_port
+                    .and_then(|p| u32::try_from(p).ok())
+                    .unwrap_or(0),
             });
         }
         excepts.extend(info.except.iter().filter_map(|e| parse_cidr(e)));
@@ -204,9 +207,10 @@ impl AwsPolicyAgent {
             let identifier = pod_identifier(&pod.k8s_name, &pod.k8s_namespace);
             let maps_dir = self.maps_dir();
             let programs_dir = self.programs_dir();
-            let ebpf = self.loaded.entry(identifier.clone()).or_insert_with(|| {
-                load(&identifier, &programs_dir, &maps_dir)
-            });
+            let ebpf = self
+                .loaded
+                .entry(identifier.clone())
+                .or_insert_with(|| load(&identifier, &programs_dir, &maps_dir));
             attach(ebpf, &pod.host_veth);
             write(ebpf, INGRESS_MAP, INGRESS_POD_STATE_MAP, &rules.ingress);
             write(ebpf, EGRESS_MAP, EGRESS_POD_STATE_MAP, &rules.egress);
@@ -275,27 +279,26 @@ fn attach(ebpf: &mut Ebpf, veth: &str) {
         let veth = veth.clone();
         vpcnet_lab::run_in(addrs::NS_NODE, move || {
             let _ = tc::qdisc_add_clsact(&veth);
-            let existing = tc::SchedClassifierLink::attached(
-                &veth,
-                hook,
-                FILTER_PRIORITY,
-                tc::TcHandle::new(0, FILTER_HANDLE),
-                None,
-            )
-            .ok();
-            let id = match existing {
-                Some(link) => program.attach_to_link(link),
-                None => program.attach_with_options(
-                    &veth,
-                    hook,
-                    tc::TcAttachOptions::Netlink(tc::NlOptions {
-                        priority: FILTER_PRIORITY,
-                        handle: tc::TcHandle::new(0, FILTER_HANDLE),
-                        classid: None,
-                    }),
-                ),
-            }
-            .unwrap_or_else(|e| panic!("attaching {name} to {veth}: {e}"));
+            let handle = tc::TcHandle::new(0, FILTER_HANDLE);
+            let existing =
+                tc::SchedClassifierLink::attached(&veth, hook, FILTER_PRIORITY, handle, None)
+                    .expect("a filter's description");
+            // Its program replaced when the filter is there (another pod of
+            // the identifier), else a new filter.
+            let id = program
+                .attach_to_link(existing)
+                .or_else(|_| {
+                    program.attach_with_options(
+                        &veth,
+                        hook,
+                        tc::TcAttachOptions::Netlink(tc::NlOptions {
+                            priority: FILTER_PRIORITY,
+                            handle,
+                            classid: None,
+                        }),
+                    )
+                })
+                .unwrap_or_else(|e| panic!("attaching {name} to {veth}: {e}"));
             // The filter stays after the object, as the agent's do.
             std::mem::forget(program.take_link(id).expect("the link"));
         })
@@ -315,7 +318,10 @@ fn write(ebpf: &mut Ebpf, trie: &str, states: &str, rules: &DirectionRules) {
         for (slot, rule) in value.rules.iter_mut().zip(port_rules) {
             *slot = *rule;
         }
-        let key = Key::new(u32::from(net.prefix_len()), addr_to_raw(net.addr().octets()));
+        let key = Key::new(
+            u32::from(net.prefix_len()),
+            addr_to_raw(net.addr().octets()),
+        );
         trie.insert(&key, value, 0).expect("writing a prefix");
     }
     for key in stale {

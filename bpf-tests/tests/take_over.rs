@@ -8,21 +8,33 @@
 //! connections to conntrack and detaches the datapath, and the same
 //! connections still keep going. aws-node's branch-ENI pods (security
 //! groups for pods), read back from its VLAN tables and rules, are adopted
-//! and handed back the same way, in both enforcing modes.
+//! and handed back the same way, in both enforcing modes. A node where
+//! aws-node's network policy agent enforced a policy (the lab's
+//! reproduction of its programs, `vpcnet_bpf_tests::aws_policy_agent`) is
+//! taken over with no gap: a denied pod knocking all along is never
+//! answered, the pods' connections go on, and a UDP conversation whose far
+//! end speaks first after the take-over is heard, on TCX and on clsact.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test take_over -- --test-threads=1 --nocapture`.
 
 use std::{
     collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
     path::Path,
     process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use vpcnet_agent::datapath::DatapathMaps;
+use vpcnet_agent::datapath::{AttachMode, DatapathMaps, tc::ENV_TC_ATTACH};
+use vpcnet_api::{aws_network_policy::pod_identifier, policy_endpoint::PolicyEndpointSpec};
 use vpcnet_bpf_tests::{
     agent_binary,
+    aws_policy_agent::AwsPolicyAgent,
     echo::{EchoStream, FarEnds},
     ipam::FAST_AGENT_ARGS,
 };
@@ -32,8 +44,8 @@ use vpcnet_common::{
     raw_to_port,
 };
 use vpcnet_lab::{
-    EnforcingMode, IpamLabOptions, Lab, LabOptions, ScratchDir, addrs, ec2::EmulatorProcess,
-    ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
+    EnforcingMode, IpamLabOptions, Lab, LabOptions, ScratchDir, addrs, cluster,
+    ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
 };
 
 const PORT: u16 = 8080;
@@ -420,66 +432,290 @@ fn aws_node_branch_pods_are_taken_over_and_handed_back_in_both_modes() {
     }
 }
 
-/// The network policy agent's pins, as it names them: one program per
-/// direction of each pod it enforces policies on.
-const NETWORK_POLICY_PINS: [&str; 2] = [
-    "web-7d4b9-default_handle_ingress",
-    "web-7d4b9-default_handle_egress",
-];
+/// A policy as aws-node's agent enforced it: `web` (pod-2) reached only
+/// by `client` pods (pod-0) on TCP 8080, and sending anywhere.
+const WEB_POLICY: &str = r"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web, namespace: default}
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  policyTypes: [Ingress, Egress]
+  ingress:
+  - from:
+    - podSelector:
+        matchLabels: {app: client}
+    ports:
+    - port: 8080
+  egress:
+  - {}
+";
 
-#[test]
-fn a_node_where_aws_node_enforced_network_policy_is_taken_over_only_knowingly() {
-    let _lock = serial();
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    // The pins' directory as the agent reads it (names only: a directory
-    // the test owns stands in for the machine's bpffs).
-    let pins = ScratchDir::new("vpcnet-np-pins").expect("a pin directory");
-    for name in NETWORK_POLICY_PINS {
-        std::fs::write(pins.path().join(name), "").unwrap();
+const POLICY_ENDPOINTS: &str =
+    "/apis/networking.k8s.aws/v1alpha1/namespaces/default/policyendpoints";
+
+/// Where the reproduction of aws-node's network policy agent pins (a
+/// bpffs directory of the test's own, for `/sys/fs/bpf/globals/aws`).
+const AWS_POLICY_PINS: &str = "/sys/fs/bpf/vpcnet-test-aws-network-policy";
+
+/// The PolicyEndpoints of the web policy once the lab's controller has
+/// resolved `client` into them (bounded).
+fn web_policy_endpoints(lab: &Lab, client: Ipv4Addr) -> Vec<PolicyEndpointSpec> {
+    let admin = lab.kube_api().expect("an API server").admin().clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = admin
+            .get(POLICY_ENDPOINTS)
+            .expect("listing PolicyEndpoints");
+        let specs: Vec<PolicyEndpointSpec> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| serde_json::from_value(item["spec"].clone()).expect("a PolicyEndpoint"))
+            .collect();
+        let resolved = specs.iter().any(|pe| {
+            pe.ingress
+                .iter()
+                .any(|rule| rule.cidr.trim_end_matches("/32") == client.to_string())
+        });
+        if resolved {
+            return specs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the web policy's PolicyEndpoints never name the client: {list:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Tries to open connections to `to` from `ns` until `stop`, each waiting
+/// `PROBE_WAIT` for an answer; how many were tried and answered.
+fn probe_until(ns: &str, to: SocketAddrV4, stop: &AtomicBool) -> (u32, u32) {
+    const PROBE_WAIT: Duration = Duration::from_millis(100);
+    const MAX_PROBES: u32 = 3000;
+    let (mut tried, mut answered) = (0, 0);
+    while !stop.load(Ordering::Relaxed) && tried < MAX_PROBES {
+        tried += 1;
+        if tcp_whoami(ns, to, PROBE_WAIT)
+            .expect("probing from a pod")
+            .is_some()
+        {
+            answered += 1;
+        }
+    }
+    (tried, answered)
+}
+
+/// A UDP conversation the test holds both ends of: a pod's socket, and a
+/// far end's that answered it (UDP is never picked up mid-stream: its
+/// packets pass on what tracked it).
+struct UdpConversation {
+    pod: UdpSocket,
+    far: UdpSocket,
+    /// The pod as the far end sees it (after any SNAT).
+    seen_as: SocketAddr,
+}
+
+impl UdpConversation {
+    const WAIT: Duration = Duration::from_secs(1);
+
+    /// The pod (`pod_ns`, `pod_addr`) speaks first to `far` in `far_ns`,
+    /// which answers.
+    fn open(pod_ns: &str, pod_addr: Ipv4Addr, far_ns: &str, far: SocketAddrV4) -> Self {
+        let far_socket = vpcnet_lab::run_in(far_ns, move || UdpSocket::bind(far))
+            .expect("entering the far end")
+            .expect("binding the far end");
+        let pod = vpcnet_lab::run_in(pod_ns, move || {
+            let socket = UdpSocket::bind((pod_addr, 0))?;
+            socket.connect(far)?;
+            Ok::<_, std::io::Error>(socket)
+        })
+        .expect("entering the pod")
+        .expect("the pod's socket");
+        for socket in [&pod, &far_socket] {
+            socket.set_read_timeout(Some(Self::WAIT)).unwrap();
+        }
+        pod.send(b"hello").expect("the pod speaks");
+        let mut buf = [0; 16];
+        let (_, seen_as) = far_socket.recv_from(&mut buf).expect("the far end hears");
+        let conversation = Self {
+            pod,
+            far: far_socket,
+            seen_as,
+        };
+        assert!(conversation.far_speaks(), "the pod hears no answer");
+        conversation
+    }
+
+    /// The far end speaks (up to three times); whether the pod hears it.
+    fn far_speaks(&self) -> bool {
+        let mut buf = [0; 16];
+        (0..3).any(|_| {
+            self.far.send_to(b"news", self.seen_as).expect("sending");
+            self.pod.recv(&mut buf).is_ok()
+        })
+    }
+}
+
+/// The names of the tc filters on `veth`'s two hooks in the node.
+fn filters(lab: &Lab, veth: &str) -> String {
+    ["ingress", "egress"]
+        .map(|hook| {
+            lab.exec_ok(addrs::NS_NODE, &["tc", "filter", "show", "dev", veth, hook])
+                .expect("tc filter show")
+        })
+        .join("")
+}
+
+/// On TCX vpcnet's programs run before aws-node's clsact filters; on
+/// clsact after them, until they are deleted. Both, where the kernel has
+/// TCX.
+#[test]
+fn aws_node_network_policy_is_taken_over_with_no_gap() {
+    let _lock = serial();
+    let modes: &[&str] = match AttachMode::of_kernel() {
+        AttachMode::Tcx => &["tcx", "clsact"],
+        AttachMode::Clsact => &["clsact"],
+    };
+    for mode in modes {
+        take_over_aws_node_network_policy(mode);
+    }
+}
+
+#[allow(clippy::too_many_lines, reason = "one story, told in order")]
+fn take_over_aws_node_network_policy(attach: &str) {
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let _ = std::fs::remove_dir_all(AWS_POLICY_PINS);
+    let mut aws_policy = AwsPolicyAgent::new(Path::new(AWS_POLICY_PINS), false);
     let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.kube_api = true;
+    ipam.env = [("ENABLE_NETWORK_POLICY", "true"), (ENV_TC_ATTACH, attach)]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec();
     ipam.agent_args = FAST_AGENT_ARGS
         .iter()
         .map(|a| (*a).to_owned())
         .chain([
             "--network-policy-pins".to_owned(),
-            pins.path().display().to_string(),
+            aws_policy.programs_dir().display().to_string(),
         ])
         .collect();
     let opts = LabOptions {
         ipam: Some(ipam),
         agent_bin: Some(agent_binary()),
-        ..LabOptions::iptables(2)
+        ..LabOptions::iptables(PODS)
     };
     let mut lab = Lab::up(&opts).expect("an aws-node node");
-    let aws_node = node_wiring(&lab);
+    let pods = lab.pods().to_vec();
+    let (client, denied, web) = (&pods[0], &pods[1], &pods[2]);
+    for (pod, app) in [(client, "client"), (denied, "other"), (web, "web")] {
+        let key = format!("{}/{}", pod.k8s_namespace, pod.k8s_name);
+        lab.label_pod(&key, &[("app".to_owned(), Some(app.to_owned()))])
+            .expect("labelling a pod");
+    }
+    let files = lab.kube_api().unwrap().files().clone();
+    cluster::kubectl(&files, &["apply", "-f", "-"], Some(WEB_POLICY)).expect("kubectl apply");
+    let endpoints = web_policy_endpoints(&lab, client.addr);
+    // aws-node's agent enforces them, on every pod's veth.
+    aws_policy.enforce(&endpoints, &pods);
 
-    let refused = lab
-        .start_agent()
-        .expect_err("the agent refuses the node")
-        .to_string();
-    assert!(
-        refused.contains(
-            "aws-node's network policy agent enforced NetworkPolicy on this node (2 programs pinned"
-        ) && refused
-            .contains("set VPCNET_TAKE_OVER_NETWORK_POLICY_NODE=true to take it over knowingly"),
-        "{refused}"
-    );
-    assert_eq!(node_wiring(&lab), aws_node, "the refusal changed the node");
-
-    lab.set_agent_env("VPCNET_TAKE_OVER_NETWORK_POLICY_NODE", "true")
-        .unwrap();
-    lab.start_agent().expect("taken over knowingly");
-    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
-    assert!(
-        log.contains(
-            "taking over a node where aws-node's network policy agent enforced NetworkPolicy"
+    let FarEnds {
+        inet, pod: to_web, ..
+    } = FarEnds::start(web, PORT);
+    let denied_probe = |phase: &str| {
+        let reached = tcp_whoami(&denied.netns, to_web.addr(), Duration::from_millis(300))
+            .expect("probing from a pod");
+        assert!(reached.is_none(), "{phase}: the denied pod reached web");
+    };
+    denied_probe("aws-node's agent enforcing");
+    let web_out = EchoStream::open(&web.netns, inet.addr());
+    let client_in = EchoStream::open(&client.netns, to_web.addr());
+    let streams = [
+        (
+            "web's own connection out (its replies denied as new)",
+            &web_out,
         ),
-        "{log}"
+        ("the client's connection to web", &client_in),
+    ];
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} under aws-node's agent"));
+    }
+    let udp = UdpConversation::open(
+        &web.netns,
+        web.addr,
+        addrs::NS_INET,
+        // The whoami server has `PORT` for UDP too.
+        SocketAddrV4::new(addrs::INET_ADDR, PORT + 1),
     );
+
+    // The take-over, with the denied pod knocking all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (ns, to, stop) = (denied.netns.clone(), to_web.addr(), Arc::clone(&stop));
+        std::thread::spawn(move || probe_until(&ns, to, &stop))
+    };
+    let started = lab.start_agent();
+    stop.store(true, Ordering::Relaxed);
+    let (tried, answered) = prober.join().expect("the prober");
+    started.expect("taking over aws-node's node with its network policy");
+    assert!(tried > 0, "no probe ran during the take-over");
+    assert_eq!(
+        answered, 0,
+        "the denied pod reached web {answered} times in {tried} tries during the take-over"
+    );
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after the take-over"));
+    }
     assert!(
-        aws_node_parts(&node_wiring(&lab)).is_empty(),
-        "aws-node's wiring left after the take-over"
+        udp.far_speaks(),
+        "web's UDP conversation out: the far end, speaking first after the take-over, is not heard"
     );
-    lab.down().unwrap();
+    denied_probe("vpcnet enforcing");
+    assert!(
+        tcp_whoami(&client.netns, to_web.addr(), Duration::from_secs(3))
+            .expect("probing from a pod")
+            .is_some(),
+        "the client no longer reaches web"
+    );
+    for pod in &pods {
+        let left = filters(&lab, &pod.host_veth);
+        assert!(
+            !left.contains("handle_ingress") && !left.contains("handle_egress"),
+            "aws-node's filters left on {}: {left}",
+            pod.host_veth
+        );
+    }
+    let pinned = std::fs::read_dir(aws_policy.programs_dir())
+        .expect("aws-node's program pins")
+        .count();
+    // Pods of one identifier (pod-N: `pod@default`) share one pair.
+    let identifiers: BTreeSet<String> = pods
+        .iter()
+        .map(|pod| pod_identifier(&pod.k8s_name, &pod.k8s_namespace))
+        .collect();
+    assert_eq!(
+        pinned,
+        2 * identifiers.len(),
+        "aws-node's pins are kept for the hand-back"
+    );
+    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
+    let report = log
+        .lines()
+        .find(|line| line.contains("node taken over from aws-node"))
+        .unwrap_or_else(|| panic!("no take-over report: {log}"));
+    assert!(
+        report.contains(&format!("policy_filters_removed={}", 2 * PODS)),
+        "{report}"
+    );
+    println!(
+        "{attach}: aws-node's network policy taken over: {tried} probes of the denied pod during the take-over, 0 answered; {report}"
+    );
+    let echoed: Vec<u64> = [web_out, client_in].map(EchoStream::close).to_vec();
+    println!(
+        "{attach}: connections kept through the take-over: {echoed:?} echoes, 0 broken, and web's UDP conversation out heard first from its far end"
+    );
+    lab.down().expect("lab down");
+    drop(aws_policy);
 }

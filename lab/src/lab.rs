@@ -147,6 +147,11 @@ impl Lab {
                 if !ipam.resource_controller_held {
                     start_resource_controller(&emulator, kube_api)?;
                 }
+                // Pods wired before the agent (aws-node's) run already.
+                for pod in &self.state.pods {
+                    cluster::bind_pod(kube_api.admin(), &pod.k8s_name)?;
+                    cluster::pod_running(kube_api.admin(), &pod.k8s_name, pod.addr)?;
+                }
             }
             self.emulator = Some(emulator);
         }

@@ -326,7 +326,6 @@ pub fn forget_stale_connections(pods: &[Ipv4Addr]) -> Result<usize, TakeOverErro
     Ok(forgotten)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +377,9 @@ mod tests {
             // The pod's connection to a service, DNATed to peer.
             "tcp 6 100 ESTABLISHED src=10.20.11.20 dst=10.100.0.10 sport=40002 dport=80 \
              src=10.20.12.50 dst=10.20.11.20 sport=8080 dport=40002 [ASSURED] use=1",
+            // Knocking at the pod, never answered (its policy denied it).
+            "tcp 6 100 SYN_SENT src=10.20.12.60 dst=10.20.11.20 sport=50001 dport=22 [UNREPLIED] \
+             src=10.20.11.20 dst=10.20.12.60 sport=22 dport=50001 use=1",
         ];
         let connections: Vec<_> = lines
             .iter()
@@ -396,6 +398,25 @@ mod tests {
                 connections[2].reply.flow_key(PROTO_TCP),
                 connections[4].reply.flow_key(PROTO_TCP).reversed()
             ]
+        );
+        // What policy let through, as it judges it: from the opener, to the
+        // backend a service DNATed to; nothing unanswered, nothing the
+        // node's own.
+        let judged = |src: [u8; 4], sport, dst: [u8; 4], dport| Tuple {
+            src: Ipv4Addr::from(src),
+            sport,
+            dst: Ipv4Addr::from(dst),
+            dport,
+        };
+        assert_eq!(
+            imports.policy,
+            [
+                judged([10, 20, 11, 20], 40000, [203, 0, 113, 10], 80),
+                judged([10, 20, 11, 20], 40001, [10, 20, 12, 50], 80),
+                judged([10, 20, 12, 50], 50000, [10, 20, 11, 20], 8080),
+                judged([10, 20, 11, 20], 40002, [10, 20, 12, 50], 8080),
+            ]
+            .map(|tuple| tuple.flow_key(PROTO_TCP))
         );
     }
 }

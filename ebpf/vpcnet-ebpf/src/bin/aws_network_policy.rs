@@ -105,7 +105,7 @@ fn judge(ctx: &TcContext, direction: Direction) -> Result<i32, ()> {
     // SAFETY: the tracker's values are plain data; a racing update only
     // loses a refresh.
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(flow) = CONNTRACK.get_ptr_mut(&key) {
+    if let Some(flow) = CONNTRACK.get_ptr_mut(key) {
         // SAFETY: as above.
         let flow = unsafe { &mut *flow };
         if flow.states == pair {
@@ -113,10 +113,10 @@ fn judge(ctx: &TcContext, direction: Direction) -> Result<i32, ()> {
             return Ok(TC_ACT_OK);
         }
         if !allows(rules, network_policy, peer, protocol, dest_port) {
-            let _ = CONNTRACK.remove(&key);
+            let _ = CONNTRACK.remove(key);
             return Ok(TC_ACT_SHOT);
         }
-    } else if let Some(reply) = CONNTRACK.get_ptr_mut(&key.reversed()) {
+    } else if let Some(reply) = CONNTRACK.get_ptr_mut(key.reversed()) {
         // SAFETY: as above.
         unsafe { (*reply).last_seen_ns = now };
         return Ok(TC_ACT_OK);
@@ -127,14 +127,14 @@ fn judge(ctx: &TcContext, direction: Direction) -> Result<i32, ()> {
         states: pair,
         last_seen_ns: now,
     };
-    let _ = CONNTRACK.insert(&key, &flow, 0);
+    let _ = CONNTRACK.insert(key, flow, 0);
     Ok(TC_ACT_OK)
 }
 
 #[inline(always)]
 fn state(states: &HashMap<u32, PodState>, key: u32) -> Option<u8> {
     // SAFETY: the value is plain data.
-    unsafe { states.get(&key) }.map(|s| s.state)
+    unsafe { states.get(key) }.map(|s| s.state)
 }
 
 #[inline(always)]
@@ -145,7 +145,7 @@ fn allows(
     protocol: u8,
     port: u16,
 ) -> bool {
-    let Some(value) = rules.get(&Key::new(32, peer)) else {
+    let Some(value) = rules.get(Key::new(32, peer)) else {
         // No prefix: the pod's default, unless its rules are written.
         return network_policy == DEFAULT_ALLOW;
     };
