@@ -132,9 +132,10 @@ pub struct RunArgs {
     /// backend serves: the runtime's configuration directory, as mounted.
     #[arg(long, requires = "ipam")]
     cni_conf_dir: Option<PathBuf>,
-    /// Where aws-node's network policy agent pins its programs: a node
-    /// with any has its policies taken over (with `ENABLE_NETWORK_POLICY`).
-    #[arg(long, default_value = network_policy::NETWORK_POLICY_PROGRAMS_DIR)]
+    /// Where aws-node's network policy agent pins its programs and maps: a
+    /// node with any program has its policies taken over (with
+    /// `ENABLE_NETWORK_POLICY`).
+    #[arg(long, default_value = network_policy::PINS_ROOT)]
     network_policy_pins: PathBuf,
 }
 

@@ -120,6 +120,10 @@ enum Command {
         /// is done.
         #[arg(long, default_value = vpcnet_api::DEFAULT_CNI_SOCKET)]
         cni_socket: PathBuf,
+        /// Where aws-node's network policy agent pins: its programs go back
+        /// on the pods it knows.
+        #[arg(long, default_value = vpcnet_agent::takeover::network_policy::PINS_ROOT)]
+        network_policy_pins: PathBuf,
     },
     /// Copy the CNI plugin binaries onto the node, each replaced whole (the
     /// daemon set's init container).
@@ -167,7 +171,14 @@ fn run_command() -> Result<()> {
         Command::Uninstall {
             cni_conf_dir,
             cni_socket,
-        } => commands::uninstall::uninstall(&cli.pin_dir, cni_conf_dir, &cni_socket, &env),
+            network_policy_pins,
+        } => commands::uninstall::uninstall(
+            &cli.pin_dir,
+            cni_conf_dir,
+            &cni_socket,
+            &network_policy_pins,
+            &env,
+        ),
         Command::InstallPlugins { from, to } => {
             for path in install::install_plugins(&from, &to)? {
                 println!("installed {}", path.display());

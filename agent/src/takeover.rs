@@ -48,6 +48,7 @@ use std::{
 use flows::{export_flows, forget_stack_aliases, forget_stale_connections, import_flows};
 use tracing::{debug, info, warn};
 use vpcnet_api::{
+    aws_network_policy::pod_identifier,
     pod::BRANCH_LINK_PREFIX,
     vpc_cni::{
         self, BranchPodWiring, FROM_POD_RULE_PRIORITY, HOST_RULE_PRIORITY, IpRule, MAIN_TABLE,
@@ -92,6 +93,8 @@ pub enum TakeOverError {
     Pod(#[from] PodError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    PolicyHandBack(#[from] network_policy::HandBackError),
     #[error("the primary ENI's link (ifindex {0}) is gone")]
     NoPrimaryLink(u32),
     #[error("no link is named {0}")]
@@ -523,6 +526,9 @@ pub struct HandBackOptions {
     pub cni_conf_dir: Option<PathBuf>,
     pub connmark: u32,
     pub veth_prefix: String,
+    /// Where aws-node's network policy agent pins (its enforcement is
+    /// handed back where it has pins).
+    pub network_policy_pins: PathBuf,
 }
 
 /// What handing the node back did.
@@ -535,6 +541,8 @@ pub struct HandBack {
     /// Entries conntrack kept of untranslated pod connections the datapath
     /// carried, removed (see [`forget_stale_connections`]).
     pub stale_forgotten: usize,
+    /// aws-node's network policy enforcement put back.
+    pub policy: network_policy::PolicyHandBack,
     pub conflist_restored: bool,
 }
 
@@ -573,10 +581,24 @@ pub async fn hand_back(
     };
     let allocations = Checkpoint::read(&opts.checkpoint)?.map(|c| c.allocations);
     let mut pods = Vec::new();
-    for addr in allocations.iter().flatten().filter_map(|entry| entry.ipv4) {
+    let mut policy_pods = Vec::new();
+    for allocation in allocations.iter().flatten() {
+        let Some(addr) = allocation.ipv4 else {
+            continue;
+        };
         let table = match maps.endpoint(addr)? {
             Some(entry) if entry.flags & ENDPOINT_BRANCH != 0 => continue,
-            Some(entry) => eni_table(&maps, netlink, entry.eni_ifindex, &device_number).await?,
+            Some(entry) => {
+                policy_pods.push(network_policy::HandedBackPod {
+                    addr,
+                    ifindex: entry.ifindex,
+                    identifier: pod_identifier(
+                        &allocation.metadata.k8s_pod_name,
+                        &allocation.metadata.k8s_pod_namespace,
+                    ),
+                });
+                eni_table(&maps, netlink, entry.eni_ifindex, &device_number).await?
+            }
             None => MAIN_TABLE,
         };
         pods.push(HandedBackPod { addr, table });
@@ -590,6 +612,13 @@ pub async fn hand_back(
         .chain(branch_pods.iter().map(|pod| pod.addr))
         .collect();
     let stale_forgotten = forget_stale_connections(&pod_addrs)?;
+    // While the datapath still judges: aws-node's programs take over on
+    // the pods' veths as its own go.
+    let policy = network_policy::hand_back(
+        &opts.network_policy_pins,
+        &policy_pods,
+        &crate::policy::maps::flows(&maps)?,
+    )?;
     drop(maps);
     remove_pins(&opts.pin_dir).map_err(|source| TakeOverError::Unpin {
         pin_dir: opts.pin_dir.clone(),
@@ -604,6 +633,7 @@ pub async fn hand_back(
         ip_rules_added,
         flows_exported,
         stale_forgotten,
+        policy,
         conflist_restored,
     })
 }

@@ -35,8 +35,8 @@ use vpcnet_common::{
     addr_to_raw,
     aws_network_policy::{
         DEFAULT_ALLOW, DEFAULT_DENY, EGRESS_MAP, EGRESS_POD_STATE_MAP, EGRESS_PROGRAM,
-        FILTER_HANDLE, FILTER_PRIORITY, INGRESS_MAP, INGRESS_POD_STATE_MAP, INGRESS_PROGRAM,
-        POD_STATE_CLUSTER_POLICY, POD_STATE_NETWORK_POLICY, POLICIES_APPLIED, PORT_RULES,
+        FILTER_HANDLE, FILTER_PRIORITY, INGRESS_MAP, INGRESS_POD_STATE_MAP, INGRESS_PROGRAM, MAPS,
+        POD_STATE_CLUSTER_POLICY, POD_STATE_NETWORK_POLICY, POLICIES_APPLIED, PORT_RULES, PROGRAMS,
         PROTOCOL_ANY, PROTOCOL_DENY, PodState, PortRule, TrieValue,
     },
 };
@@ -183,8 +183,13 @@ impl AwsPolicyAgent {
         }
     }
 
-    /// The directory of the programs' pins (the agent's
-    /// `--network-policy-pins` for the take-over).
+    /// The root of the pins (the agent's `--network-policy-pins`).
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of the programs' pins.
     #[must_use]
     pub fn programs_dir(&self) -> PathBuf {
         programs_dir(&self.root)
@@ -226,11 +231,11 @@ impl Drop for AwsPolicyAgent {
 }
 
 fn programs_dir(root: &Path) -> PathBuf {
-    root.join("programs")
+    root.join(PROGRAMS)
 }
 
 fn maps_dir(root: &Path) -> PathBuf {
-    root.join("maps")
+    root.join(MAPS)
 }
 
 fn load(identifier: &str, programs_dir: &Path, maps_dir: &Path) -> Ebpf {

@@ -124,12 +124,17 @@ fn aws_node_lab(opts: LabOptions) -> (Lab, ScratchDir) {
 /// Runs `vpcnet-agent uninstall` in the node as an operator would, with
 /// the agent's environment; its standard output.
 fn uninstall(conf_dir: &Path) -> String {
+    uninstall_with(&["--cni-conf-dir".as_ref(), conf_dir.as_os_str()])
+}
+
+/// [`uninstall`] with `args`.
+fn uninstall_with(args: &[&std::ffi::OsStr]) -> String {
     let output = Command::new("nsenter")
         .arg(format!("--net={}", netns_path(addrs::NS_NODE).display()))
         .arg("--")
         .arg(agent_binary())
-        .args(["uninstall", "--cni-conf-dir"])
-        .arg(conf_dir)
+        .arg("uninstall")
+        .args(args)
         .args(["--cni-socket"])
         .arg(vpcnet_lab::cni_socket_file())
         .envs(EmulatorProcess::agent_env())
@@ -599,7 +604,7 @@ fn take_over_aws_node_network_policy(attach: &str) {
         .map(|a| (*a).to_owned())
         .chain([
             "--network-policy-pins".to_owned(),
-            aws_policy.programs_dir().display().to_string(),
+            aws_policy.root().display().to_string(),
         ])
         .collect();
     let opts = LabOptions {
@@ -622,7 +627,7 @@ fn take_over_aws_node_network_policy(attach: &str) {
     aws_policy.enforce(&endpoints, &pods);
 
     let FarEnds {
-        inet, pod: to_web, ..
+        peer, pod: to_web, ..
     } = FarEnds::start(web, PORT);
     let denied_probe = |phase: &str| {
         let reached = tcp_whoami(&denied.netns, to_web.addr(), Duration::from_millis(300))
@@ -630,7 +635,8 @@ fn take_over_aws_node_network_policy(attach: &str) {
         assert!(reached.is_none(), "{phase}: the denied pod reached web");
     };
     denied_probe("aws-node's agent enforcing");
-    let web_out = EchoStream::open(&web.netns, inet.addr());
+    // Out to the VPC: the SNAT path has its own test above.
+    let web_out = EchoStream::open(&web.netns, peer.addr());
     let client_in = EchoStream::open(&client.netns, to_web.addr());
     let streams = [
         (
@@ -645,9 +651,9 @@ fn take_over_aws_node_network_policy(attach: &str) {
     let udp = UdpConversation::open(
         &web.netns,
         web.addr,
-        addrs::NS_INET,
+        addrs::NS_PEER,
         // The whoami server has `PORT` for UDP too.
-        SocketAddrV4::new(addrs::INET_ADDR, PORT + 1),
+        SocketAddrV4::new(addrs::PEER_ADDR, PORT + 1),
     );
 
     // The take-over, with the denied pod knocking all along.
@@ -709,12 +715,50 @@ fn take_over_aws_node_network_policy(attach: &str) {
         report.contains(&format!("policy_filters_removed={}", 2 * PODS)),
         "{report}"
     );
+    let udp_under_vpcnet = UdpConversation::open(
+        &web.netns,
+        web.addr,
+        addrs::NS_PEER,
+        SocketAddrV4::new(addrs::PEER_ADDR, PORT + 2),
+    );
     println!(
         "{attach}: aws-node's network policy taken over: {tried} probes of the denied pod during the take-over, 0 answered; {report}"
     );
+
+    // The hand-back: aws-node's programs back on the veths before vpcnet's
+    // go, with the connections vpcnet let through in their tracker.
+    lab.stop_agent().expect("stopping the agent");
+    let said = uninstall_with(&[
+        "--network-policy-pins".as_ref(),
+        aws_policy.root().as_os_str(),
+    ]);
+    println!("{attach}: uninstall: {}", said.trim());
+    assert!(
+        said.contains(&format!(
+            "aws-node's network policy programs put back on {} hooks",
+            2 * PODS
+        )),
+        "{said}"
+    );
+    for pod in &pods {
+        let back = filters(&lab, &pod.host_veth);
+        assert!(
+            back.contains("handle_ingress") && back.contains("handle_egress"),
+            "aws-node's filters not back on {}: {back}",
+            pod.host_veth
+        );
+    }
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after the hand-back"));
+    }
+    assert!(
+        udp_under_vpcnet.far_speaks(),
+        "a UDP conversation web opened under vpcnet: its far end, speaking first after the hand-back, is not heard"
+    );
+    denied_probe("aws-node's agent enforcing again");
     let echoed: Vec<u64> = [web_out, client_in].map(EchoStream::close).to_vec();
     println!(
-        "{attach}: connections kept through the take-over: {echoed:?} echoes, 0 broken, and web's UDP conversation out heard first from its far end"
+        "{attach}: connections kept through the take-over and the hand-back: {echoed:?} echoes, 0 broken; UDP conversations heard first from their far ends after each"
     );
     lab.down().expect("lab down");
     drop(aws_policy);

@@ -19,6 +19,7 @@ pub fn uninstall(
     pin_dir: &Path,
     cni_conf_dir: Option<PathBuf>,
     cni_socket: &Path,
+    network_policy_pins: &Path,
     env: &Env,
 ) -> Result<()> {
     if std::os::unix::net::UnixStream::connect(cni_socket).is_ok() {
@@ -35,6 +36,7 @@ pub fn uninstall(
         cni_conf_dir,
         connmark: snat.connmark,
         veth_prefix: pods::veth_prefix(env)?,
+        network_policy_pins: network_policy_pins.to_owned(),
     };
     if !datapath::pins::datapath_pinned(pin_dir) {
         // Done before, or the node rebooted since: only the conflists.
@@ -77,6 +79,12 @@ pub fn uninstall(
         done.stale_forgotten,
         pin_dir.display()
     );
+    if done.policy.filters > 0 {
+        println!(
+            "aws-node's network policy programs put back on {} hooks, {} connections written into its tracker",
+            done.policy.filters, done.policy.flows
+        );
+    }
     if done.conflist_restored {
         println!("aws-node's conflist {} restored", takeover::AWS_CONFLIST);
     }

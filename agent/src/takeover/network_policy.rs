@@ -15,15 +15,28 @@
 
 use std::{
     io,
+    net::Ipv4Addr,
     path::{Path, PathBuf},
 };
 
-use aya::programs::{TcAttachType, links::Link as _, tc};
+use aya::{
+    maps::{HashMap, Map, MapData, MapError},
+    programs::{ProgramError, SchedClassifier, TcAttachType, links::Link as _, tc},
+};
 use tracing::debug;
-use vpcnet_common::aws_network_policy::{FILTER_HANDLE, FILTER_PRIORITY};
-
-/// Where the network policy agent pins its programs.
-pub const NETWORK_POLICY_PROGRAMS_DIR: &str = vpcnet_common::aws_network_policy::PROGRAMS_DIR;
+use vpcnet_api::aws_network_policy::pin_name;
+pub use vpcnet_common::aws_network_policy::PINS_ROOT;
+use vpcnet_common::{
+    aws_network_policy::{
+        CONNTRACK_MAP, ConntrackKey, ConntrackValue, EGRESS_POD_STATE_MAP, EGRESS_PROGRAM,
+        FILTER_HANDLE, FILTER_PRIORITY, INGRESS_POD_STATE_MAP, INGRESS_PROGRAM, MAPS,
+        POD_STATE_CLUSTER_POLICY, POD_STATE_NETWORK_POLICY, POLICIES_APPLIED, PROGRAMS, PodState,
+        conntrack_states,
+    },
+    nat::FlowKey,
+    policy::{FLOW_REVOKED, OPENED_BY_KEY_DESTINATION, PolicyFlow},
+    raw_to_addr, raw_to_port,
+};
 /// The pinned programs' name endings.
 const PROGRAM_SUFFIXES: [&str; 2] = ["_handle_ingress", "_handle_egress"];
 
@@ -35,10 +48,11 @@ pub struct Enforcement {
     pub programs: Vec<String>,
 }
 
-/// The network policy agent's pinned programs in `dir`; `None` when there
-/// are none (or no such directory).
-pub fn detect(dir: &Path) -> io::Result<Option<Enforcement>> {
-    let entries = match std::fs::read_dir(dir) {
+/// The network policy agent's pinned programs under `root`; `None` when
+/// there are none (or no such directory).
+pub fn detect(root: &Path) -> io::Result<Option<Enforcement>> {
+    let dir = root.join(PROGRAMS);
+    let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -51,10 +65,7 @@ pub fn detect(dir: &Path) -> io::Result<Option<Enforcement>> {
         }
     }
     programs.sort();
-    Ok((!programs.is_empty()).then(|| Enforcement {
-        dir: dir.to_owned(),
-        programs,
-    }))
+    Ok((!programs.is_empty()).then_some(Enforcement { dir, programs }))
 }
 
 /// Why the take-over does not happen.
@@ -76,11 +87,11 @@ pub enum PolicyNodeError {
     },
 }
 
-/// The enforcement found in `dir`, to be taken over; refused when vpcnet
-/// would not enforce network policy itself.
-pub fn check(policy_enabled: bool, dir: &Path) -> Result<Option<Enforcement>, PolicyNodeError> {
-    let found = detect(dir).map_err(|source| PolicyNodeError::Read {
-        dir: dir.to_owned(),
+/// The enforcement found under `root`, to be taken over; refused when
+/// vpcnet would not enforce network policy itself.
+pub fn check(policy_enabled: bool, root: &Path) -> Result<Option<Enforcement>, PolicyNodeError> {
+    let found = detect(root).map_err(|source| PolicyNodeError::Read {
+        dir: root.join(PROGRAMS),
         source,
     })?;
     match found {
@@ -111,16 +122,213 @@ pub fn detach_filters(veth: &str) -> usize {
     detached
 }
 
+/// A pod handed back, as aws-node's network policy agent knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandedBackPod {
+    pub addr: Ipv4Addr,
+    /// Its host veth.
+    pub ifindex: u32,
+    /// The agent's identifier of it (`vpcnet_api::aws_network_policy`).
+    pub identifier: String,
+}
+
+/// What handing the enforcement back did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyHandBack {
+    /// aws-node's filters put back on the pods' veths.
+    pub filters: usize,
+    /// Connections written into aws-node's tracker, one entry per pod end.
+    pub flows: usize,
+}
+
+/// Why the enforcement could not be handed back.
+#[derive(Debug, thiserror::Error)]
+pub enum HandBackError {
+    #[error("opening aws-node's pinned map {path}")]
+    Map {
+        path: PathBuf,
+        #[source]
+        source: MapError,
+    },
+    #[error("writing aws-node's connection tracker")]
+    Track(#[source] MapError),
+    #[error("putting aws-node's {program} ({path}) back on {veth}")]
+    Program {
+        program: &'static str,
+        path: PathBuf,
+        veth: String,
+        #[source]
+        source: Box<ProgramError>,
+    },
+}
+
+/// Hands the enforcement back to aws-node's network policy agent, as it
+/// expects to find the node when it starts: the connections vpcnet let
+/// through in its tracker (so their replies pass its programs), then its
+/// pinned programs on the veths of the pods it knows (their identifier's
+/// pins are under `root`), while vpcnet's still judge. Its agent then
+/// recovers from its pins and reconciles the policies. Pods whose
+/// identifier has no pins (started under vpcnet, no sibling aws-node
+/// knew) get its programs when a policy selects them.
+pub fn hand_back(
+    root: &Path,
+    pods: &[HandedBackPod],
+    flows: &[(FlowKey, PolicyFlow)],
+) -> Result<PolicyHandBack, HandBackError> {
+    let maps = root.join(MAPS);
+    let programs = root.join(PROGRAMS);
+    let with_pins: Vec<&HandedBackPod> = pods
+        .iter()
+        .filter(|pod| {
+            programs
+                .join(pin_name(&pod.identifier, INGRESS_PROGRAM))
+                .exists()
+        })
+        .collect();
+    let mut done = PolicyHandBack::default();
+    if with_pins.is_empty() {
+        return Ok(done);
+    }
+    done.flows = track_flows(&maps, &with_pins, flows)?;
+    done.filters = put_programs_back(&programs, &with_pins)?;
+    Ok(done)
+}
+
+/// Writes the connections vpcnet let through into aws-node's tracker,
+/// for each end that is one of `pods`. Returns how many entries.
+fn track_flows(
+    maps: &Path,
+    pods: &[&HandedBackPod],
+    flows: &[(FlowKey, PolicyFlow)],
+) -> Result<usize, HandBackError> {
+    let mut written = 0;
+    let tracker_path = maps.join(CONNTRACK_MAP);
+    let mut tracker: HashMap<MapData, ConntrackKey, ConntrackValue> =
+        MapData::from_pin(&tracker_path)
+            .map(Map::LruHashMap)
+            .and_then(HashMap::try_from)
+            .map_err(|source| HandBackError::Map {
+                path: tracker_path.clone(),
+                source,
+            })?;
+    let now = crate::datapath::monotonic_now_ns();
+    for (key, flow) in flows
+        .iter()
+        .filter(|(_, flow)| flow.revoked != FLOW_REVOKED)
+    {
+        let opened = if flow.opener == OPENED_BY_KEY_DESTINATION {
+            key.reversed()
+        } else {
+            *key
+        };
+        let ends = [
+            (opened.saddr, EGRESS_POD_STATE_MAP),
+            (opened.daddr, INGRESS_POD_STATE_MAP),
+        ];
+        for (owner, states_map) in ends {
+            let owner_addr = Ipv4Addr::from(raw_to_addr(owner));
+            let Some(pod) = pods.iter().find(|pod| pod.addr == owner_addr) else {
+                continue;
+            };
+            let states = pod_states(&maps.join(pin_name(&pod.identifier, states_map)));
+            let entry = ConntrackKey {
+                src_ip: opened.saddr,
+                src_port: raw_to_port(opened.sport),
+                dest_ip: opened.daddr,
+                dest_port: raw_to_port(opened.dport),
+                protocol: opened.proto,
+                owner_ip: owner,
+                ifindex: pod.ifindex,
+                ..ConntrackKey::default()
+            };
+            let value = ConntrackValue {
+                states,
+                last_seen_ns: now,
+            };
+            tracker
+                .insert(entry, value, 0)
+                .map_err(HandBackError::Track)?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// aws-node's pinned programs back on the veths of `pods`. Returns how
+/// many filters.
+fn put_programs_back(programs: &Path, pods: &[&HandedBackPod]) -> Result<usize, HandBackError> {
+    let mut attached = 0;
+    for pod in pods {
+        let Ok(veth) = nix::net::if_::if_indextoname(pod.ifindex) else {
+            continue;
+        };
+        let veth = veth.to_string_lossy().into_owned();
+        for (program, hook) in [
+            (INGRESS_PROGRAM, TcAttachType::Egress),
+            (EGRESS_PROGRAM, TcAttachType::Ingress),
+        ] {
+            let path = programs.join(pin_name(&pod.identifier, program));
+            let err = |source| HandBackError::Program {
+                program,
+                path: path.clone(),
+                veth: veth.clone(),
+                source: Box::new(source),
+            };
+            let mut classifier = SchedClassifier::from_pin(&path).map_err(err)?;
+            let _ = tc::qdisc_add_clsact(&veth);
+            let handle = tc::TcHandle::new(0, FILTER_HANDLE);
+            let existing =
+                tc::SchedClassifierLink::attached(&veth, hook, FILTER_PRIORITY, handle, None)
+                    .map_err(|e| err(ProgramError::TcError(tc::TcError::IoError(e))))?;
+            let id = classifier
+                .attach_to_link(existing)
+                .or_else(|_| {
+                    classifier.attach_with_options(
+                        &veth,
+                        hook,
+                        tc::TcAttachOptions::Netlink(tc::NlOptions {
+                            priority: FILTER_PRIORITY,
+                            handle,
+                            classid: None,
+                        }),
+                    )
+                })
+                .map_err(err)?;
+            // The filter is aws-node's from now on: it outlives us.
+            std::mem::forget(classifier.take_link(id).map_err(err)?);
+            attached += 1;
+        }
+    }
+    Ok(attached)
+}
+
+/// A pod's states as aws-node's tracker records them, from its pinned
+/// state map; "policies applied" when it cannot be read.
+fn pod_states(path: &Path) -> u64 {
+    let read = || -> Option<(u8, u8)> {
+        let map = MapData::from_pin(path).ok()?;
+        let states: HashMap<MapData, u32, PodState> = HashMap::try_from(Map::HashMap(map)).ok()?;
+        let get = |key| states.get(&key, 0).ok().map(|s| s.state);
+        Some((
+            get(POD_STATE_NETWORK_POLICY)?,
+            get(POD_STATE_CLUSTER_POLICY)?,
+        ))
+    };
+    let (network_policy, cluster_policy) = read().unwrap_or((POLICIES_APPLIED, POLICIES_APPLIED));
+    conntrack_states(network_policy, cluster_policy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn pinned_policy_programs_refuse_the_take_over_only_without_policy() {
-        let dir = std::env::temp_dir().join(format!("vpcnet-np-{}", std::process::id()));
+        let root = std::env::temp_dir().join(format!("vpcnet-np-{}", std::process::id()));
+        let dir = root.join(PROGRAMS);
         std::fs::create_dir_all(&dir).unwrap();
-        assert!(check(false, &dir).unwrap().is_none());
-        assert!(check(false, &dir.join("absent")).unwrap().is_none());
+        assert!(check(false, &root).unwrap().is_none());
+        assert!(check(false, &root.join("absent")).unwrap().is_none());
         for name in [
             "web-7d4b9@default_handle_ingress",
             "web-7d4b9@default_handle_egress",
@@ -128,10 +336,10 @@ mod tests {
         ] {
             std::fs::write(dir.join(name), "").unwrap();
         }
-        let refusal = check(false, &dir).unwrap_err().to_string();
+        let refusal = check(false, &root).unwrap_err().to_string();
         assert!(refusal.contains("2 programs pinned"), "{refusal}");
         assert!(refusal.contains("ENABLE_NETWORK_POLICY=true"), "{refusal}");
-        assert_eq!(check(true, &dir).unwrap().unwrap().programs.len(), 2);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(check(true, &root).unwrap().unwrap().programs.len(), 2);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -9,11 +9,13 @@
 //! each pod's host veth: the pod's ingress rules on the veth's clsact
 //! egress hook, its egress rules on the ingress hook.
 
-/// Where the agent pins its programs: `<pod identifier>_<program>`.
-pub const PROGRAMS_DIR: &str = "/sys/fs/bpf/globals/aws/programs";
-/// Where the agent pins its maps: `<pod identifier>_<map>`, and the
+/// Where the agent pins: programs in [`PROGRAMS`], maps in [`MAPS`].
+pub const PINS_ROOT: &str = "/sys/fs/bpf/globals/aws";
+/// The programs' directory in the root: `<pod identifier>_<program>`.
+pub const PROGRAMS: &str = "programs";
+/// The maps' directory in the root: `<pod identifier>_<map>`, and the
 /// node-wide ones as `global_<map>`.
-pub const MAPS_DIR: &str = "/sys/fs/bpf/globals/aws/maps";
+pub const MAPS: &str = "maps";
 
 /// The program judging what reaches the pod (on the veth's egress hook).
 pub const INGRESS_PROGRAM: &str = "handle_ingress";
