@@ -429,8 +429,11 @@ impl Parts<'_> {
         }
         // Before the plugin is served: pods aws-node left keep their
         // addresses, connections and paths.
-        let policy_filters = self.aws_policy.is_some();
-        match takeover::take_over(&pods, &self.datapath, &netlink, connmark, policy_filters).await {
+        let aws_policy = self
+            .aws_policy
+            .is_some()
+            .then_some(self.args.network_policy_pins.as_path());
+        match takeover::take_over(&pods, &self.datapath, &netlink, connmark, aws_policy).await {
             Ok(report) => report.log(),
             Err(e) => error!(error = %e, "taking the node over from aws-node failed"),
         }

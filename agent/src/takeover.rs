@@ -8,8 +8,9 @@
 //!    straight into it from then on.
 //! 2. The connections iptables translated are copied from conntrack into
 //!    the NAT table, and kube-proxy's into the stack flows, so the programs
-//!    keep each on its port and path, and every answered one into network
-//!    policy's tracked connections ([`import_flows`]). Until the next
+//!    keep each on its port and path ([`import_flows`]). (Before step 1,
+//!    and again here, the connections network policy let through are
+//!    tracked: [`track_policy_flows`].) Until the next
 //!    step, what the pods send still goes through iptables.
 //! 3. The pods get their programs (`Pods::finish_adoption`).
 //! 4. Only then do aws-node's iptables rules and ip rules go
@@ -45,7 +46,9 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use flows::{export_flows, forget_stack_aliases, forget_stale_connections, import_flows};
+use flows::{
+    export_flows, forget_stack_aliases, forget_stale_connections, import_flows, track_policy_flows,
+};
 use tracing::{debug, info, warn};
 use vpcnet_api::{
     aws_network_policy::pod_identifier,
@@ -94,7 +97,7 @@ pub enum TakeOverError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
-    PolicyHandBack(#[from] network_policy::HandBackError),
+    PolicyHandBack(#[from] network_policy::AwsPinsError),
     #[error("the primary ENI's link (ifindex {0}) is gone")]
     NoPrimaryLink(u32),
     #[error("no link is named {0}")]
@@ -432,15 +435,15 @@ impl TakeOver {
 
 /// Takes the node over from aws-node (see the module's doc): imports the
 /// flows of the pods it left, adopts them, then removes its rules, and
-/// with `policy_filters` its network policy agent's filters from the
-/// adopted pods' veths. Does nothing on a node aws-node never ran (no pod
+/// with `aws_policy` (where its network policy agent pinned) that agent's
+/// filters from the adopted pods' veths. Does nothing on a node aws-node never ran (no pod
 /// to adopt, no chain).
 pub async fn take_over(
     pods: &Pods,
     datapath: &Mutex<Datapath>,
     netlink: &NetlinkHandle,
     connmark: u32,
-    policy_filters: bool,
+    aws_policy: Option<&Path>,
 ) -> Result<TakeOver, TakeOverError> {
     let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
     // A strict pod keeps its VLAN table after the take-over: one the
@@ -464,6 +467,9 @@ pub async fn take_over(
     if candidates.is_empty() && !chains {
         return Ok(report);
     }
+    // What policy let through is tracked before the entries, which make
+    // the datapath judge what reaches the pods.
+    report.policy_flows += track_policy_flows(&lock().maps, &candidates, aws_policy)?;
     // Entries first: replies go straight into the pods from then on,
     // never rewritten by a claim and handed to a stack that knows nothing
     // of it. Then the claims, then the programs.
@@ -491,14 +497,17 @@ pub async fn take_over(
             Ok(imports) => imported.push(imports),
             Err(e) => warn!(error = %e, "importing the connections opened during the take-over"),
         }
+        match track_policy_flows(&lock().maps, &adopted, aws_policy) {
+            Ok(tracked) => report.policy_flows += tracked,
+            Err(e) => warn!(error = %e, "tracking the connections opened during the take-over"),
+        }
     }
     for imports in &imported {
         forget_stack_aliases(&mut lock().maps, imports);
         report.translated_flows += imports.translated.len();
         report.stack_flows += imports.stack.len();
-        report.policy_flows += imports.policy.len();
     }
-    if policy_filters {
+    if aws_policy.is_some() {
         // The adopted pods' programs judge them now, with their policies.
         for pod in adoptees.iter().filter(|pod| adopted.contains(&pod.addr)) {
             report.policy_filters_removed += network_policy::detach_filters(&pod.host_veth);

@@ -656,6 +656,31 @@ fn take_over_aws_node_network_policy(attach: &str) {
         SocketAddrV4::new(addrs::PEER_ADDR, PORT + 1),
     );
 
+    // A denied pod's UDP to web: its own rules let it out (aws-node's
+    // tracker holds that), web's drop it; it must stay dropped.
+    let knock_to = SocketAddrV4::new(web.addr, PORT + 3);
+    let web_socket = vpcnet_lab::run_in(&web.netns, move || UdpSocket::bind(knock_to))
+        .expect("entering web")
+        .expect("web's UDP socket");
+    web_socket
+        .set_read_timeout(Some(UdpConversation::WAIT))
+        .unwrap();
+    let denied_socket = vpcnet_lab::run_in(&denied.netns, move || {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        socket.connect(knock_to)?;
+        Ok::<_, std::io::Error>(socket)
+    })
+    .expect("entering the denied pod")
+    .expect("the denied pod's UDP socket");
+    let udp_knock_heard = || {
+        denied_socket.send(b"knock").expect("sending");
+        web_socket.recv(&mut [0; 16]).is_ok()
+    };
+    assert!(
+        !udp_knock_heard(),
+        "aws-node's agent let the denied pod's UDP through"
+    );
+
     // The take-over, with the denied pod knocking all along.
     let stop = Arc::new(AtomicBool::new(false));
     let prober = {
@@ -674,11 +699,20 @@ fn take_over_aws_node_network_policy(attach: &str) {
     for (name, stream) in streams {
         stream.wait_for_more_echoes(ECHOES, &format!("{name} after the take-over"));
     }
+    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
+    let report = log
+        .lines()
+        .find(|line| line.contains("node taken over from aws-node"))
+        .unwrap_or_else(|| panic!("no take-over report: {log}"));
     assert!(
         udp.far_speaks(),
-        "web's UDP conversation out: the far end, speaking first after the take-over, is not heard"
+        "web's UDP conversation out: the far end, speaking first after the take-over, is not heard ({report})"
     );
     denied_probe("vpcnet enforcing");
+    assert!(
+        !udp_knock_heard(),
+        "the denied pod's UDP reached web after the take-over"
+    );
     assert!(
         tcp_whoami(&client.netns, to_web.addr(), Duration::from_secs(3))
             .expect("probing from a pod")
@@ -706,11 +740,6 @@ fn take_over_aws_node_network_policy(attach: &str) {
         2 * identifiers.len(),
         "aws-node's pins are kept for the hand-back"
     );
-    let log = std::fs::read_to_string(lab.agent_log().unwrap()).unwrap();
-    let report = log
-        .lines()
-        .find(|line| line.contains("node taken over from aws-node"))
-        .unwrap_or_else(|| panic!("no take-over report: {log}"));
     assert!(
         report.contains(&format!("policy_filters_removed={}", 2 * PODS)),
         "{report}"

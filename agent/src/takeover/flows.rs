@@ -3,7 +3,7 @@
 //! into the datapath's tables at the take-over, and back to conntrack at
 //! the hand-back; what network policy let through is tracked on.
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
 
 use vpcnet_common::{
     addr_to_raw,
@@ -188,8 +188,7 @@ pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) 
 }
 
 /// Copies the connections of `pods` that iptables translated (and
-/// kube-proxy's) into the datapath's maps, and tracks those policy let
-/// through. Returns what was imported.
+/// kube-proxy's) into the datapath's maps. Returns what was imported.
 pub fn import_flows(
     maps: &mut DatapathMaps,
     pods: &BTreeSet<Ipv4Addr>,
@@ -207,14 +206,29 @@ pub fn import_flows(
     for key in &imports.stack {
         maps.import_stack_flow(*key, now)?;
     }
-    let mut tracked = Vec::new();
-    for key in imports.policy {
-        if policy::maps::track_flow(maps, &key, now)? {
-            tracked.push(key);
-        }
-    }
-    imports.policy = tracked;
     Ok(imports)
+}
+
+/// Tracks the connections of `pods` that whatever enforced network policy
+/// let through: those conntrack saw answered, and, with `aws_policy` (where
+/// aws-node's network policy agent pinned), those its tracker holds (a
+/// connection idle past conntrack's timeout is still there). Returns how
+/// many were not tracked yet.
+pub fn track_policy_flows(
+    maps: &DatapathMaps,
+    pods: &BTreeSet<Ipv4Addr>,
+    aws_policy: Option<&Path>,
+) -> Result<usize, TakeOverError> {
+    let mut opened = plan_flow_imports(&conntrack_connections()?, pods).policy;
+    if let Some(root) = aws_policy {
+        opened.extend(super::network_policy::tracked_flows(root, pods)?);
+    }
+    let now = monotonic_now_ns();
+    let mut tracked = 0;
+    for key in &opened {
+        tracked += usize::from(policy::maps::track_flow(maps, key, now)?);
+    }
+    Ok(tracked)
 }
 
 /// Once the pods' programs carry the imported flows, their packets no

@@ -14,6 +14,7 @@
 //! from when the node is handed back.
 
 use std::{
+    collections::BTreeSet,
     io,
     net::Ipv4Addr,
     path::{Path, PathBuf},
@@ -35,7 +36,7 @@ use vpcnet_common::{
     },
     nat::FlowKey,
     policy::{FLOW_REVOKED, OPENED_BY_KEY_DESTINATION, PolicyFlow},
-    raw_to_addr, raw_to_port,
+    port_to_raw, raw_to_addr, raw_to_port,
 };
 /// The pinned programs' name endings.
 const PROGRAM_SUFFIXES: [&str; 2] = ["_handle_ingress", "_handle_egress"];
@@ -141,16 +142,16 @@ pub struct PolicyHandBack {
     pub flows: usize,
 }
 
-/// Why the enforcement could not be handed back.
+/// Reading or writing what aws-node's network policy agent pinned.
 #[derive(Debug, thiserror::Error)]
-pub enum HandBackError {
+pub enum AwsPinsError {
     #[error("opening aws-node's pinned map {path}")]
     Map {
         path: PathBuf,
         #[source]
         source: MapError,
     },
-    #[error("writing aws-node's connection tracker")]
+    #[error("reading or writing aws-node's connection tracker")]
     Track(#[source] MapError),
     #[error("putting aws-node's {program} ({path}) back on {veth}")]
     Program {
@@ -174,7 +175,7 @@ pub fn hand_back(
     root: &Path,
     pods: &[HandedBackPod],
     flows: &[(FlowKey, PolicyFlow)],
-) -> Result<PolicyHandBack, HandBackError> {
+) -> Result<PolicyHandBack, AwsPinsError> {
     let maps = root.join(MAPS);
     let programs = root.join(PROGRAMS);
     let with_pins: Vec<&HandedBackPod> = pods
@@ -194,20 +195,65 @@ pub fn hand_back(
     Ok(done)
 }
 
+/// The connections aws-node's tracker under `root` let through for
+/// `pods`, as their openers sent them (it tracks a connection the way its
+/// first packet went, once per pod whose rules allowed it). A connection
+/// between two of `pods` counts only if both ends' rules allowed it: the
+/// sender's entry alone is a packet the receiver dropped. None where it
+/// has no tracker.
+pub fn tracked_flows(root: &Path, pods: &BTreeSet<Ipv4Addr>) -> Result<Vec<FlowKey>, AwsPinsError> {
+    let path = root.join(MAPS).join(CONNTRACK_MAP);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let tracker: HashMap<MapData, ConntrackKey, ConntrackValue> = MapData::from_pin(&path)
+        .map(Map::LruHashMap)
+        .and_then(HashMap::try_from)
+        .map_err(|source| AwsPinsError::Map {
+            path: path.clone(),
+            source,
+        })?;
+    let local = |raw: u32| pods.contains(&Ipv4Addr::from(raw_to_addr(raw)));
+    let mut allowed_by: std::collections::HashMap<FlowKey, BTreeSet<u32>> =
+        std::collections::HashMap::new();
+    for entry in tracker.keys() {
+        let key = entry.map_err(AwsPinsError::Track)?;
+        if local(key.owner_ip) {
+            let flow = FlowKey::new(
+                key.src_ip,
+                key.dest_ip,
+                port_to_raw(key.src_port),
+                port_to_raw(key.dest_port),
+                key.protocol,
+            );
+            allowed_by.entry(flow).or_default().insert(key.owner_ip);
+        }
+    }
+    Ok(allowed_by
+        .into_iter()
+        .filter(|(flow, owners)| {
+            [flow.saddr, flow.daddr]
+                .into_iter()
+                .all(|end| !local(end) || owners.contains(&end))
+        })
+        .map(|(flow, _)| flow)
+        .collect())
+}
+
 /// Writes the connections vpcnet let through into aws-node's tracker,
 /// for each end that is one of `pods`. Returns how many entries.
 fn track_flows(
     maps: &Path,
     pods: &[&HandedBackPod],
     flows: &[(FlowKey, PolicyFlow)],
-) -> Result<usize, HandBackError> {
+) -> Result<usize, AwsPinsError> {
     let mut written = 0;
     let tracker_path = maps.join(CONNTRACK_MAP);
     let mut tracker: HashMap<MapData, ConntrackKey, ConntrackValue> =
         MapData::from_pin(&tracker_path)
             .map(Map::LruHashMap)
             .and_then(HashMap::try_from)
-            .map_err(|source| HandBackError::Map {
+            .map_err(|source| AwsPinsError::Map {
                 path: tracker_path.clone(),
                 source,
             })?;
@@ -247,7 +293,7 @@ fn track_flows(
             };
             tracker
                 .insert(entry, value, 0)
-                .map_err(HandBackError::Track)?;
+                .map_err(AwsPinsError::Track)?;
             written += 1;
         }
     }
@@ -256,7 +302,7 @@ fn track_flows(
 
 /// aws-node's pinned programs back on the veths of `pods`. Returns how
 /// many filters.
-fn put_programs_back(programs: &Path, pods: &[&HandedBackPod]) -> Result<usize, HandBackError> {
+fn put_programs_back(programs: &Path, pods: &[&HandedBackPod]) -> Result<usize, AwsPinsError> {
     let mut attached = 0;
     for pod in pods {
         let Ok(veth) = nix::net::if_::if_indextoname(pod.ifindex) else {
@@ -268,7 +314,7 @@ fn put_programs_back(programs: &Path, pods: &[&HandedBackPod]) -> Result<usize, 
             (EGRESS_PROGRAM, TcAttachType::Ingress),
         ] {
             let path = programs.join(pin_name(&pod.identifier, program));
-            let err = |source| HandBackError::Program {
+            let err = |source| AwsPinsError::Program {
                 program,
                 path: path.clone(),
                 veth: veth.clone(),
