@@ -23,10 +23,13 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, LpmTrie, MapData, lpm_trie::Key},
-    programs::{SchedClassifier, TcAttachType, tc},
+    programs::SchedClassifier,
 };
 use ipnet::Ipv4Net;
-use vpcnet_agent::datapath::LAB_AWS_NETWORK_POLICY_OBJECT;
+use vpcnet_agent::{
+    datapath::LAB_AWS_NETWORK_POLICY_OBJECT,
+    takeover::network_policy::{PROGRAM_HOOKS, attach_as_aws_node},
+};
 use vpcnet_api::{
     aws_network_policy::{pin_name, pod_identifier},
     policy_endpoint::{EndpointInfo, ISOLATION_EGRESS, ISOLATION_INGRESS, PolicyEndpointSpec},
@@ -34,10 +37,10 @@ use vpcnet_api::{
 use vpcnet_common::{
     addr_to_raw,
     aws_network_policy::{
-        DEFAULT_ALLOW, DEFAULT_DENY, EGRESS_MAP, EGRESS_POD_STATE_MAP, EGRESS_PROGRAM,
-        FILTER_HANDLE, FILTER_PRIORITY, INGRESS_MAP, INGRESS_POD_STATE_MAP, INGRESS_PROGRAM, MAPS,
-        POD_STATE_CLUSTER_POLICY, POD_STATE_NETWORK_POLICY, POLICIES_APPLIED, PORT_RULES, PROGRAMS,
-        PROTOCOL_ANY, PROTOCOL_DENY, PodState, PortRule, TrieValue,
+        DEFAULT_ALLOW, DEFAULT_DENY, EGRESS_MAP, EGRESS_POD_STATE_MAP, EGRESS_PROGRAM, INGRESS_MAP,
+        INGRESS_POD_STATE_MAP, INGRESS_PROGRAM, MAPS, POD_STATE_CLUSTER_POLICY,
+        POD_STATE_NETWORK_POLICY, POLICIES_APPLIED, PORT_RULES, PROGRAMS, PROTOCOL_ANY,
+        PROTOCOL_DENY, PodState, PortRule, TrieValue,
     },
 };
 use vpcnet_lab::{PodInfo, addrs};
@@ -272,10 +275,7 @@ fn load(identifier: &str, programs_dir: &Path, maps_dir: &Path) -> Ebpf {
 /// The identifier's programs on `veth`, as the agent attaches them.
 fn attach(ebpf: &mut Ebpf, veth: &str) {
     let veth = veth.to_owned();
-    for (name, hook) in [
-        (INGRESS_PROGRAM, TcAttachType::Egress),
-        (EGRESS_PROGRAM, TcAttachType::Ingress),
-    ] {
+    for (name, hook) in PROGRAM_HOOKS {
         let program: &mut SchedClassifier = ebpf
             .program_mut(name)
             .expect("the object's program")
@@ -283,29 +283,8 @@ fn attach(ebpf: &mut Ebpf, veth: &str) {
             .expect("a classifier");
         let veth = veth.clone();
         vpcnet_lab::run_in(addrs::NS_NODE, move || {
-            let _ = tc::qdisc_add_clsact(&veth);
-            let handle = tc::TcHandle::new(0, FILTER_HANDLE);
-            let existing =
-                tc::SchedClassifierLink::attached(&veth, hook, FILTER_PRIORITY, handle, None)
-                    .expect("a filter's description");
-            // Its program replaced when the filter is there (another pod of
-            // the identifier), else a new filter.
-            let id = program
-                .attach_to_link(existing)
-                .or_else(|_| {
-                    program.attach_with_options(
-                        &veth,
-                        hook,
-                        tc::TcAttachOptions::Netlink(tc::NlOptions {
-                            priority: FILTER_PRIORITY,
-                            handle,
-                            classid: None,
-                        }),
-                    )
-                })
+            attach_as_aws_node(program, &veth, hook)
                 .unwrap_or_else(|e| panic!("attaching {name} to {veth}: {e}"));
-            // The filter stays after the object, as the agent's do.
-            std::mem::forget(program.take_link(id).expect("the link"));
         })
         .expect("entering the node");
     }

@@ -309,10 +309,7 @@ fn put_programs_back(programs: &Path, pods: &[&HandedBackPod]) -> Result<usize, 
             continue;
         };
         let veth = veth.to_string_lossy().into_owned();
-        for (program, hook) in [
-            (INGRESS_PROGRAM, TcAttachType::Egress),
-            (EGRESS_PROGRAM, TcAttachType::Ingress),
-        ] {
+        for (program, hook) in PROGRAM_HOOKS {
             let path = programs.join(pin_name(&pod.identifier, program));
             let err = |source| AwsPinsError::Program {
                 program,
@@ -321,31 +318,49 @@ fn put_programs_back(programs: &Path, pods: &[&HandedBackPod]) -> Result<usize, 
                 source: Box::new(source),
             };
             let mut classifier = SchedClassifier::from_pin(&path).map_err(err)?;
-            let _ = tc::qdisc_add_clsact(&veth);
-            let handle = tc::TcHandle::new(0, FILTER_HANDLE);
-            let existing =
-                tc::SchedClassifierLink::attached(&veth, hook, FILTER_PRIORITY, handle, None)
-                    .map_err(|e| err(ProgramError::TcError(tc::TcError::IoError(e))))?;
-            let id = classifier
-                .attach_to_link(existing)
-                .or_else(|_| {
-                    classifier.attach_with_options(
-                        &veth,
-                        hook,
-                        tc::TcAttachOptions::Netlink(tc::NlOptions {
-                            priority: FILTER_PRIORITY,
-                            handle,
-                            classid: None,
-                        }),
-                    )
-                })
-                .map_err(err)?;
-            // The filter is aws-node's from now on: it outlives us.
-            std::mem::forget(classifier.take_link(id).map_err(err)?);
+            attach_as_aws_node(&mut classifier, &veth, hook).map_err(err)?;
             attached += 1;
         }
     }
     Ok(attached)
+}
+
+/// Where each of the agent's programs sits on a pod's host veth: what
+/// reaches the pod leaves the veth.
+pub const PROGRAM_HOOKS: [(&str, TcAttachType); 2] = [
+    (INGRESS_PROGRAM, TcAttachType::Egress),
+    (EGRESS_PROGRAM, TcAttachType::Ingress),
+];
+
+/// Attaches `program` to `veth`'s `hook` as aws-node's network policy
+/// agent does: a clsact `cls_bpf` filter at its priority and handle,
+/// whose program is replaced in place when the filter is there. The filter
+/// outlives this process.
+///
+/// # Errors
+/// The qdisc or the filter cannot be made.
+pub fn attach_as_aws_node(
+    program: &mut SchedClassifier,
+    veth: &str,
+    hook: TcAttachType,
+) -> Result<(), ProgramError> {
+    let _ = tc::qdisc_add_clsact(veth);
+    let handle = tc::TcHandle::new(0, FILTER_HANDLE);
+    let existing = tc::SchedClassifierLink::attached(veth, hook, FILTER_PRIORITY, handle, None)
+        .map_err(|e| ProgramError::TcError(tc::TcError::IoError(e)))?;
+    let id = program.attach_to_link(existing).or_else(|_| {
+        program.attach_with_options(
+            veth,
+            hook,
+            tc::TcAttachOptions::Netlink(tc::NlOptions {
+                priority: FILTER_PRIORITY,
+                handle,
+                classid: None,
+            }),
+        )
+    })?;
+    std::mem::forget(program.take_link(id)?);
+    Ok(())
 }
 
 /// A pod's states as aws-node's tracker records them, from its pinned
