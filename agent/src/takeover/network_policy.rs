@@ -6,12 +6,13 @@
 //! vpcnet enforces the same policies, from the same PolicyEndpoints (or
 //! NetworkPolicies), before it takes a pod: the pods' rules are in its
 //! maps and its enforcement is on before any pod gets its datapath entry,
-//! the connections conntrack saw replied are tracked as let through, and
-//! only once a pod's programs are attached do aws-node's filters go from
-//! its veth. On TCX vpcnet's programs run before the clsact filters; on
-//! clsact aws-node's run first (priority 1) until they are deleted, an
-//! atomic step. Their pins stay: they are what aws-node's agent recovers
-//! from when the node is handed back.
+//! the connections conntrack saw answered and those aws-node's tracker
+//! holds ([`tracked_flows`]) are tracked as let through, and only once a
+//! pod's programs are attached do aws-node's filters go from its veth. On
+//! TCX vpcnet's programs run before the clsact filters; on clsact
+//! aws-node's run first (priority 1) until they are deleted, an atomic
+//! step. Their pins stay: the hand-back ([`hand_back`]) puts the programs
+//! back, and aws-node's agent recovers from them.
 
 use std::{
     collections::BTreeSet,
