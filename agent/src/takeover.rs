@@ -47,7 +47,8 @@ use std::{
 };
 
 use flows::{
-    export_flows, forget_stack_aliases, forget_stale_connections, import_flows, track_policy_flows,
+    conntrack_connections, export_flows, forget_stack_aliases, forget_stale_connections,
+    import_flows, track_policy_flows,
 };
 use tracing::{debug, info, warn};
 use vpcnet_api::{
@@ -469,14 +470,21 @@ pub async fn take_over(
     }
     // What policy let through is tracked before the entries, which make
     // the datapath judge what reaches the pods.
-    report.policy_flows += track_policy_flows(&lock().maps, &candidates, aws_policy)?;
+    report.policy_flows += track_policy_flows(
+        &lock().maps,
+        &candidates,
+        &conntrack_connections()?,
+        aws_policy,
+    )?;
     // Entries first: replies go straight into the pods from then on,
     // never rewritten by a claim and handed to a stack that knows nothing
     // of it. Then the claims, then the programs.
     let (adoptees, entry_failures) = pods.adopt(&branch_pods).await?;
     let mut imported = Vec::new();
     if !candidates.is_empty() {
-        match import_flows(&mut lock().maps, &candidates) {
+        match conntrack_connections()
+            .and_then(|connections| import_flows(&mut lock().maps, &candidates, &connections))
+        {
             Ok(imports) => imported.push(imports),
             Err(e) => {
                 // Without the connections the pods would lose them: they
@@ -493,13 +501,17 @@ pub async fn take_over(
     report.not_adopted = failed;
     if !adopted.is_empty() {
         // Connections opened between the first import and the programs.
-        match import_flows(&mut lock().maps, &adopted) {
-            Ok(imports) => imported.push(imports),
+        let second = conntrack_connections().and_then(|connections| {
+            let imports = import_flows(&mut lock().maps, &adopted, &connections)?;
+            let tracked = track_policy_flows(&lock().maps, &adopted, &connections, aws_policy)?;
+            Ok((imports, tracked))
+        });
+        match second {
+            Ok((imports, tracked)) => {
+                imported.push(imports);
+                report.policy_flows += tracked;
+            }
             Err(e) => warn!(error = %e, "importing the connections opened during the take-over"),
-        }
-        match track_policy_flows(&lock().maps, &adopted, aws_policy) {
-            Ok(tracked) => report.policy_flows += tracked,
-            Err(e) => warn!(error = %e, "tracking the connections opened during the take-over"),
         }
     }
     for imports in &imported {

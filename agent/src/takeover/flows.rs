@@ -188,12 +188,14 @@ pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) 
 }
 
 /// Copies the connections of `pods` that iptables translated (and
-/// kube-proxy's) into the datapath's maps. Returns what was imported.
+/// kube-proxy's) among `connections` (conntrack's) into the datapath's
+/// maps. Returns what was imported.
 pub fn import_flows(
     maps: &mut DatapathMaps,
     pods: &BTreeSet<Ipv4Addr>,
+    connections: &[Connection],
 ) -> Result<FlowImports, TakeOverError> {
-    let mut imports = plan_flow_imports(&conntrack_connections()?, pods);
+    let mut imports = plan_flow_imports(connections, pods);
     let now = monotonic_now_ns();
     let mut imported = Vec::new();
     for (key, addr, port, seen) in imports.translated {
@@ -210,16 +212,18 @@ pub fn import_flows(
 }
 
 /// Tracks the connections of `pods` that whatever enforced network policy
-/// let through: those conntrack saw answered, and, with `aws_policy` (where
+/// let through: those of `connections` (conntrack's) that were answered,
+/// and, with `aws_policy` (where
 /// aws-node's network policy agent pinned), those its tracker holds (a
 /// connection idle past conntrack's timeout is still there). Returns how
 /// many were not tracked yet.
 pub fn track_policy_flows(
     maps: &DatapathMaps,
     pods: &BTreeSet<Ipv4Addr>,
+    connections: &[Connection],
     aws_policy: Option<&Path>,
 ) -> Result<usize, TakeOverError> {
-    let mut opened = plan_flow_imports(&conntrack_connections()?, pods).policy;
+    let mut opened = plan_flow_imports(connections, pods).policy;
     if let Some(root) = aws_policy {
         opened.extend(super::network_policy::tracked_flows(root, pods)?);
     }

@@ -203,17 +203,11 @@ pub fn hand_back(
 /// sender's entry alone is a packet the receiver dropped. None where it
 /// has no tracker.
 pub fn tracked_flows(root: &Path, pods: &BTreeSet<Ipv4Addr>) -> Result<Vec<FlowKey>, AwsPinsError> {
-    let path = root.join(MAPS).join(CONNTRACK_MAP);
-    if !path.exists() {
+    let maps = root.join(MAPS);
+    if !maps.join(CONNTRACK_MAP).exists() {
         return Ok(Vec::new());
     }
-    let tracker: HashMap<MapData, ConntrackKey, ConntrackValue> = MapData::from_pin(&path)
-        .map(Map::LruHashMap)
-        .and_then(HashMap::try_from)
-        .map_err(|source| AwsPinsError::Map {
-            path: path.clone(),
-            source,
-        })?;
+    let tracker = open_tracker(&maps)?;
     let local = |raw: u32| pods.contains(&Ipv4Addr::from(raw_to_addr(raw)));
     let mut allowed_by: std::collections::HashMap<FlowKey, BTreeSet<u32>> =
         std::collections::HashMap::new();
@@ -241,6 +235,17 @@ pub fn tracked_flows(root: &Path, pods: &BTreeSet<Ipv4Addr>) -> Result<Vec<FlowK
         .collect())
 }
 
+/// aws-node's pinned connection tracker in `maps`.
+fn open_tracker(
+    maps: &Path,
+) -> Result<HashMap<MapData, ConntrackKey, ConntrackValue>, AwsPinsError> {
+    let path = maps.join(CONNTRACK_MAP);
+    MapData::from_pin(&path)
+        .map(Map::LruHashMap)
+        .and_then(HashMap::try_from)
+        .map_err(|source| AwsPinsError::Map { path, source })
+}
+
 /// Writes the connections vpcnet let through into aws-node's tracker,
 /// for each end that is one of `pods`. Returns how many entries.
 fn track_flows(
@@ -249,15 +254,7 @@ fn track_flows(
     flows: &[(FlowKey, PolicyFlow)],
 ) -> Result<usize, AwsPinsError> {
     let mut written = 0;
-    let tracker_path = maps.join(CONNTRACK_MAP);
-    let mut tracker: HashMap<MapData, ConntrackKey, ConntrackValue> =
-        MapData::from_pin(&tracker_path)
-            .map(Map::LruHashMap)
-            .and_then(HashMap::try_from)
-            .map_err(|source| AwsPinsError::Map {
-                path: tracker_path.clone(),
-                source,
-            })?;
+    let mut tracker = open_tracker(maps)?;
     let now = crate::datapath::monotonic_now_ns();
     for (key, flow) in flows
         .iter()
