@@ -27,7 +27,7 @@ use vpcnet_bpf_tests::{
     netpol::{Cluster, Labels, Mode, Pod},
 };
 use vpcnet_lab::{
-    Lab, NamedPod, WhoamiServer,
+    Lab, NamedPod, Proto, WhoamiServer, WhoamiTarget,
     cluster::{self, POD_SERVED_PORTS as PORTS, served_port_name},
     parse_label_changes, probe,
 };
@@ -62,17 +62,15 @@ fn model_pod(namespace: &str, name: &str, ip: std::net::Ipv4Addr) -> Pod {
             .collect(),
     }
 }
-/// How long a probe waits for an answer: the lab's paths answer in
-/// microseconds, a dropped probe waits it out.
-const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+/// How long the probes wait for their answers: the lab's paths answer in
+/// microseconds, and the dropped probes wait it out, all together.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a probe that should have been answered waits when asked
 /// again.
 const RETRY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a change may take to be enforced: controller, PolicyEndpoint,
 /// agent, maps.
 const ENFORCE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Probes at once.
-const PARALLEL: usize = 36;
 
 /// One probe: from a pod to another's address, protocol and port.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -223,32 +221,42 @@ impl Matrix {
         self.observe(&self.probes(), PROBE_TIMEOUT)
     }
 
-    /// `probes`, run in parallel, each waiting `timeout` for its answer.
+    /// `probes`, all at once (each pod's from one thread), each waiting
+    /// `timeout` for its answer.
     fn observe(&self, probes: &[Probe], timeout: Duration) -> BTreeMap<Probe, bool> {
-        let mut out = BTreeMap::new();
-        for chunk in probes.chunks(PARALLEL) {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = chunk
-                    .iter()
-                    .map(|probe| {
-                        let from = self.lab.pod_named(&probe.from).unwrap().netns.clone();
-                        let to = SocketAddrV4::new(self.pod(&probe.to).ip, probe.port);
-                        let protocol = probe.protocol;
-                        scope.spawn(move || {
-                            let answer = if protocol == "TCP" {
-                                probe::tcp_whoami(&from, to, timeout)
-                            } else {
-                                probe::udp_whoami(&from, to, timeout)
-                            };
-                            answer.unwrap_or_else(|e| panic!("probe {from} -> {to}: {e}"))
-                        })
-                    })
-                    .collect();
-                for (probe, handle) in chunk.iter().zip(handles) {
-                    out.insert(probe.clone(), handle.join().unwrap().is_some());
-                }
-            });
+        let mut by_source: BTreeMap<&str, Vec<&Probe>> = BTreeMap::new();
+        for probe in probes {
+            by_source.entry(&probe.from).or_default().push(probe);
         }
+        let mut out = BTreeMap::new();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = by_source
+                .iter()
+                .map(|(from, probes)| {
+                    let ns = self.lab.pod_named(from).unwrap().netns.clone();
+                    let targets: Vec<WhoamiTarget> = probes
+                        .iter()
+                        .map(|probe| WhoamiTarget {
+                            proto: if probe.protocol == "TCP" {
+                                Proto::Tcp
+                            } else {
+                                Proto::Udp
+                            },
+                            server: SocketAddrV4::new(self.pod(&probe.to).ip, probe.port),
+                        })
+                        .collect();
+                    scope.spawn(move || {
+                        probe::whoami_each(&ns, &targets, timeout)
+                            .unwrap_or_else(|e| panic!("probes from {ns}: {e}"))
+                    })
+                })
+                .collect();
+            for (probes, handle) in by_source.values().zip(handles) {
+                for (probe, answer) in probes.iter().zip(handle.join().unwrap()) {
+                    out.insert((*probe).clone(), answer.is_some());
+                }
+            }
+        });
         out
     }
 

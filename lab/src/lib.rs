@@ -61,8 +61,8 @@ pub use options::{
     parse_index_list, parse_label_changes, parse_pod_key,
 };
 pub use probe::{
-    Observation, PacketCapture, Proto, WhoamiServer, icmp_echo, send_spoofed_udp, tcp_whoami,
-    udp_whoami,
+    Observation, PacketCapture, Proto, WhoamiServer, WhoamiTarget, icmp_echo, send_spoofed_udp,
+    tcp_whoami, udp_whoami, whoami_each,
 };
 pub use scratch::ScratchDir;
 pub use state::{

@@ -27,6 +27,9 @@ use nix::{
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tracing::{debug, warn};
 
+mod fan_out;
+
+pub use self::fan_out::{WhoamiTarget, whoami_each};
 use crate::{
     addrs::NS_VPC,
     error::{Context, LabError, Result},
