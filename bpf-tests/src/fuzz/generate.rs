@@ -54,7 +54,7 @@ pub struct Cast {
 }
 
 /// Ports most packets use: few, so flows meet again.
-const PORTS: [u16; 10] = [53, 80, 443, 1023, 1024, 8080, 33000, 40000, 40001, 65535];
+pub(super) const PORTS: [u16; 10] = [53, 80, 443, 1023, 1024, 8080, 33000, 40000, 40001, 65535];
 const TCP_FLAGS: [u8; 9] = [0x02, 0x10, 0x12, 0x11, 0x04, 0x14, 0x18, 0x01, 0x00];
 /// GRE, ESP, SCTP and one nobody uses.
 const PORTLESS: [u8; 4] = [47, 50, 132, 253];

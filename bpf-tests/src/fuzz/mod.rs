@@ -7,12 +7,14 @@
 //! turn on one shared set of tables (a flow one program opens, another
 //! answers). Each episode configures the node one way (SNAT or
 //! EXTERNALSNAT, each port selection mode and range, a primary ENI or not,
-//! the test run's link a branch ENI or not), starts from empty tables, and
+//! the test run's link a branch ENI or not, network policy on with random
+//! rules for some pods or off), starts from empty tables, and
 //! is generated from the run's seed and its number alone: a disagreement
 //! is reported with both, and `VPCNET_FUZZ_EPISODE` runs that episode again.
 
 pub mod generate;
 pub mod model;
+pub mod policy;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -23,10 +25,11 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use ipnet::Ipv4Net;
+use vpcnet_agent::policy::{Enforcer, rules::PodRules};
 use vpcnet_common::{
     addr_to_raw,
     cidr::CidrKind,
-    config::{Config, FLAG_EXTERNAL_SNAT, RandomizeMode},
+    config::{Config, FLAG_EXTERNAL_SNAT, FLAG_NETWORK_POLICY, RandomizeMode},
     counters::Counter,
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint, Eni},
     maps,
@@ -37,7 +40,7 @@ use vpcnet_lab::fuzz_settings;
 
 use self::{
     generate::{Cast, Category, Generator},
-    model::{Datagram, FirstWent, Half, Model, Tables, World},
+    model::{Datagram, FirstWent, Half, Model, Tables, World, show_end},
 };
 use crate::{
     Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, SERVICE_CIDR, TC_ACT_SHOT,
@@ -311,13 +314,37 @@ fn world(rng: &mut fastrand::Rng) -> World {
             },
         );
     }
+    let mut config = config;
+    let policy = episode_policy(rng, &mut config);
     World {
         config,
         prefixes,
         endpoints,
         enis,
         ifindex: TEST_RUN_IFINDEX,
+        policy,
     }
+}
+
+/// A third of the episodes judge policy: policy on, and rules for some
+/// pods, over the addresses and ports the generator sends to.
+fn episode_policy(rng: &mut fastrand::Rng, config: &mut Config) -> BTreeMap<u32, PodRules> {
+    if rng.u32(0..3) != 0 {
+        return BTreeMap::new();
+    }
+    config.flags |= FLAG_NETWORK_POLICY;
+    let cast = cast();
+    let addresses: Vec<Ipv4Addr> = cast
+        .others
+        .iter()
+        .chain(&cast.pods)
+        .chain([&NODE])
+        .copied()
+        .collect();
+    policy::pod_rules(rng, &cast.pods, &addresses, &generate::PORTS)
+        .into_iter()
+        .map(|(addr, rules)| (raw(addr), rules))
+        .collect()
 }
 
 fn cast() -> Cast {
@@ -366,6 +393,7 @@ fn real_tables(h: &Harness, frags: &BpfHashMap<MapData, FragKey, FragPath>) -> T
         nat_fwd: halves(&maps.nat_fwd),
         nat_rev: halves(&maps.nat_rev),
         stack: halves(&maps.stack_flows),
+        policy_flows: policy::real_flows(maps),
         frags: frags
             .iter()
             .filter_map(Result::ok)
@@ -398,8 +426,8 @@ fn clear<K: aya::Pod + Eq, V: aya::Pod>(map: &mut BpfHashMap<MapData, K, V>) {
 }
 
 /// Puts the episode's world into the maps and empties every table.
-fn install(h: &mut Harness, frags: &mut BpfHashMap<MapData, FragKey, FragPath>, world: &World) {
-    let maps = &mut h.datapath.maps;
+fn install(bench: &mut Bench, world: &World) {
+    let maps = &mut bench.h.datapath.maps;
     let prefixes: Vec<(Ipv4Net, CidrKind)> = world
         .prefixes
         .iter()
@@ -434,7 +462,8 @@ fn install(h: &mut Harness, frags: &mut BpfHashMap<MapData, FragKey, FragPath>, 
     clear(&mut maps.nat_fwd);
     clear(&mut maps.nat_rev);
     clear(&mut maps.stack_flows);
-    clear(frags);
+    clear(&mut bench.frags);
+    policy::install(&mut bench.enforcer, maps, &world.policy);
 }
 
 fn counters(h: &Harness) -> HashMap<&'static str, u64> {
@@ -545,6 +574,8 @@ fn compare(
 struct Bench {
     h: Harness,
     frags: BpfHashMap<MapData, FragKey, FragPath>,
+    /// The agent's writer of policy rules, over the run's maps.
+    enforcer: Enforcer,
 }
 
 /// Runs the fuzzer as `opts` says.
@@ -556,7 +587,8 @@ pub fn run(opts: &Options) -> Report {
             panic!("loading the programs (as root, after `cargo xtask setup`): {e:?}")
         });
     let frags = crate::loaded::frag_paths(&h.datapath).expect("the fragment map");
-    let mut bench = Bench { h, frags };
+    let enforcer = Enforcer::new(&h.datapath.maps).expect("the policy maps");
+    let mut bench = Bench { h, frags, enforcer };
 
     let per_episode = EPISODE_PACKETS / 4;
     if let Some(episode) = opts.episode {
@@ -580,7 +612,7 @@ pub fn run(opts: &Options) -> Report {
 fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report: &mut Report) {
     let mut rng = fastrand::Rng::with_seed(seed ^ episode.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let world = world(&mut rng);
-    install(&mut bench.h, &mut bench.frags, &world);
+    install(bench, &world);
     let mut model = Model::new(world);
     let mut generator = Generator::new(rng.u64(..), cast());
     let before = counters(&bench.h);
@@ -712,6 +744,35 @@ fn compare_tables(real: &Tables, model: &Tables, episode: u64, report: &mut Repo
                 wrong.join("; ")
             ));
         }
+    }
+    let wrong: Vec<String> = real
+        .policy_flows
+        .iter()
+        .filter(|(c, opener)| model.policy_flows.get(c) != Some(opener))
+        .map(|(c, opener)| {
+            format!(
+                "{c} opened by {}, model {}",
+                show_end(*opener),
+                model
+                    .policy_flows
+                    .get(c)
+                    .map_or_else(|| "none".to_owned(), |o| show_end(*o))
+            )
+        })
+        .chain(
+            model
+                .policy_flows
+                .iter()
+                .filter(|(c, _)| !real.policy_flows.contains_key(c))
+                .map(|(c, opener)| format!("{c} missing, model opened by {}", show_end(*opener))),
+        )
+        .take(3)
+        .collect();
+    if !wrong.is_empty() {
+        report.disagree(format!(
+            "episode {episode}: policy flows table: {}",
+            wrong.join("; ")
+        ));
     }
     if real.frags != model.frags {
         report.disagree(format!(

@@ -1,0 +1,142 @@
+//! Parsing, the model's own: IPv4 and L4 headers, quoted datagrams, and
+//! what a flow's state says.
+
+use vpcnet_common::{
+    counters::Counter,
+    nat::{FlowKey, FlowKind, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
+};
+
+use super::{Frag, ICMP_ECHO, ICMP_ECHO_REPLY, Ip, Ports};
+use crate::packets::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
+
+pub(super) fn raw32(p: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(p.get(off..off + 4)?.try_into().ok()?))
+}
+
+pub(super) fn raw16(p: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(p.get(off..off + 2)?.try_into().ok()?))
+}
+
+pub(super) fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> FlowKey {
+    FlowKey::new(saddr, daddr, sport, dport, proto)
+}
+
+pub(super) fn progressed(seen: u8) -> bool {
+    seen & !(SEEN_SYN | SEEN_ANY) != 0
+}
+
+pub(super) fn untranslated(kind: u8) -> bool {
+    kind == FlowKind::NoSnat as u8 || kind == FlowKind::Inbound as u8
+}
+
+pub(super) fn is_icmp_error(icmp_type: u8) -> bool {
+    matches!(icmp_type, 3 | 11 | 12)
+}
+
+pub(super) fn may_open(proto: u8, l4: Ports) -> bool {
+    match proto {
+        PROTO_TCP => {
+            let f = l4.flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+            f == TCP_SYN || f == TCP_ACK
+        }
+        PROTO_ICMP => l4.icmp_type == ICMP_ECHO,
+        _ => true,
+    }
+}
+
+/// The IPv4 header at `off`.
+pub(super) fn ip_at(p: &[u8], off: usize) -> Result<Ip, Counter> {
+    let first = *p.get(off).ok_or(Counter::DropTruncated)?;
+    let ihl = usize::from(first & 0x0f) * 4;
+    if first >> 4 != 4 || ihl < 20 {
+        return Err(Counter::DropMalformed);
+    }
+    if p.len() < off + 20 {
+        return Err(Counter::DropTruncated);
+    }
+    let frag_field = u16::from_be_bytes([p[off + 6], p[off + 7]]);
+    let frag = if frag_field & 0x1fff != 0 {
+        Frag::Later
+    } else if frag_field & 0x2000 != 0 {
+        Frag::First
+    } else {
+        Frag::Whole
+    };
+    Ok(Ip {
+        off,
+        saddr: raw32(p, off + 12).unwrap_or_default(),
+        daddr: raw32(p, off + 16).unwrap_or_default(),
+        proto: p[off + 9],
+        id: raw16(p, off + 4).unwrap_or_default(),
+        frag,
+        l4: off + ihl,
+    })
+}
+
+/// The L4 header at `off`: all of its fixed part must be there. `None`: a
+/// protocol without ports.
+pub(super) fn l4_at(p: &[u8], proto: u8, off: usize) -> Result<Option<Ports>, Counter> {
+    let fixed = match proto {
+        PROTO_TCP => 20,
+        PROTO_UDP | PROTO_ICMP => 8,
+        _ => return Ok(None),
+    };
+    if p.len() < off + fixed {
+        return Err(Counter::DropTruncated);
+    }
+    let a = raw16(p, off).unwrap_or_default();
+    let b = raw16(p, off + 2).unwrap_or_default();
+    Ok(Some(match proto {
+        PROTO_TCP => Ports {
+            sport: a,
+            dport: b,
+            flags: p[off + 13],
+            icmp_type: 0,
+        },
+        PROTO_UDP => Ports {
+            sport: a,
+            dport: b,
+            flags: 0,
+            icmp_type: 0,
+        },
+        _ => {
+            let icmp_type = p[off];
+            let id = raw16(p, off + 4).unwrap_or_default();
+            let (sport, dport) = match icmp_type {
+                ICMP_ECHO => (id, 0),
+                ICMP_ECHO_REPLY => (0, id),
+                _ => (0, 0),
+            };
+            Ports {
+                sport,
+                dport,
+                flags: 0,
+                icmp_type,
+            }
+        }
+    }))
+}
+
+/// The datagram an ICMP error quotes: its header, and its tuple from the
+/// first 8 bytes of its L4 header. `None` when it is not one to act on.
+pub(super) fn quoted(p: &[u8], outer: &Ip) -> Option<(Ip, FlowKey)> {
+    let inner = ip_at(p, outer.l4 + 8).ok()?;
+    if inner.frag == Frag::Later {
+        return None;
+    }
+    let (sport, dport) = match inner.proto {
+        PROTO_TCP | PROTO_UDP => (raw16(p, inner.l4)?, raw16(p, inner.l4 + 2)?),
+        PROTO_ICMP => {
+            let icmp_type = *p.get(inner.l4)?;
+            let id = raw16(p, inner.l4 + 4)?;
+            match icmp_type {
+                ICMP_ECHO => (id, 0),
+                ICMP_ECHO_REPLY => (0, id),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let flow = key(inner.saddr, inner.daddr, sport, dport, inner.proto);
+    Some((inner, flow))
+}

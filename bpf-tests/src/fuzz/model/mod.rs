@@ -1,0 +1,288 @@
+//! What the four programs should do with a packet, written again in plain
+//! user-space Rust from the design, not from the programs' code: its own
+//! header parsing, its own prefix match, checksums recomputed over whole
+//! regions rather than patched field by field, the flow tables as plain
+//! hash maps, network policy judged from the rules' own form rather than
+//! the tries they are compiled into. The fuzz test runs both on every
+//! packet and compares.
+//!
+//! One module per program (`eni_egress`, `eni_ingress`, `pod`) and per
+//! unit they share (`forward`, `frag`, `stack`, `policy`), over the
+//! model's own parsing (`headers`) and rewriting (`rewrite`).
+//!
+//! The model predicts everything but one choice: the port a new translated
+//! flow gets, which is random by design. It reads that port from the
+//! program's output and checks it instead (in the configured range, free
+//! for the remote endpoint, the pod's or node socket's own when that one
+//! was free and is to be tried first).
+
+mod eni_egress;
+mod eni_ingress;
+mod forward;
+mod frag;
+mod headers;
+mod pod;
+mod policy;
+mod rewrite;
+mod stack;
+
+use std::collections::{BTreeMap, HashMap};
+
+use vpcnet_agent::policy::rules::PodRules;
+use vpcnet_common::{
+    cidr::CidrKind,
+    config::Config,
+    counters::Counter,
+    endpoint::{Endpoint, Eni},
+    nat::{FRAG_VIA_PASS, FlowKey, SEEN_ANY},
+};
+
+pub use self::policy::{Connection, End, show_end};
+use super::Program;
+use crate::{
+    TC_ACT_SHOT, TC_ACT_UNSPEC,
+    packets::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+};
+
+const ETH_P_IP: u16 = 0x0800;
+const IP: usize = 14;
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_ECHO: u8 = 8;
+
+/// One half of a flow, as far as behaviour goes (times left out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Half {
+    pub addr: u32,
+    pub port: u16,
+    pub kind: u8,
+    pub seen: u8,
+}
+
+/// A datagram as a program saw it arrive: addresses, IP id, protocol, and
+/// which program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Datagram {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub id: u16,
+    pub proto: u8,
+    pub hook: u8,
+}
+
+/// Where a first fragment went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstWent {
+    pub addr: u32,
+    pub ifindex: u32,
+    pub via: u8,
+}
+
+/// The node as the programs are configured for it.
+#[derive(Clone, Debug)]
+pub struct World {
+    pub config: Config,
+    /// Prefixes (network order address, length) and what they are.
+    pub prefixes: Vec<(u32, u8, CidrKind)>,
+    pub endpoints: HashMap<u32, Endpoint>,
+    pub enis: HashMap<u32, Eni>,
+    /// The link `BPF_PROG_TEST_RUN`'s packets arrive on.
+    pub ifindex: u32,
+    /// The rules of the local pods policy judges (by address, network
+    /// order), when the configuration turns policy on.
+    pub policy: BTreeMap<u32, PodRules>,
+}
+
+impl World {
+    fn prefix_kind(&self, addr: u32) -> Option<CidrKind> {
+        let host = u32::from_be(addr);
+        self.prefixes
+            .iter()
+            .filter(|(net, len, _)| {
+                let mask = if *len == 0 { 0 } else { u32::MAX << (32 - len) };
+                host & mask == u32::from_be(*net) & mask
+            })
+            .max_by_key(|(_, len, _)| *len)
+            .map(|(_, _, kind)| *kind)
+    }
+
+    fn port_range(&self) -> (u16, u16) {
+        let c = &self.config;
+        if c.port_min != 0 && c.port_min <= c.port_max {
+            (c.port_min, c.port_max)
+        } else {
+            (1024, 65535)
+        }
+    }
+}
+
+/// Every table the programs keep, as the model keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tables {
+    pub nat_fwd: HashMap<FlowKey, Half>,
+    pub nat_rev: HashMap<FlowKey, Half>,
+    pub stack: HashMap<FlowKey, Half>,
+    pub frags: HashMap<Datagram, FirstWent>,
+    /// The connections policy let through, and the end that opened each.
+    pub policy_flows: HashMap<Connection, End>,
+}
+
+/// What a program should have done with one packet.
+#[derive(Debug)]
+pub struct Expected {
+    pub action: i32,
+    pub packet: Vec<u8>,
+    pub mark: u32,
+    /// Offsets of the checksums the programs patch: ones' complement sums,
+    /// where `0x0000` and `0xffff` are the same value (UDP's aside, whose
+    /// zero means "none").
+    pub checksums: Vec<usize>,
+    /// The packet's verdict counter and any other counter it moves.
+    pub counted: Vec<Counter>,
+    /// A port the program chose that breaks a rule.
+    pub bad_choice: Option<String>,
+}
+
+/// The model: the node and its tables.
+pub struct Model {
+    pub world: World,
+    pub tables: Tables,
+    /// Flows made, in order, for the generator to continue (may name
+    /// flows that are gone): each as its replies arrive (a claim's key, an
+    /// inbound flow's remote side) and as its opener sends (the forward
+    /// key).
+    pub answerable: Vec<FlowKey>,
+    pub ongoing: Vec<FlowKey>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Frag {
+    Whole,
+    First,
+    Later,
+}
+
+#[derive(Clone, Copy)]
+struct Ip {
+    off: usize,
+    saddr: u32,
+    daddr: u32,
+    proto: u8,
+    id: u16,
+    frag: Frag,
+    l4: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Ports {
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    icmp_type: u8,
+}
+
+impl Ports {
+    const NONE: Self = Self {
+        sport: 0,
+        dport: 0,
+        flags: 0,
+        icmp_type: 0,
+    };
+
+    fn seen(self) -> u8 {
+        (self.flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK)) | SEEN_ANY
+    }
+
+    fn syn_only(self) -> bool {
+        self.flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK) == TCP_SYN
+    }
+}
+
+/// What a program decided.
+#[derive(Clone, Copy)]
+struct Out {
+    counter: Counter,
+    action: i32,
+    via: u8,
+    ifindex: u32,
+}
+
+impl Out {
+    fn pass(counter: Counter) -> Self {
+        Self {
+            counter,
+            action: TC_ACT_UNSPEC,
+            via: FRAG_VIA_PASS,
+            ifindex: 0,
+        }
+    }
+}
+
+type Decided = Result<Out, Counter>;
+
+/// One packet through the model: the frame as it is rewritten, the mark,
+/// the counters moved.
+struct Run<'a> {
+    p: Vec<u8>,
+    mark: u32,
+    checksums: Vec<usize>,
+    counted: Vec<Counter>,
+    /// The program's output, to read the port it chose.
+    actual: &'a [u8],
+    bad_choice: Option<String>,
+}
+
+impl Model {
+    pub fn new(world: World) -> Self {
+        Self {
+            world,
+            tables: Tables::default(),
+            answerable: Vec::new(),
+            ongoing: Vec::new(),
+        }
+    }
+
+    /// Runs `program` on `packet` arriving with skb mark `mark`; `actual`
+    /// is what the real program left, read only for a port it chose.
+    pub fn run(&mut self, program: Program, packet: &[u8], mark: u32, actual: &[u8]) -> Expected {
+        let mut run = Run {
+            p: packet.to_vec(),
+            mark,
+            checksums: Vec::new(),
+            counted: Vec::new(),
+            actual,
+            bad_choice: None,
+        };
+        let decided = match program {
+            Program::EniEgress => self.eni_egress(&mut run),
+            Program::EniIngress => self.eni_ingress(&mut run),
+            Program::PodEgress => self.pod_egress(&mut run),
+            Program::PodIngress => self.pod_ingress(&mut run),
+        };
+        let action = match decided {
+            Ok(out) => {
+                run.count(out.counter);
+                out.action
+            }
+            Err(reason) => {
+                run.count(reason);
+                TC_ACT_SHOT
+            }
+        };
+        Expected {
+            action,
+            packet: run.p,
+            mark: run.mark,
+            checksums: run.checksums,
+            counted: run.counted,
+            bad_choice: run.bad_choice,
+        }
+    }
+
+    fn configured(&self) -> bool {
+        self.world.config.node_addr != 0
+    }
+
+    fn ipv4(p: &[u8]) -> bool {
+        p.len() >= 14 && u16::from_be_bytes([p[12], p[13]]) == ETH_P_IP
+    }
+}
