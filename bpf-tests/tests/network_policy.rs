@@ -296,6 +296,67 @@ fn sctp_is_judged_on_its_ports_as_tcp_and_udp_are() {
     assert_eq!(dropped, 1);
 }
 
+/// aws-node's policy agent holds at most 24 port entries per CIDR
+/// (containers-roadmap #2481): here one CIDR carries 200 single ports and
+/// 50 ranges, over TCP, UDP and SCTP, and every one is judged.
+#[test]
+fn one_cidr_carries_hundreds_of_ports_and_ranges_all_judged() {
+    let mut node = Node::new();
+    let protocols = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+    let mut ports: Vec<Ports> = (0..200u16)
+        .map(|i| Ports::one(protocols[usize::from(i % 3)], 1000 + i * 7))
+        .collect();
+    ports.extend((0..50u16).map(|i| Ports {
+        protocol: protocols[usize::from(i % 3)],
+        first: 20_000 + i * 100,
+        last: 20_000 + i * 100 + 9,
+    }));
+    node.rules(
+        POD2,
+        ingress_only(vec![rule(vec![peers("10.20.0.0/16", &[])], ports.clone())]),
+    );
+    let send = |protocol: Protocol, sport: u16, port: u16| {
+        let packet = match protocol {
+            Protocol::Tcp => packets::tcp(POD, sport, POD2, port, TCP_SYN, b""),
+            Protocol::Udp => packets::udp(POD, sport, POD2, port, b"q"),
+            Protocol::Sctp => packets::sctp_init(POD, sport, POD2, port),
+        };
+        node.counted(Counter::DropPolicyIngress, || node.send(POD, packet))
+            .1
+            == 0
+    };
+    let mut sport = 30_000;
+    for allowed in &ports {
+        for (port, expected) in [
+            (allowed.first, true),
+            (allowed.last, true),
+            (allowed.last + 1, false),
+        ] {
+            sport += 1;
+            assert_eq!(
+                send(allowed.protocol, sport, port),
+                expected,
+                "{}/{port} under {allowed}",
+                allowed.protocol.name()
+            );
+        }
+        // The same port over another protocol is not allowed by it.
+        let other = protocols[(protocols
+            .iter()
+            .position(|p| *p == allowed.protocol)
+            .unwrap()
+            + 1)
+            % 3];
+        sport += 1;
+        assert!(
+            !send(other, sport, allowed.first),
+            "{}/{} allowed by {allowed}",
+            other.name(),
+            allowed.first
+        );
+    }
+}
+
 #[test]
 fn an_isolated_pod_gets_replies_of_its_own_connections_and_nothing_new() {
     let mut node = Node::new();
