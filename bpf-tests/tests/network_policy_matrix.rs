@@ -523,13 +523,19 @@ fn run_matrix(mode: Mode, source: Source) {
     }
     matrix.assert_matches("default deny ingress in x, before a new pod", deny);
     matrix.add_pod("x/d");
-    let first = matrix.observed();
-    let expected = matrix.expected(deny);
+    // Each probe's first packet, waited for as long as a slow machine
+    // needs: a UDP probe is one datagram, and a SYN the policy should have
+    // dropped is answered at once if it is not.
+    let expected: BTreeMap<Probe, bool> = matrix
+        .expected(deny)
+        .into_iter()
+        .filter(|(probe, _)| probe.from == "x/d" || probe.to == "x/d")
+        .collect();
+    let probes: Vec<Probe> = expected.keys().cloned().collect();
+    let first = matrix.observe(&probes, RETRY_TIMEOUT);
     let wrong: Vec<&Probe> = expected
         .iter()
-        .filter(|(probe, allowed)| {
-            (probe.from == "x/d" || probe.to == "x/d") && first[*probe] != **allowed
-        })
+        .filter(|(probe, allowed)| first[*probe] != **allowed)
         .map(|(probe, _)| probe)
         .collect();
     assert!(
