@@ -4,9 +4,12 @@
 
 use std::net::Ipv4Addr;
 
-use vpcnet_agent::policy::{
-    self, Enforcer,
-    rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
+use vpcnet_agent::{
+    datapath::monotonic_now_ns,
+    policy::{
+        self, Enforcer,
+        rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
+    },
 };
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, ONPREM, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
@@ -18,7 +21,8 @@ use vpcnet_common::{
     counters::Counter,
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint},
     maps,
-    policy::PodVerdicts,
+    nat::{PROTO_TCP, PROTO_UDP, Timeouts},
+    policy::{PodVerdicts, PolicyFlow},
 };
 
 const POD_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -462,6 +466,90 @@ fn a_service_is_judged_on_the_backend_kube_proxy_chose() {
         0,
     );
     assert_eq!(out.action, TC_ACT_UNSPEC);
+}
+
+/// Makes the tracked connections of `proto` last seen `seconds` ago, as if
+/// they had been idle that long.
+fn idle_for(node: &mut Node, proto: u8, seconds: u64) {
+    let last_seen_ns = monotonic_now_ns().wrapping_sub(seconds * 1_000_000_000);
+    for (key, flow) in policy::maps::flows(&node.h.datapath.maps).unwrap() {
+        if key.proto == proto {
+            let idle = PolicyFlow {
+                last_seen_ns,
+                ..flow
+            };
+            node.h
+                .datapath
+                .maps
+                .policy_flows
+                .insert(key, idle, 0)
+                .unwrap();
+        }
+    }
+}
+
+/// aws-node's agent deletes the entries of its tracker that kernel
+/// conntrack lacks, racing the kernel's own timeouts, and long-lived
+/// connections are cut (its #246, #462, #204, #318). A connection tracked
+/// here lives as long as the node's conntrack keeps an established one of
+/// its protocol (its sysctls, as the agent writes them into the timeouts
+/// map), counted from its last packet; nothing else removes it.
+#[test]
+fn an_idle_connection_lives_as_long_as_the_nodes_conntrack_keeps_it() {
+    let mut node = Node::new();
+    // The node's sysctls: UDP streams kept 300 s, TCP 5 days.
+    let timeouts = Timeouts {
+        udp_stream: 300,
+        tcp_established: 432_000,
+        ..Timeouts::default()
+    };
+    node.h.datapath.maps.set_timeouts(&timeouts).unwrap();
+    // POD2 takes POD's UDP/5353 and TCP/8080, and may open nothing itself.
+    node.rules(
+        POD2,
+        PodRules {
+            ingress: Direction::Isolated(vec![rule(
+                vec![peers("10.20.11.20/32", &[])],
+                vec![
+                    Ports::one(Protocol::Udp, 5353),
+                    Ports::one(Protocol::Tcp, 8080),
+                ],
+            )]),
+            egress: Direction::Isolated(vec![]),
+        },
+    );
+    let query = packets::udp(POD, 40000, POD2, 5353, b"q");
+    assert_eq!(node.send(POD, query), TC_ACT_REDIRECT);
+    let syn = packets::tcp(POD, 40001, POD2, 8080, TCP_SYN, b"");
+    assert_eq!(node.send(POD, syn), TC_ACT_REDIRECT);
+    let answer = || packets::udp(POD2, 5353, POD, 40000, b"a");
+
+    idle_for(&mut node, PROTO_UDP, 290);
+    assert_eq!(
+        node.send(POD2, answer()),
+        TC_ACT_REDIRECT,
+        "a UDP stream idle 290 s of the node's 300"
+    );
+    idle_for(&mut node, PROTO_UDP, 310);
+    let (action, dropped) = node.counted(Counter::DropPolicyEgress, || node.send(POD2, answer()));
+    assert_eq!(
+        (action, dropped),
+        (TC_ACT_SHOT, 1),
+        "past the node's UDP timeout, POD2's datagram opens a flow it may not"
+    );
+
+    idle_for(&mut node, PROTO_TCP, 4 * 24 * 3600);
+    let (action, picked_up) = node.counted(Counter::PolicyFlowPickedUp, || {
+        node.send(
+            POD2,
+            packets::tcp(POD2, 8080, POD, 40001, TCP_ACK, b"still here"),
+        )
+    });
+    assert_eq!(
+        (action, picked_up),
+        (TC_ACT_REDIRECT, 0),
+        "a TCP connection idle 4 days of the node's 5 passes on its own entry"
+    );
 }
 
 #[test]
