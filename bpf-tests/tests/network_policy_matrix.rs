@@ -542,6 +542,12 @@ fn run_matrix(mode: Mode, source: Source) {
         wrong.is_empty(),
         "a new pod's first packets are not judged by its policies: {wrong:#?}"
     );
+    eprintln!(
+        "a new pod x/d ({:?}, {:?}): the first packet of each of its {} probes judged by its policies, as specified",
+        matrix.mode,
+        matrix.source,
+        expected.len()
+    );
 
     // The node's own addresses reach every pod, whatever the policies
     // (kubelet's probes).
@@ -555,6 +561,10 @@ fn run_matrix(mode: Mode, source: Source) {
             "the node cannot reach {key}"
         );
     }
+    eprintln!(
+        "the node reaches x/a, x/d and y/b, which no policy lets it ({:?}, {:?})",
+        matrix.mode, matrix.source
+    );
 }
 
 #[test]
