@@ -562,7 +562,7 @@ fn run_matrix(mode: Mode, source: Source) {
         );
     }
     eprintln!(
-        "the node reaches x/a, x/d and y/b, which no policy lets it ({:?}, {:?})",
+        "the node reaches x/a and x/d, isolated with no rule for it, and y/b ({:?}, {:?})",
         matrix.mode, matrix.source
     );
 }
