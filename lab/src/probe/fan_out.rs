@@ -1,8 +1,7 @@
 //! Many whoami probes from one namespace at once: every socket opened
 //! non-blocking, then one wait for all of them. A matrix of probes costs one
-//! timeout per source rather than one per probe, and one thread per source
-//! rather than per probe (under TCG, thread and namespace switches are what
-//! a probe costs most).
+//! timeout per source rather than one per probe, and one thread and
+//! namespace switch per source rather than per probe.
 
 use std::{
     io::{ErrorKind, Read},
