@@ -1,7 +1,6 @@
 //! `cargo xtask test`: formatting, lints and every test, in that order,
 //! stopping at the first step that fails. The tests share kernel state
-//! (network namespaces, pinned maps), so they run as root, one at a time
-//! on each kernel: this machine's and each VM's run side by side.
+//! (network namespaces, pinned maps), so they run as root, one at a time.
 
 mod lint;
 mod sizes;
@@ -226,51 +225,16 @@ pub fn run(args: &Args) -> Result<()> {
         planned.push((place, selection, binaries));
     }
     let sizes = Sizes::new(args.full, args.fuzz_packets);
-    // Every place runs at once: each VM has a kernel of its own, and under
-    // TCG one VM leaves a fifth of this machine's two cores idle, this
-    // machine's tests (waiting on timeouts and agents) more. Each place's
-    // outcome is awaited before any failure is reported.
-    let outcomes: Vec<(Place, Result<TestTally>)> = std::thread::scope(|scope| {
-        let running: Vec<_> = planned
-            .into_iter()
-            .map(|(place, selection, binaries)| {
-                let run = scope.spawn(move || {
-                    if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
-                        return run_in_vm(kernel, &binaries, args, sizes);
-                    }
-                    let mut command =
-                        test_command(&selection, args.filter.as_deref(), args.nocapture);
-                    command.envs(sizes.host_env());
-                    run_tests(command)
-                });
-                (place, run)
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|(place, run)| {
-                let outcome = run
-                    .join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the run's thread panicked")));
-                (place, outcome)
-            })
-            .collect()
-    });
-    let mut failures = Vec::new();
-    for (place, outcome) in outcomes {
-        match outcome {
-            Ok(tally) => {
-                results.push(format!("{}: {}", place.label(), tally.summary_line()));
-                total.add(&tally);
-            }
-            Err(error) => failures.push(format!("{}: {error:#}", place.label())),
-        }
-    }
-    if !failures.is_empty() {
-        for line in &results {
-            println!("  {line}");
-        }
-        bail!("xtask test: FAILED:\n  {}", failures.join("\n  "));
+    for (place, selection, binaries) in planned {
+        let tally = if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
+            run_in_vm(kernel, &binaries, args, sizes)?
+        } else {
+            let mut command = test_command(&selection, args.filter.as_deref(), args.nocapture);
+            command.envs(sizes.host_env());
+            run_tests(command)?
+        };
+        results.push(format!("{}: {}", place.label(), tally.summary_line()));
+        total.add(&tally);
     }
     passed.push("tests");
     println!(
