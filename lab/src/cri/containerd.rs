@@ -645,14 +645,10 @@ fn toml_string(value: &str) -> String {
     quoted
 }
 
-/// Stops and removes every sandbox, as kubelet would, all at once (each
-/// on a connection of its own: under emulation one takes tens of seconds);
-/// returns what failed.
+/// Stops and removes every sandbox, as kubelet would; returns what failed.
 fn remove_sandboxes_through_cri(socket: &Path) -> Vec<String> {
-    let connect =
-        || CriClient::connect(socket).map(|client| client.with_call_timeout(TEARDOWN_CALL_TIMEOUT));
-    let client = match connect() {
-        Ok(client) => client,
+    let client = match CriClient::connect(socket) {
+        Ok(client) => client.with_call_timeout(TEARDOWN_CALL_TIMEOUT),
         Err(err) => return vec![format!("containerd does not answer, so no CNI DEL: {err}")],
     };
     let sandboxes = match client.list_pod_sandboxes() {
@@ -664,37 +660,23 @@ fn remove_sandboxes_through_cri(socket: &Path) -> Vec<String> {
         }) => return Vec::new(),
         Err(err) => return vec![err.to_string()],
     };
-    std::thread::scope(|scope| {
-        let removals: Vec<_> = sandboxes
-            .iter()
-            .map(|sandbox| {
-                scope.spawn(move || {
-                    connect().and_then(|client| {
-                        client
-                            .stop_pod_sandbox(&sandbox.id)
-                            .and_then(|()| client.remove_pod_sandbox(&sandbox.id))
-                    })
-                })
-            })
-            .collect();
-        let mut problems = Vec::new();
-        for (sandbox, removal) in sandboxes.iter().zip(removals) {
-            let removed = removal.join().unwrap_or_else(|_| {
-                Err(CriError::Teardown("the removal's thread panicked".into()))
-            });
-            match removed {
-                Ok(()) => debug!(id = %sandbox.id, pod = %sandbox.name, "sandbox removed"),
-                Err(err) => {
-                    warn!(id = %sandbox.id, pod = %sandbox.name, %err, "removing a sandbox through CRI");
-                    problems.push(format!(
-                        "sandbox {} of pod {}/{}: {err}",
-                        sandbox.id, sandbox.namespace, sandbox.name
-                    ));
-                }
+    let mut problems = Vec::new();
+    for sandbox in sandboxes {
+        let removed = client
+            .stop_pod_sandbox(&sandbox.id)
+            .and_then(|()| client.remove_pod_sandbox(&sandbox.id));
+        match removed {
+            Ok(()) => debug!(id = %sandbox.id, pod = %sandbox.name, "sandbox removed"),
+            Err(err) => {
+                warn!(id = %sandbox.id, pod = %sandbox.name, %err, "removing a sandbox through CRI");
+                problems.push(format!(
+                    "sandbox {} of pod {}/{}: {err}",
+                    sandbox.id, sandbox.namespace, sandbox.name
+                ));
             }
         }
-        problems
-    })
+    }
+    problems
 }
 
 /// SIGTERM, then SIGKILL if it lingers.
