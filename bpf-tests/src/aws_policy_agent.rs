@@ -224,6 +224,36 @@ impl AwsPolicyAgent {
             write(ebpf, EGRESS_MAP, EGRESS_POD_STATE_MAP, &rules.egress);
         }
     }
+
+    /// Marks `pod` selected by a `ClusterNetworkPolicy`, as aws-node's agent
+    /// from v1.3 records it in the pod's states (the tier itself is not
+    /// reproduced).
+    ///
+    /// # Panics
+    /// The pod is not enforced yet, or its states cannot be written.
+    pub fn select_by_cluster_policy(&mut self, pod: &PodInfo) {
+        let identifier = pod_identifier(&pod.k8s_name, &pod.k8s_namespace);
+        let ebpf = self
+            .loaded
+            .get_mut(&identifier)
+            .unwrap_or_else(|| panic!("{identifier} is not enforced"));
+        for states in [INGRESS_POD_STATE_MAP, EGRESS_POD_STATE_MAP] {
+            let mut states: HashMap<&mut MapData, u32, PodState> = ebpf
+                .map_mut(states)
+                .expect("the pod states")
+                .try_into()
+                .expect("a hash");
+            states
+                .insert(
+                    POD_STATE_CLUSTER_POLICY,
+                    PodState {
+                        state: POLICIES_APPLIED,
+                    },
+                    0,
+                )
+                .expect("writing the pod state");
+        }
+    }
 }
 
 impl Drop for AwsPolicyAgent {

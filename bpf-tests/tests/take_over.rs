@@ -44,7 +44,7 @@ use vpcnet_common::{
     raw_to_port,
 };
 use vpcnet_lab::{
-    EnforcingMode, IpamLabOptions, Lab, LabOptions, ScratchDir, addrs, cluster,
+    EnforcingMode, IpamLabOptions, Lab, LabOptions, ScratchDir, WhoamiServer, addrs, cluster,
     ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
 };
 
@@ -562,6 +562,73 @@ impl UdpConversation {
             self.pod.recv(&mut buf).is_ok()
         })
     }
+}
+
+/// vpcnet does not enforce AWS's `ClusterNetworkPolicy` yet: a node where
+/// aws-node's agent enforced one is refused before anything changes, and
+/// aws-node's enforcement stays as it was.
+#[test]
+fn a_node_with_cluster_network_policy_in_force_is_refused_and_left_as_it_was() {
+    let _lock = serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let _ = std::fs::remove_dir_all(AWS_POLICY_PINS);
+    let mut aws_policy = AwsPolicyAgent::new(Path::new(AWS_POLICY_PINS), false);
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.kube_api = true;
+    ipam.env = vec![("ENABLE_NETWORK_POLICY".to_owned(), "true".to_owned())];
+    ipam.agent_args = FAST_AGENT_ARGS
+        .iter()
+        .map(|a| (*a).to_owned())
+        .chain([
+            "--network-policy-pins".to_owned(),
+            aws_policy.root().display().to_string(),
+        ])
+        .collect();
+    let opts = LabOptions {
+        ipam: Some(ipam),
+        agent_bin: Some(agent_binary()),
+        ..LabOptions::iptables(PODS)
+    };
+    let mut lab = Lab::up(&opts).expect("an aws-node node");
+    let pods = lab.pods().to_vec();
+    let (client, denied, web) = (&pods[0], &pods[1], &pods[2]);
+    for (pod, app) in [(client, "client"), (denied, "other"), (web, "web")] {
+        let key = format!("{}/{}", pod.k8s_namespace, pod.k8s_name);
+        lab.label_pod(&key, &[("app".to_owned(), Some(app.to_owned()))])
+            .expect("labelling a pod");
+    }
+    let files = lab.kube_api().unwrap().files().clone();
+    cluster::kubectl(&files, &["apply", "-f", "-"], Some(WEB_POLICY)).expect("kubectl apply");
+    aws_policy.enforce(&web_policy_endpoints(&lab, client.addr), &pods);
+    aws_policy.select_by_cluster_policy(web);
+    let before: Vec<String> = pods.iter().map(|p| filters(&lab, &p.host_veth)).collect();
+
+    let refused = lab
+        .start_agent()
+        .expect_err("a node with ClusterNetworkPolicy in force taken over");
+    let refused = format!("{refused:?}");
+    let web_id = pod_identifier(&web.k8s_name, &web.k8s_namespace);
+    assert!(
+        refused.contains("enforced ClusterNetworkPolicy on this node") && refused.contains(&web_id),
+        "the refusal does not say why: {refused}"
+    );
+    let after: Vec<String> = pods.iter().map(|p| filters(&lab, &p.host_veth)).collect();
+    assert_eq!(after, before, "aws-node's filters changed");
+    let to_web = SocketAddrV4::new(web.addr, 8080);
+    let _server = WhoamiServer::start(&web.netns, to_web).expect("web's server");
+    assert!(
+        tcp_whoami(&denied.netns, to_web, Duration::from_millis(300))
+            .expect("probing from a pod")
+            .is_none(),
+        "the denied pod reaches web: aws-node's enforcement is gone"
+    );
+    assert!(
+        tcp_whoami(&client.netns, to_web, Duration::from_secs(3))
+            .expect("probing from a pod")
+            .is_some(),
+        "the client no longer reaches web"
+    );
+    eprintln!("refused: {refused}");
 }
 
 /// The names of the tc filters on `veth`'s two hooks in the node.

@@ -81,12 +81,22 @@ pub enum PolicyNodeError {
     )]
     Unenforced(Enforcement),
 
+    #[error(
+        "aws-node's network policy agent enforced ClusterNetworkPolicy on this node (on the pods of {pods}, by their pinned states in {dir}), which vpcnet does not enforce yet: taking the node over would end that enforcement. Keep aws-node on the nodes of a cluster that uses ClusterNetworkPolicy (deploy/README.md, \"Network policy\")",
+        pods = .pods.join(", "),
+        dir = .dir.display()
+    )]
+    ClusterPolicies { dir: PathBuf, pods: Vec<String> },
+
     #[error("reading {dir}: {source}")]
     Read {
         dir: PathBuf,
         #[source]
         source: io::Error,
     },
+
+    #[error(transparent)]
+    Pins(#[from] AwsPinsError),
 }
 
 /// The enforcement found under `root`, to be taken over; refused when
@@ -98,8 +108,57 @@ pub fn check(policy_enabled: bool, root: &Path) -> Result<Option<Enforcement>, P
     })?;
     match found {
         Some(enforcement) if !policy_enabled => Err(PolicyNodeError::Unenforced(enforcement)),
-        found => Ok(found),
+        Some(enforcement) => {
+            let pods = cluster_policy_pods(root)?;
+            if pods.is_empty() {
+                Ok(Some(enforcement))
+            } else {
+                Err(PolicyNodeError::ClusterPolicies {
+                    dir: root.join(MAPS),
+                    pods,
+                })
+            }
+        }
+        None => Ok(None),
     }
+}
+
+/// The pod identifiers whose pinned pod states under `root` say a
+/// `ClusterNetworkPolicy` selects them (aws-node's node agent from v1.3
+/// keeps a second state per pod for its cluster-policy tier).
+pub fn cluster_policy_pods(root: &Path) -> Result<Vec<String>, PolicyNodeError> {
+    let dir = root.join(MAPS);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(PolicyNodeError::Read { dir, source }),
+    };
+    let mut pods = BTreeSet::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| PolicyNodeError::Read {
+            dir: dir.clone(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(identifier) = [INGRESS_POD_STATE_MAP, EGRESS_POD_STATE_MAP]
+            .iter()
+            .find_map(|map| name.strip_suffix(map)?.strip_suffix('_'))
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let states: HashMap<MapData, u32, PodState> = MapData::from_pin(&path)
+            .map(Map::HashMap)
+            .and_then(HashMap::try_from)
+            .map_err(|source| AwsPinsError::Map { path, source })?;
+        if states
+            .get(&POD_STATE_CLUSTER_POLICY, 0)
+            .is_ok_and(|state| state.state == POLICIES_APPLIED)
+        {
+            pods.insert(identifier.to_owned());
+        }
+    }
+    Ok(pods.into_iter().collect())
 }
 
 /// Deletes the network policy agent's filters from both hooks of `veth`
