@@ -238,20 +238,7 @@ impl AwsPolicyAgent {
             .get_mut(&identifier)
             .unwrap_or_else(|| panic!("{identifier} is not enforced"));
         for states in [INGRESS_POD_STATE_MAP, EGRESS_POD_STATE_MAP] {
-            let mut states: HashMap<&mut MapData, u32, PodState> = ebpf
-                .map_mut(states)
-                .expect("the pod states")
-                .try_into()
-                .expect("a hash");
-            states
-                .insert(
-                    POD_STATE_CLUSTER_POLICY,
-                    PodState {
-                        state: POLICIES_APPLIED,
-                    },
-                    0,
-                )
-                .expect("writing the pod state");
+            write_state(ebpf, states, POD_STATE_CLUSTER_POLICY, POLICIES_APPLIED);
         }
     }
 }
@@ -348,22 +335,20 @@ fn write(ebpf: &mut Ebpf, trie: &str, states: &str, rules: &DirectionRules) {
             let _ = trie.remove(&key);
         }
     }
+    write_state(ebpf, states, POD_STATE_NETWORK_POLICY, rules.state);
+    write_state(ebpf, states, POD_STATE_CLUSTER_POLICY, DEFAULT_ALLOW);
+}
+
+/// One of a pod's states (`key`: its network policy or cluster policy
+/// tier) into the pod state map `states`.
+fn write_state(ebpf: &mut Ebpf, states: &str, key: u32, state: u8) {
     let mut states: HashMap<&mut MapData, u32, PodState> = ebpf
         .map_mut(states)
         .expect("the pod states")
         .try_into()
         .expect("a hash");
     states
-        .insert(POD_STATE_NETWORK_POLICY, PodState { state: rules.state }, 0)
-        .expect("writing the pod state");
-    states
-        .insert(
-            POD_STATE_CLUSTER_POLICY,
-            PodState {
-                state: DEFAULT_ALLOW,
-            },
-            0,
-        )
+        .insert(key, PodState { state }, 0)
         .expect("writing the pod state");
 }
 

@@ -564,18 +564,22 @@ impl UdpConversation {
     }
 }
 
-/// vpcnet does not enforce AWS's `ClusterNetworkPolicy` yet: a node where
-/// aws-node's agent enforced one is refused before anything changes, and
-/// aws-node's enforcement stays as it was.
-#[test]
-fn a_node_with_cluster_network_policy_in_force_is_refused_and_left_as_it_was() {
-    let _lock = serial();
+/// An aws-node node with the API server, vpcnet's agent not started yet
+/// (`ENABLE_NETWORK_POLICY=true`, more of its variables in `env`): pods
+/// `client`, `other` and `web` (labelled `app`), the web policy applied
+/// and resolved by the lab's controller, and the reproduction of
+/// aws-node's agent enforcing it on every pod's veth.
+fn aws_node_policy_node(env: &[(&str, &str)]) -> (AwsPolicyAgent, Lab) {
     vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
     let _ = std::fs::remove_dir_all(AWS_POLICY_PINS);
     let mut aws_policy = AwsPolicyAgent::new(Path::new(AWS_POLICY_PINS), false);
     let mut ipam = IpamLabOptions::new("m5.large");
     ipam.kube_api = true;
-    ipam.env = vec![("ENABLE_NETWORK_POLICY".to_owned(), "true".to_owned())];
+    ipam.env = [("ENABLE_NETWORK_POLICY", "true")]
+        .iter()
+        .chain(env)
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
     ipam.agent_args = FAST_AGENT_ARGS
         .iter()
         .map(|a| (*a).to_owned())
@@ -591,15 +595,26 @@ fn a_node_with_cluster_network_policy_in_force_is_refused_and_left_as_it_was() {
     };
     let mut lab = Lab::up(&opts).expect("an aws-node node");
     let pods = lab.pods().to_vec();
-    let (client, denied, web) = (&pods[0], &pods[1], &pods[2]);
-    for (pod, app) in [(client, "client"), (denied, "other"), (web, "web")] {
+    for (pod, app) in pods.iter().zip(["client", "other", "web"]) {
         let key = format!("{}/{}", pod.k8s_namespace, pod.k8s_name);
         lab.label_pod(&key, &[("app".to_owned(), Some(app.to_owned()))])
             .expect("labelling a pod");
     }
     let files = lab.kube_api().unwrap().files().clone();
     cluster::kubectl(&files, &["apply", "-f", "-"], Some(WEB_POLICY)).expect("kubectl apply");
-    aws_policy.enforce(&web_policy_endpoints(&lab, client.addr), &pods);
+    aws_policy.enforce(&web_policy_endpoints(&lab, pods[0].addr), &pods);
+    (aws_policy, lab)
+}
+
+/// vpcnet does not enforce AWS's `ClusterNetworkPolicy` yet: a node where
+/// aws-node's agent enforced one is refused before anything changes, and
+/// aws-node's enforcement stays as it was.
+#[test]
+fn a_node_with_cluster_network_policy_in_force_is_refused_and_left_as_it_was() {
+    let _lock = serial();
+    let (mut aws_policy, mut lab) = aws_node_policy_node(&[]);
+    let pods = lab.pods().to_vec();
+    let (client, denied, web) = (&pods[0], &pods[1], &pods[2]);
     aws_policy.select_by_cluster_policy(web);
     let before: Vec<String> = pods.iter().map(|p| filters(&lab, &p.host_veth)).collect();
 
@@ -658,40 +673,9 @@ fn aws_node_network_policy_is_taken_over_with_no_gap() {
 
 #[allow(clippy::too_many_lines, reason = "one story, told in order")]
 fn take_over_aws_node_network_policy(attach: &str) {
-    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
-    let _ = std::fs::remove_dir_all(AWS_POLICY_PINS);
-    let mut aws_policy = AwsPolicyAgent::new(Path::new(AWS_POLICY_PINS), false);
-    let mut ipam = IpamLabOptions::new("m5.large");
-    ipam.kube_api = true;
-    ipam.env = [("ENABLE_NETWORK_POLICY", "true"), (ENV_TC_ATTACH, attach)]
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .to_vec();
-    ipam.agent_args = FAST_AGENT_ARGS
-        .iter()
-        .map(|a| (*a).to_owned())
-        .chain([
-            "--network-policy-pins".to_owned(),
-            aws_policy.root().display().to_string(),
-        ])
-        .collect();
-    let opts = LabOptions {
-        ipam: Some(ipam),
-        agent_bin: Some(agent_binary()),
-        ..LabOptions::iptables(PODS)
-    };
-    let mut lab = Lab::up(&opts).expect("an aws-node node");
+    let (aws_policy, mut lab) = aws_node_policy_node(&[(ENV_TC_ATTACH, attach)]);
     let pods = lab.pods().to_vec();
     let (client, denied, web) = (&pods[0], &pods[1], &pods[2]);
-    for (pod, app) in [(client, "client"), (denied, "other"), (web, "web")] {
-        let key = format!("{}/{}", pod.k8s_namespace, pod.k8s_name);
-        lab.label_pod(&key, &[("app".to_owned(), Some(app.to_owned()))])
-            .expect("labelling a pod");
-    }
-    let files = lab.kube_api().unwrap().files().clone();
-    cluster::kubectl(&files, &["apply", "-f", "-"], Some(WEB_POLICY)).expect("kubectl apply");
-    let endpoints = web_policy_endpoints(&lab, client.addr);
-    // aws-node's agent enforces them, on every pod's veth.
-    aws_policy.enforce(&endpoints, &pods);
 
     let FarEnds {
         peer, pod: to_web, ..
