@@ -3,7 +3,8 @@
 //! deny, namespace and pod selectors and their AND/OR forms, ports and
 //! protocols, port ranges, CIDRs with exceptions, egress, updates of
 //! policies and labels, deletion) over namespaces x, y, z and pods a, b, c,
-//! each probed over TCP and UDP on ports 80 and 81 from every other pod.
+//! each probed over TCP and UDP on ports 80 and 81 from every other pod;
+//! x/b and z/c are on branch ENIs of their own (security groups for pods).
 //! Policies are applied with `kubectl` and reach the agent by either of its
 //! sources: the lab's network policy controller turns them into
 //! PolicyEndpoints as EKS's does, or (a cluster without that CRD) the agent
@@ -27,7 +28,7 @@ use vpcnet_bpf_tests::{
     netpol::{Cluster, Labels, Mode, Pod},
 };
 use vpcnet_lab::{
-    Lab, NamedPod, Proto, WhoamiServer, WhoamiTarget,
+    Lab, NamedPod, Proto, WhoamiServer, WhoamiTarget, addrs,
     cluster::{self, POD_SERVED_PORTS as PORTS, served_port_name},
     parse_label_changes, probe,
 };
@@ -35,6 +36,10 @@ use vpcnet_lab::{
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
 const PODS: [&str; 3] = ["a", "b", "c"];
 const PROTOCOLS: [&str; 2] = ["TCP", "UDP"];
+/// The pods on branch ENIs of their own (security groups for pods): their
+/// traffic takes the branch ENI's VLAN (a veth where the kernel has no
+/// 802.1Q), and their policies are judged there.
+const BRANCH_ENI_PODS: [&str; 2] = ["x/b", "z/c"];
 
 /// Where the agent reads the policies from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,8 +101,11 @@ impl Matrix {
     fn up(mode: Mode, source: Source) -> Self {
         let pods: Vec<NamedPod> = NAMESPACES
             .iter()
-            .flat_map(|ns| PODS.iter().map(move |p| format!("{ns}/{p}:pod={p}")))
-            .map(|p| p.parse().unwrap())
+            .flat_map(|ns| PODS.iter().map(move |p| (format!("{ns}/{p}"), p)))
+            .map(|(key, p)| NamedPod {
+                branch_eni: BRANCH_ENI_PODS.contains(&key.as_str()),
+                ..format!("{key}:pod={p}").parse().unwrap()
+            })
             .collect();
         let mode_value = match mode {
             Mode::Standard => "standard",
@@ -127,6 +135,7 @@ impl Matrix {
                 .namespaces
                 .insert(ns.to_owned(), Labels::from([("ns".into(), ns.into())]));
         }
+        check_branch_eni_pods(&lab);
         let mut servers = Vec::new();
         for ns in NAMESPACES {
             for name in PODS {
@@ -343,6 +352,39 @@ impl Matrix {
     }
 }
 
+/// Each of [`BRANCH_ENI_PODS`] has the address of a branch ENI of the
+/// node's trunk, in EC2; the node has the branch's link, and the pod a
+/// strict branch pod's host veth (the lab's CRI node is in strict mode).
+fn check_branch_eni_pods(lab: &Lab) {
+    let ec2 = lab.emulator().unwrap().admin().state().unwrap();
+    for key in BRANCH_ENI_PODS {
+        let pod = lab.pod_named(key).unwrap();
+        let vlan_id = ec2
+            .trunk_associations
+            .iter()
+            .find(|a| {
+                ec2.eni(&a.branch_id)
+                    .is_some_and(|b| b.primary_ip == pod.addr)
+            })
+            .unwrap_or_else(|| panic!("{key} at {}: on no branch ENI", pod.addr))
+            .vlan_id;
+        let link = addrs::branch_link(vlan_id);
+        assert!(
+            vpcnet_lab::netlink::link_exists(addrs::NS_NODE, &link).unwrap(),
+            "{key}: no {link} on the node"
+        );
+        assert!(
+            pod.host_veth.starts_with(addrs::STRICT_BRANCH_VETH_PREFIX),
+            "{key}: host veth {}",
+            pod.host_veth
+        );
+        eprintln!(
+            "{key}: on a branch ENI at {} (VLAN {vlan_id}, {link}, host veth {})",
+            pod.addr, pod.host_veth
+        );
+    }
+}
+
 fn policy(value: serde_json::Value) -> NetworkPolicy {
     let mut value = value;
     value["apiVersion"] = json!("networking.k8s.io/v1");
@@ -551,8 +593,8 @@ fn run_matrix(mode: Mode, source: Source) {
 
     // The node's own addresses reach every pod, whatever the policies
     // (kubelet's probes).
-    let node = vpcnet_lab::addrs::NS_NODE;
-    for key in ["x/a", "x/d", "y/b"] {
+    let node = addrs::NS_NODE;
+    for key in ["x/a", "x/d", "y/b", "x/b"] {
         let to = SocketAddrV4::new(matrix.pod(key).ip, 80);
         assert!(
             probe::tcp_whoami(node, to, ENFORCE_TIMEOUT)
@@ -562,7 +604,7 @@ fn run_matrix(mode: Mode, source: Source) {
         );
     }
     eprintln!(
-        "the node reaches x/a and x/d, isolated with no rule for it, and y/b ({:?}, {:?})",
+        "the node reaches x/a and x/d, isolated with no rule for it, y/b, and x/b on its branch ENI, isolated ({:?}, {:?})",
         matrix.mode, matrix.source
     );
 }

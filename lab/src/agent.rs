@@ -118,7 +118,7 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
             opts.randomize_snat.env_value(),
         );
-    if !opts.branch_pods.is_empty() {
+    if opts.has_branch_pods() {
         // Security groups for pods are on (the VPC CNI's `ENABLE_POD_ENI`).
         command.env("ENABLE_POD_ENI", "true");
     }
@@ -139,12 +139,12 @@ fn lab_makes_branch_links(opts: &LabOptions) -> bool {
 
 /// Whether the node serves security groups for pods (`ENABLE_POD_ENI`):
 /// the lab's own branch pods need it; a test may ask for it.
-fn pod_eni(opts: &LabOptions) -> bool {
+pub(crate) fn pod_eni(opts: &LabOptions) -> bool {
     let asked = |env: &[(String, String)]| {
         env.iter()
             .any(|(name, value)| name == "ENABLE_POD_ENI" && value == "true")
     };
-    !opts.branch_pods.is_empty()
+    opts.has_branch_pods()
         || asked(&opts.agent_env)
         || opts.ipam.as_ref().is_some_and(|ipam| asked(&ipam.env))
 }

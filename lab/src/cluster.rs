@@ -22,6 +22,7 @@ use std::{
 };
 
 use serde_json::json;
+use vpcnet_api::pod::{POD_ENI_ANNOTATION, POD_ENI_RESOURCE};
 
 use crate::{
     addrs::{KUBE_API_ADDR, KUBE_API_PORT, KUBERNETES_SERVICE_IP, NODE_PRIMARY_ADDR, NS_NODE},
@@ -34,7 +35,7 @@ use crate::{
     kube::{KubeAdmin, pki::ClusterFiles},
     kube_tools::KUBECTL,
     netns::netns_path,
-    options::{ClusterIpService, ServiceBackend},
+    options::{ClusterIpService, NamedPod, ServiceBackend},
     state,
 };
 
@@ -167,7 +168,15 @@ const POD_NAMESPACE: &str = crate::addrs::POD_K8S_NAMESPACE;
 /// A pod of the lab as the scheduler leaves it: bound to the node, not
 /// yet running.
 pub fn bind_pod(admin: &KubeAdmin, name: &str) -> Result<()> {
-    bind_named_pod(admin, POD_NAMESPACE, name, &BTreeMap::new())
+    bind_named_pod(
+        admin,
+        &NamedPod {
+            namespace: POD_NAMESPACE.to_owned(),
+            name: name.to_owned(),
+            labels: BTreeMap::new(),
+            branch_eni: false,
+        },
+    )
 }
 
 /// The ports every pod the lab binds declares, by name, as the pods of
@@ -181,15 +190,11 @@ pub fn served_port_name(port: u16, protocol: &str) -> String {
     format!("serve-{port}-{}", protocol.to_ascii_lowercase())
 }
 
-/// [`bind_pod`] for a pod in `namespace` with `labels` (its Namespace made
-/// first if the cluster has none).
-pub fn bind_named_pod(
-    admin: &KubeAdmin,
-    namespace: &str,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> Result<()> {
-    ensure_namespace(admin, namespace)?;
+/// [`bind_pod`] for `pod`, with its labels (its Namespace made first if
+/// the cluster has none), asking for a branch ENI as the resource
+/// controller's webhook leaves such a pod if it is a branch-ENI pod.
+pub fn bind_named_pod(admin: &KubeAdmin, pod: &NamedPod) -> Result<()> {
+    ensure_namespace(admin, &pod.namespace)?;
     let ports: Vec<serde_json::Value> = POD_SERVED_PORTS
         .iter()
         .flat_map(|port| {
@@ -199,21 +204,48 @@ pub fn bind_named_pod(
             })
         })
         .collect();
+    let mut container = json!({"name": "pause", "image": "registry.k8s.io/pause:3.9",
+                               "ports": ports});
+    if pod.branch_eni {
+        container["resources"] = json!({"limits": {POD_ENI_RESOURCE: "1"},
+                                        "requests": {POD_ENI_RESOURCE: "1"}});
+    }
     admin
         .apply(
-            &pod_path(namespace, name),
+            &pod_path(&pod.namespace, &pod.name),
             &json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "spec": {"nodeName": node_name(),
-                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.9",
-                                    "ports": ports}]},
+                "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": pod.labels},
+                "spec": {"nodeName": node_name(), "containers": [container]},
                 "status": {"phase": "Pending"},
             }),
         )
         .map(drop)
         .map_err(|e| api(&e))
+}
+
+/// How long the lab's resource controller may take to give a pod its
+/// branch ENI (a trunk ENI attached first for the node's first one).
+const BRANCH_ENI_TIMEOUT: std::time::Duration = std::time::Duration::from_mins(1);
+
+/// The `vpc.amazonaws.com/pod-eni` annotation the resource controller
+/// writes on pod `namespace/name`, awaited (bounded): what kubelet hands
+/// the runtime with the pod.
+pub fn wait_pod_eni_annotation(admin: &KubeAdmin, namespace: &str, name: &str) -> Result<String> {
+    let deadline = std::time::Instant::now() + BRANCH_ENI_TIMEOUT;
+    loop {
+        let pod = admin.get(&pod_path(namespace, name)).map_err(|e| api(&e))?;
+        if let Some(annotation) = pod["metadata"]["annotations"][POD_ENI_ANNOTATION].as_str() {
+            return Ok(annotation.to_owned());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(LabError::InvalidOption(format!(
+                "pod {namespace}/{name}: no {POD_ENI_ANNOTATION} annotation from the resource controller after {BRANCH_ENI_TIMEOUT:?} (is ENABLE_POD_ENI on?)"
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 fn pod_path(namespace: &str, name: &str) -> String {

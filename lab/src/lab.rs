@@ -280,6 +280,12 @@ impl Lab {
                 "pods are added through CRI: the lab has no container runtime".into(),
             ));
         }
+        if pod.branch_eni && !agent::pod_eni(&self.state.options) {
+            return Err(LabError::InvalidOption(format!(
+                "pod {}: a branch ENI needs security groups for pods on the node (`lab up` with a --branch-eni-pod, or ENABLE_POD_ENI=true)",
+                pod.key()
+            )));
+        }
         let admin = self.kube_admin()?;
         let index = self
             .state
@@ -568,8 +574,14 @@ fn run_named_pod(
     index: usize,
     named: &NamedPod,
 ) -> Result<PodInfo> {
-    cluster::bind_named_pod(admin, &named.namespace, &named.name, &named.labels)?;
-    let mut pod = cri_pods::run_pod(client, index, &cri_pods::named_pod_spec(index, named))?;
+    cluster::bind_named_pod(admin, named)?;
+    let mut spec = cri_pods::named_pod_spec(index, named);
+    if named.branch_eni {
+        let annotation = cluster::wait_pod_eni_annotation(admin, &named.namespace, &named.name)?;
+        spec.annotations
+            .insert(vpcnet_api::pod::POD_ENI_ANNOTATION.to_owned(), annotation);
+    }
+    let mut pod = cri_pods::run_pod(client, index, &spec)?;
     cluster::named_pod_running(admin, &named.namespace, &named.name, pod.addr)?;
     pod.labels.clone_from(&named.labels);
     info!(pod = %named.key(), addr = %pod.addr, "pod running");

@@ -184,6 +184,11 @@ pub struct NamedPod {
     pub name: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// It asks for `vpc.amazonaws.com/pod-eni` (security groups for pods):
+    /// the lab's resource controller gives it a branch ENI, and the node
+    /// wires it there (`--branch-eni-pod`, `lab pod add --branch-eni`).
+    #[serde(default)]
+    pub branch_eni: bool,
 }
 
 impl NamedPod {
@@ -270,6 +275,7 @@ impl FromStr for NamedPod {
             namespace,
             name,
             labels: set,
+            branch_eni: false,
         })
     }
 }
@@ -630,6 +636,13 @@ impl LabOptions {
             });
         }
         Ok(())
+    }
+
+    /// Whether the lab's own pods need security groups for pods
+    /// (`ENABLE_POD_ENI`): its static branch pods, or named pods asking
+    /// for a branch ENI.
+    pub fn has_branch_pods(&self) -> bool {
+        !self.branch_pods.is_empty() || self.named_pods.iter().any(|pod| pod.branch_eni)
     }
 
     /// Whether pod `index` has a branch ENI.

@@ -51,6 +51,10 @@ enum PodAction {
     Add {
         #[arg(value_name = "NS/NAME[:KEY=VALUE,...]")]
         pod: NamedPod,
+        /// The pod asks for a branch ENI (`vpc.amazonaws.com/pod-eni`,
+        /// security groups for pods on the node).
+        #[arg(long)]
+        branch_eni: bool,
     },
     /// Delete a pod (its sandbox, then its object).
     Del {
@@ -137,6 +141,11 @@ struct UpArgs {
     /// if new.
     #[arg(long = "pod", value_name = "NS/NAME[:KEY=VALUE,...]")]
     named_pods: Vec<NamedPod>,
+    /// A --pod that asks for a branch ENI (`vpc.amazonaws.com/pod-eni`):
+    /// the lab's resource controller gives it one, security groups for
+    /// pods on (repeatable).
+    #[arg(long = "branch-eni-pod", value_name = "NS/NAME[:KEY=VALUE,...]")]
+    branch_eni_pods: Vec<NamedPod>,
     /// Network policy enforced by the agent in this mode (`standard` or
     /// `strict`: `ENABLE_NETWORK_POLICY=true` and
     /// `NETWORK_POLICY_ENFORCING_MODE`); pods through containerd only.
@@ -200,9 +209,13 @@ pub fn run(args: &Args) -> Result<()> {
 fn pod(action: &PodAction) -> Result<()> {
     let mut lab = Lab::open().context("looking for the lab")?;
     match action {
-        PodAction::Add { pod } => {
+        PodAction::Add { pod, branch_eni } => {
+            let pod = NamedPod {
+                branch_eni: *branch_eni,
+                ..pod.clone()
+            };
             let info = lab
-                .add_pod(pod)
+                .add_pod(&pod)
                 .with_context(|| format!("adding pod {}", pod.key()))?;
             println!(
                 "pod {} running at {} (netns {})",
@@ -248,7 +261,15 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         filler_pods: args.filler_pods,
         ipam: None,
         agent_env: Vec::new(),
-        named_pods: args.named_pods.clone(),
+        named_pods: args
+            .named_pods
+            .iter()
+            .cloned()
+            .chain(args.branch_eni_pods.iter().map(|pod| NamedPod {
+                branch_eni: true,
+                ..pod.clone()
+            }))
+            .collect(),
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.
@@ -266,9 +287,9 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         };
         opts.agent_bin = Some(agent_bin);
     }
-    if !args.named_pods.is_empty() && !args.through_cri() {
+    if !opts.named_pods.is_empty() && !args.through_cri() {
         bail!(
-            "--pod makes pods through containerd: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
+            "--pod and --branch-eni-pod make pods through containerd: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
         );
     }
     if args.network_policy.is_some() && !args.through_cri() {
