@@ -28,8 +28,11 @@ use vpcnet_agent::{
         settings::{EniConfig, IpamSettings},
     },
     k8s::{
-        self, K8sSettings, network_policies::NetworkPolicySources, node::NodeViews,
-        policy_endpoints::PolicyEndpoints, service_cidrs,
+        self, K8sSettings,
+        network_policies::NetworkPolicySources,
+        node::NodeViews,
+        policy_endpoints::{ClusterPolicyEndpoints, PolicyEndpoints},
+        service_cidrs,
     },
     link_owner::LinkOwners,
     netlink::NetlinkHandle,
@@ -162,6 +165,12 @@ pub fn run(pin_dir: &Path, args: &RunArgs, env: &Env) -> Result<()> {
             dir = %enforcement.dir.display(),
             "aws-node's network policy agent enforced NetworkPolicy here: vpcnet takes its policies over before its programs go"
         );
+        if !enforcement.cluster_policy_pods.is_empty() {
+            info!(
+                pods = %enforcement.cluster_policy_pods.join(", "),
+                "aws-node's network policy agent judged these pods by ClusterNetworkPolicy too: vpcnet enforces them from the cluster's ClusterPolicyEndpoints"
+            );
+        }
     }
     let runtime = commands::runtime()?;
     runtime.block_on(run_node(pin_dir, args, settings, aws_policy))
@@ -488,6 +497,10 @@ impl Parts<'_> {
                 Policies::NetworkPolicies(sources)
             }
         };
+        // Whatever the source of NetworkPolicy: where EKS's controller
+        // resolves ClusterNetworkPolicy, it is enforced too.
+        let (cluster_policies, follow) = ClusterPolicyEndpoints::follow(client.clone());
+        self.tasks.spawn(follow);
         let existing = pods
             .attachments()
             .await?
@@ -507,6 +520,7 @@ impl Parts<'_> {
             settings,
             Arc::clone(&self.datapath),
             policies,
+            cluster_policies,
             pods.cluster_pods().cloned(),
             existing,
             problems,

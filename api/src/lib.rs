@@ -3,6 +3,7 @@
 //! plugin's gRPC API (`proto/cni.proto`).
 
 pub mod aws_network_policy;
+pub mod cluster_policy;
 pub mod conflist;
 pub mod kube_proxy;
 pub mod layout;

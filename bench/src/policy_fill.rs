@@ -130,6 +130,7 @@ impl PolicyFill {
                 PodRules {
                     ingress: Direction::Isolated(rules.clone()),
                     egress: Direction::Isolated(rules),
+                    ..PodRules::default()
                 },
             );
         }
@@ -144,6 +145,7 @@ impl PolicyFill {
             PodRules {
                 ingress: Direction::Isolated(measured.clone()),
                 egress: with(allow(servers, port)),
+                ..PodRules::default()
             },
         );
         pods.insert(
@@ -151,6 +153,7 @@ impl PolicyFill {
             PodRules {
                 ingress: with(allow(&[client], port)),
                 egress: Direction::Isolated(measured.clone()),
+                ..PodRules::default()
             },
         );
         enforcer.set_pods(pods, BTreeSet::new());

@@ -8,7 +8,9 @@ use vpcnet_agent::{
     datapath::monotonic_now_ns,
     policy::{
         self, Enforcer,
-        rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
+        rules::{
+            Action, ClusterRule, Direction, Origin, Peers, PodRules, Ports, Protocol, Rule, Tier,
+        },
     },
 };
 use vpcnet_bpf_tests::{
@@ -107,6 +109,7 @@ fn ingress_only(rules: Vec<Rule>) -> PodRules {
     PodRules {
         ingress: Direction::Isolated(rules),
         egress: Direction::Open,
+        ..PodRules::default()
     }
 }
 
@@ -114,6 +117,7 @@ fn egress_only(rules: Vec<Rule>) -> PodRules {
     PodRules {
         ingress: Direction::Open,
         egress: Direction::Isolated(rules),
+        ..PodRules::default()
     }
 }
 
@@ -235,6 +239,7 @@ fn a_branch_eni_pods_rules_judge_what_reaches_it_over_its_vlan_and_what_it_sends
                 vec![Ports::one(Protocol::Tcp, 8080)],
             )]),
             egress: Direction::Isolated(vec![rule(vec![peers("10.20.0.0/16", &[])], vec![])]),
+            ..PodRules::default()
         },
     );
     // In by the VLAN: PEER on 8080 only.
@@ -369,6 +374,7 @@ fn an_isolated_pod_gets_replies_of_its_own_connections_and_nothing_new() {
         PodRules {
             ingress: Direction::Isolated(vec![]),
             egress: Direction::Open,
+            ..PodRules::default()
         },
     );
     assert_eq!(
@@ -435,6 +441,7 @@ fn a_service_is_judged_on_the_backend_kube_proxy_chose() {
                 vec![peers("10.20.12.0/24", &[])],
                 vec![Ports::one(Protocol::Tcp, 8080)],
             )]),
+            ..PodRules::default()
         },
     );
     // To the service's address: the stack's, whatever the rules.
@@ -516,6 +523,7 @@ fn an_idle_connection_lives_as_long_as_the_nodes_conntrack_keeps_it() {
                 ],
             )]),
             egress: Direction::Isolated(vec![]),
+            ..PodRules::default()
         },
     );
     let query = packets::udp(POD, 40000, POD2, 5353, b"q");
@@ -671,4 +679,172 @@ fn verdicts_go_to_the_event_ring_only_when_asked_and_never_block() {
         assert_eq!(node.send(POD, sent.clone()), TC_ACT_SHOT);
     }
     assert!(node.h.counter(Counter::PolicyEventLost) > 0);
+}
+
+fn cluster_rule(
+    tier: Tier,
+    priority: u16,
+    action: Action,
+    peer: &str,
+    ports: Vec<Ports>,
+) -> ClusterRule {
+    ClusterRule {
+        tier,
+        priority,
+        action,
+        peers: vec![peer.parse().unwrap()],
+        ports,
+        origin: Origin {
+            namespace: String::new(),
+            name: "cluster".into(),
+        },
+    }
+}
+
+/// AWS ClusterNetworkPolicy around a NetworkPolicy, on crafted packets:
+/// an Admin Deny carves a port out of what the NetworkPolicy allows, an
+/// Admin Accept lets through what it does not, a Pass leaves it to the
+/// NetworkPolicy, and a pod no NetworkPolicy selects meets Baseline; the
+/// event log names the tier that decided.
+#[test]
+fn cluster_policy_tiers_judge_around_the_network_policy_and_the_log_names_them() {
+    use vpcnet_agent::policy::events::line;
+    use vpcnet_common::config::FLAG_POLICY_EVENTS;
+
+    let mut node = Node::new();
+    let mut cfg = node.h.datapath.maps.config().unwrap();
+    cfg.flags |= FLAG_POLICY_EVENTS;
+    node.h.datapath.maps.set_config(&cfg).unwrap();
+    let mut ring = node.h.datapath.take_policy_events().unwrap();
+    // POD2: its NetworkPolicy allows POD on every port; Admin denies TCP
+    // 22 from the whole subnet, passes TCP 23 at a lower number, and
+    // accepts UDP 53 from anywhere.
+    node.rules(
+        POD2,
+        PodRules {
+            selected: true,
+            cluster_ingress: vec![
+                cluster_rule(
+                    Tier::Admin,
+                    10,
+                    Action::Deny,
+                    "10.20.11.0/24",
+                    vec![Ports::one(Protocol::Tcp, 22)],
+                ),
+                cluster_rule(
+                    Tier::Admin,
+                    5,
+                    Action::Pass,
+                    "10.20.11.0/24",
+                    vec![Ports::one(Protocol::Tcp, 23)],
+                ),
+                cluster_rule(
+                    Tier::Admin,
+                    10,
+                    Action::Deny,
+                    "10.20.11.0/24",
+                    vec![Ports::one(Protocol::Tcp, 23)],
+                ),
+                cluster_rule(
+                    Tier::Admin,
+                    20,
+                    Action::Accept,
+                    "0.0.0.0/0",
+                    vec![Ports::one(Protocol::Udp, 53)],
+                ),
+                cluster_rule(Tier::Baseline, 0, Action::Deny, "0.0.0.0/0", vec![]),
+            ],
+            ..ingress_only(vec![rule(vec![peers("10.20.11.20/32", &[])], vec![])])
+        },
+    );
+    let to_pod2 = |sport, proto, dport| match proto {
+        PROTO_TCP => packets::tcp(POD, sport, POD2, dport, TCP_SYN, b""),
+        _ => packets::udp(POD, sport, POD2, dport, b"q"),
+    };
+    assert_eq!(
+        node.send(POD, to_pod2(40000, PROTO_TCP, 22)),
+        TC_ACT_SHOT,
+        "Admin's Deny"
+    );
+    assert_eq!(
+        node.send(POD, to_pod2(40001, PROTO_TCP, 23)),
+        TC_ACT_REDIRECT,
+        "Admin's Pass"
+    );
+    assert_eq!(
+        node.send(POD, to_pod2(40002, PROTO_TCP, 80)),
+        TC_ACT_REDIRECT,
+        "the NetworkPolicy"
+    );
+    assert_eq!(
+        node.send(POD, to_pod2(40003, PROTO_UDP, 53)),
+        TC_ACT_REDIRECT,
+        "Admin's Accept"
+    );
+    // POD: no NetworkPolicy selects it; Baseline denies what comes from
+    // POD2 but UDP 53, which Admin accepts.
+    node.rules(
+        POD,
+        PodRules {
+            cluster_ingress: vec![
+                cluster_rule(Tier::Baseline, 0, Action::Deny, "10.20.11.21/32", vec![]),
+                cluster_rule(
+                    Tier::Admin,
+                    0,
+                    Action::Accept,
+                    "10.20.11.21/32",
+                    vec![Ports::one(Protocol::Udp, 53)],
+                ),
+            ],
+            ..PodRules::default()
+        },
+    );
+    let to_pod = |sport, proto, dport| match proto {
+        PROTO_TCP => packets::tcp(POD2, sport, POD, dport, TCP_SYN, b""),
+        _ => packets::udp(POD2, sport, POD, dport, b"q"),
+    };
+    assert_eq!(
+        node.send(POD2, to_pod(40004, PROTO_TCP, 80)),
+        TC_ACT_SHOT,
+        "Baseline's Deny"
+    );
+    assert_eq!(
+        node.send(POD2, to_pod(40005, PROTO_UDP, 53)),
+        TC_ACT_REDIRECT,
+        "Admin's Accept"
+    );
+    let mut tiers = Vec::new();
+    while let Some(item) = ring.next() {
+        // SAFETY: the ring's records are `PolicyEvent`s, plain data.
+        let event: vpcnet_common::policy::PolicyEvent =
+            unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        let ts = "2026-11-27T10:00:00Z".parse().unwrap();
+        let record: serde_json::Value =
+            serde_json::from_str(&line(&event, true, ts).unwrap()).unwrap();
+        let msg = record["msg"].as_str().unwrap();
+        if msg.contains("Direction ingress") {
+            let tail = msg.split("Dest Port: ").nth(1).unwrap();
+            let (port, rest) = tail.split_once(' ').unwrap();
+            let verdict = rest
+                .split("Verdict ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap();
+            let tier = rest.split("Tier ").nth(1).unwrap();
+            tiers.push(format!("{port} {verdict} {tier}"));
+        }
+    }
+    assert_eq!(
+        tiers,
+        [
+            "22 DENY ADMIN",
+            "23 ACCEPT NETWORK_POLICY",
+            "80 ACCEPT NETWORK_POLICY",
+            "53 ACCEPT ADMIN",
+            "80 DENY BASELINE",
+            "53 ACCEPT ADMIN",
+        ]
+    );
 }

@@ -9,8 +9,11 @@
 //! sources: the lab's network policy controller turns them into
 //! PolicyEndpoints as EKS's does, or (a cluster without that CRD) the agent
 //! resolves them itself; the agent enforces them.
+//! Then AWS's ClusterNetworkPolicy around them (Admin and Baseline tiers,
+//! priorities, Accept, Deny and Pass), resolved by the lab's controller
+//! into ClusterPolicyEndpoints as EKS's is.
 //! What should pass is computed by `vpcnet_bpf_tests::netpol`, an
-//! evaluator of the specification written apart from both.
+//! evaluator of the specifications written apart from all of them.
 //!
 //! Run: `cargo xtask test --skip-lint --test network_policy_matrix`.
 
@@ -25,7 +28,7 @@ use serde_json::json;
 use vpcnet_bpf_tests::{
     cri::{self, CriNode},
     ipam::lab_lock,
-    netpol::{Cluster, Labels, Mode, Pod},
+    netpol::{Cluster, Labels, Mode, Pod, cluster::ClusterPolicy},
 };
 use vpcnet_lab::{
     Lab, NamedPod, Proto, WhoamiServer, WhoamiTarget, addrs,
@@ -207,12 +210,22 @@ impl Matrix {
     /// What the specification says of every probe under `policies` and the
     /// baseline.
     fn expected(&self, policies: &[NetworkPolicy]) -> BTreeMap<Probe, bool> {
+        self.expected_with(&[], policies)
+    }
+
+    /// [`Matrix::expected`] under cluster policies too.
+    fn expected_with(
+        &self,
+        cluster_policies: &[ClusterPolicy],
+        policies: &[NetworkPolicy],
+    ) -> BTreeMap<Probe, bool> {
         let policies = [&self.baseline[..], policies].concat();
         let policies = &policies[..];
         self.probes()
             .into_iter()
             .map(|probe| {
-                let allowed = self.cluster.allows(
+                let allowed = self.cluster.allows_with(
+                    cluster_policies,
                     policies,
                     self.mode,
                     self.pod(&probe.from),
@@ -273,7 +286,17 @@ impl Matrix {
     /// takes a moment to be enforced), bounded; panics with the
     /// differences.
     fn assert_matches(&self, case: &str, policies: &[NetworkPolicy]) {
-        let expected = self.expected(policies);
+        self.assert_matches_with(case, &[], policies);
+    }
+
+    /// [`Matrix::assert_matches`] under cluster policies too.
+    fn assert_matches_with(
+        &self,
+        case: &str,
+        cluster_policies: &[ClusterPolicy],
+        policies: &[NetworkPolicy],
+    ) {
+        let expected = self.expected_with(cluster_policies, policies);
         let deadline = Instant::now() + ENFORCE_TIMEOUT;
         loop {
             let mut observed = self.observed();
@@ -350,6 +373,35 @@ impl Matrix {
         let ns = policy.metadata.namespace.as_deref().unwrap();
         self.kubectl(&["delete", "networkpolicy", "-n", ns, name], None);
     }
+
+    fn apply_cluster(&self, policy: &ClusterPolicy) {
+        self.kubectl(&["apply", "-f", "-"], Some(&policy.to_string()));
+    }
+
+    fn delete_cluster(&self, policy: &ClusterPolicy) {
+        let name = policy["metadata"]["name"].as_str().unwrap();
+        self.kubectl(&["delete", "clusternetworkpolicy", name], None);
+    }
+
+    /// Each case of [`cluster_cases`] in force, judged, then deleted.
+    fn run_cluster_cases(&self) {
+        for (name, cluster_policies, policies) in cluster_cases(self) {
+            for policy in &cluster_policies {
+                self.apply_cluster(policy);
+            }
+            for policy in &policies {
+                self.apply(policy);
+            }
+            self.assert_matches_with(name, &cluster_policies, &policies);
+            for policy in &cluster_policies {
+                self.delete_cluster(policy);
+            }
+            for policy in &policies {
+                self.delete(policy);
+            }
+        }
+        self.assert_matches("every cluster policy deleted", &[]);
+    }
 }
 
 /// Each of [`BRANCH_ENI_PODS`] has the address of a branch ENI of the
@@ -383,6 +435,115 @@ fn check_branch_eni_pods(lab: &Lab) {
             pod.addr, pod.host_veth
         );
     }
+}
+
+fn cluster_policy(value: serde_json::Value) -> ClusterPolicy {
+    let mut value = value;
+    value["apiVersion"] = json!("networking.k8s.aws/v1alpha1");
+    value["kind"] = json!("ClusterNetworkPolicy");
+    value
+}
+
+/// AWS ClusterNetworkPolicy over the same pods, each case a set of
+/// cluster policies and NetworkPolicies in force together: tiers,
+/// priorities, Pass, Deny before Accept at one priority, namespaces, pods
+/// and networks as peers, ranges and named ports, both directions.
+fn cluster_cases(matrix: &Matrix) -> Vec<(&'static str, Vec<ClusterPolicy>, Vec<NetworkPolicy>)> {
+    let ip = |key: &str| matrix.pod(key).ip.to_string();
+    vec![
+        (
+            "Admin: x denies what comes from namespace y",
+            vec![cluster_policy(json!({
+                "metadata": {"name": "x-not-from-y"},
+                "spec": {"tier": "Admin", "priority": 10,
+                         "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                         "ingress": [{"action": "Deny", "from": [{"namespaces": {"matchLabels": {"ns": "y"}}}]}]}
+            }))],
+            vec![],
+        ),
+        (
+            "Admin passes pods a's TCP 80 into x past a Deny, Baseline denies x's ingress, a NetworkPolicy lets z into x/c",
+            vec![
+                cluster_policy(json!({
+                    "metadata": {"name": "x-admin"},
+                    "spec": {"tier": "Admin", "priority": 20,
+                             "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                             "ingress": [{"action": "Pass",
+                                          "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "a"}}}}],
+                                          "ports": [{"portNumber": {"protocol": "TCP", "port": 80}}]}]}
+                })),
+                cluster_policy(json!({
+                    "metadata": {"name": "x-admin-deny-80"},
+                    "spec": {"tier": "Admin", "priority": 30,
+                             "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                             "ingress": [{"action": "Deny", "from": [{"namespaces": {}}],
+                                          "ports": [{"portNumber": {"port": 80}}]}]}
+                })),
+                cluster_policy(json!({
+                    "metadata": {"name": "x-baseline"},
+                    "spec": {"tier": "Baseline", "priority": 0,
+                             "subject": {"namespaces": {"matchLabels": {"ns": "x"}}},
+                             "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}
+                })),
+            ],
+            vec![policy(json!({
+                "metadata": {"name": "c-from-z", "namespace": "x"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "c"}},
+                         "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "z"}}}]}]}
+            }))],
+        ),
+        (
+            "x/a: Accept and Deny at one priority (Deny wins), z/b's address accepted on UDP 80-81 at a lower number",
+            vec![
+                cluster_policy(json!({
+                    "metadata": {"name": "xa-tie"},
+                    "spec": {"tier": "Admin", "priority": 50,
+                             "subject": {"pods": {"namespaceSelector": {"matchLabels": {"ns": "x"}},
+                                                  "podSelector": {"matchLabels": {"pod": "a"}}}},
+                             "ingress": [
+                                {"action": "Accept", "from": [{"namespaces": {}}]},
+                                {"action": "Deny", "from": [{"namespaces": {"matchLabels": {"ns": "z"}}}]}
+                             ]}
+                })),
+                cluster_policy(json!({
+                    "metadata": {"name": "xa-from-zb"},
+                    "spec": {"tier": "Admin", "priority": 40,
+                             "subject": {"pods": {"namespaceSelector": {"matchLabels": {"ns": "x"}},
+                                                  "podSelector": {"matchLabels": {"pod": "a"}}}},
+                             "ingress": [{"action": "Accept", "from": [{"networks": [format!("{}/32", ip("z/b"))]}],
+                                          "ports": [{"portRange": {"protocol": "UDP", "start": 80, "end": 81}}]}]}
+                })),
+            ],
+            vec![],
+        ),
+        (
+            "egress: Baseline denies z to x on UDP 80-81, Admin accepts z/a to x/b's serve-80-udp, a NetworkPolicy selects z/b",
+            vec![
+                cluster_policy(json!({
+                    "metadata": {"name": "z-baseline-out"},
+                    "spec": {"tier": "Baseline", "priority": 100,
+                             "subject": {"namespaces": {"matchLabels": {"ns": "z"}}},
+                             "egress": [{"action": "Deny", "to": [{"namespaces": {"matchLabels": {"ns": "x"}}}],
+                                         "ports": [{"portRange": {"protocol": "UDP", "start": 80, "end": 81}}]}]}
+                })),
+                cluster_policy(json!({
+                    "metadata": {"name": "za-to-xb"},
+                    "spec": {"tier": "Admin", "priority": 1,
+                             "subject": {"pods": {"namespaceSelector": {"matchLabels": {"ns": "z"}},
+                                                  "podSelector": {"matchLabels": {"pod": "a"}}}},
+                             "egress": [{"action": "Accept",
+                                         "to": [{"pods": {"namespaceSelector": {"matchLabels": {"ns": "x"}},
+                                                          "podSelector": {"matchLabels": {"pod": "b"}}}}],
+                                         "ports": [{"namedPort": "serve-80-udp"}]}]}
+                })),
+            ],
+            vec![policy(json!({
+                "metadata": {"name": "zb-selected", "namespace": "z"},
+                "spec": {"podSelector": {"matchLabels": {"pod": "b"}}, "policyTypes": ["Ingress"],
+                         "ingress": [{}]}
+            }))],
+        ),
+    ]
 }
 
 fn policy(value: serde_json::Value) -> NetworkPolicy {
@@ -508,6 +669,7 @@ fn run_matrix(mode: Mode, source: Source) {
         }
     }
     matrix.assert_matches("every policy deleted", &[]);
+    matrix.run_cluster_cases();
 
     // Updates: a namespace's label and a pod's label change what a policy
     // selects, and the datapath follows.
@@ -591,8 +753,12 @@ fn run_matrix(mode: Mode, source: Source) {
         expected.len()
     );
 
-    // The node's own addresses reach every pod, whatever the policies
-    // (kubelet's probes).
+    check_node_reaches(&matrix);
+}
+
+/// The node's own addresses reach every pod, whatever the policies
+/// (kubelet's probes).
+fn check_node_reaches(matrix: &Matrix) {
     let node = addrs::NS_NODE;
     for key in ["x/a", "x/d", "y/b", "x/b"] {
         let to = SocketAddrV4::new(matrix.pod(key).ip, 80);

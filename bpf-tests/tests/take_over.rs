@@ -606,44 +606,73 @@ fn aws_node_policy_node(env: &[(&str, &str)]) -> (AwsPolicyAgent, Lab) {
     (aws_policy, lab)
 }
 
-/// vpcnet does not enforce AWS's `ClusterNetworkPolicy` yet: a node where
-/// aws-node's agent enforced one is refused before anything changes, and
-/// aws-node's enforcement stays as it was.
+/// An AWS ClusterNetworkPolicy in force on an aws-node node: Admin tier,
+/// it denies `client` what the web policy allows it.
+const CLIENT_DENIED: &str = r"
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: client-denied}
+spec:
+  tier: Admin
+  priority: 10
+  subject:
+    pods:
+      namespaceSelector: {}
+      podSelector: {matchLabels: {app: web}}
+  ingress:
+  - action: Deny
+    from:
+    - pods:
+        namespaceSelector: {}
+        podSelector: {matchLabels: {app: client}}
+    ports:
+    - portNumber: {protocol: TCP, port: 8080}
+";
+
+/// A node where aws-node's agent judged a pod by ClusterNetworkPolicy
+/// too (its pinned cluster-policy state) is taken over: vpcnet enforces
+/// the policy from its ClusterPolicyEndpoints, beside the NetworkPolicy.
+/// (The reproduction of aws-node's agent keeps the state, not the tier's
+/// rules: before the take-over `client` still reaches `web`.)
 #[test]
-fn a_node_with_cluster_network_policy_in_force_is_refused_and_left_as_it_was() {
+fn a_node_with_cluster_network_policy_in_force_is_taken_over_with_it_enforced() {
     let _lock = serial();
     let (mut aws_policy, mut lab) = aws_node_policy_node(&[]);
     let pods = lab.pods().to_vec();
     let (client, denied, web) = (&pods[0], &pods[1], &pods[2]);
+    let files = lab.kube_api().unwrap().files().clone();
+    cluster::kubectl(&files, &["apply", "-f", "-"], Some(CLIENT_DENIED)).expect("kubectl apply");
     aws_policy.select_by_cluster_policy(web);
-    let before: Vec<String> = pods.iter().map(|p| filters(&lab, &p.host_veth)).collect();
-
-    let refused = lab
-        .start_agent()
-        .expect_err("a node with ClusterNetworkPolicy in force taken over");
-    let refused = format!("{refused:?}");
-    let web_id = pod_identifier(&web.k8s_name, &web.k8s_namespace);
-    assert!(
-        refused.contains("enforced ClusterNetworkPolicy on this node") && refused.contains(&web_id),
-        "the refusal does not say why: {refused}"
-    );
-    let after: Vec<String> = pods.iter().map(|p| filters(&lab, &p.host_veth)).collect();
-    assert_eq!(after, before, "aws-node's filters changed");
     let to_web = SocketAddrV4::new(web.addr, 8080);
     let _server = WhoamiServer::start(&web.netns, to_web).expect("web's server");
-    assert!(
-        tcp_whoami(&denied.netns, to_web, Duration::from_millis(300))
+    let reaches = |from: &vpcnet_lab::PodInfo, wait| {
+        tcp_whoami(&from.netns, to_web, wait)
             .expect("probing from a pod")
-            .is_none(),
-        "the denied pod reaches web: aws-node's enforcement is gone"
+            .is_some()
+    };
+    assert!(
+        reaches(client, Duration::from_secs(3)),
+        "before: the client reaches web"
+    );
+
+    lab.start_agent().expect("the agent takes the node over");
+    assert!(
+        !reaches(client, Duration::from_millis(300)),
+        "the client reaches web: the cluster policy's Deny is not enforced"
     );
     assert!(
-        tcp_whoami(&client.netns, to_web, Duration::from_secs(3))
-            .expect("probing from a pod")
-            .is_some(),
-        "the client no longer reaches web"
+        !reaches(denied, Duration::from_millis(300)),
+        "the denied pod reaches web: the NetworkPolicy is not enforced"
     );
-    eprintln!("refused: {refused}");
+    let shown = vpcnet_bpf_tests::agent_cli(&[
+        "policy",
+        &format!("{}/{}", web.k8s_namespace, web.k8s_name),
+    ]);
+    assert!(
+        shown.contains("Admin 10 Deny") && shown.contains("client-denied"),
+        "the rules in force do not show the cluster policy:\n{shown}"
+    );
+    eprintln!("taken over with the cluster policy in force:\n{shown}");
 }
 
 /// The names of the tc filters on `veth`'s two hooks in the node.

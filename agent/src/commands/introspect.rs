@@ -94,6 +94,59 @@ pub fn print_policy(endpoint: &IntrospectionEndpoint, pod: Option<&str>) -> Resu
     Ok(())
 }
 
+/// A rule's ports, or `any` for a rule without.
+fn ports_or_any(ports: &[String]) -> String {
+    if ports.is_empty() {
+        "any".to_owned()
+    } else {
+        ports.join(",")
+    }
+}
+
+/// One direction's rules, (tier, peers, ports, policy), in the order they
+/// are judged: Admin, NetworkPolicy, Baseline.
+fn direction_lines(direction: &DirectionView) -> Vec<[String; 4]> {
+    let cluster = |tier: &'static str| {
+        direction
+            .cluster
+            .iter()
+            .filter(move |r| r.tier == tier)
+            .map(|r| {
+                [
+                    format!("{} {} {}", r.tier, r.priority, r.action),
+                    r.peers.join(" "),
+                    ports_or_any(&r.ports),
+                    r.policy.clone(),
+                ]
+            })
+    };
+    let mut lines: Vec<[String; 4]> = cluster("Admin").collect();
+    let policy = || "NetworkPolicy".to_owned();
+    match direction {
+        DirectionView {
+            isolated: false, ..
+        } => lines.push([
+            policy(),
+            "everything (not isolated)".into(),
+            "-".into(),
+            "-".into(),
+        ]),
+        DirectionView { rules, .. } if rules.is_empty() => {
+            lines.push([policy(), "nothing".into(), "-".into(), "-".into()]);
+        }
+        DirectionView { rules, .. } => lines.extend(rules.iter().map(|rule| {
+            [
+                policy(),
+                rule.peers.join(" "),
+                ports_or_any(&rule.ports),
+                rule.policy.clone(),
+            ]
+        })),
+    }
+    lines.extend(cluster("Baseline"));
+    lines
+}
+
 fn policy_table(view: &PolicyView) -> String {
     let Some(mode) = &view.mode else {
         return "network policy is not enforced (ENABLE_NETWORK_POLICY)\n".to_owned();
@@ -102,38 +155,26 @@ fn policy_table(view: &PolicyView) -> String {
     for pod in &view.pods {
         let who = format!("{}/{}", pod.namespace, pod.name);
         for (name, direction) in [("ingress", &pod.ingress), ("egress", &pod.egress)] {
-            let mut row = |peers: String, ports: String, policy: String| {
+            let lines = if pod.held {
+                vec![[
+                    "-".into(),
+                    "as the datapath held them (policies not listed yet)".into(),
+                    "-".into(),
+                    "-".into(),
+                ]]
+            } else {
+                direction_lines(direction)
+            };
+            for [tier, peers, ports, policy] in lines {
                 rows.push(vec![
                     who.clone(),
                     pod.address.to_string(),
                     name.to_owned(),
+                    tier,
                     peers,
                     ports,
                     policy,
                 ]);
-            };
-            match direction {
-                _ if pod.held => row(
-                    "as the datapath held them (policies not listed yet)".into(),
-                    "-".into(),
-                    "-".into(),
-                ),
-                DirectionView {
-                    isolated: false, ..
-                } => row("everything (not isolated)".into(), "-".into(), "-".into()),
-                DirectionView { rules, .. } if rules.is_empty() => {
-                    row("nothing".into(), "-".into(), "-".into());
-                }
-                DirectionView { rules, .. } => {
-                    for rule in rules {
-                        let ports = if rule.ports.is_empty() {
-                            "any".to_owned()
-                        } else {
-                            rule.ports.join(",")
-                        };
-                        row(rule.peers.join(" "), ports, rule.policy.clone());
-                    }
-                }
             }
         }
     }
@@ -155,7 +196,15 @@ fn policy_table(view: &PolicyView) -> String {
     format!(
         "mode: {mode}\n{}\nverdicts (connections allowed, packets denied):\n{}",
         table(
-            &["POD", "ADDRESS", "DIRECTION", "PEERS", "PORTS", "POLICY"],
+            &[
+                "POD",
+                "ADDRESS",
+                "DIRECTION",
+                "TIER",
+                "PEERS",
+                "PORTS",
+                "POLICY"
+            ],
             &rows
         ),
         table(
@@ -430,8 +479,8 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use vpcnet_agent::introspect::views::{
-        AddressView, DatapathEniEntryView, EndpointEntryView, EniView, LinkView, PodPolicyView,
-        PodRef, PodView, RuleView, VerdictsView,
+        AddressView, ClusterRuleView, DatapathEniEntryView, EndpointEntryView, EniView, LinkView,
+        PodPolicyView, PodRef, PodView, RuleView, VerdictsView,
     };
 
     use super::*;
@@ -453,10 +502,19 @@ mod tests {
                         ports: vec!["TCP/80".into(), "UDP/1000-2000".into()],
                         policy: "x/web".into(),
                     }],
+                    cluster: vec![ClusterRuleView {
+                        tier: "Admin".into(),
+                        priority: 10,
+                        action: "Deny".into(),
+                        peers: vec!["203.0.113.7/32".into()],
+                        ports: vec![],
+                        policy: "deny-scanner".into(),
+                    }],
                 },
                 egress: DirectionView {
                     isolated: false,
                     rules: vec![],
+                    cluster: vec![],
                 },
                 verdicts: VerdictsView {
                     ingress_allowed: 3,
@@ -469,9 +527,10 @@ mod tests {
         assert_eq!(
             policy_table(&view),
             "mode: strict\n\
-             POD  ADDRESS      DIRECTION  PEERS                            PORTS                 POLICY\n\
-             x/a  10.20.11.20  ingress    0.0.0.0/0 except 203.0.113.0/24  TCP/80,UDP/1000-2000  x/web\n\
-             x/a  10.20.11.20  egress     everything (not isolated)        -                     -\n\
+             POD  ADDRESS      DIRECTION  TIER           PEERS                            PORTS                 POLICY\n\
+             x/a  10.20.11.20  ingress    Admin 10 Deny  203.0.113.7/32                   any                   deny-scanner\n\
+             x/a  10.20.11.20  ingress    NetworkPolicy  0.0.0.0/0 except 203.0.113.0/24  TCP/80,UDP/1000-2000  x/web\n\
+             x/a  10.20.11.20  egress     NetworkPolicy  everything (not isolated)        -                     -\n\
              \n\
              verdicts (connections allowed, packets denied):\n\
              POD  ADDRESS      IN ALLOWED  IN DENIED  OUT ALLOWED  OUT DENIED\n\

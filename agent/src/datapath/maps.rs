@@ -13,7 +13,7 @@ use vpcnet_common::{
     endpoint::{ENI_PRIMARY, Endpoint, Eni},
     maps,
     nat::{FlowKey, NatEntry, Timeouts},
-    policy::{PodPolicy, PodVerdicts, PolicyFlow, PortAllowed, PortSet},
+    policy::{PodPolicy, PodVerdicts, PolicyFlow, PortSet, PortVerdict},
     raw_to_addr,
 };
 
@@ -41,7 +41,7 @@ pub struct DatapathMaps {
     /// policy let through.
     pub policy_pods: HashMap<MapData, u32, PodPolicy>,
     pub policy_cidrs: LpmTrie<MapData, [u8; 8], PortSet>,
-    pub policy_ports: LpmTrie<MapData, [u8; 8], PortAllowed>,
+    pub policy_ports: LpmTrie<MapData, [u8; 8], PortVerdict>,
     pub policy_flows: HashMap<MapData, FlowKey, PolicyFlow>,
     /// What policy decided for each pod under it, per CPU.
     pub policy_verdicts: PerCpuHashMap<MapData, u32, PodVerdicts>,

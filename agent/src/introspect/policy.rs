@@ -12,9 +12,9 @@ use axum::{
 use super::{
     handlers::Shared,
     routes::{error, json},
-    views::{DirectionView, PodPolicyView, PolicyView, RuleView, VerdictsView},
+    views::{ClusterRuleView, DirectionView, PodPolicyView, PolicyView, RuleView, VerdictsView},
 };
-use crate::policy::rules::{Direction, Peers};
+use crate::policy::rules::{ClusterRule, Direction, Peers};
 
 pub(super) async fn policy(
     State(shared): State<Arc<Shared>>,
@@ -52,8 +52,8 @@ pub(super) async fn policy(
                 name: pod.name.name,
                 address: pod.addr,
                 held: pod.rules.is_none(),
-                ingress: direction(&rules.ingress),
-                egress: direction(&rules.egress),
+                ingress: direction(&rules.ingress, &rules.cluster_ingress),
+                egress: direction(&rules.egress, &rules.cluster_egress),
                 verdicts: VerdictsView {
                     ingress_allowed: pod.verdicts.ingress_allowed,
                     ingress_denied: pod.verdicts.ingress_denied,
@@ -96,11 +96,25 @@ fn pod_filter(query: &str) -> Result<Option<(String, String)>, String> {
         .ok_or_else(|| format!("pod={value:?} is not NAMESPACE/NAME"))
 }
 
-fn direction(direction: &Direction) -> DirectionView {
+fn direction(direction: &Direction, cluster: &[ClusterRule]) -> DirectionView {
+    let mut cluster: Vec<&ClusterRule> = cluster.iter().collect();
+    cluster.sort_by_key(|r| (r.tier, r.priority, r.action));
+    let cluster = cluster
+        .into_iter()
+        .map(|rule| ClusterRuleView {
+            tier: rule.tier.name().to_owned(),
+            priority: rule.priority,
+            action: rule.action.name().to_owned(),
+            peers: rule.peers.iter().map(ToString::to_string).collect(),
+            ports: rule.ports.iter().map(ToString::to_string).collect(),
+            policy: rule.origin.name.clone(),
+        })
+        .collect();
     match direction {
         Direction::Open => DirectionView {
             isolated: false,
             rules: Vec::new(),
+            cluster,
         },
         Direction::Isolated(rules) => DirectionView {
             isolated: true,
@@ -112,6 +126,7 @@ fn direction(direction: &Direction) -> DirectionView {
                     policy: rule.origin.to_string(),
                 })
                 .collect(),
+            cluster,
         },
     }
 }

@@ -54,11 +54,29 @@ pub struct VerdictsView {
 }
 
 /// One direction of a pod: not isolated (everything passes), or only what
-/// one of the rules allows.
+/// one of the rules allows; and around them the cluster policies' rules.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirectionView {
     pub isolated: bool,
     pub rules: Vec<RuleView>,
+    /// AWS ClusterNetworkPolicy rules, in the order they are judged:
+    /// Admin (before `rules`) then Baseline (after them), each tier by
+    /// priority.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster: Vec<ClusterRuleView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRuleView {
+    /// `Admin` or `Baseline`.
+    pub tier: String,
+    pub priority: u16,
+    /// `Accept`, `Deny` or `Pass`.
+    pub action: String,
+    pub peers: Vec<String>,
+    pub ports: Vec<String>,
+    /// The ClusterNetworkPolicy's name.
+    pub policy: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,10 @@
-//! The cluster's PolicyEndpoints (`networking.k8s.aws/v1alpha1`, see
-//! `vpcnet_api::policy_endpoint`), followed with a reflector in every
+//! The cluster's PolicyEndpoints and ClusterPolicyEndpoints
+//! (`networking.k8s.aws/v1alpha1`, see `vpcnet_api::policy_endpoint` and
+//! `vpcnet_api::cluster_policy`), each followed with a reflector in every
 //! namespace, as aws-node's node agent follows them: its store, a signal on
 //! every change, and whether the first list is in.
 
-use std::sync::Arc;
+use std::{fmt::Debug, sync::Arc};
 
 use futures_util::StreamExt;
 use kube::{
@@ -15,9 +16,13 @@ use kube::{
         watcher,
     },
 };
+use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::warn;
-use vpcnet_api::policy_endpoint::{GROUP, KIND, PLURAL, PolicyEndpointSpec, VERSION};
+use vpcnet_api::{
+    cluster_policy::{ClusterPolicyEndpointSpec, ENDPOINT_KIND, ENDPOINT_PLURAL},
+    policy_endpoint::{GROUP, KIND, PLURAL, PolicyEndpointSpec, VERSION},
+};
 
 /// What the agent says, once, when the cluster does not serve
 /// PolicyEndpoints (their list answers 404).
@@ -25,33 +30,86 @@ pub const NOT_SERVED: &str = "the cluster serves no PolicyEndpoints";
 
 /// A PolicyEndpoint as read (its status, empty in the CRD, is not read).
 pub type PolicyEndpoint = Object<PolicyEndpointSpec, serde_json::Value>;
-
-fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
-}
+/// A ClusterPolicyEndpoint as read.
+pub type ClusterPolicyEndpoint = Object<ClusterPolicyEndpointSpec, serde_json::Value>;
 
 /// The PolicyEndpoints known, and news of them.
+pub type PolicyEndpoints = Endpoints<PolicyEndpointSpec>;
+/// The ClusterPolicyEndpoints known, and news of them.
+pub type ClusterPolicyEndpoints = Endpoints<ClusterPolicyEndpointSpec>;
+
+/// A kind of endpoints, as the agent follows it.
+struct EndpointKind {
+    kind: &'static str,
+    plural: &'static str,
+    /// For the log: what is followed, and what it says when the cluster
+    /// does not serve them.
+    what: &'static str,
+    not_served: &'static str,
+}
+
+/// Objects of one kind of endpoints known, and news of them.
 #[derive(Clone)]
-pub struct PolicyEndpoints {
-    store: Store<PolicyEndpoint>,
+pub struct Endpoints<S: Clone + Send + Sync + 'static> {
+    store: Store<Object<S, serde_json::Value>>,
     progress: super::Progress,
 }
 
 impl PolicyEndpoints {
     /// The handle, and the reflector that keeps it current (spawn it).
     pub fn follow(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let resource = api_resource();
+        Self::follow_kind(
+            client,
+            &EndpointKind {
+                kind: KIND,
+                plural: PLURAL,
+                what: "PolicyEndpoints",
+                not_served: NOT_SERVED,
+            },
+        )
+    }
+}
+
+impl ClusterPolicyEndpoints {
+    /// The handle, and the reflector that keeps it current (spawn it).
+    pub fn follow(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::follow_kind(
+            client,
+            &EndpointKind {
+                kind: ENDPOINT_KIND,
+                plural: ENDPOINT_PLURAL,
+                what: "ClusterPolicyEndpoints",
+                not_served: "the cluster serves no ClusterPolicyEndpoints",
+            },
+        )
+    }
+}
+
+impl<S> Endpoints<S>
+where
+    S: Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    fn follow_kind(
+        client: kube::Client,
+        kind: &EndpointKind,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(GROUP, VERSION, kind.kind),
+            kind.plural,
+        );
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
-        let api = Api::<PolicyEndpoint>::all_with(client, &resource);
+        let api = Api::<Object<S, serde_json::Value>>::all_with(client, &resource);
         let (changes_tx, changes) = watch::channel(0u64);
         let (listed_tx, listed) = watch::channel(false);
         let listed_tx = Arc::new(listed_tx);
-        // A cluster without the CRD (no network policy controller) answers
-        // the list with 404: an empty list, not one to hold ADDs for. The
-        // watch goes on, and finds the CRD once it is installed.
+        // A cluster without the CRD (no network policy controller, or one
+        // from before ClusterNetworkPolicy) answers the list with 404: an
+        // empty list, not one to hold ADDs for. The watch goes on, and
+        // finds the CRD once it is installed.
         let mut said = false;
         let not_served = Arc::clone(&listed_tx);
+        let (what, not_served_line) = (kind.what, kind.not_served);
         let stream = reflector::reflector(
             writer,
             watcher(api, watcher::Config::default()).default_backoff(),
@@ -63,7 +121,7 @@ impl PolicyEndpoints {
                 if !said {
                     said = true;
                     warn!(
-                        "{NOT_SERVED} (their CRD, which EKS's network policy controller \
+                        "{not_served_line} (their CRD, which EKS's network policy controller \
                          installs, is missing): none are in force until it is"
                     );
                 }
@@ -72,7 +130,7 @@ impl PolicyEndpoints {
         });
         let follow = async move {
             let followed = super::Followed {
-                what: "PolicyEndpoints",
+                what,
                 while_failing: "the policies in force stay as they are",
             };
             super::drive(stream, followed, |listed| {
@@ -92,9 +150,9 @@ impl PolicyEndpoints {
         )
     }
 
-    /// Every PolicyEndpoint known now.
+    /// Every object known now.
     #[must_use]
-    pub fn all(&self) -> Vec<Arc<PolicyEndpoint>> {
+    pub fn all(&self) -> Vec<Arc<Object<S, serde_json::Value>>> {
         self.store.state()
     }
 

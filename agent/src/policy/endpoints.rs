@@ -111,6 +111,7 @@ pub fn rules_of(pe: &Named<'_>, problems: &mut Vec<Problem>) -> PodRules {
     PodRules {
         ingress: direction(ISOLATION_INGRESS, &pe.spec.ingress, "ingress"),
         egress: direction(ISOLATION_EGRESS, &pe.spec.egress, "egress"),
+        ..PodRules::default()
     }
 }
 

@@ -17,7 +17,9 @@ use tokio::io::unix::AsyncFd;
 use tracing::warn;
 use vpcnet_common::{
     nat::{PROTO_ICMP, PROTO_TCP, PROTO_UDP},
-    policy::{DIRECTION_EGRESS, PolicyEvent, TIER_DEFAULT, VERDICT_DENY},
+    policy::{
+        DIRECTION_EGRESS, PolicyEvent, TIER_ADMIN, TIER_BASELINE, TIER_DEFAULT, VERDICT_DENY,
+    },
     raw_to_addr, raw_to_port,
 };
 
@@ -59,11 +61,7 @@ pub fn line(event: &PolicyEvent, accepts: bool, ts: jiff::Timestamp) -> Option<S
         } else {
             "ingress"
         },
-        if event.tier == TIER_DEFAULT {
-            "DEFAULT"
-        } else {
-            "NETWORK_POLICY"
-        },
+        tier_name(event.tier),
     );
     let record = serde_json::json!({
         "level": if deny { "info" } else { "debug" },
@@ -72,6 +70,16 @@ pub fn line(event: &PolicyEvent, accepts: bool, ts: jiff::Timestamp) -> Option<S
         "msg": msg,
     });
     Some(record.to_string())
+}
+
+/// A tier as aws-node's agent names it in its lines.
+fn tier_name(tier: u8) -> &'static str {
+    match tier {
+        TIER_DEFAULT => "DEFAULT",
+        TIER_ADMIN => "ADMIN",
+        TIER_BASELINE => "BASELINE",
+        _ => "NETWORK_POLICY",
+    }
 }
 
 /// Appends to the log, moving it aside past [`MAX_BYTES`].
@@ -213,6 +221,15 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .ends_with("Proto UDP Verdict ACCEPT Direction egress, Tier DEFAULT")
+        );
+        let admin = PolicyEvent {
+            tier: TIER_ADMIN,
+            ..event
+        };
+        assert!(
+            line(&admin, false, ts)
+                .unwrap()
+                .contains("Verdict DENY Direction ingress, Tier ADMIN")
         );
     }
 

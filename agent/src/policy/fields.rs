@@ -80,7 +80,8 @@ impl AgentEvent for Problem {
             secondary: Some(ObjectReference {
                 api_version: Some(self.kind.api_version.to_owned()),
                 kind: Some(self.kind.name.to_owned()),
-                namespace: Some(namespace.to_owned()),
+                // A cluster-scoped object (a cluster policy's) has none.
+                namespace: (!namespace.is_empty()).then(|| namespace.to_owned()),
                 name: Some(name.to_owned()),
                 ..ObjectReference::default()
             }),

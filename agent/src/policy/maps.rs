@@ -10,13 +10,16 @@ use vpcnet_common::{
     nat::FlowKey,
     policy::{
         FLOW_REVOKED, OPENED_BY_KEY_DESTINATION, OPENED_BY_KEY_SOURCE, POLICY_ID_BITS,
-        PORT_ALLOWED, PodVerdicts, PolicyFlow, PortAllowed, PortSet, cidr_key_data, flow_key,
-        port_key_data,
+        PORT_ALLOWED, PORT_DENIED, PodVerdicts, PolicyFlow, PortSet, PortVerdict, TIER_ADMIN,
+        TIER_BASELINE, TIER_DEFAULT, TIER_NETWORK_POLICY, cidr_key_data, flow_key, port_key_data,
     },
     port_to_raw, raw_to_addr,
 };
 
-use super::tables::{PortEntry, Tables, Write};
+use super::{
+    rules::{Decider, Verdict},
+    tables::{PortEntry, Tables, Write},
+};
 use crate::datapath::{DatapathError, DatapathMaps, batch};
 
 fn cidr_key(identity: u32, prefix: Ipv4Net) -> Key<[u8; 8]> {
@@ -26,8 +29,41 @@ fn cidr_key(identity: u32, prefix: Ipv4Net) -> Key<[u8; 8]> {
     )
 }
 
-fn port_key(&(set, len, proto, port): &PortEntry) -> Key<[u8; 8]> {
+fn port_key(&(set, len, proto, port, _): &PortEntry) -> Key<[u8; 8]> {
     Key::new(len, port_key_data(set, proto, port_to_raw(port)))
+}
+
+/// A verdict as a `POLICY_PORTS` value.
+#[must_use]
+pub fn port_value(verdict: Verdict) -> PortVerdict {
+    PortVerdict {
+        verdict: if verdict.allowed {
+            PORT_ALLOWED
+        } else {
+            PORT_DENIED
+        },
+        tier: match verdict.by {
+            Decider::Admin => TIER_ADMIN,
+            Decider::NetworkPolicy => TIER_NETWORK_POLICY,
+            Decider::Baseline => TIER_BASELINE,
+            Decider::Default => TIER_DEFAULT,
+        },
+        _pad: 0,
+    }
+}
+
+/// A `POLICY_PORTS` value as a verdict (an unknown tier as NetworkPolicy's).
+#[must_use]
+pub fn verdict_of(value: PortVerdict) -> Verdict {
+    Verdict {
+        allowed: value.verdict != PORT_DENIED,
+        by: match value.tier {
+            TIER_ADMIN => Decider::Admin,
+            TIER_BASELINE => Decider::Baseline,
+            TIER_DEFAULT => Decider::Default,
+            _ => Decider::NetworkPolicy,
+        },
+    }
 }
 
 /// Absent is no error when removing.
@@ -44,13 +80,7 @@ pub fn apply(maps: &mut DatapathMaps, writes: &[Write]) -> Result<(), DatapathEr
         match write {
             Write::SetPort(entry) => maps
                 .policy_ports
-                .insert(
-                    &port_key(entry),
-                    PortAllowed {
-                        marker: PORT_ALLOWED,
-                    },
-                    0,
-                )
+                .insert(&port_key(entry), port_value(entry.4), 0)
                 .map_err(DatapathError::map(POLICY_PORTS))?,
             Write::SetCidr(identity, prefix, set) => maps
                 .policy_cidrs
@@ -110,12 +140,14 @@ pub fn read(maps: &DatapathMaps) -> Result<Tables, DatapathError> {
         .expect("a valid prefix length");
         tables.cidrs.insert((identity, prefix), set.id);
     }
-    for item in maps.policy_ports.keys() {
-        let key = item.map_err(DatapathError::map(POLICY_PORTS))?;
+    for item in &maps.policy_ports {
+        let (key, value) = item.map_err(DatapathError::map(POLICY_PORTS))?;
         let data = key.data();
         let set = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
         let port = u16::from_be_bytes([data[5], data[6]]);
-        tables.ports.insert((set, key.prefix_len(), data[4], port));
+        tables
+            .ports
+            .insert((set, key.prefix_len(), data[4], port, verdict_of(value)));
     }
     Ok(tables)
 }

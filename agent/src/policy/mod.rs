@@ -3,6 +3,7 @@
 //! [`tables`]) and written into its maps ([`maps`]); connections a change
 //! newly denies are marked so, and their packets dropped.
 
+pub mod cluster_endpoints;
 pub mod compile;
 pub mod endpoints;
 pub mod events;
@@ -152,14 +153,14 @@ impl Enforcer {
         let egress = self
             .pods
             .get(&from)
-            .is_none_or(|r| r.egress.allows(to, opened.proto, port));
+            .is_none_or(|r| r.egress().allows(to, opened.proto, port));
         // The node's own addresses always reach its pods, as in the
         // datapath.
         let ingress = self.node_addrs.contains(&from)
             || self
                 .pods
                 .get(&to)
-                .is_none_or(|r| r.ingress.allows(from, opened.proto, port));
+                .is_none_or(|r| r.ingress().allows(from, opened.proto, port));
         egress && ingress
     }
 }

@@ -19,7 +19,7 @@ use vpcnet_common::{
 };
 
 use super::{
-    Enforcer,
+    Enforcer, cluster_endpoints,
     endpoints::{self, LocalPod, Named},
     fields::Problem,
     maps,
@@ -30,8 +30,10 @@ use super::{
 use crate::{
     datapath::{Datapath, DatapathError},
     k8s::{
-        Progress, network_policies::NetworkPolicySources, pods::NodePods,
-        policy_endpoints::PolicyEndpoints,
+        Progress,
+        network_policies::NetworkPolicySources,
+        pods::NodePods,
+        policy_endpoints::{ClusterPolicyEndpoints, PolicyEndpoints},
     },
 };
 
@@ -94,6 +96,9 @@ struct Inner {
     settings: PolicySettings,
     datapath: Arc<Mutex<Datapath>>,
     policies: Policies,
+    /// AWS's ClusterNetworkPolicy, as EKS's controller resolves it (none
+    /// where the cluster serves no ClusterPolicyEndpoints).
+    cluster_policies: ClusterPolicyEndpoints,
     cluster_pods: Option<NodePods>,
     state: tokio::sync::Mutex<State>,
     /// Each problem, when first found.
@@ -123,10 +128,12 @@ impl NodePolicy {
     /// (`taking_over_enforcement`), the pods wait for the cluster's
     /// policies however long they take: the other enforcer's programs
     /// judge them meanwhile, and a mode's default would not.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         settings: PolicySettings,
         datapath: Arc<Mutex<Datapath>>,
         policies: Policies,
+        cluster_policies: ClusterPolicyEndpoints,
         cluster_pods: Option<NodePods>,
         pods: Vec<(Ipv4Addr, PodName)>,
         problems: tokio::sync::broadcast::Sender<Problem>,
@@ -138,6 +145,7 @@ impl NodePolicy {
                 settings,
                 datapath,
                 policies,
+                cluster_policies,
                 cluster_pods,
                 state: tokio::sync::Mutex::new(State {
                     enforcer,
@@ -196,6 +204,7 @@ impl NodePolicy {
     /// this node's pods, as it arrives, until the watches end.
     pub async fn follow(self) {
         let mut policies = self.inner.policies.progress().changes();
+        let mut cluster_policies = self.inner.cluster_policies.progress().changes();
         let mut pods = self.inner.cluster_pods.as_ref().map(NodePods::changes);
         loop {
             let pods_changed = async {
@@ -206,12 +215,14 @@ impl NodePolicy {
             };
             let more = tokio::select! {
                 changed = policies.changed() => changed.is_ok(),
+                changed = cluster_policies.changed() => changed.is_ok(),
                 changed = pods_changed => changed,
             };
             if !more {
                 return;
             }
             policies.borrow_and_update();
+            cluster_policies.borrow_and_update();
             if let Some(pods) = &mut pods {
                 pods.borrow_and_update();
             }
@@ -248,12 +259,20 @@ impl NodePolicy {
             .collect())
     }
 
+    /// Resolves once every kind of policy followed is listed.
+    async fn listed(&self) {
+        self.inner.policies.progress().listed().await;
+        self.inner.cluster_policies.progress().listed().await;
+    }
+
+    fn listed_now(&self) -> bool {
+        self.inner.policies.progress().listed_now()
+            && self.inner.cluster_policies.progress().listed_now()
+    }
+
     async fn wait_for_policies(&self) {
         let wait = self.inner.settings.add_wait;
-        if tokio::time::timeout(wait, self.inner.policies.progress().listed())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(wait, self.listed()).await.is_err() {
             warn!(
                 ?wait,
                 mode = %self.inner.settings.mode,
@@ -265,8 +284,7 @@ impl NodePolicy {
 
     async fn wait_until_listed(&self) {
         let wait = self.inner.settings.add_wait;
-        let progress = self.inner.policies.progress();
-        while tokio::time::timeout(wait, progress.listed()).await.is_err() {
+        while tokio::time::timeout(wait, self.listed()).await.is_err() {
             warn!(
                 ?wait,
                 "the cluster's {} are not known yet: the enforcement taken over stays as it is until they are",
@@ -304,13 +322,39 @@ impl NodePolicy {
                 from_network_policies(sources, &state.pods, &mut problems)
             }
         };
+        let cluster_policies = self.inner.cluster_policies.all();
+        let cluster_named: Vec<cluster_endpoints::Named<'_>> = cluster_policies
+            .iter()
+            .map(|cpe| cluster_endpoints::Named {
+                name: cpe.metadata.name.as_deref().unwrap_or_default(),
+                spec: &cpe.spec,
+            })
+            .collect();
         let rules = selected
             .into_iter()
             .map(|(addr, selected)| {
-                let rules = selected.unwrap_or_else(|| match self.inner.settings.mode {
-                    EnforcingMode::Standard => PodRules::default(),
-                    EnforcingMode::Strict => PodRules::deny_all(),
-                });
+                let mut rules = match selected {
+                    Some(rules) => PodRules {
+                        selected: true,
+                        ..rules
+                    },
+                    None => match self.inner.settings.mode {
+                        EnforcingMode::Standard => PodRules::default(),
+                        EnforcingMode::Strict => PodRules::deny_all(),
+                    },
+                };
+                if let Some(pod) = state.pods.get(&addr) {
+                    let local = cluster_endpoints::LocalPod {
+                        addr,
+                        namespace: &pod.name.namespace,
+                        name: &pod.name.name,
+                    };
+                    (rules.cluster_ingress, rules.cluster_egress) = cluster_endpoints::pod_rules(
+                        cluster_named.iter().copied(),
+                        &local,
+                        &mut problems,
+                    );
+                }
                 (addr, rules)
             })
             .collect();
@@ -327,7 +371,7 @@ impl NodePolicy {
         // Until the policies are listed (the API server away at start),
         // the rules the maps hold are the last ones known: a pod they hold
         // keeps them, and only a pod they do not gets its mode's default.
-        let held: BTreeSet<Ipv4Addr> = if self.inner.policies.progress().listed_now() {
+        let held: BTreeSet<Ipv4Addr> = if self.listed_now() {
             BTreeSet::new()
         } else {
             state.pods.keys().copied().collect()

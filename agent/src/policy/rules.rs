@@ -1,7 +1,10 @@
 //! The one form every source of network policy lands in (PolicyEndpoints,
-//! NetworkPolicy resolved by the agent): for one direction of one pod, the
-//! rules that allow peers, each a set of prefixes with exceptions and the
-//! ports they may use. The datapath's maps are written from this form.
+//! NetworkPolicy resolved by the agent, ClusterPolicyEndpoints): for one
+//! direction of one pod, the NetworkPolicy rules that allow peers, each a
+//! set of prefixes with exceptions and the ports they may use, and the
+//! cluster policies' rules around them (tiers Admin and Baseline, each rule
+//! with a priority and an action). The datapath's maps are written from
+//! this form.
 
 use std::{fmt, net::Ipv4Addr};
 
@@ -132,12 +135,209 @@ impl Rule {
     /// `port` (`protocol`: the IP protocol number).
     #[must_use]
     pub fn allows(&self, peer: Ipv4Addr, protocol: u8, port: u16) -> bool {
-        self.peers.iter().any(|p| p.contains(peer))
-            && (self.ports.is_empty()
-                || self
-                    .ports
-                    .iter()
-                    .any(|p| p.protocol.number() == protocol && p.first <= port && port <= p.last))
+        self.allows_at(Peer::Addr(peer), protocol, port)
+    }
+
+    fn allows_at(&self, peer: Peer, protocol: u8, port: u16) -> bool {
+        self.holds(peer) && ports_match(&self.ports, protocol, port)
+    }
+
+    /// Whether the rule's peers hold `peer`.
+    #[must_use]
+    pub fn holds(&self, peer: Peer) -> bool {
+        self.peers.iter().any(|p| peer.in_peers(p))
+    }
+}
+
+/// Whether `ports` (none: every protocol and port) hold `protocol`'s `port`.
+fn ports_match(ports: &[Ports], protocol: u8, port: u16) -> bool {
+    ports.is_empty()
+        || ports
+            .iter()
+            .any(|p| p.protocol.number() == protocol && p.first <= port && port <= p.last)
+}
+
+/// The other end of a packet as the rules are read: an address, or (the
+/// compiler's reading) every address whose longest listed prefix is this
+/// one, which a rule's peers hold when they hold the whole prefix.
+#[derive(Clone, Copy, Debug)]
+pub enum Peer {
+    Addr(Ipv4Addr),
+    Prefix(Ipv4Net),
+}
+
+impl Peer {
+    fn in_peers(self, peers: &Peers) -> bool {
+        match self {
+            Self::Addr(addr) => peers.contains(addr),
+            Self::Prefix(prefix) => {
+                peers.cidr.trunc().contains(&prefix)
+                    && !peers.except.iter().any(|e| e.trunc().contains(&prefix))
+            }
+        }
+    }
+
+    fn in_net(self, net: Ipv4Net) -> bool {
+        match self {
+            Self::Addr(addr) => net.contains(&addr),
+            Self::Prefix(prefix) => net.trunc().contains(&prefix),
+        }
+    }
+}
+
+/// The tiers of AWS's ClusterNetworkPolicy: Admin is judged before any
+/// NetworkPolicy, Baseline after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    Admin,
+    Baseline,
+}
+
+impl Tier {
+    /// As the CRD spells it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Admin => "Admin",
+            Self::Baseline => "Baseline",
+        }
+    }
+}
+
+/// What a cluster rule does with what it matches. The order is the one
+/// at equal priority: Deny wins over Accept, Accept over Pass (as
+/// aws-node's agent breaks ties).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    Deny,
+    Accept,
+    /// Leaves the packet to the next tier.
+    Pass,
+}
+
+impl Action {
+    /// As the CRD spells it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Deny => "Deny",
+            Self::Accept => "Accept",
+            Self::Pass => "Pass",
+        }
+    }
+}
+
+/// One rule of a cluster policy, resolved: `action` for any of `peers` on
+/// any of `ports` (none: every protocol and port), at `priority` in
+/// `tier` (lower wins).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClusterRule {
+    pub tier: Tier,
+    pub priority: u16,
+    pub action: Action,
+    pub peers: Vec<Ipv4Net>,
+    pub ports: Vec<Ports>,
+    /// The ClusterNetworkPolicy (its namespace empty).
+    pub origin: Origin,
+}
+
+impl ClusterRule {
+    fn matches(&self, peer: Peer, protocol: u8, port: u16) -> bool {
+        self.holds(peer) && ports_match(&self.ports, protocol, port)
+    }
+
+    /// Whether the rule's peers hold `peer`.
+    #[must_use]
+    pub fn holds(&self, peer: Peer) -> bool {
+        self.peers.iter().any(|n| peer.in_net(*n))
+    }
+}
+
+/// The rule of `tier` that decides for the packet: the lowest priority,
+/// then Deny, Accept, Pass; `None` when none matches.
+fn winner(
+    rules: &[ClusterRule],
+    tier: Tier,
+    peer: Peer,
+    protocol: u8,
+    port: u16,
+) -> Option<&ClusterRule> {
+    rules
+        .iter()
+        .filter(|r| r.tier == tier && r.matches(peer, protocol, port))
+        .min_by_key(|r| (r.priority, r.action))
+}
+
+/// Which tier decided a verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Decider {
+    Admin,
+    NetworkPolicy,
+    Baseline,
+    /// No rule: the enforcing mode's default.
+    Default,
+}
+
+/// A verdict and the tier that gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Verdict {
+    pub allowed: bool,
+    pub by: Decider,
+}
+
+/// One direction of one pod, every tier: what the datapath answers, and
+/// what the compiler flattens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tiers<'a> {
+    pub cluster: &'a [ClusterRule],
+    pub policy: &'a Direction,
+    /// A NetworkPolicy selects the pod: see [`PodRules::selected`].
+    pub selected: bool,
+}
+
+impl Tiers<'_> {
+    /// Whether nothing can deny in this direction: no lookup needed.
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        self.cluster.is_empty() && *self.policy == Direction::Open
+    }
+
+    #[must_use]
+    pub fn allows(&self, peer: Ipv4Addr, protocol: u8, port: u16) -> bool {
+        self.verdict(Peer::Addr(peer), protocol, port).allowed
+    }
+
+    /// The verdict for `peer`'s packet on `protocol`'s `port`: Admin, then
+    /// NetworkPolicy, then Baseline, then the default.
+    #[must_use]
+    pub fn verdict(&self, peer: Peer, protocol: u8, port: u16) -> Verdict {
+        let decided = |tier: Tier, by| {
+            winner(self.cluster, tier, peer, protocol, port).and_then(|rule| match rule.action {
+                Action::Accept => Some(Verdict { allowed: true, by }),
+                Action::Deny => Some(Verdict { allowed: false, by }),
+                Action::Pass => None,
+            })
+        };
+        if let Some(verdict) = decided(Tier::Admin, Decider::Admin) {
+            return verdict;
+        }
+        let by_policy = |allowed| Verdict {
+            allowed,
+            by: Decider::NetworkPolicy,
+        };
+        match self.policy {
+            Direction::Isolated(rules)
+                if rules.iter().any(|r| r.allows_at(peer, protocol, port)) =>
+            {
+                return by_policy(true);
+            }
+            policy if self.selected => return by_policy(*policy == Direction::Open),
+            _ => {}
+        }
+        decided(Tier::Baseline, Decider::Baseline).unwrap_or(Verdict {
+            allowed: *self.policy == Direction::Open,
+            by: Decider::Default,
+        })
     }
 }
 
@@ -173,11 +373,40 @@ impl Direction {
 /// Both directions of one pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PodRules {
+    /// The NetworkPolicy tier: for a pod no NetworkPolicy selects, its
+    /// enforcing mode's default (open, or strict mode's deny).
     pub ingress: Direction,
     pub egress: Direction,
+    /// Whether a NetworkPolicy selects the pod: its tier then decides both
+    /// directions (an open one allows), and Baseline is never read, as
+    /// aws-node's agent does. Otherwise Baseline decides before the
+    /// default.
+    pub selected: bool,
+    /// The cluster policies' rules for what reaches the pod and what it
+    /// sends (none without ClusterNetworkPolicy).
+    pub cluster_ingress: Vec<ClusterRule>,
+    pub cluster_egress: Vec<ClusterRule>,
 }
 
 impl PodRules {
+    #[must_use]
+    pub fn ingress(&self) -> Tiers<'_> {
+        Tiers {
+            cluster: &self.cluster_ingress,
+            policy: &self.ingress,
+            selected: self.selected,
+        }
+    }
+
+    #[must_use]
+    pub fn egress(&self) -> Tiers<'_> {
+        Tiers {
+            cluster: &self.cluster_egress,
+            policy: &self.egress,
+            selected: self.selected,
+        }
+    }
+
     /// A pod no policy allows anything: strict mode's pod that no policy
     /// selects yet.
     #[must_use]
@@ -185,6 +414,9 @@ impl PodRules {
         Self {
             ingress: Direction::Isolated(Vec::new()),
             egress: Direction::Isolated(Vec::new()),
+            selected: false,
+            cluster_ingress: Vec::new(),
+            cluster_egress: Vec::new(),
         }
     }
 }

@@ -14,11 +14,13 @@ use vpcnet_common::policy::{POLICY_UNISOLATED, PodPolicy};
 
 use super::{
     compile::{Compiled, PortSet, compile},
-    rules::{Direction, PodRules},
+    rules::{PodRules, Tiers, Verdict},
 };
 
-/// A `POLICY_PORTS` entry: port set, trie prefix length, protocol, port.
-pub type PortEntry = (u32, u32, u8, u16);
+/// A `POLICY_PORTS` entry: port set, trie prefix length, protocol, port,
+/// and its verdict (a port set's content, so its entries, never change
+/// under its id).
+pub type PortEntry = (u32, u32, u8, u16, Verdict);
 
 /// The content of the three policy maps.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -155,8 +157,8 @@ impl Numbering {
         };
         for (&addr, rules) in pods {
             let policy = PodPolicy {
-                ingress: building.identity(&rules.ingress),
-                egress: building.identity(&rules.egress),
+                ingress: building.identity(rules.ingress()),
+                egress: building.identity(rules.egress()),
             };
             building.tables.pods.insert(addr, policy);
         }
@@ -176,21 +178,21 @@ impl Numbering {
 struct Building<'a, 'n> {
     numbering: &'n mut Numbering,
     /// Each distinct direction compiled once.
-    compiled: BTreeMap<&'a Direction, Compiled>,
+    compiled: BTreeMap<Tiers<'a>, Compiled>,
     identities: BTreeMap<Compiled, u32>,
     port_sets: BTreeMap<PortSet, u32>,
     tables: Tables,
 }
 
 impl<'a> Building<'a, '_> {
-    fn identity(&mut self, direction: &'a Direction) -> u32 {
-        let Direction::Isolated(rules) = direction else {
+    fn identity(&mut self, tiers: Tiers<'a>) -> u32 {
+        if tiers.is_open() {
             return POLICY_UNISOLATED;
-        };
+        }
         let content = self
             .compiled
-            .entry(direction)
-            .or_insert_with(|| compile(rules))
+            .entry(tiers)
+            .or_insert_with(|| compile(&tiers))
             .clone();
         if let Some(&id) = self.identities.get(&content) {
             return id;
@@ -219,7 +221,7 @@ impl<'a> Building<'a, '_> {
         self.tables.ports.extend(
             set.prefixes()
                 .into_iter()
-                .map(|(len, proto, port)| (id, len, proto, port)),
+                .map(|(len, proto, port, verdict)| (id, len, proto, port, verdict)),
         );
         id
     }
@@ -228,7 +230,7 @@ impl<'a> Building<'a, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::rules::{Origin, Peers, Ports, Protocol, Rule};
+    use crate::policy::rules::{Direction, Origin, Peers, Ports, Protocol, Rule};
 
     fn rules(cidr: &str, port: u16) -> PodRules {
         PodRules {
@@ -240,7 +242,7 @@ mod tests {
                 ports: vec![Ports::one(Protocol::Tcp, port)],
                 origin: Origin::default(),
             }]),
-            egress: Direction::Open,
+            ..PodRules::default()
         }
     }
 

@@ -48,6 +48,9 @@ pub struct Enforcement {
     pub dir: PathBuf,
     /// The pinned programs' names, sorted.
     pub programs: Vec<String>,
+    /// The pods (by the agent's identifiers) it judged by
+    /// ClusterNetworkPolicy too ([`cluster_policy_pods`]).
+    pub cluster_policy_pods: Vec<String>,
 }
 
 /// The network policy agent's pinned programs under `root`; `None` when
@@ -67,7 +70,11 @@ pub fn detect(root: &Path) -> io::Result<Option<Enforcement>> {
         }
     }
     programs.sort();
-    Ok((!programs.is_empty()).then_some(Enforcement { dir, programs }))
+    Ok((!programs.is_empty()).then_some(Enforcement {
+        dir,
+        programs,
+        cluster_policy_pods: Vec::new(),
+    }))
 }
 
 /// Why the take-over does not happen.
@@ -80,13 +87,6 @@ pub enum PolicyNodeError {
         example = .0.programs[0]
     )]
     Unenforced(Enforcement),
-
-    #[error(
-        "aws-node's network policy agent enforced ClusterNetworkPolicy on this node (on the pods of {pods}, by their pinned states in {dir}), which vpcnet does not enforce yet: taking the node over would end that enforcement. Keep aws-node on the nodes of a cluster that uses ClusterNetworkPolicy (deploy/README.md, \"Network policy\")",
-        pods = .pods.join(", "),
-        dir = .dir.display()
-    )]
-    ClusterPolicies { dir: PathBuf, pods: Vec<String> },
 
     #[error("reading {dir}: {source}")]
     Read {
@@ -108,17 +108,10 @@ pub fn check(policy_enabled: bool, root: &Path) -> Result<Option<Enforcement>, P
     })?;
     match found {
         Some(enforcement) if !policy_enabled => Err(PolicyNodeError::Unenforced(enforcement)),
-        Some(enforcement) => {
-            let pods = cluster_policy_pods(root)?;
-            if pods.is_empty() {
-                Ok(Some(enforcement))
-            } else {
-                Err(PolicyNodeError::ClusterPolicies {
-                    dir: root.join(MAPS),
-                    pods,
-                })
-            }
-        }
+        Some(enforcement) => Ok(Some(Enforcement {
+            cluster_policy_pods: cluster_policy_pods(root)?,
+            ..enforcement
+        })),
         None => Ok(None),
     }
 }

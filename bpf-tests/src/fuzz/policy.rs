@@ -13,7 +13,9 @@ use vpcnet_agent::{
     datapath::DatapathMaps,
     policy::{
         Enforcer,
-        rules::{Direction, Origin, Peers, PodRules, Ports, Protocol, Rule},
+        rules::{
+            Action, ClusterRule, Direction, Origin, Peers, PodRules, Ports, Protocol, Rule, Tier,
+        },
     },
 };
 use vpcnet_common::policy::OPENED_BY_KEY_SOURCE;
@@ -21,7 +23,8 @@ use vpcnet_common::policy::OPENED_BY_KEY_SOURCE;
 use super::model::{Connection, End};
 
 /// Rules for some of `pods` (the others are not judged), each direction
-/// open or isolated with up to three rules; peers are prefixes around
+/// open or isolated with up to three rules, and for half of them cluster
+/// rules around those; peers are prefixes around
 /// `addresses`, ports ranges over `ports`.
 pub fn pod_rules(
     rng: &mut fastrand::Rng,
@@ -34,9 +37,14 @@ pub fn pod_rules(
         if rng.u32(0..4) == 0 {
             continue;
         }
+        // Half the pods under cluster policies too.
+        let cluster = rng.bool();
         let rules = PodRules {
             ingress: direction(rng, addresses, ports),
             egress: direction(rng, addresses, ports),
+            selected: rng.bool(),
+            cluster_ingress: cluster_rules(rng, cluster, addresses, ports),
+            cluster_egress: cluster_rules(rng, cluster, addresses, ports),
         };
         out.insert(*pod, rules);
     }
@@ -63,6 +71,32 @@ fn direction(rng: &mut fastrand::Rng, addresses: &[Ipv4Addr], ports: &[u16]) -> 
             .map(|_| rule(rng, addresses, ports))
             .collect(),
     )
+}
+
+/// Up to three cluster rules (none unless `any`), of either tier, with
+/// priorities that collide.
+fn cluster_rules(
+    rng: &mut fastrand::Rng,
+    any: bool,
+    addresses: &[Ipv4Addr],
+    ports: &[u16],
+) -> Vec<ClusterRule> {
+    if !any {
+        return Vec::new();
+    }
+    (0..rng.usize(0..=3))
+        .map(|_| {
+            let Rule { peers, ports, .. } = rule(rng, addresses, ports);
+            ClusterRule {
+                tier: [Tier::Admin, Tier::Baseline][rng.usize(0..2)],
+                priority: rng.u16(0..3),
+                action: [Action::Deny, Action::Accept, Action::Pass][rng.usize(0..3)],
+                peers: peers.into_iter().map(|p| p.cidr).collect(),
+                ports,
+                origin: Origin::default(),
+            }
+        })
+        .collect()
 }
 
 fn rule(rng: &mut fastrand::Rng, addresses: &[Ipv4Addr], ports: &[u16]) -> Rule {

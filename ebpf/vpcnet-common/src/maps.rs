@@ -52,9 +52,9 @@ pub const POLICY_PODS: &str = "VPCNET_POLICY_PODS";
 /// for each local pod under it.
 pub const POLICY_VERDICTS: &str = "VPCNET_POLICY_VERDICTS";
 /// `LpmTrie<[u8; 8] (identity, peer address), PortSet>`: the peer prefixes
-/// each identity allows, and the ports they may use.
+/// of each identity, and the port set that answers for each.
 pub const POLICY_CIDRS: &str = "VPCNET_POLICY_CIDRS";
-/// `LpmTrie<[u8; 8] (port set, protocol, port), PortAllowed>`.
+/// `LpmTrie<[u8; 8] (port set, protocol, port), PortVerdict>`.
 pub const POLICY_PORTS: &str = "VPCNET_POLICY_PORTS";
 /// `LruHashMap<FlowKey, PolicyFlow>`: connections policy let through.
 pub const POLICY_FLOWS: &str = "VPCNET_POLICY_FLOWS";

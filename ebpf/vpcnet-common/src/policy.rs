@@ -95,16 +95,25 @@ pub const fn port_key_data(set: u32, proto: u8, port: u16) -> [u8; 8] {
     [s[0], s[1], s[2], s[3], proto, p[0], p[1], 0]
 }
 
-/// Value of `POLICY_PORTS`: a match allows. (A trie needs a value.)
+/// Value of `POLICY_PORTS`: the verdict for the ports the entry covers,
+/// and the tier that gave it (for the event log). No entry: denied, by
+/// the NetworkPolicy tier. An entry that denies is one a cluster policy
+/// (or the NetworkPolicy tier under it) carves out of a shorter one that
+/// allows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PortAllowed {
-    /// Always [`PORT_ALLOWED`].
-    pub marker: u32,
+pub struct PortVerdict {
+    /// [`PORT_ALLOWED`] or [`PORT_DENIED`].
+    pub verdict: u8,
+    /// `TIER_*`.
+    pub tier: u8,
+    pub _pad: u16,
 }
 
-/// The one value of [`PortAllowed::marker`].
-pub const PORT_ALLOWED: u32 = 1;
+/// Values of [`PortVerdict::verdict`]. (Entries written before there were
+/// denying ones read as allowed, by the NetworkPolicy tier.)
+pub const PORT_ALLOWED: u8 = 1;
+pub const PORT_DENIED: u8 = 2;
 
 /// `POLICY_FLOWS[flow]`: a connection policy let through, keyed by its
 /// [`flow_key`]. Its packets either way pass without the rules until it
@@ -166,8 +175,7 @@ pub struct PolicyEvent {
     pub verdict: u8,
     /// [`DIRECTION_INGRESS`] or [`DIRECTION_EGRESS`]: whose rules judged.
     pub direction: u8,
-    /// [`TIER_NETWORK_POLICY`] or [`TIER_DEFAULT`] (no policy isolates
-    /// that direction).
+    /// The tier that decided: `TIER_*`.
     pub tier: u8,
 }
 
@@ -175,8 +183,13 @@ pub const VERDICT_ACCEPT: u8 = 0;
 pub const VERDICT_DENY: u8 = 1;
 pub const DIRECTION_INGRESS: u8 = 0;
 pub const DIRECTION_EGRESS: u8 = 1;
+/// Tiers of a verdict: NetworkPolicy; no rule (no policy isolates the
+/// direction, or the enforcing mode's default); a cluster policy's Admin
+/// or Baseline tier.
 pub const TIER_NETWORK_POLICY: u8 = 0;
 pub const TIER_DEFAULT: u8 = 1;
+pub const TIER_ADMIN: u8 = 2;
+pub const TIER_BASELINE: u8 = 3;
 
 /// Bytes of the `POLICY_EVENTS` ring buffer: 16 Ki events. When the agent
 /// falls behind, events are lost (counted), never waited for.
@@ -186,7 +199,7 @@ crate::impl_pod!(
     PodPolicy,
     PodVerdicts,
     PortSet,
-    PortAllowed,
+    PortVerdict,
     PolicyFlow,
     PolicyEvent
 );

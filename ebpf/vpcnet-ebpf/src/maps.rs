@@ -18,7 +18,7 @@ use vpcnet_common::{
         POLICY_PORTS_MAX_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
     },
     nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
-    policy::{POLICY_EVENTS_BYTES, PodPolicy, PodVerdicts, PolicyFlow, PortAllowed, PortSet},
+    policy::{POLICY_EVENTS_BYTES, PodPolicy, PodVerdicts, PolicyFlow, PortSet, PortVerdict},
 };
 
 use crate::nat::{ClaimSearch, RecentFlows};
@@ -67,7 +67,7 @@ pub static POLICY_VERDICTS: PerCpuHashMap<u32, PodVerdicts> =
 pub static POLICY_CIDRS: LpmTrie<[u8; 8], PortSet> = LpmTrie::pinned(POLICY_CIDRS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_POLICY_PORTS")]
-pub static POLICY_PORTS: LpmTrie<[u8; 8], PortAllowed> =
+pub static POLICY_PORTS: LpmTrie<[u8; 8], PortVerdict> =
     LpmTrie::pinned(POLICY_PORTS_MAX_ENTRIES, 0);
 
 #[map(name = "VPCNET_POLICY_FLOWS")]

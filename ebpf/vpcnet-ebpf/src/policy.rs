@@ -15,9 +15,10 @@ use vpcnet_common::{
     nat::{DEFAULT_TIMEOUTS, FlowKey, FlowState, PROTO_ICMP, PROTO_TCP},
     policy::{
         DIRECTION_EGRESS, DIRECTION_INGRESS, FLOW_REVOKED, OPENED_BY_KEY_DESTINATION,
-        OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS, POLICY_UNISOLATED, PORTS_ONE,
-        PodPolicy, PodVerdicts, PolicyEvent, PolicyFlow, TIER_DEFAULT, TIER_NETWORK_POLICY,
-        VERDICT_ACCEPT, VERDICT_DENY, cidr_key_data, flow_key, port_key_data,
+        OPENED_BY_KEY_SOURCE, POLICY_FLOW_REFRESH_NS, POLICY_ID_BITS, POLICY_UNISOLATED,
+        PORT_ALLOWED, PORTS_ONE, PodPolicy, PodVerdicts, PolicyEvent, PolicyFlow, PortVerdict,
+        TIER_DEFAULT, TIER_NETWORK_POLICY, VERDICT_ACCEPT, VERDICT_DENY, cidr_key_data, flow_key,
+        port_key_data,
     },
 };
 
@@ -228,6 +229,18 @@ fn log_denied(
 /// the datapath never waits for the agent.
 #[inline(always)]
 fn log(key: &FlowKey, verdict: u8, direction: u8, identity: u32) {
+    // The tier, from the entry that gave the verdict (looked up again:
+    // only with event logs on).
+    let peer = if direction == DIRECTION_EGRESS {
+        key.daddr
+    } else {
+        key.saddr
+    };
+    let tier = if identity == POLICY_UNISOLATED {
+        TIER_DEFAULT
+    } else {
+        rule(identity, peer, key.proto, key.dport).map_or(TIER_NETWORK_POLICY, |v| v.tier)
+    };
     let event = PolicyEvent {
         saddr: key.saddr,
         daddr: key.daddr,
@@ -236,11 +249,7 @@ fn log(key: &FlowKey, verdict: u8, direction: u8, identity: u32) {
         proto: key.proto,
         verdict,
         direction,
-        tier: if identity == POLICY_UNISOLATED {
-            TIER_DEFAULT
-        } else {
-            TIER_NETWORK_POLICY
-        },
+        tier,
     };
     if POLICY_EVENTS.output::<PolicyEvent>(&event, 0).is_err() {
         count(Counter::PolicyEventLost);
@@ -327,15 +336,18 @@ fn judge(
 /// on `proto`'s `port` (network order).
 #[inline(always)]
 fn allows(identity: u32, peer: u32, proto: u8, port: u16) -> bool {
-    if identity == POLICY_UNISOLATED {
-        return true;
-    }
+    identity == POLICY_UNISOLATED
+        || rule(identity, peer, proto, port).is_some_and(|v| v.verdict == PORT_ALLOWED)
+}
+
+/// What identity `identity`'s tries say of `peer` on `proto`'s `port`;
+/// `None`: nothing (denied).
+#[inline(always)]
+fn rule(identity: u32, peer: u32, proto: u8, port: u16) -> Option<&'static PortVerdict> {
     let cidr = Key::new(POLICY_ID_BITS + 32, cidr_key_data(identity, peer));
-    let Some(set) = POLICY_CIDRS.get(&cidr) else {
-        return false;
-    };
+    let set = POLICY_CIDRS.get(&cidr)?;
     let port = Key::new(PORTS_ONE, port_key_data(set.id, proto, port));
-    POLICY_PORTS.get(&port).is_some()
+    POLICY_PORTS.get(&port)
 }
 
 /// A local pod's policy identities, `None` for any other address.

@@ -9,12 +9,14 @@
 //!   [`rbac`]: authorisation from the stored roles; [`discovery`]:
 //!   discovery and OpenAPI documents; [`policy_controller`]: EKS's
 //!   network policy controller, turning each NetworkPolicy into
-//!   PolicyEndpoints.
+//!   PolicyEndpoints, and [`cluster_policy_controller`] each AWS
+//!   ClusterNetworkPolicy into ClusterPolicyEndpoints.
 //! - [`server`]: HTTPS and the admin socket; [`pki`]: the CA, the server
 //!   certificate, tokens and kubeconfigs; [`KubeApiProcess`]: the binary
 //!   `vpcnet-lab-kube` run for the lab, and [`KubeAdmin`], the lab's own
 //!   client (it plays kubelet and the VPC resource controller).
 
+pub mod cluster_policy_controller;
 pub mod discovery;
 pub mod patch;
 pub mod pki;

@@ -24,7 +24,8 @@
 //!
 //! Left out: Services' cluster IPs in egress (EKS adds them), the
 //! finalizer EKS puts on policies, its `last-change-trigger-time`
-//! annotation.
+//! annotation. AWS's ClusterNetworkPolicy is resolved beside, in the same
+//! passes ([`super::cluster_policy_controller`]).
 
 use std::collections::BTreeMap;
 
@@ -80,7 +81,7 @@ pub struct PodView {
     pub container_ports: Vec<ContainerPort>,
 }
 
-fn str_at<'a>(object: &'a Value, pointer: &str) -> Option<&'a str> {
+pub(super) fn str_at<'a>(object: &'a Value, pointer: &str) -> Option<&'a str> {
     object
         .pointer(pointer)
         .and_then(Value::as_str)
@@ -250,7 +251,7 @@ enum IntOrName {
 
 /// Whether `labels` satisfy `selector` (the API's semantics; an empty
 /// selector selects everything).
-fn selects(
+pub(super) fn selects(
     selector: &LabelSelector,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, ResolveError> {
@@ -536,20 +537,27 @@ pub fn chunk(resolved: &Resolved) -> Vec<PolicyEndpointSpec> {
 
 /// What to write for one policy, given its objects (by name) and the
 /// specs wanted.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+#[derive(Debug, PartialEq, Eq)]
+pub struct Plan<S = PolicyEndpointSpec> {
     /// Existing objects whose spec changes.
-    pub update: Vec<(String, PolicyEndpointSpec)>,
-    pub create: Vec<PolicyEndpointSpec>,
+    pub update: Vec<(String, S)>,
+    pub create: Vec<S>,
     pub delete: Vec<String>,
+}
+
+impl<S> Default for Plan<S> {
+    fn default() -> Self {
+        Self {
+            update: Vec::new(),
+            create: Vec::new(),
+            delete: Vec::new(),
+        }
+    }
 }
 
 /// Existing objects (in name order) take the wanted specs in turn; the
 /// rest are created, or deleted.
-pub fn plan(
-    existing: &[(String, Option<PolicyEndpointSpec>)],
-    wanted: Vec<PolicyEndpointSpec>,
-) -> Plan {
+pub fn plan<S: PartialEq>(existing: &[(String, Option<S>)], wanted: Vec<S>) -> Plan<S> {
     let mut existing: Vec<_> = existing.iter().collect();
     existing.sort_by(|a, b| a.0.cmp(&b.0));
     let mut plan = Plan::default();
@@ -565,7 +573,7 @@ pub fn plan(
     plan
 }
 
-fn find(group: &str, version: &str, plural: &str) -> &'static Resource {
+pub(super) fn find(group: &str, version: &str, plural: &str) -> &'static Resource {
     resources::find(group, version, plural).expect("a served resource")
 }
 
@@ -699,7 +707,7 @@ fn relevant(change: &Change) -> bool {
         ("", "pods" | "namespaces")
             | ("networking.k8s.io", "networkpolicies")
             | (pe::GROUP, pe::PLURAL)
-    )
+    ) || super::cluster_policy_controller::relevant(change)
 }
 
 /// Runs the controller on `store` until the process ends: a pass at start,
@@ -717,7 +725,11 @@ pub async fn run(store: &std::sync::Mutex<Store>) {
             .subscribe(store.revision())
             .expect("the current revision is in the history")
             .live;
-        (live, sync(&mut store))
+        let synced = sync(&mut store);
+        (
+            live,
+            super::cluster_policy_controller::sync(&mut store).max(synced),
+        )
     };
     info!("the network policy controller runs");
     loop {
@@ -726,7 +738,9 @@ pub async fn run(store: &std::sync::Mutex<Store>) {
             Ok(_) | Err(RecvError::Lagged(_)) => {}
             Err(RecvError::Closed) => return,
         }
-        synced = sync(&mut lock());
+        let mut store = lock();
+        sync(&mut store);
+        synced = super::cluster_policy_controller::sync(&mut store);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use vpcnet_api::policy_endpoint;
+use vpcnet_api::{cluster_policy, policy_endpoint};
 
 /// One served resource (a kind at one group version).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +101,8 @@ pub const CNINODE_GROUP: &str = "vpcresources.k8s.aws";
 
 /// Everything served: the kinds vpcnet reads or writes, the kinds its
 /// manifests hold, NetworkPolicy, and the CRDs of the VPC CNI's world
-/// (ENIConfig, CNINode, PolicyEndpoint).
+/// (ENIConfig, CNINode, PolicyEndpoint, ClusterNetworkPolicy,
+/// ClusterPolicyEndpoint).
 pub const RESOURCES: &[Resource] = &[
     core("namespaces", "namespace", "Namespace", false, &["ns"]),
     core("nodes", "node", "Node", false, &["no"]),
@@ -216,6 +217,24 @@ pub const RESOURCES: &[Resource] = &[
         policy_endpoint::KIND,
         true,
         &[],
+    ),
+    grouped(
+        cluster_policy::GROUP,
+        cluster_policy::VERSION,
+        cluster_policy::POLICY_PLURAL,
+        "clusternetworkpolicy",
+        cluster_policy::POLICY_KIND,
+        false,
+        &["cnp"],
+    ),
+    grouped(
+        cluster_policy::GROUP,
+        cluster_policy::VERSION,
+        cluster_policy::ENDPOINT_PLURAL,
+        "clusterpolicyendpoint",
+        cluster_policy::ENDPOINT_KIND,
+        false,
+        &["cpe"],
     ),
 ];
 

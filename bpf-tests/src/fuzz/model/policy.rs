@@ -1,12 +1,13 @@
 //! Network policy, judged from the rules' own form (prefixes less their
-//! exceptions, port ranges per protocol), never from the tries the agent
-//! compiles them into: the sender's egress rules and the receiver's ingress
-//! rules for a connection's first packet, and the connections let through,
-//! each known by its two ends whichever way a packet goes.
+//! exceptions, port ranges per protocol, cluster rules with their tiers,
+//! priorities and actions), never from the tries the agent compiles them
+//! into: the sender's egress rules and the receiver's ingress rules for a
+//! connection's first packet, and the connections let through, each known
+//! by its two ends whichever way a packet goes.
 
 use std::{fmt, net::Ipv4Addr};
 
-use vpcnet_agent::policy::rules::{Direction, PodRules};
+use vpcnet_agent::policy::rules::{Action, ClusterRule, Direction, PodRules, Ports, Tier};
 use vpcnet_common::{
     cidr::CidrKind,
     counters::Counter,
@@ -60,8 +61,16 @@ fn host(addr: u32) -> Ipv4Addr {
     Ipv4Addr::from(raw_to_addr(addr))
 }
 
-/// Whether one direction's rules let `peer` be the other end on `proto`'s
-/// `port` (network order).
+/// Whether `ports` (none: all) hold `proto`'s `port` (host order).
+fn ports_in(ports: &[Ports], proto: u8, port: u16) -> bool {
+    ports.is_empty()
+        || ports
+            .iter()
+            .any(|p| p.protocol.number() == proto && (p.first..=p.last).contains(&port))
+}
+
+/// Whether one direction's NetworkPolicy rules let `peer` be the other end
+/// on `proto`'s `port` (network order).
 fn allows(direction: &Direction, peer: u32, proto: u8, port: u16) -> bool {
     let Direction::Isolated(rules) = direction else {
         return true;
@@ -72,13 +81,52 @@ fn allows(direction: &Direction, peer: u32, proto: u8, port: u16) -> bool {
             .peers
             .iter()
             .any(|p| p.cidr.contains(&peer) && !p.except.iter().any(|e| e.contains(&peer)));
-        let port_in = rule.ports.is_empty()
-            || rule
-                .ports
-                .iter()
-                .any(|p| p.protocol.number() == proto && (p.first..=p.last).contains(&port));
-        peer_in && port_in
+        peer_in && ports_in(&rule.ports, proto, port)
     })
+}
+
+/// What `tier`'s rules among `cluster` say of `peer` on `proto`'s `port`
+/// (network order): the lowest priority's, Deny before Accept before
+/// Pass; `None` for Pass or no rule.
+fn tier_says(cluster: &[ClusterRule], tier: Tier, peer: u32, proto: u8, port: u16) -> Option<bool> {
+    let (peer, port) = (host(peer), raw_to_port(port));
+    let rank = |action: Action| match action {
+        Action::Deny => 0,
+        Action::Accept => 1,
+        Action::Pass => 2,
+    };
+    cluster
+        .iter()
+        .filter(|r| {
+            r.tier == tier
+                && r.peers.iter().any(|n| n.contains(&peer))
+                && ports_in(&r.ports, proto, port)
+        })
+        .min_by_key(|r| (r.priority, rank(r.action)))
+        .and_then(|r| match r.action {
+            Action::Accept => Some(true),
+            Action::Deny => Some(false),
+            Action::Pass => None,
+        })
+}
+
+/// One side's verdict: Admin; then NetworkPolicy, final for a pod a
+/// NetworkPolicy selects (or where its rules allow); then Baseline; then
+/// the default (an open direction allows, strict mode's does not).
+fn side(rules: &PodRules, egress: bool, peer: u32, proto: u8, port: u16) -> bool {
+    let (cluster, direction) = if egress {
+        (&rules.cluster_egress, &rules.egress)
+    } else {
+        (&rules.cluster_ingress, &rules.ingress)
+    };
+    if let Some(verdict) = tier_says(cluster, Tier::Admin, peer, proto, port) {
+        return verdict;
+    }
+    let by_policy = allows(direction, peer, proto, port);
+    if rules.selected || (by_policy && matches!(direction, Direction::Isolated(_))) {
+        return by_policy;
+    }
+    tier_says(cluster, Tier::Baseline, peer, proto, port).unwrap_or(*direction == Direction::Open)
 }
 
 impl Model {
@@ -164,14 +212,13 @@ impl Model {
         sender: Option<&PodRules>,
         receiver: Option<&PodRules>,
     ) -> Result<(), Counter> {
-        if sender.is_some_and(|rules| !allows(&rules.egress, key.daddr, key.proto, key.dport)) {
+        if sender.is_some_and(|rules| !side(rules, true, key.daddr, key.proto, key.dport)) {
             return Err(Counter::DropPolicyEgress);
         }
         // The node's own addresses always reach its pods.
         let from_node = self.world.prefix_kind(key.saddr) == Some(CidrKind::Local);
         if !from_node
-            && receiver
-                .is_some_and(|rules| !allows(&rules.ingress, key.saddr, key.proto, key.dport))
+            && receiver.is_some_and(|rules| !side(rules, false, key.saddr, key.proto, key.dport))
         {
             return Err(Counter::DropPolicyIngress);
         }

@@ -4,6 +4,9 @@
 //! compares the datapath with the specification and not with itself.
 //! Kubernetes' own e2e suite (`test/e2e/network/netpol`) computes its
 //! expected reachability the same way: per pair of pods, port and protocol.
+//! AWS's ClusterNetworkPolicy tiers around it are [`cluster`]'s.
+
+pub mod cluster;
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -94,7 +97,7 @@ fn selects_pod(policy: &NetworkPolicy, pod: &Pod) -> bool {
 }
 
 impl Cluster {
-    fn namespace_labels(&self, namespace: &str) -> Labels {
+    pub(crate) fn namespace_labels(&self, namespace: &str) -> Labels {
         let mut labels = self.namespaces.get(namespace).cloned().unwrap_or_default();
         labels.insert("kubernetes.io/metadata.name".into(), namespace.into());
         labels
@@ -163,16 +166,75 @@ impl Cluster {
         protocol: &str,
         port: u16,
     ) -> bool {
-        let selected_at_all = |pod: &Pod| policies.iter().any(|p| selects_pod(p, pod));
-        // Egress of `from`.
+        self.allows_with(&[], policies, mode, from, to, protocol, port)
+    }
+
+    /// [`Cluster::allows`] under AWS's cluster policies too: for each side
+    /// (`from`'s egress, `to`'s ingress), the Admin tier, then
+    /// NetworkPolicy (final for a pod any NetworkPolicy selects, as EKS's
+    /// agent has it), then the Baseline tier, then `mode`'s default.
+    #[allow(clippy::too_many_arguments)]
+    #[must_use]
+    pub fn allows_with(
+        &self,
+        cluster_policies: &[cluster::ClusterPolicy],
+        policies: &[NetworkPolicy],
+        mode: Mode,
+        from: &Pod,
+        to: &Pod,
+        protocol: &str,
+        port: u16,
+    ) -> bool {
+        let side = |way: cluster::Way, subject: &Pod| {
+            let peer = if way == cluster::Way::Egress {
+                to
+            } else {
+                from
+            };
+            let tier = |tier| {
+                cluster::verdict(
+                    self,
+                    cluster_policies,
+                    tier,
+                    way,
+                    subject,
+                    peer,
+                    to,
+                    protocol,
+                    port,
+                )
+            };
+            if let Some(verdict) = tier(cluster::Tier::Admin) {
+                return verdict;
+            }
+            if policies.iter().any(|p| selects_pod(p, subject)) {
+                return match way {
+                    cluster::Way::Egress => self.egress_allowed(policies, from, to, protocol, port),
+                    cluster::Way::Ingress => {
+                        self.ingress_allowed(policies, from, to, protocol, port)
+                    }
+                };
+            }
+            tier(cluster::Tier::Baseline).unwrap_or(mode == Mode::Standard)
+        };
+        side(cluster::Way::Egress, from) && side(cluster::Way::Ingress, to)
+    }
+
+    /// NetworkPolicy's say on `from`'s egress, for a pod a policy selects.
+    fn egress_allowed(
+        &self,
+        policies: &[NetworkPolicy],
+        from: &Pod,
+        to: &Pod,
+        protocol: &str,
+        port: u16,
+    ) -> bool {
         let egress_policies: Vec<&NetworkPolicy> = policies
             .iter()
             .filter(|p| types(p).1 && selects_pod(p, from))
             .collect();
-        let egress_ok = if egress_policies.is_empty() {
-            mode == Mode::Standard || selected_at_all(from)
-        } else {
-            egress_policies.iter().any(|p| {
+        egress_policies.is_empty()
+            || egress_policies.iter().any(|p| {
                 p.spec
                     .as_ref()
                     .and_then(|s| s.egress.as_ref())
@@ -189,33 +251,39 @@ impl Cluster {
                         peers_ok && Self::ports_match(rule.ports.as_ref(), to, protocol, port)
                     })
             })
-        };
-        // Ingress of `to`.
+    }
+
+    /// NetworkPolicy's say on `to`'s ingress, for a pod a policy selects.
+    fn ingress_allowed(
+        &self,
+        policies: &[NetworkPolicy],
+        from: &Pod,
+        to: &Pod,
+        protocol: &str,
+        port: u16,
+    ) -> bool {
         let ingress_policies: Vec<&NetworkPolicy> = policies
             .iter()
             .filter(|p| types(p).0 && selects_pod(p, to))
             .collect();
-        let ingress_ok =
-            if ingress_policies.is_empty() {
-                mode == Mode::Standard || selected_at_all(to)
-            } else {
-                ingress_policies.iter().any(|p| {
-                    p.spec
-                        .as_ref()
-                        .and_then(|s| s.ingress.as_ref())
-                        .into_iter()
-                        .flatten()
-                        .any(|rule: &NetworkPolicyIngressRule| {
-                            let peers_ok = rule.from.as_ref().filter(|f| !f.is_empty()).is_none_or(
-                                |from_peers| {
+        ingress_policies.is_empty()
+            || ingress_policies.iter().any(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.ingress.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .any(|rule: &NetworkPolicyIngressRule| {
+                        let peers_ok =
+                            rule.from
+                                .as_ref()
+                                .filter(|f| !f.is_empty())
+                                .is_none_or(|from_peers| {
                                     from_peers.iter().any(|e| self.peer_matches(p, e, from))
-                                },
-                            );
-                            peers_ok && Self::ports_match(rule.ports.as_ref(), to, protocol, port)
-                        })
-                })
-            };
-        egress_ok && ingress_ok
+                                });
+                        peers_ok && Self::ports_match(rule.ports.as_ref(), to, protocol, port)
+                    })
+            })
     }
 }
 
