@@ -707,8 +707,8 @@ fn cluster_rule(
 /// NetworkPolicy, and a pod no NetworkPolicy selects meets Baseline; the
 /// event log names the tier that decided.
 #[test]
+#[allow(clippy::too_many_lines, reason = "one story, told in order")]
 fn cluster_policy_tiers_judge_around_the_network_policy_and_the_log_names_them() {
-    use vpcnet_agent::policy::events::line;
     use vpcnet_common::config::FLAG_POLICY_EVENTS;
 
     let mut node = Node::new();
@@ -813,6 +813,24 @@ fn cluster_policy_tiers_judge_around_the_network_policy_and_the_log_names_them()
         TC_ACT_REDIRECT,
         "Admin's Accept"
     );
+    let tiers = ingress_verdicts(&mut ring);
+    assert_eq!(
+        tiers,
+        [
+            "22 DENY ADMIN",
+            "23 ACCEPT NETWORK_POLICY",
+            "80 ACCEPT NETWORK_POLICY",
+            "53 ACCEPT ADMIN",
+            "80 DENY BASELINE",
+            "53 ACCEPT ADMIN",
+        ]
+    );
+}
+
+/// Each ingress event in `ring`: `PORT VERDICT TIER`.
+fn ingress_verdicts(ring: &mut aya::maps::RingBuf<aya::maps::MapData>) -> Vec<String> {
+    use vpcnet_agent::policy::events::line;
+
     let mut tiers = Vec::new();
     while let Some(item) = ring.next() {
         // SAFETY: the ring's records are `PolicyEvent`s, plain data.
@@ -836,15 +854,5 @@ fn cluster_policy_tiers_judge_around_the_network_policy_and_the_log_names_them()
             tiers.push(format!("{port} {verdict} {tier}"));
         }
     }
-    assert_eq!(
-        tiers,
-        [
-            "22 DENY ADMIN",
-            "23 ACCEPT NETWORK_POLICY",
-            "80 ACCEPT NETWORK_POLICY",
-            "53 ACCEPT ADMIN",
-            "80 DENY BASELINE",
-            "53 ACCEPT ADMIN",
-        ]
-    );
+    tiers
 }
