@@ -31,7 +31,7 @@ use vpcnet_agent::{
         self, K8sSettings,
         network_policies::NetworkPolicySources,
         node::NodeViews,
-        policy_endpoints::{ClusterPolicyEndpoints, PolicyEndpoints},
+        policy_endpoints::{ClusterNetworkPolicies, ClusterPolicyEndpoints, PolicyEndpoints},
         service_cidrs,
     },
     link_owner::LinkOwners,
@@ -40,7 +40,7 @@ use vpcnet_agent::{
     pods::{BranchLinks, Pods, PodsOptions},
     policy::{
         self,
-        node::{NodePolicy, PodName, Policies},
+        node::{ClusterPolicies, NodePolicy, PodName, Policies},
         settings::{PolicySettings, Source},
     },
     retry,
@@ -485,22 +485,29 @@ impl Parts<'_> {
             .clone()
             .context("network policy needs the API server")?;
         let event_log = settings.event_log.clone();
-        let policies = match settings.source {
+        // AWS's ClusterNetworkPolicy comes the way NetworkPolicy does.
+        let (policies, cluster_policies) = match settings.source {
             Source::PolicyEndpoints => {
                 let (policies, follow) = PolicyEndpoints::follow(client.clone());
                 self.tasks.spawn(follow);
-                Policies::Endpoints(policies)
+                let (cluster, follow) = ClusterPolicyEndpoints::follow(client.clone());
+                self.tasks.spawn(follow);
+                (
+                    Policies::Endpoints(policies),
+                    ClusterPolicies::Endpoints(cluster),
+                )
             }
             Source::NetworkPolicies => {
                 let (sources, follow) = NetworkPolicySources::follow(&client);
                 self.tasks.spawn(follow);
-                Policies::NetworkPolicies(sources)
+                let (cluster, follow) = ClusterNetworkPolicies::follow(client.clone());
+                self.tasks.spawn(follow);
+                (
+                    Policies::NetworkPolicies(sources),
+                    ClusterPolicies::Resolved(cluster),
+                )
             }
         };
-        // Whatever the source of NetworkPolicy: where EKS's controller
-        // resolves ClusterNetworkPolicy, it is enforced too.
-        let (cluster_policies, follow) = ClusterPolicyEndpoints::follow(client.clone());
-        self.tasks.spawn(follow);
         let existing = pods
             .attachments()
             .await?

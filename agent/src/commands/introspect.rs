@@ -11,6 +11,7 @@ use vpcnet_agent::introspect::{
     self, ListenAddr,
     views::{DirectionView, EnisView, ErrorView, PodsView, PolicyView},
 };
+use vpcnet_api::cluster_policy::{TIER_ADMIN, TIER_BASELINE};
 
 /// Where the running agent serves introspection.
 #[derive(clap::Args)]
@@ -120,7 +121,7 @@ fn direction_lines(direction: &DirectionView) -> Vec<[String; 4]> {
                 ]
             })
     };
-    let mut lines: Vec<[String; 4]> = cluster("Admin").collect();
+    let mut lines: Vec<[String; 4]> = cluster(TIER_ADMIN).collect();
     let policy = || "NetworkPolicy".to_owned();
     match direction {
         DirectionView {
@@ -143,7 +144,7 @@ fn direction_lines(direction: &DirectionView) -> Vec<[String; 4]> {
             ]
         })),
     }
-    lines.extend(cluster("Baseline"));
+    lines.extend(cluster(TIER_BASELINE));
     lines
 }
 

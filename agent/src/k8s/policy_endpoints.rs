@@ -1,8 +1,10 @@
-//! The cluster's PolicyEndpoints and ClusterPolicyEndpoints
+//! The cluster's objects of EKS's network policy CRDs
 //! (`networking.k8s.aws/v1alpha1`, see `vpcnet_api::policy_endpoint` and
-//! `vpcnet_api::cluster_policy`), each followed with a reflector in every
-//! namespace, as aws-node's node agent follows them: its store, a signal on
-//! every change, and whether the first list is in.
+//! `vpcnet_api::cluster_policy`): PolicyEndpoints and ClusterPolicyEndpoints
+//! as aws-node's node agent follows them, and ClusterNetworkPolicies where
+//! the agent resolves them itself. Each is followed with a reflector in
+//! every namespace: its store, a signal on every change, and whether the
+//! first list is in (a CRD the cluster lacks lists as empty).
 
 use std::{fmt::Debug, sync::Arc};
 
@@ -20,7 +22,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tracing::warn;
 use vpcnet_api::{
-    cluster_policy::{ClusterPolicyEndpointSpec, ENDPOINT_KIND, ENDPOINT_PLURAL},
+    cluster_policy::{
+        ClusterNetworkPolicySpec, ClusterPolicyEndpointSpec, ENDPOINT_KIND, ENDPOINT_PLURAL,
+        POLICY_KIND, POLICY_PLURAL,
+    },
     policy_endpoint::{GROUP, KIND, PLURAL, PolicyEndpointSpec, VERSION},
 };
 
@@ -34,12 +39,14 @@ pub type PolicyEndpoint = Object<PolicyEndpointSpec, serde_json::Value>;
 pub type ClusterPolicyEndpoint = Object<ClusterPolicyEndpointSpec, serde_json::Value>;
 
 /// The PolicyEndpoints known, and news of them.
-pub type PolicyEndpoints = Endpoints<PolicyEndpointSpec>;
+pub type PolicyEndpoints = PolicyObjects<PolicyEndpointSpec>;
 /// The ClusterPolicyEndpoints known, and news of them.
-pub type ClusterPolicyEndpoints = Endpoints<ClusterPolicyEndpointSpec>;
+pub type ClusterPolicyEndpoints = PolicyObjects<ClusterPolicyEndpointSpec>;
+/// The ClusterNetworkPolicies known, and news of them.
+pub type ClusterNetworkPolicies = PolicyObjects<ClusterNetworkPolicySpec>;
 
-/// A kind of endpoints, as the agent follows it.
-struct EndpointKind {
+/// A kind of these objects, as the agent follows it.
+struct ObjectKind {
     kind: &'static str,
     plural: &'static str,
     /// For the log: what is followed, and what it says when the cluster
@@ -48,9 +55,9 @@ struct EndpointKind {
     not_served: &'static str,
 }
 
-/// Objects of one kind of endpoints known, and news of them.
+/// Objects of one kind known, and news of them.
 #[derive(Clone)]
-pub struct Endpoints<S: Clone + Send + Sync + 'static> {
+pub struct PolicyObjects<S: Clone + Send + Sync + 'static> {
     store: Store<Object<S, serde_json::Value>>,
     progress: super::Progress,
 }
@@ -60,7 +67,7 @@ impl PolicyEndpoints {
     pub fn follow(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
         Self::follow_kind(
             client,
-            &EndpointKind {
+            &ObjectKind {
                 kind: KIND,
                 plural: PLURAL,
                 what: "PolicyEndpoints",
@@ -75,7 +82,7 @@ impl ClusterPolicyEndpoints {
     pub fn follow(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
         Self::follow_kind(
             client,
-            &EndpointKind {
+            &ObjectKind {
                 kind: ENDPOINT_KIND,
                 plural: ENDPOINT_PLURAL,
                 what: "ClusterPolicyEndpoints",
@@ -85,13 +92,28 @@ impl ClusterPolicyEndpoints {
     }
 }
 
-impl<S> Endpoints<S>
+impl ClusterNetworkPolicies {
+    /// The handle, and the reflector that keeps it current (spawn it).
+    pub fn follow(client: kube::Client) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        Self::follow_kind(
+            client,
+            &ObjectKind {
+                kind: POLICY_KIND,
+                plural: POLICY_PLURAL,
+                what: "ClusterNetworkPolicies",
+                not_served: "the cluster serves no ClusterNetworkPolicies",
+            },
+        )
+    }
+}
+
+impl<S> PolicyObjects<S>
 where
     S: Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     fn follow_kind(
         client: kube::Client,
-        kind: &EndpointKind,
+        kind: &ObjectKind,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(GROUP, VERSION, kind.kind),

@@ -4,6 +4,7 @@
 //! newly denies are marked so, and their packets dropped.
 
 pub mod cluster_endpoints;
+pub mod cluster_policies;
 pub mod compile;
 pub mod endpoints;
 pub mod events;

@@ -143,7 +143,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    fn namespace_labels(&self, namespace: &str) -> Labels {
+    pub(super) fn namespace_labels(&self, namespace: &str) -> Labels {
         let mut labels = self.namespaces.get(namespace).cloned().unwrap_or_default();
         labels
             .entry(NAMESPACE_NAME_LABEL.to_owned())
@@ -152,7 +152,7 @@ impl Cluster {
     }
 
     /// The pods that can be peers.
-    fn peers(&self) -> impl Iterator<Item = (&ClusterPod, Ipv4Addr)> {
+    pub(super) fn peers(&self) -> impl Iterator<Item = (&ClusterPod, Ipv4Addr)> {
         self.pods.iter().filter_map(|p| Some((p, p.addr?)))
     }
 }
@@ -308,7 +308,12 @@ fn selector(selector: &v1::LabelSelector) -> LabelSelector {
 
 /// Whether `selector` takes `labels`; an unreadable one takes nothing
 /// (reported at `field`).
-fn takes(selector: &LabelSelector, labels: &Labels, field: &str, report: &mut Report<'_>) -> bool {
+pub(super) fn takes(
+    selector: &LabelSelector,
+    labels: &Labels,
+    field: &str,
+    report: &mut Report<'_>,
+) -> bool {
     if !selector.readable() {
         report.add(
             format!("{field}.matchExpressions"),

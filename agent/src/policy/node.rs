@@ -19,12 +19,12 @@ use vpcnet_common::{
 };
 
 use super::{
-    Enforcer, cluster_endpoints,
+    Enforcer, cluster_endpoints, cluster_policies,
     endpoints::{self, LocalPod, Named},
     fields::Problem,
     maps,
     network_policies::{Cluster, ClusterPod, Resolved},
-    rules::PodRules,
+    rules::{ClusterRule, PodRules},
     settings::{EnforcingMode, PolicySettings},
 };
 use crate::{
@@ -33,7 +33,7 @@ use crate::{
         Progress,
         network_policies::NetworkPolicySources,
         pods::NodePods,
-        policy_endpoints::{ClusterPolicyEndpoints, PolicyEndpoints},
+        policy_endpoints::{ClusterNetworkPolicies, ClusterPolicyEndpoints, PolicyEndpoints},
     },
 };
 
@@ -58,6 +58,24 @@ impl Policies {
         match self {
             Self::Endpoints(_) => "PolicyEndpoints",
             Self::NetworkPolicies(_) => "NetworkPolicies",
+        }
+    }
+}
+
+/// Where AWS's ClusterNetworkPolicy comes from, as NetworkPolicy does.
+#[derive(Clone)]
+pub enum ClusterPolicies {
+    /// EKS's controller's resolution.
+    Endpoints(ClusterPolicyEndpoints),
+    /// The policies, resolved here (with [`Policies::NetworkPolicies`]).
+    Resolved(ClusterNetworkPolicies),
+}
+
+impl ClusterPolicies {
+    const fn progress(&self) -> &Progress {
+        match self {
+            Self::Endpoints(p) => p.progress(),
+            Self::Resolved(p) => p.progress(),
         }
     }
 }
@@ -96,9 +114,8 @@ struct Inner {
     settings: PolicySettings,
     datapath: Arc<Mutex<Datapath>>,
     policies: Policies,
-    /// AWS's ClusterNetworkPolicy, as EKS's controller resolves it (none
-    /// where the cluster serves no ClusterPolicyEndpoints).
-    cluster_policies: ClusterPolicyEndpoints,
+    /// AWS's ClusterNetworkPolicy (none where the cluster serves none).
+    cluster_policies: ClusterPolicies,
     cluster_pods: Option<NodePods>,
     state: tokio::sync::Mutex<State>,
     /// Each problem, when first found.
@@ -133,7 +150,7 @@ impl NodePolicy {
         settings: PolicySettings,
         datapath: Arc<Mutex<Datapath>>,
         policies: Policies,
-        cluster_policies: ClusterPolicyEndpoints,
+        cluster_policies: ClusterPolicies,
         cluster_pods: Option<NodePods>,
         pods: Vec<(Ipv4Addr, PodName)>,
         problems: tokio::sync::broadcast::Sender<Problem>,
@@ -322,14 +339,7 @@ impl NodePolicy {
                 from_network_policies(sources, &state.pods, &mut problems)
             }
         };
-        let cluster_policies = self.inner.cluster_policies.all();
-        let cluster_named: Vec<cluster_endpoints::Named<'_>> = cluster_policies
-            .iter()
-            .map(|cpe| cluster_endpoints::Named {
-                name: cpe.metadata.name.as_deref().unwrap_or_default(),
-                spec: &cpe.spec,
-            })
-            .collect();
+        let cluster_rules = self.cluster_rules(&state.pods, &mut problems);
         let rules = selected
             .into_iter()
             .map(|(addr, selected)| {
@@ -343,17 +353,9 @@ impl NodePolicy {
                         EnforcingMode::Strict => PodRules::deny_all(),
                     },
                 };
-                if let Some(pod) = state.pods.get(&addr) {
-                    let local = cluster_endpoints::LocalPod {
-                        addr,
-                        namespace: &pod.name.namespace,
-                        name: &pod.name.name,
-                    };
-                    (rules.cluster_ingress, rules.cluster_egress) = cluster_endpoints::pod_rules(
-                        cluster_named.iter().copied(),
-                        &local,
-                        &mut problems,
-                    );
+                if let Some((ingress, egress)) = cluster_rules.get(&addr) {
+                    rules.cluster_ingress.clone_from(ingress);
+                    rules.cluster_egress.clone_from(egress);
                 }
                 (addr, rules)
             })
@@ -404,6 +406,71 @@ impl NodePolicy {
     }
 }
 
+/// Each local pod's cluster rules, ingress and egress.
+type ClusterRules = BTreeMap<Ipv4Addr, (Vec<ClusterRule>, Vec<ClusterRule>)>;
+
+impl NodePolicy {
+    /// What the cluster policies say of each local pod.
+    fn cluster_rules(
+        &self,
+        pods: &BTreeMap<Ipv4Addr, LocalPodState>,
+        problems: &mut Vec<Problem>,
+    ) -> ClusterRules {
+        match &self.inner.cluster_policies {
+            ClusterPolicies::Endpoints(endpoints) => {
+                let all = endpoints.all();
+                let named: Vec<cluster_endpoints::Named<'_>> = all
+                    .iter()
+                    .map(|cpe| cluster_endpoints::Named {
+                        name: cpe.metadata.name.as_deref().unwrap_or_default(),
+                        spec: &cpe.spec,
+                    })
+                    .collect();
+                pods.iter()
+                    .map(|(addr, pod)| {
+                        let local = cluster_endpoints::LocalPod {
+                            addr: *addr,
+                            namespace: &pod.name.namespace,
+                            name: &pod.name.name,
+                        };
+                        let rules =
+                            cluster_endpoints::pod_rules(named.iter().copied(), &local, problems);
+                        (*addr, rules)
+                    })
+                    .collect()
+            }
+            ClusterPolicies::Resolved(policies) => {
+                let Policies::NetworkPolicies(sources) = &self.inner.policies else {
+                    return ClusterRules::new();
+                };
+                let all = policies.all();
+                let named: Vec<cluster_policies::Named<'_>> = all
+                    .iter()
+                    .map(|cnp| cluster_policies::Named {
+                        name: cnp.metadata.name.as_deref().unwrap_or_default(),
+                        spec: &cnp.spec,
+                    })
+                    .collect();
+                let cluster = cluster_of(sources, pods);
+                pods.iter()
+                    .filter_map(|(addr, pod)| {
+                        // A pod's labels and ports, once the API has it.
+                        let mut seen = pod.seen.clone()?;
+                        seen.addr = Some(*addr);
+                        let rules = cluster_policies::pod_rules(
+                            named.iter().copied(),
+                            &cluster,
+                            &seen,
+                            problems,
+                        );
+                        Some((*addr, rules))
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 fn local_pod(addr: Ipv4Addr, pod: &LocalPodState) -> LocalPod<'_> {
     LocalPod {
         addr,
@@ -444,6 +511,21 @@ fn from_network_policies(
     pods: &BTreeMap<Ipv4Addr, LocalPodState>,
     problems: &mut Vec<Problem>,
 ) -> Vec<(Ipv4Addr, Option<PodRules>)> {
+    let cluster = cluster_of(sources, pods);
+    let policies = sources.policies();
+    let resolved = Resolved::new(policies.iter().map(|p| &**p), &cluster, problems);
+    pods.iter()
+        .map(|(addr, pod)| {
+            let ports = pod.seen.as_ref().map_or(&[][..], |seen| &seen.ports);
+            let rules = resolved.pod_rules(&local_pod(*addr, pod), ports, problems);
+            (*addr, rules)
+        })
+        .collect()
+}
+
+/// The cluster as policy reads it, this node's pods at the addresses they
+/// were given (before kubelet reports them).
+fn cluster_of(sources: &NetworkPolicySources, pods: &BTreeMap<Ipv4Addr, LocalPodState>) -> Cluster {
     let mut cluster = Cluster {
         namespaces: sources
             .namespaces()
@@ -469,15 +551,7 @@ fn from_network_policies(
         seen.addr = Some(*addr);
         Some(seen)
     }));
-    let policies = sources.policies();
-    let resolved = Resolved::new(policies.iter().map(|p| &**p), &cluster, problems);
-    pods.iter()
-        .map(|(addr, pod)| {
-            let ports = pod.seen.as_ref().map_or(&[][..], |seen| &seen.ports);
-            let rules = resolved.pod_rules(&local_pod(*addr, pod), ports, problems);
-            (*addr, rules)
-        })
-        .collect()
+    cluster
 }
 
 fn lock(datapath: &Mutex<Datapath>) -> std::sync::MutexGuard<'_, Datapath> {

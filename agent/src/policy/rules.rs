@@ -9,6 +9,7 @@
 use std::{fmt, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
+use vpcnet_api::cluster_policy;
 
 /// The protocols NetworkPolicy names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -198,8 +199,8 @@ impl Tier {
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
-            Self::Admin => "Admin",
-            Self::Baseline => "Baseline",
+            Self::Admin => cluster_policy::TIER_ADMIN,
+            Self::Baseline => cluster_policy::TIER_BASELINE,
         }
     }
 }
@@ -220,9 +221,9 @@ impl Action {
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
-            Self::Deny => "Deny",
-            Self::Accept => "Accept",
-            Self::Pass => "Pass",
+            Self::Deny => cluster_policy::ACTION_DENY,
+            Self::Accept => cluster_policy::ACTION_ACCEPT,
+            Self::Pass => cluster_policy::ACTION_PASS,
         }
     }
 }
