@@ -165,17 +165,7 @@ fn entry_parts(
         }
     };
     let peers = fields::peers(&entry.cidr, &[], field, report)?;
-    let mut ports = Vec::new();
-    for (i, port) in entry.ports.iter().enumerate() {
-        let at = format!("{field}.ports[{i}]");
-        let read = fields::protocol(port.protocol.as_deref(), &at, report)
-            .and_then(|protocol| fields::ports(protocol, port.port, port.end_port, &at, report));
-        ports.extend(read);
-    }
-    if !entry.ports.is_empty() && ports.is_empty() {
-        // Every port unreadable: without ports it would match them all.
-        return None;
-    }
+    let ports = fields::entry_ports(&entry.ports, field, report)?;
     Some((action, vec![peers.cidr], ports))
 }
 

@@ -214,3 +214,21 @@ pub fn ports(
         last,
     })
 }
+
+/// An endpoint entry's ports (`field.ports[i]`); `None` when it names
+/// ports and none can be read (without ports it would take them all).
+pub fn entry_ports(
+    ports: &[vpcnet_api::policy_endpoint::Port],
+    field: &str,
+    report: &mut Report<'_>,
+) -> Option<Vec<Ports>> {
+    let mut out = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let at = format!("{field}.ports[{i}]");
+        out.extend(
+            protocol(port.protocol.as_deref(), &at, report)
+                .and_then(|protocol| self::ports(protocol, port.port, port.end_port, &at, report)),
+        );
+    }
+    (ports.is_empty() || !out.is_empty()).then_some(out)
+}

@@ -16,7 +16,7 @@
 //!   container ports (ingress: the subject's pods'; egress: each peer
 //!   pod's, and dropped for networks); a rule whose ports all fail to
 //!   resolve gives nothing;
-//! - lists of [`CHUNK`] entries at most per object, as for
+//! - lists of `CHUNK` entries at most per object, as for
 //!   PolicyEndpoints.
 //!
 //! Where EKS's controller is known to differ, this one follows the CRD:
@@ -31,11 +31,13 @@ use vpcnet_api::{
         self as cp, ACTION_DENY, ClusterEndpointInfo, ClusterNetworkPolicySpec,
         ClusterPolicyEndpointSpec, ClusterPolicyReference, ClusterPort, NamespacedPods, Peer,
     },
-    policy_endpoint::{CHUNK, LabelSelector, PodEndpoint, Port},
+    policy_endpoint::{LabelSelector, PodEndpoint, Port},
 };
 
 use super::{
-    policy_controller::{Cluster, PodView, ResolveError, find, plan, selects, str_at},
+    policy_controller::{
+        Cluster, PodView, ResolveError, add_ports, find, objects_for, part, plan, selects, str_at,
+    },
     resources::Resource,
     store::{Change, Store},
 };
@@ -246,42 +248,24 @@ pub fn resolve(policy: &Value, cluster: &Cluster) -> Result<Resolved, ResolveErr
 fn merge(entries: Vec<ClusterEndpointInfo>) -> Vec<ClusterEndpointInfo> {
     let mut merged: Vec<ClusterEndpointInfo> = Vec::new();
     for entry in entries {
-        let same = merged.iter_mut().find(|e| {
+        match merged.iter_mut().find(|e| {
             e.cidr == entry.cidr && e.domain_name == entry.domain_name && e.action == entry.action
-        });
-        match same {
+        }) {
             None => merged.push(entry),
-            Some(existing) if existing.ports.is_empty() => {}
-            Some(existing) if entry.ports.is_empty() => existing.ports.clear(),
-            Some(existing) => {
-                for port in entry.ports {
-                    if !existing.ports.contains(&port) {
-                        existing.ports.push(port);
-                    }
-                }
-            }
+            Some(existing) => add_ports(&mut existing.ports, entry.ports),
         }
     }
     merged
 }
 
-fn part<T: Clone>(list: &[T], n: usize) -> Vec<T> {
-    list.iter().skip(n * CHUNK).take(CHUNK).cloned().collect()
-}
-
-/// The objects' specs: each list cut into [`CHUNK`]s, the n-th object
+/// The objects' specs: each list cut into `CHUNK`s, the n-th object
 /// taking the n-th chunk of each; one object at least.
 pub fn chunk(resolved: &Resolved) -> Vec<ClusterPolicyEndpointSpec> {
-    let count = [
+    let count = objects_for([
         resolved.endpoints.len(),
         resolved.ingress.len(),
         resolved.egress.len(),
-    ]
-    .into_iter()
-    .map(|len| len.div_ceil(CHUNK))
-    .max()
-    .unwrap_or(0)
-    .max(1);
+    ]);
     (0..count)
         .map(|n| ClusterPolicyEndpointSpec {
             policy_ref: ClusterPolicyReference {

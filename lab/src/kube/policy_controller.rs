@@ -486,43 +486,56 @@ fn merge(entries: Vec<EndpointInfo>) -> Vec<EndpointInfo> {
     let mut merged: Vec<EndpointInfo> = Vec::new();
     for mut entry in entries {
         entry.except.sort();
-        let same = merged
+        match merged
             .iter_mut()
-            .find(|e| e.cidr == entry.cidr && e.except == entry.except);
-        match same {
+            .find(|e| e.cidr == entry.cidr && e.except == entry.except)
+        {
             None => merged.push(entry),
-            Some(existing) if existing.ports.is_empty() => {}
-            Some(existing) if entry.ports.is_empty() => existing.ports.clear(),
-            Some(existing) => {
-                for port in entry.ports {
-                    if !existing.ports.contains(&port) {
-                        existing.ports.push(port);
-                    }
-                }
-            }
+            Some(existing) => add_ports(&mut existing.ports, entry.ports),
         }
     }
     merged
 }
 
+/// `more` added to `ports`, where no ports is every port.
+pub(super) fn add_ports(ports: &mut Vec<Port>, more: Vec<Port>) {
+    if ports.is_empty() {
+        return;
+    }
+    if more.is_empty() {
+        ports.clear();
+        return;
+    }
+    for port in more {
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+}
+
 /// The `n`-th chunk of `list`.
-fn part<T: Clone>(list: &[T], n: usize) -> Vec<T> {
+pub(super) fn part<T: Clone>(list: &[T], n: usize) -> Vec<T> {
     list.iter().skip(n * CHUNK).take(CHUNK).cloned().collect()
+}
+
+/// How many objects lists of these lengths take, [`CHUNK`] entries each at
+/// most: one at least.
+pub(super) fn objects_for(lens: [usize; 3]) -> usize {
+    lens.into_iter()
+        .map(|len| len.div_ceil(CHUNK))
+        .max()
+        .unwrap_or(0)
+        .max(1)
 }
 
 /// The objects' specs: each list cut into [`CHUNK`]s, the n-th object
 /// taking the n-th chunk of each; one object at least.
 pub fn chunk(resolved: &Resolved) -> Vec<PolicyEndpointSpec> {
-    let count = [
+    let count = objects_for([
         resolved.endpoints.len(),
         resolved.ingress.len(),
         resolved.egress.len(),
-    ]
-    .into_iter()
-    .map(|len| len.div_ceil(CHUNK))
-    .max()
-    .unwrap_or(0)
-    .max(1);
+    ]);
     (0..count)
         .map(|n| PolicyEndpointSpec {
             pod_selector: Some(resolved.pod_selector.clone()),
