@@ -147,6 +147,16 @@ pub const API_ACCESS: &[AccessRule] = &[
         vpcnet_api::policy_endpoint::PLURAL,
         &["list", "watch"],
     ),
+    (
+        vpcnet_api::cluster_policy::GROUP,
+        vpcnet_api::cluster_policy::ENDPOINT_PLURAL,
+        &["list", "watch"],
+    ),
+    (
+        vpcnet_api::cluster_policy::GROUP,
+        vpcnet_api::cluster_policy::POLICY_PLURAL,
+        &["list", "watch"],
+    ),
     ("", "namespaces", &["list", "watch"]),
     ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
 ];
