@@ -160,14 +160,28 @@ impl PolicyFill {
         enforcer
             .sync(&mut maps)
             .context("writing the policy maps")?;
-        let mut config = maps.config().context("reading the config")?;
-        config.flags |= FLAG_NETWORK_POLICY;
-        maps.set_config(&config).context("turning policy on")?;
-        Ok(Self {
+        let mut fill = Self {
             maps,
             enforcer,
             rules: RULE_SETS * CIDRS_PER_SET + CIDRS_PER_SET + 2,
-        })
+        };
+        fill.enforce(true)?;
+        Ok(fill)
+    }
+
+    /// Turns enforcement on or off, the rules staying in the maps: what a
+    /// flip of `ENABLE_NETWORK_POLICY` in the config map does to the
+    /// datapath, without rewriting the maps between measurements.
+    pub fn enforce(&mut self, on: bool) -> Result<()> {
+        let mut config = self.maps.config().context("reading the config")?;
+        if on {
+            config.flags |= FLAG_NETWORK_POLICY;
+        } else {
+            config.flags &= !FLAG_NETWORK_POLICY;
+        }
+        self.maps
+            .set_config(&config)
+            .context("turning policy on or off")
     }
 
     /// Distinct rules written.
@@ -204,9 +218,7 @@ impl PolicyFill {
 
     /// Turns policy off and empties its maps.
     fn take_out(&mut self) -> Result<()> {
-        let mut config = self.maps.config()?;
-        config.flags &= !FLAG_NETWORK_POLICY;
-        self.maps.set_config(&config)?;
+        self.enforce(false)?;
         self.enforcer.set_pods(BTreeMap::new(), BTreeSet::new());
         self.enforcer.sync(&mut self.maps)?;
         Ok(())

@@ -377,6 +377,17 @@ pub fn sections(results: &Results) -> Vec<Section> {
             ));
         }
     }
+    for (flow, title) in POLICY_PROFILES {
+        for (with_policy, state) in [(false, "no policy"), (true, "policy on")] {
+            policy.push(Figure::new(
+                format!("{title}, {state}"),
+                policy_name(flow, with_policy),
+                "ns_per_exchange",
+                "ns",
+                Lower,
+            ));
+        }
+    }
     for (key, unit) in [("p50_ms", "ms p50"), ("p99_ms", "ms p99")] {
         policy.push(Figure::new(
             "kubectl apply to the node's maps (1000 pods in the cluster)",
@@ -453,6 +464,13 @@ const POLICY_FIGURES: [(&str, &str, &str, &str, Better); 3] = [
     ("snat_rr", "SNAT RR p50", "p50_us", "µs", Better::Lower),
     ("pod_rr", "pod → pod RR p50", "p50_us", "µs", Better::Lower),
     ("snat_crr", "SNAT CRR", "rate", "conn/s", Better::Higher),
+];
+
+/// The policy part's program-time figures (the kernel's run-time
+/// statistics over an RR run): flow, title.
+const POLICY_PROFILES: [(&str, &str); 2] = [
+    ("profile/snat_rr", "SNAT RR, eBPF time per exchange"),
+    ("profile/pod_rr", "pod → pod RR, eBPF time per exchange"),
 ];
 
 fn cell(value: Option<f64>) -> String {

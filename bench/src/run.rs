@@ -312,7 +312,12 @@ fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Mea
         for (name, to) in [("snat_rr", inet), ("pod_rr", pod)] {
             let stats = ProgramStats::start()?;
             let load = rr_to(&client.netns, to)?;
-            out.push(profile_measurement(round, name, &load, &stats.finish()?));
+            out.push(profile_measurement(
+                round,
+                &format!("profile/{name}"),
+                &load,
+                &stats.finish()?,
+            ));
         }
     }
 
@@ -345,18 +350,17 @@ fn base(opts: &BenchOptions, round: usize, datapath: Datapath) -> Result<Vec<Mea
     Ok(out)
 }
 
-/// What the programs cost per exchange of an RR run (`profile/<flow>`):
+/// What the programs cost per exchange of an RR run (measurement `name`):
 /// per program, nanoseconds per run and runs per exchange; in all, eBPF
 /// nanoseconds per exchange, against the exchange's p50.
 fn profile_measurement(
     round: usize,
-    flow: &str,
+    name: &str,
     load: &LoadResult,
     costs: &BTreeMap<&'static str, ProgramCost>,
 ) -> Measurement {
     let exchanges = load.transactions.max(1) as f64;
-    let mut m = Measurement::new(round, Datapath::Ebpf, format!("profile/{flow}"))
-        .with("p50_us", load.latency.p50_us);
+    let mut m = Measurement::new(round, Datapath::Ebpf, name).with("p50_us", load.latency.p50_us);
     let mut total_ns = 0.0;
     for (program, cost) in costs {
         let per_exchange = cost.runs as f64 / exchanges;
@@ -438,9 +442,11 @@ pub fn policy_name(flow: &str, with_policy: bool) -> String {
 }
 
 /// SNAT RR and CRR and pod-to-pod RR on a node with [`POLICY_FILLERS`]
-/// pods' endpoint state, with a node's worth of network policy (see
-/// [`PolicyFill`]) and with none, in the same lab, the order alternating
-/// from round to round.
+/// pods' endpoint state and a node's worth of network policy (see
+/// [`PolicyFill`]), enforced and not, in the same lab, the order
+/// alternating from round to round; and what the programs cost per
+/// exchange either way (`profile/` measurements, apart: the statistics
+/// cost every run a little).
 fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
     let lab = lab_up(&lab_options(opts, Datapath::Ebpf, 3, 1))?;
     let tools = opts.tools();
@@ -454,6 +460,15 @@ fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
         SocketAddrV4::new(INET_ADDR, PORT),
         SocketAddrV4::new(target.addr, PORT),
     );
+    // Written once: between the measurements only the flag flips, so both
+    // states see the same maps.
+    let mut fill = PolicyFill::insert(
+        POLICY_FILLERS,
+        client.addr,
+        &[INET_ADDR, target.addr],
+        target.addr,
+        PORT,
+    )?;
     let duration = opts.duration();
     let order = if round.is_multiple_of(2) {
         [false, true]
@@ -462,31 +477,17 @@ fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
     };
     let mut out = Vec::new();
     for with_policy in order {
-        let fill = with_policy
-            .then(|| {
-                PolicyFill::insert(
-                    POLICY_FILLERS,
-                    client.addr,
-                    &[INET_ADDR, target.addr],
-                    target.addr,
-                    PORT,
-                )
-            })
-            .transpose()?;
-        let name = |flow| policy_name(flow, with_policy);
+        fill.enforce(with_policy)?;
+        let name = |flow: &str| policy_name(flow, with_policy);
         let rr_to = |to| Client::run(&tools, &client.netns, to, rr(duration));
-        out.push(Measurement::of_load(
-            round,
-            Datapath::Ebpf,
-            &name("snat_rr"),
-            rr_to(inet)?,
-        ));
-        out.push(Measurement::of_load(
-            round,
-            Datapath::Ebpf,
-            &name("pod_rr"),
-            rr_to(pod)?,
-        ));
+        for (flow, to) in [("snat_rr", inet), ("pod_rr", pod)] {
+            out.push(Measurement::of_load(
+                round,
+                Datapath::Ebpf,
+                &name(flow),
+                rr_to(to)?,
+            ));
+        }
         out.push(Measurement::of_load(
             round,
             Datapath::Ebpf,
@@ -498,17 +499,26 @@ fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
                 crr(opts, Load::CrrServerCloses),
             )?,
         ));
-        if let Some(fill) = &fill {
-            let mut memory = Measurement::new(round, Datapath::Ebpf, "policy/maps")
-                .with("rules", fill.rules() as f64);
-            let mut total = 0;
-            for (map, bytes) in PolicyFill::memory()? {
-                memory = memory.with(&format!("bytes/{map}"), bytes as f64);
-                total += bytes;
-            }
-            out.push(memory.with("bytes", total as f64));
+        for (flow, to) in [("snat_rr", inet), ("pod_rr", pod)] {
+            let stats = ProgramStats::start()?;
+            let load = rr_to(to)?;
+            out.push(profile_measurement(
+                round,
+                &name(&format!("profile/{flow}")),
+                &load,
+                &stats.finish()?,
+            ));
         }
     }
+    let mut memory =
+        Measurement::new(round, Datapath::Ebpf, "policy/maps").with("rules", fill.rules() as f64);
+    let mut total = 0;
+    for (map, bytes) in PolicyFill::memory()? {
+        memory = memory.with(&format!("bytes/{map}"), bytes as f64);
+        total += bytes;
+    }
+    out.push(memory.with("bytes", total as f64));
+    drop(fill);
     lab.down().context("taking the lab down")?;
     Ok(out)
 }

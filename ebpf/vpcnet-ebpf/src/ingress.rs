@@ -57,7 +57,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         Counter::IngressRevSnat
         | Counter::IngressIcmpErrorRevNat
         | Counter::IngressNotNode
-        | Counter::IngressInboundTracked => deliver(ctx, cfg, decision)?,
+        | Counter::IngressInboundTracked => deliver(ctx, cfg, &ip, decision)?,
         _ => decision.into(),
     };
     if ip.fragment == Fragment::First {
@@ -70,7 +70,13 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
 /// stack and `pod_ingress`, once policy let it, unless the pod is a strict
 /// security-group pod and this is not its branch ENI.
 #[inline(always)]
-fn deliver(ctx: &TcContext, cfg: &Config, decision: Counter) -> Result<Verdict, Counter> {
+fn deliver(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    decision: Counter,
+) -> Result<Verdict, Counter> {
+    // The reverse NAT rewrote only the destination (and its port).
     let daddr: u32 = load(ctx, IP_DADDR_OFF)?;
     let Some(ep) = endpoint(daddr) else {
         return Ok(decision.into());
@@ -84,7 +90,7 @@ fn deliver(ctx: &TcContext, cfg: &Config, decision: Counter) -> Result<Verdict, 
         return Ok(Counter::IngressStackFlow.into());
     }
     count(decision);
-    policy::admit_in(ctx, cfg)?;
+    policy::admit_ipv4(ctx, cfg, &Ipv4 { daddr, ..*ip })?;
     to_pod(ctx, &ep, Counter::IngressToPod)
 }
 

@@ -163,56 +163,51 @@ const UDP_ICMP_HLEN: usize = 8;
 /// any rewrite. `Ok(None)`: a protocol the NAT does not translate.
 #[inline(always)]
 pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Counter> {
-    let fixed = match proto {
-        PROTO_TCP => TCP_HLEN,
-        PROTO_UDP | PROTO_ICMP => UDP_ICMP_HLEN,
-        _ => return Ok(None),
-    };
-    let _: u8 = load(ctx, off + fixed - 1)?;
-    match proto {
-        PROTO_TCP => {
-            let sport: u16 = load(ctx, off)?;
-            let dport: u16 = load(ctx, off + 2)?;
-            let flags: u8 = load(ctx, off + 13)?;
-            Ok(Some(L4 {
-                sport,
-                dport,
-                tcp_flags: flags,
-                icmp_type: 0,
-            }))
-        }
-        PROTO_UDP => {
-            let sport: u16 = load(ctx, off)?;
-            let dport: u16 = load(ctx, off + 2)?;
-            Ok(Some(L4 {
-                sport,
-                dport,
-                tcp_flags: 0,
-                icmp_type: 0,
-            }))
-        }
-        PROTO_ICMP => {
-            let icmp_type: u8 = load(ctx, off)?;
-            let (sport, dport) = match icmp_type {
-                ICMP_ECHO | ICMP_ECHO_REPLY => {
-                    let id: u16 = load(ctx, off + 4)?;
-                    if icmp_type == ICMP_ECHO {
-                        (id, 0)
-                    } else {
-                        (0, id)
-                    }
-                }
-                _ => (0, 0),
-            };
-            Ok(Some(L4 {
-                sport,
-                dport,
-                tcp_flags: 0,
-                icmp_type,
-            }))
-        }
-        _ => Ok(None),
+    if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP) {
+        return Ok(None);
     }
+    // One read of the whole fixed part: each read is a helper call.
+    let l4 = match proto {
+        PROTO_TCP => {
+            let tcp: [u8; TCP_HLEN] = load(ctx, off)?;
+            L4 {
+                sport: u16::from_ne_bytes([tcp[0], tcp[1]]),
+                dport: u16::from_ne_bytes([tcp[2], tcp[3]]),
+                tcp_flags: tcp[13],
+                icmp_type: 0,
+            }
+        }
+        _ => {
+            let header: [u8; UDP_ICMP_HLEN] = load(ctx, off)?;
+            let (first, second) = (
+                u16::from_ne_bytes([header[0], header[1]]),
+                u16::from_ne_bytes([header[2], header[3]]),
+            );
+            if proto == PROTO_UDP {
+                L4 {
+                    sport: first,
+                    dport: second,
+                    tcp_flags: 0,
+                    icmp_type: 0,
+                }
+            } else {
+                let icmp_type = header[0];
+                let id = u16::from_ne_bytes([header[4], header[5]]);
+                let (sport, dport) = match icmp_type {
+                    ICMP_ECHO => (id, 0),
+                    ICMP_ECHO_REPLY => (0, id),
+                    _ => (0, 0),
+                };
+                L4 {
+                    sport,
+                    dport,
+                    tcp_flags: 0,
+                    icmp_type,
+                }
+            }
+        }
+    };
+    Ok(Some(l4))
 }
 
 /// The ports (or echo identifier) of a datagram quoted in an ICMP error:

@@ -55,7 +55,7 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
     // Policy judges a service's backend, after kube-proxy's DNAT (in
     // `pod_ingress` or `eni_egress`), not the service's address.
     if cfg.network_policy() && cidr::lookup(ip.daddr) != Some(CidrKind::Service) {
-        policy::admit_in(ctx, cfg)?;
+        policy::admit_ipv4(ctx, cfg, &ip)?;
     }
     if ep.strict() {
         // Services still need kube-proxy's DNAT; the stack's route then

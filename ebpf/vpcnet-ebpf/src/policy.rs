@@ -43,15 +43,11 @@ struct Packet {
     icmp_type: u8,
 }
 
-/// The packet now in `ctx` (after any rewrite) as policy sees it; `None`
-/// for what policy leaves alone: not IPv4, a later fragment (it follows its
-/// first fragment, which was judged).
+/// The packet whose IPv4 header is `ip` as policy sees it; `None` for what
+/// policy leaves alone: a later fragment (it follows its first fragment,
+/// which was judged).
 #[inline(always)]
-fn packet_in(ctx: &TcContext) -> Result<Option<(Ipv4, Packet)>, Counter> {
-    if !is_ipv4(ctx) {
-        return Ok(None);
-    }
-    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+fn packet_of(ctx: &TcContext, ip: &Ipv4) -> Result<Option<Packet>, Counter> {
     if ip.fragment == Fragment::Later {
         return Ok(None);
     }
@@ -64,34 +60,43 @@ fn packet_in(ctx: &TcContext) -> Result<Option<(Ipv4, Packet)>, Counter> {
         ),
         // SCTP's ports are where TCP's and UDP's are.
         None if ip.proto == PROTO_SCTP => {
-            let sport: u16 = load(ctx, ip.l4_off)?;
-            let dport: u16 = load(ctx, ip.l4_off + 2)?;
-            (sport, dport, false, 0)
+            let ports: [u16; 2] = load(ctx, ip.l4_off)?;
+            (ports[0], ports[1], false, 0)
         }
         None => (0, 0, false, 0),
     };
-    let packet = Packet {
+    Ok(Some(Packet {
         key: FlowKey::new(ip.saddr, ip.daddr, sport, dport, ip.proto),
         syn,
         icmp_type,
-    };
-    Ok(Some((ip, packet)))
+    }))
 }
 
-/// Judges the packet now in `ctx`: the rules of whichever of its ends is a
-/// local pod. `Err`: the drop reason.
+/// Judges the packet now in `ctx` (after any rewrite): the rules of
+/// whichever of its ends is a local pod. `Err`: the drop reason.
 #[inline(always)]
 pub fn admit_in(ctx: &TcContext, cfg: &Config) -> Result<(), Counter> {
+    if !cfg.network_policy() || !is_ipv4(ctx) {
+        return Ok(());
+    }
+    let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    admit_ipv4(ctx, cfg, &ip)
+}
+
+/// [`admit_in`] for a packet whose IPv4 header the caller has read, and
+/// not rewritten since: the header is not read twice.
+#[inline(always)]
+pub fn admit_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<(), Counter> {
     if !cfg.network_policy() {
         return Ok(());
     }
-    let Some((ip, packet)) = packet_in(ctx)? else {
+    let Some(packet) = packet_of(ctx, ip)? else {
         return Ok(());
     };
     if ip.proto == PROTO_ICMP && icmp::is_translated_error(packet.icmp_type) {
         // An error about a connection policy let through belongs to it (as
         // netfilter's RELATED); about anything else, it is judged as ICMP.
-        if icmp::quoted_flow(ctx, &ip).is_some_and(|quoted| known(&quoted)) {
+        if icmp::quoted_flow(ctx, ip).is_some_and(|quoted| known(&quoted)) {
             return Ok(());
         }
     }
