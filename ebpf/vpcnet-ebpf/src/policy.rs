@@ -107,21 +107,28 @@ pub fn admit_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<(), Counte
 #[inline(always)]
 fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
     let key = &packet.key;
+    let (flow, reversed) = flow_key(key);
+    let now = now_ns();
+    // A known connection first: most packets are its, and its entry spares
+    // the pods' lookups (only connections of a pod with policy are
+    // tracked). A SYN opens a connection: judged again even on a known
+    // tuple, so a tuple reused after its connection closed gets today's
+    // rules.
+    let tracked = if packet.syn {
+        Tracked::No
+    } else {
+        refresh(&flow, now)
+    };
+    if matches!(tracked, Tracked::Allowed) {
+        return Ok(());
+    }
     let sender = pod_policy(key.saddr);
     let receiver = pod_policy(key.daddr);
     if sender.is_none() && receiver.is_none() {
         return Ok(());
     }
-    let (flow, reversed) = flow_key(key);
-    let now = now_ns();
-    // A SYN opens a connection: judged again even on a known tuple, so a
-    // tuple reused after its connection closed gets today's rules.
-    if !packet.syn {
-        match refresh(&flow, now) {
-            Tracked::Allowed => return Ok(()),
-            Tracked::Revoked => return Err(Counter::DropPolicyRevoked),
-            Tracked::No => {}
-        }
+    if matches!(tracked, Tracked::Revoked) {
+        return Err(Counter::DropPolicyRevoked);
     }
     let verdict = judge(key, sender, receiver);
     let opener = match verdict {
