@@ -26,7 +26,7 @@ pub struct Args {
 /// Builds every binary of the workspace and returns the directory they are
 /// in: `target/debug` or `target/release`.
 pub fn run(args: &Args) -> Result<PathBuf> {
-    setup::ensure()?;
+    setup::ensure(setup::Scope::Lab)?;
     let mut build = cargo_build(args.release);
     build.args(["--workspace", "--bins"]);
     run_checked(&mut build).context("building the workspace failed")?;
@@ -47,7 +47,7 @@ pub fn cni_plugin_binary(release: bool) -> Result<PathBuf> {
 
 /// Builds binary `bin` of `package` (after [`setup::ensure`]) and returns its path.
 pub fn binary(package: &str, bin: &str, release: bool) -> Result<PathBuf> {
-    setup::ensure()?;
+    setup::ensure(setup::Scope::Lab)?;
     let mut build = cargo_build(release);
     build.args(["--package", package, "--bin", bin]);
     run_checked(&mut build).with_context(|| format!("building {bin} failed"))?;
@@ -103,7 +103,7 @@ pub fn linting_cargo() -> Command {
     cargo
 }
 
-fn cargo_build(release: bool) -> Command {
+pub(crate) fn cargo_build(release: bool) -> Command {
     let mut build = vpcnet_lab::cargo_env::cargo();
     build.arg("build").current_dir(workspace_root());
     if release {

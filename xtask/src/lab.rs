@@ -4,7 +4,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -241,7 +241,7 @@ fn pod(action: &PodAction) -> Result<()> {
 
 fn options(args: &UpArgs) -> Result<LabOptions> {
     // The lab needs iproute2, nftables and iptables whatever the datapath.
-    crate::setup::ensure()?;
+    crate::setup::ensure(crate::setup::Scope::Lab)?;
     let mut opts = LabOptions {
         pods: args.pods,
         datapath: args.datapath,
@@ -281,9 +281,11 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         let agent_bin = if let Some(path) = &args.agent_bin {
             path.clone()
         } else {
-            println!("building vpcnet-agent...");
+            let started = step("building vpcnet-agent");
             // Its build script builds the eBPF programs it embeds.
-            crate::build::agent_binary(false).context("building the agent")?
+            let agent = crate::build::agent_binary(false).context("building the agent")?;
+            took(started);
+            agent
         };
         opts.agent_bin = Some(agent_bin);
     }
@@ -298,13 +300,14 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         );
     }
     if args.through_cri() {
-        println!("building vpcnet-cni, the EC2 emulator and the Kubernetes API server...");
+        let started = step("building vpcnet-cni, the EC2 emulator and the Kubernetes API server");
         let cni_plugin =
             crate::build::cni_plugin_binary(false).context("building the CNI plugin")?;
         crate::build::binary("vpcnet-lab", vpcnet_lab::ec2::EMULATOR_BIN, false)
             .context("building the EC2 emulator")?;
         crate::build::binary("vpcnet-lab", vpcnet_lab::kube::KUBE_API_BIN, false)
             .context("building the Kubernetes API server")?;
+        took(started);
         let mut ipam = IpamLabOptions::new(&args.instance_type);
         ipam.cri = Some(CriLabOptions { cni_plugin });
         // The agent in-cluster, as on EKS.
@@ -316,6 +319,16 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
     }
     opts.validate()?;
     Ok(opts)
+}
+
+/// Says that a step starts; [`took`] then says how long it took.
+fn step(what: &str) -> Instant {
+    println!("{what}...");
+    Instant::now()
+}
+
+fn took(started: Instant) {
+    println!("  done in {:.1} s", started.elapsed().as_secs_f64());
 }
 
 fn up(args: &UpArgs) -> Result<()> {
@@ -450,14 +463,15 @@ fn demo(args: &UpArgs) -> Result<()> {
     if opts.pods == 0 {
         bail!("the demo needs at least one pod");
     }
-    println!(
-        "bringing the lab up ({} datapath, {} pods)...",
+    let started = step(&format!(
+        "bringing the lab up ({} datapath, {} pods)",
         opts.datapath, opts.pods
-    );
+    ));
     // One lab user at a time on this machine (tests take the same lock).
     let _lab_lock = vpcnet_lab::serial();
     // Dropped at the end, on error or on panic: the lab goes with it.
     let lab = Lab::up(&opts).context("bringing the lab up")?;
+    took(started);
     print_state(lab.state());
     print_cluster(&lab);
 

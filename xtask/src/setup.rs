@@ -2,8 +2,9 @@
 //! a fresh Debian machine run as root. Every step looks first and installs only
 //! what is missing, so running it again is fast and changes nothing.
 //!
-//! [`ensure`] is the same work, quiet about what is already there: `build`,
-//! `test` and `lab` call it before they start.
+//! [`ensure`] is the same work for one [`Scope`], quiet about what is
+//! already there: `build`, `lab` and `bench` call it for the lab's, `test`
+//! for the tests' (the demo installs and builds only what it runs).
 //!
 //! The helpers [`run_checked`], [`stdout_of`] and [`shell_line`] run a
 //! `std::process::Command` and turn a failure into an error that quotes the
@@ -14,7 +15,8 @@ use std::{
     fs,
     path::Path,
     process::{Command, Stdio},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicU8, Ordering},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -25,14 +27,13 @@ use vpcnet_lab::{
 
 use crate::{kernels::KERNELS, vm::VIRTME_NG_REQUIREMENT};
 
-/// Debian packages the datapath, the lab and the tests use. `util-linux`
+/// Debian packages the datapath and the lab use. `util-linux`
 /// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
-/// `modprobe`, `python3-venv` the virtualenv that pip installs into. The
-/// lab's container runtime (`vpcnet_lab::cri`) is `containerd` 1.6 (with
-/// `ctr`) and `runc`; `containernetworking-plugins` brings the reference
-/// CNI plugins (`loopback`, `ptp`, `host-local`, `portmap`) to
-/// /usr/lib/cni; `busybox-static` the static /bin/busybox the lab's pause
-/// image is made of.
+/// `modprobe`. The lab's container runtime (`vpcnet_lab::cri`) is
+/// `containerd` 1.6 (with `ctr`) and `runc`; `containernetworking-plugins`
+/// brings the reference CNI plugins (`loopback`, `ptp`, `host-local`,
+/// `portmap`) to /usr/lib/cni; `busybox-static` the static /bin/busybox the
+/// lab's pause image is made of.
 pub const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "iptables",
@@ -41,17 +42,23 @@ pub const APT_PACKAGES: &[&str] = &[
     "conntrack",
     "tcpdump",
     "bpftool",
+    // The benchmark's stream figure.
     "iperf3",
     "ethtool",
     "procps",
     "util-linux",
     "kmod",
-    "python3-venv",
     "containerd",
     "runc",
     "containernetworking-plugins",
     "busybox-static",
     "unzip",
+];
+
+/// Debian packages only the tests use: `python3-venv` the virtualenv that
+/// pip installs into.
+pub const TEST_APT_PACKAGES: &[&str] = &[
+    "python3-venv",
     // `promtool check metrics` on a real scrape (the introspection test).
     "prometheus",
     // The kernel matrix's VMs (`crate::vm`): qemu under TCG, and udev,
@@ -59,6 +66,46 @@ pub const APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "udev",
 ];
+
+/// Debian packages `cargo xtask image` uses: `mmdebstrap` makes the root
+/// filesystem, `skopeo` reads the archive back.
+pub const IMAGE_APT_PACKAGES: &[&str] = &["mmdebstrap", "skopeo"];
+
+/// Debian packages an arm64 image needs besides: the cross toolchain, and
+/// qemu for the root filesystem's maintainer scripts and the binaries'
+/// smoke check.
+pub const ARM64_APT_PACKAGES: &[&str] = &[
+    "crossbuild-essential-arm64",
+    "qemu-user-static",
+    "binfmt-support",
+];
+
+/// Rust's arm64 target, for the arm64 image's binaries.
+const ARM64_RUST_TARGET: &str = "aarch64-unknown-linux-gnu";
+
+/// What `cargo xtask image` needs beyond the lab's: its packages, and for
+/// arm64 the cross toolchain and Rust's target.
+pub fn ensure_image_tools(arm64: bool) -> Result<()> {
+    ensure(Scope::Lab)?;
+    let reporter = Reporter { verbose: false };
+    apt_packages(reporter, IMAGE_APT_PACKAGES)?;
+    if arm64 {
+        apt_packages(reporter, ARM64_APT_PACKAGES)?;
+        let installed = stdout_of(Command::new("rustup").args(["target", "list", "--installed"]))
+            .unwrap_or_default();
+        if !installed
+            .lines()
+            .any(|line| line.trim() == ARM64_RUST_TARGET)
+        {
+            let mut add = Command::new("rustup");
+            add.args(["target", "add", ARM64_RUST_TARGET]);
+            say(ARM64_RUST_TARGET, "installing");
+            run_checked(&mut add)
+                .with_context(|| install_failed(ARM64_RUST_TARGET, &shell_line(&add)))?;
+        }
+    }
+    Ok(())
+}
 
 /// Python packages to install with pip into [`PYPI_VENV`]: requirement
 /// specifiers such as `moto[server]==5.2.5`. moto's EC2 server is the
@@ -94,23 +141,36 @@ const BPFFS_MOUNT_POINT: &str = "/sys/fs/bpf";
 #[derive(clap::Args)]
 pub struct Args {}
 
+/// What a command needs installed: each scope has what the one before it
+/// has, so the demo installs and builds only what it runs.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Building, the lab and the benchmark: the toolchains, the lab's
+    /// packages, kubectl and helm, bpffs.
+    Lab = 1,
+    /// The tests besides: their packages, moto and virtme-ng, the VMs'
+    /// kernels, the earlier releases the upgrade tests start from.
+    Tests = 2,
+}
+
 /// `cargo xtask setup`: every step says what it did or that it was there.
 pub fn run(_args: &Args) -> Result<()> {
-    install_missing(Reporter { verbose: true })?;
+    install_missing(Reporter { verbose: true }, Scope::Tests)?;
     println!("setup: everything is in place");
     Ok(())
 }
 
-/// Installs only what is missing, printing only what it installs. Cheap when
-/// everything is there (no `apt-get update`, no `cargo install`), and done at
-/// most once per process.
-pub fn ensure() -> Result<()> {
-    static ENSURED: AtomicBool = AtomicBool::new(false);
-    if ENSURED.load(Ordering::Relaxed) {
+/// Installs only what `scope` needs and is missing, printing only what it
+/// installs and how long that took. Cheap when everything is there (no
+/// `apt-get update`, no `cargo install`), and done at most once per scope
+/// and process.
+pub fn ensure(scope: Scope) -> Result<()> {
+    static ENSURED: AtomicU8 = AtomicU8::new(0);
+    if ENSURED.load(Ordering::Relaxed) >= scope as u8 {
         return Ok(());
     }
-    install_missing(Reporter { verbose: false })?;
-    ENSURED.store(true, Ordering::Relaxed);
+    install_missing(Reporter { verbose: false }, scope)?;
+    ENSURED.fetch_max(scope as u8, Ordering::Relaxed);
     Ok(())
 }
 
@@ -218,17 +278,51 @@ fn say(what: &str, doing: &str) {
     println!("setup: {what}: {doing}");
 }
 
-fn install_missing(reporter: Reporter) -> Result<()> {
-    rust_components(reporter)?;
-    bpf_linker(reporter)?;
-    apt_packages(reporter)?;
-    pypi_packages(reporter)?;
-    kube_tools(reporter)?;
-    bpffs(reporter)?;
-    matrix_kernels(reporter)?;
+/// A step of the setup: its name, and what it installs.
+type SetupStep = (&'static str, fn(Reporter) -> Result<()>);
+
+/// What [`Scope::Lab`] installs, in order.
+const LAB_STEPS: &[SetupStep] = &[
+    ("rust components", rust_components),
+    ("bpf-linker", bpf_linker),
+    ("apt packages", |r| apt_packages(r, APT_PACKAGES)),
+    ("helm and kubectl", kube_tools),
+    ("bpffs", bpffs),
+];
+
+/// What [`Scope::Tests`] installs after [`LAB_STEPS`], in order.
+const TEST_STEPS: &[SetupStep] = &[
+    ("the tests' apt packages", |r| {
+        apt_packages(r, TEST_APT_PACKAGES)
+    }),
+    ("python packages", pypi_packages),
+    ("the VMs' kernels", matrix_kernels),
     // Last: the releases build with the toolchain installed above.
-    crate::releases::build_missing(|what| reporter.present(what), say)
+    ("earlier releases", |r| {
+        crate::releases::build_missing(|what| r.present(what), say)
+    }),
+];
+
+fn install_missing(reporter: Reporter, scope: Scope) -> Result<()> {
+    let tests: &[SetupStep] = if scope >= Scope::Tests {
+        TEST_STEPS
+    } else {
+        &[]
+    };
+    for (name, step) in LAB_STEPS.iter().chain(tests) {
+        let started = Instant::now();
+        step(reporter)?;
+        // Only what installed something takes long: say how long.
+        let elapsed = started.elapsed();
+        if elapsed >= STEP_WORTH_TIMING {
+            say(name, &format!("done in {:.0} s", elapsed.as_secs_f64()));
+        }
+    }
+    Ok(())
 }
+
+/// A setup step taking this long or longer says how long it took.
+const STEP_WORTH_TIMING: Duration = Duration::from_secs(2);
 
 /// The error for a step that could not install `what`, with the command that
 /// does it by hand.
@@ -425,9 +519,9 @@ fn command_succeeds(command: &mut Command) -> bool {
 
 // ---- Debian packages ------------------------------------------------------
 
-fn apt_packages(reporter: Reporter) -> Result<()> {
-    let what = format!("apt packages ({})", APT_PACKAGES.join(" "));
-    let missing = missing_apt_packages(APT_PACKAGES)?;
+fn apt_packages(reporter: Reporter, packages: &[&str]) -> Result<()> {
+    let what = format!("apt packages ({})", packages.join(" "));
+    let missing = missing_apt_packages(packages)?;
     if missing.is_empty() {
         reporter.present(&what);
         return Ok(());

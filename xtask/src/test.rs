@@ -190,7 +190,7 @@ impl Place {
 
 pub fn run(args: &Args) -> Result<()> {
     require_root()?;
-    setup::ensure()?;
+    setup::ensure(setup::Scope::Tests)?;
     let started = Instant::now();
     let mut passed: Vec<&str> = Vec::new();
     if !args.skip_lint {
