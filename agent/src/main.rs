@@ -44,7 +44,13 @@ enum Command {
     /// Load the programs into a scratch pin directory and print what each
     /// cost this kernel's verifier (processed instructions, stack, load
     /// time) against vpcnet's budgets; exits non-zero when one is over.
-    Verifier,
+    Verifier {
+        /// Load nothing: check the embedded object holds every program and
+        /// map, without a kernel (an image's check on another
+        /// architecture, under qemu).
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Print the datapath's counters (per verdict and drop reason).
     Counters {
         /// Also print counters that are zero.
@@ -153,7 +159,11 @@ fn run_command() -> Result<()> {
     match cli.command {
         Command::Run(args) => app::run(&cli.pin_dir, &args, &env),
         Command::Settings { ipam } => commands::settings::print_settings(&env, ipam),
-        Command::Verifier => commands::verifier::print_budgets(),
+        Command::Verifier { dry_run: false } => commands::verifier::print_budgets(),
+        Command::Verifier { dry_run: true } => {
+            println!("{}", vpcnet_agent::datapath::embedded_object()?);
+            Ok(())
+        }
         Command::Counters { all } => maps::print_counters(&maps::open(&cli.pin_dir)?, all),
         Command::Nat { summary: false } => maps::print_nat(&maps::open(&cli.pin_dir)?),
         Command::Nat { summary: true } => maps::print_nat_summary(&maps::open(&cli.pin_dir)?),

@@ -84,7 +84,7 @@ pub fn profile_dir(release: bool) -> Result<PathBuf> {
     Ok(target_dir()?.join(profile_name(release)))
 }
 
-fn profile_name(release: bool) -> &'static str {
+pub(crate) fn profile_name(release: bool) -> &'static str {
     if release { "release" } else { "debug" }
 }
 

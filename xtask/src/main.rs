@@ -3,6 +3,7 @@
 
 mod bench;
 mod build;
+mod image;
 mod kernels;
 mod lab;
 mod releases;
@@ -33,6 +34,9 @@ enum Command {
     /// Benchmarks: vpcnet against the VPC CNI's iptables datapath and the
     /// routed ceiling, in the lab; report and plots in `target/bench/`.
     Bench(bench::Args),
+    /// vpcnet's container image as an OCI archive, from the repository and
+    /// the machine's Debian mirror alone (its path on the last line).
+    Image(image::Args),
 }
 
 fn main() -> Result<()> {
@@ -42,5 +46,6 @@ fn main() -> Result<()> {
         Command::Test(args) => test::run(&args),
         Command::Lab(args) => lab::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Image(args) => image::run(&args),
     }
 }

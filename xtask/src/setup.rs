@@ -73,11 +73,12 @@ pub const IMAGE_APT_PACKAGES: &[&str] = &["mmdebstrap", "skopeo"];
 
 /// Debian packages an arm64 image needs besides: the cross toolchain, and
 /// qemu for the root filesystem's maintainer scripts and the binaries'
-/// smoke check.
+/// smoke check (`arch-test`: how mmdebstrap sees that qemu runs arm64).
 pub const ARM64_APT_PACKAGES: &[&str] = &[
     "crossbuild-essential-arm64",
     "qemu-user-static",
     "binfmt-support",
+    "arch-test",
 ];
 
 /// Rust's arm64 target, for the arm64 image's binaries.

@@ -486,6 +486,34 @@ fn remove_retired_pins(pin_dir: &Path) {
     }
 }
 
+/// What the embedded object holds, read without a kernel: its size and
+/// every program and map the agent loads from it. `Err`: the agent was
+/// built without its programs, or one is missing (what an image's smoke
+/// check on another architecture can prove).
+pub fn embedded_object() -> Result<String, DatapathError> {
+    if PROGRAMS.is_empty() {
+        return Err(DatapathError::NoPrograms);
+    }
+    let object = aya_obj::Object::parse(PROGRAMS)
+        .map_err(|e| DatapathError::Load(aya::EbpfError::ParseError(e)))?;
+    for name in PROGRAMS_BY_NAME {
+        if !object.programs.contains_key(name) {
+            return Err(DatapathError::MissingProgram(name));
+        }
+    }
+    for map in names::ALL {
+        if !object.maps.contains_key(map.name) {
+            return Err(DatapathError::MissingMap(map.name));
+        }
+    }
+    Ok(format!(
+        "embedded eBPF object: {} bytes, programs {}, {} maps",
+        PROGRAMS.len(),
+        PROGRAMS_BY_NAME.join(", "),
+        names::ALL.len()
+    ))
+}
+
 /// What a starting agent does with each pinned map (see [`pins`]), done as
 /// far as it goes before the programs load: the pin each map's new map
 /// takes is freed, the maps whose entries are carried are opened.
