@@ -296,6 +296,10 @@ const TEST_STEPS: &[SetupStep] = &[
     ("the tests' apt packages", |r| {
         apt_packages(r, TEST_APT_PACKAGES)
     }),
+    // The image's test builds it.
+    ("the image's apt packages", |r| {
+        apt_packages(r, IMAGE_APT_PACKAGES)
+    }),
     ("python packages", pypi_packages),
     ("the VMs' kernels", matrix_kernels),
     // Last: the releases build with the toolchain installed above.
