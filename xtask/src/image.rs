@@ -83,14 +83,17 @@ impl Arch {
 
 /// The image's name and tag, as the manifests name it (`image: vpcnet`
 /// with the chart's default tag).
-pub fn reference() -> String {
+fn reference() -> String {
     format!("vpcnet:{}", env!("CARGO_PKG_VERSION"))
 }
+
+/// The agent in the image: its entrypoint.
+const AGENT_PLACE: &str = "usr/local/bin/vpcnet-agent";
 
 /// Where the binaries go in the image, by the name cargo gives them (the
 /// plugin beside the chained ones, in [`rootfs::PLUGIN_DIR`]).
 const BINARIES: [(&str, &str); 2] = [
-    ("vpcnet-agent", "usr/local/bin/vpcnet-agent"),
+    ("vpcnet-agent", AGENT_PLACE),
     ("vpcnet-cni", "opt/vpcnet/cni/vpcnet-cni"),
 ];
 
@@ -390,8 +393,7 @@ fn image_config(
         .context("the commit's time")?
         .format(&Rfc3339)
         .context("formatting the commit's time")?;
-    let mut labels = BTreeMap::new();
-    for (key, value) in [
+    let labels = [
         ("org.opencontainers.image.title", "vpcnet".to_owned()),
         (
             "org.opencontainers.image.description",
@@ -415,20 +417,17 @@ fn image_config(
             "dev.vpcnet.image.debian-packages",
             packages.lines().collect::<Vec<_>>().join(", "),
         ),
-    ] {
-        labels.insert(key.to_owned(), value);
-    }
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value))
+    .collect();
     let config = ConfigBuilder::default()
-        .entrypoint(vec!["/usr/local/bin/vpcnet-agent".to_owned()])
+        .entrypoint(vec![format!("/{AGENT_PLACE}")])
         .cmd(vec!["run".to_owned(), "--ipam".to_owned()])
         .env(vec![
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
         ])
-        .labels(
-            labels
-                .into_iter()
-                .collect::<std::collections::HashMap<_, _>>(),
-        )
+        .labels::<std::collections::HashMap<String, String>>(labels)
         .build()
         .context("the image's run configuration")?;
     let rootfs = RootFsBuilder::default()
