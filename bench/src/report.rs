@@ -468,9 +468,10 @@ const POLICY_FIGURES: [(&str, &str, &str, &str, Better); 3] = [
 
 /// The policy part's program-time figures (the kernel's run-time
 /// statistics over an RR run): flow, title.
-const POLICY_PROFILES: [(&str, &str); 2] = [
+const POLICY_PROFILES: [(&str, &str); 3] = [
     ("profile/snat_rr", "SNAT RR, eBPF time per exchange"),
     ("profile/pod_rr", "pod → pod RR, eBPF time per exchange"),
+    ("profile/snat_crr", "SNAT CRR, eBPF time per connection"),
 ];
 
 fn cell(value: Option<f64>) -> String {

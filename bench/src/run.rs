@@ -499,9 +499,13 @@ fn policy_cost(opts: &BenchOptions, round: usize) -> Result<Vec<Measurement>> {
                 crr(opts, Load::CrrServerCloses),
             )?,
         ));
-        for (flow, to) in [("snat_rr", inet), ("pod_rr", pod)] {
+        for (flow, to, run) in [
+            ("snat_rr", inet, rr(duration)),
+            ("pod_rr", pod, rr(duration)),
+            ("snat_crr", inet, crr(opts, Load::CrrServerCloses)),
+        ] {
             let stats = ProgramStats::start()?;
-            let load = rr_to(to)?;
+            let load = Client::run(&tools, &client.netns, to, run)?;
             out.push(profile_measurement(
                 round,
                 &name(&format!("profile/{flow}")),

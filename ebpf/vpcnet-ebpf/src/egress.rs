@@ -66,7 +66,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
             None => Err(Counter::DropFragmentNoFlow),
         };
     }
-    let decision = decide_ipv4(ctx, cfg, &ip)?;
+    let decision = decide_ipv4(ctx, cfg, &ip, parse_l4(ctx, ip.proto, ip.l4_off)?)?;
     let verdict = if leaves_untranslated(decision) {
         steer(ctx, decision)?
     } else {
@@ -139,11 +139,17 @@ fn steer(ctx: &TcContext, decision: Counter) -> Result<Verdict, Counter> {
 }
 
 /// The SNAT decision and the NAT for an IPv4 packet (whole, or a first
-/// fragment), configured; the part `pod_egress` shares.
+/// fragment; `l4`: what [`parse_l4`] read of it), configured; the part
+/// `pod_egress` shares.
 #[inline(always)]
-pub fn decide_ipv4(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> {
+pub fn decide_ipv4(
+    ctx: &TcContext,
+    cfg: &Config,
+    ip: &Ipv4,
+    l4: Option<L4>,
+) -> Result<Counter, Counter> {
     // Protocols without ports are translated by address only.
-    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
+    let l4 = l4.unwrap_or(L4::portless());
     if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
         if icmp::is_translated_error(l4.icmp_type) {
             return icmp::egress(ctx, ip);

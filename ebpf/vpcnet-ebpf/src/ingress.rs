@@ -85,33 +85,33 @@ fn deliver(
     if ep.strict() && ep.eni_ifindex != unsafe { (*ctx.skb.skb).ifindex } {
         return Ok(decision.into());
     }
-    if is_stack_flow(ctx)? {
+    let ip = Ipv4 { daddr, ..*ip };
+    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?;
+    if is_stack_flow(ctx, &ip, l4) {
         count(decision);
         return Ok(Counter::IngressStackFlow.into());
     }
     count(decision);
-    policy::admit_ipv4(ctx, cfg, &Ipv4 { daddr, ..*ip })?;
+    policy::admit_parsed(ctx, cfg, &ip, l4)?;
     to_pod(ctx, &ep, Counter::IngressToPod)
 }
 
-/// Whether the packet (as it is now, after any reverse NAT) belongs to a
-/// flow the stack must see: a pod's flow to a service, which kube-proxy
-/// DNATed and now un-DNATs. An ICMP error belongs to the flow it quotes.
+/// Whether the packet (`ip` and `l4` as they are now, after any reverse
+/// NAT) belongs to a flow the stack must see: a pod's flow to a service,
+/// which kube-proxy DNATed and now un-DNATs. An ICMP error belongs to the
+/// flow it quotes.
 #[inline(always)]
-fn is_stack_flow(ctx: &TcContext) -> Result<bool, Counter> {
-    let ip = parse_ipv4(ctx, ETH_HLEN)?;
-    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
-        return Ok(false);
+fn is_stack_flow(ctx: &TcContext, ip: &Ipv4, l4: Option<L4>) -> bool {
+    let Some(l4) = l4 else {
+        return false;
     };
     if ip.proto == PROTO_ICMP && icmp::is_translated_error(l4.icmp_type) {
         // The quoted datagram went out: its reverse is how the flow's
         // packets arrive.
-        return Ok(
-            icmp::quoted_flow(ctx, &ip).is_some_and(|quoted| stack::known(&quoted.reversed()))
-        );
+        return icmp::quoted_flow(ctx, ip).is_some_and(|quoted| stack::known(&quoted.reversed()));
     }
     let arriving = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
-    Ok(stack::record(&arriving, &l4))
+    stack::record(&arriving, &l4)
 }
 
 /// Reverse NAT and inbound tracking for a whole packet or a first

@@ -118,6 +118,12 @@ pub fn timeouts() -> Option<&'static Timeouts> {
 /// A local pod, copied out of the map.
 #[inline(always)]
 pub fn endpoint(addr: u32) -> Option<Endpoint> {
-    // SAFETY: read-only copy of a map value.
-    unsafe { ENDPOINTS.get(addr) }.copied()
+    endpoint_ref(addr).copied()
+}
+
+/// A local pod, in the map: no copy on the stack.
+#[inline(always)]
+pub fn endpoint_ref(addr: u32) -> Option<&'static Endpoint> {
+    // SAFETY: read-only use of a map value.
+    unsafe { ENDPOINTS.get(addr) }
 }

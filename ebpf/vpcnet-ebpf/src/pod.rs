@@ -25,8 +25,8 @@ use crate::{
     cidr, egress,
     forward::{self, Verdict, mark_decided, to_pod, via_eni},
     frag,
-    maps::{config, count, endpoint},
-    packet::{ETH_HLEN, Fragment, Ipv4, is_ipv4, parse_ipv4, parse_l4, src_mac},
+    maps::{config, count, endpoint, endpoint_ref},
+    packet::{ETH_HLEN, Fragment, Ipv4, L4, is_ipv4, parse_ipv4, parse_l4, src_mac},
     policy, stack,
 };
 
@@ -52,11 +52,31 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
     if src_mac(ctx)? != ep.mac {
         return Err(Counter::DropSpoofedMac);
     }
-    // Policy judges a service's backend, after kube-proxy's DNAT (in
-    // `pod_ingress` or `eni_egress`), not the service's address.
-    if cfg.network_policy() && cidr::lookup(ip.daddr) != Some(CidrKind::Service) {
-        policy::admit_ipv4(ctx, cfg, &ip)?;
-    }
+    // The destination pod and the L4 header are each read once, for
+    // policy and the path: the path of a strict pod's packet or a later
+    // fragment needs neither.
+    let (dst_pod, l4) = if ip.fragment == Fragment::Later {
+        (None, None)
+    } else if cfg.network_policy() {
+        let dst_pod = endpoint_ref(ip.daddr);
+        // Policy judges a service's backend, after kube-proxy's DNAT (in
+        // `pod_ingress` or `eni_egress`), not the service's address. A
+        // pod's address is no service's: its hash lookup spares the
+        // prefix walk.
+        if dst_pod.is_some() || cidr::lookup(ip.daddr) != Some(CidrKind::Service) {
+            let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?;
+            policy::admit_parsed(ctx, cfg, &ip, l4)?;
+            (dst_pod, l4)
+        } else if ep.strict() {
+            (dst_pod, None)
+        } else {
+            (dst_pod, parse_l4(ctx, ip.proto, ip.l4_off)?)
+        }
+    } else if ep.strict() {
+        (None, None)
+    } else {
+        (endpoint_ref(ip.daddr), parse_l4(ctx, ip.proto, ip.l4_off)?)
+    };
     if ep.strict() {
         // Services still need kube-proxy's DNAT; the stack's route then
         // meets `eni_egress`, which sends it out of the branch ENI.
@@ -69,32 +89,35 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         return frag::follow(ctx, &ip, FragHook::PodEgress, Counter::PodFragment)
             .unwrap_or_else(|| Ok(Counter::PodFragment.into()));
     }
-    let verdict = whole_or_first(ctx, cfg, &ip, &ep)?;
+    let verdict = whole_or_first(ctx, cfg, &ip, l4, &ep, dst_pod)?;
     if ip.fragment == Fragment::First {
         frag::remember(ctx, &ip, FragHook::PodEgress, &verdict);
     }
     Ok(verdict)
 }
 
-/// Where a pod's packet goes, for a whole packet or a first fragment.
+/// Where a pod's packet goes, for a whole packet or a first fragment
+/// (`l4`: what [`parse_l4`] read of it).
 #[inline(always)]
 fn whole_or_first(
     ctx: &TcContext,
     cfg: &Config,
     ip: &Ipv4,
+    l4: Option<L4>,
     ep: &Endpoint,
+    dst_pod: Option<&Endpoint>,
 ) -> Result<Verdict, Counter> {
-    if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
+    if let Some(l4) = l4 {
         let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
         if stack::record(&key, &l4) {
             return Ok(Counter::PodStackFlow.into());
         }
     }
-    if let Some(dst) = endpoint(ip.daddr) {
+    if let Some(dst) = dst_pod {
         // A strict pod takes packets only from its branch ENI: reach it
         // through the VPC like any other VPC address.
         if !dst.strict() {
-            return to_pod(ctx, &dst, Counter::PodToPod);
+            return to_pod(ctx, dst, Counter::PodToPod);
         }
     }
     match cidr::lookup(ip.daddr) {
@@ -107,7 +130,7 @@ fn whole_or_first(
         Some(CidrKind::Vpc | CidrKind::Excluded) => {
             via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
         }
-        None => outside_vpc(ctx, cfg, ip, ep),
+        None => outside_vpc(ctx, cfg, ip, l4, ep),
     }
 }
 
@@ -119,6 +142,7 @@ fn outside_vpc(
     ctx: &TcContext,
     cfg: &Config,
     ip: &Ipv4,
+    l4: Option<L4>,
     ep: &Endpoint,
 ) -> Result<Verdict, Counter> {
     // The stack answers an expiring TTL with time exceeded to the pod; after
@@ -126,7 +150,7 @@ fn outside_vpc(
     if cfg.primary_ifindex == 0 || forward::ttl_expires(ctx)? {
         return Ok(Counter::PodToSnat.into());
     }
-    let decision = egress::decide_ipv4(ctx, cfg, ip)?;
+    let decision = egress::decide_ipv4(ctx, cfg, ip, l4)?;
     count(decision);
     let leave_by = match decision {
         // Now from the node's address: the stack would drop it as a martian.
