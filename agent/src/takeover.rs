@@ -36,6 +36,7 @@
 //! aws-node's conflist back.
 
 pub mod flows;
+pub mod iptables;
 pub mod network_policy;
 
 use std::{
@@ -152,7 +153,7 @@ const TABLES: [&str; 2] = ["nat", "mangle"];
 
 /// Whether ipamd's chains are on this node.
 pub fn vpc_cni_chains_present() -> Result<bool, TakeOverError> {
-    Ok(run("iptables", &["-w", "-t", "nat", "-S"])?
+    Ok(run(iptables::program(), &["-w", "-t", "nat", "-S"])?
         .lines()
         .any(|line| line.starts_with(&format!("-N {}", vpc_cni::CHAIN_PREFIX))))
 }
@@ -164,7 +165,7 @@ pub fn vpc_cni_chains_present() -> Result<bool, TakeOverError> {
 pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
     let mut removed = 0;
     for table in TABLES {
-        let listing = run("iptables", &["-w", "-t", table, "-S"])?;
+        let listing = run(iptables::program(), &["-w", "-t", table, "-S"])?;
         let mut chains = Vec::new();
         for line in listing.lines() {
             let args = vpc_cni::split_iptables_line(line);
@@ -178,7 +179,7 @@ pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
                 {
                     let mut delete = vec!["-w", "-t", table, "-D"];
                     delete.extend(args[1..].iter().map(String::as_str));
-                    run("iptables", &delete)?;
+                    run(iptables::program(), &delete)?;
                     debug!(table, rule = line, "aws-node's rule removed");
                     removed += 1;
                 }
@@ -187,10 +188,10 @@ pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
         }
         // Flushed first, all of them: one may jump to another.
         for chain in &chains {
-            run("iptables", &["-w", "-t", table, "-F", chain])?;
+            run(iptables::program(), &["-w", "-t", table, "-F", chain])?;
         }
         for chain in &chains {
-            run("iptables", &["-w", "-t", table, "-X", chain])?;
+            run(iptables::program(), &["-w", "-t", table, "-X", chain])?;
             removed += 1;
         }
     }
@@ -344,7 +345,7 @@ pub async fn restore_vpc_cni_wiring(
     for command in wiring.iptables_commands() {
         let mut args = vec!["-w"];
         args.extend(command.iter().map(String::as_str));
-        run("iptables", &args)?;
+        run(iptables::program(), &args)?;
     }
     let mut rules = vec![wiring.host_rule()];
     for pod in pods {

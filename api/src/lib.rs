@@ -5,6 +5,7 @@
 pub mod aws_network_policy;
 pub mod cluster_policy;
 pub mod conflist;
+pub mod iptables;
 pub mod kube_proxy;
 pub mod layout;
 pub mod node;

@@ -351,7 +351,13 @@ fn assert_reference_state(lab: &Lab, rules: &[String]) {
     assert_eq!(rules.len(), 2 * FILLER_PODS + PODS + 2 + 1 + 2 + 3);
     let snat = exec_ok(
         addrs::NS_NODE,
-        &["iptables", "-t", "nat", "-S", "AWS-SNAT-CHAIN-0"],
+        &[
+            lab.options().iptables_backend.iptables(),
+            "-t",
+            "nat",
+            "-S",
+            "AWS-SNAT-CHAIN-0",
+        ],
     )
     .expect("the SNAT chain");
     let returns = snat.lines().filter(|l| l.ends_with("-j RETURN")).count();

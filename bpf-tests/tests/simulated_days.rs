@@ -489,7 +489,8 @@ fn three_simulated_days_keep_every_flow_until_its_timeout_and_the_tables_bounded
                 && (c.is_drop() || matches!(c, Counter::NatEarlyDrop | Counter::StackFlowUntracked))
         })
         .collect();
-    let invalid = kube_proxy::invalid_drops().expect("kube-proxy's INVALID drops");
+    let invalid = kube_proxy::invalid_drops(lab.options().iptables_backend)
+        .expect("kube-proxy's INVALID drops");
     let igw = lab.igw_drops().expect("the internet gateway's drops") - igw_before;
     let srcdst = lab.srcdst_check_drops().expect("the router's drops") - srcdst_before;
 

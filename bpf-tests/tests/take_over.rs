@@ -44,8 +44,9 @@ use vpcnet_common::{
     raw_to_port,
 };
 use vpcnet_lab::{
-    EnforcingMode, IpamLabOptions, Lab, LabOptions, ScratchDir, WhoamiServer, addrs, cluster,
-    ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial, tcp_whoami,
+    EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions, ScratchDir, WhoamiServer,
+    addrs, cluster, ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial,
+    tcp_whoami,
 };
 
 const PORT: u16 = 8080;
@@ -58,17 +59,40 @@ const AWS_CONFLIST: &str =
     r#"{"cniVersion":"1.0.0","name":"aws-cni","plugins":[{"type":"aws-cni"}]}"#;
 
 /// What aws-node wired on the node: its iptables rules (nat and mangle,
-/// as `iptables -S` lists them) and the ip rules.
+/// as `iptables -S` of the node's backend lists them) and the ip rules.
 fn node_wiring(lab: &Lab) -> BTreeSet<String> {
-    let mut wiring = BTreeSet::new();
-    for table in ["nat", "mangle"] {
-        let listing = lab
-            .exec_ok(addrs::NS_NODE, &["iptables", "-w", "-t", table, "-S"])
-            .expect("iptables -S");
-        wiring.extend(listing.lines().map(|line| format!("{table} {line}")));
-    }
+    let mut wiring = iptables_rules(lab, lab.options().iptables_backend);
     wiring.extend(lab.ip_rules().expect("ip rule"));
     wiring
+}
+
+/// The nat and mangle rules `backend` holds, as `iptables -S` lists them.
+fn iptables_rules(lab: &Lab, backend: IptablesBackend) -> BTreeSet<String> {
+    let mut rules = BTreeSet::new();
+    for table in ["nat", "mangle"] {
+        let listing = lab
+            .exec_ok(
+                addrs::NS_NODE,
+                &[backend.iptables(), "-w", "-t", table, "-S"],
+            )
+            .expect("iptables -S");
+        rules.extend(listing.lines().map(|line| format!("{table} {line}")));
+    }
+    rules
+}
+
+/// The backend the node does not use holds nothing of aws-node's.
+fn assert_other_backend_clean(lab: &Lab, when: &str) {
+    let other = match lab.options().iptables_backend {
+        IptablesBackend::Legacy => IptablesBackend::Nft,
+        IptablesBackend::Nft => IptablesBackend::Legacy,
+    };
+    let rules = iptables_rules(lab, other);
+    let aws = aws_node_parts(&rules);
+    assert!(
+        aws.is_empty(),
+        "aws-node's rules in {other} {when}: {aws:#?}"
+    );
 }
 
 /// The parts of the node's wiring that are aws-node's.
@@ -150,19 +174,35 @@ fn uninstall_with(args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
-#[allow(clippy::too_many_lines, reason = "one story, told in order")]
 #[test]
-fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall() {
+fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall_legacy() {
+    take_over_and_uninstall(IptablesBackend::Legacy);
+}
+
+#[test]
+fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall_nft() {
+    take_over_and_uninstall(IptablesBackend::Nft);
+}
+
+/// A node whose kubelet, kube-proxy and aws-node use `backend`: the agent
+/// takes it over and `vpcnet-agent uninstall` hands it back, in that
+/// backend, every pod keeping its address and connections.
+#[allow(clippy::too_many_lines, reason = "one story, told in order")]
+fn take_over_and_uninstall(backend: IptablesBackend) {
     let _lock = serial();
-    let (mut lab, conf_dir) = aws_node_lab(LabOptions::iptables(PODS));
+    let (mut lab, conf_dir) = aws_node_lab(LabOptions {
+        iptables_backend: backend,
+        ..LabOptions::iptables(PODS)
+    });
     let pods = lab.pods().to_vec();
     let aws_node = node_wiring(&lab);
     let aws_parts = aws_node_parts(&aws_node);
     assert!(
         aws_parts.iter().any(|l| l.contains("-N AWS-SNAT-CHAIN-0"))
             && aws_parts.iter().filter(|l| l.starts_with("512:")).count() == PODS,
-        "aws-node's wiring: {aws_parts:#?}"
+        "aws-node's wiring in {backend}: {aws_parts:#?}"
     );
+    assert_other_backend_clean(&lab, "under aws-node");
 
     let FarEnds {
         inet,
@@ -228,8 +268,9 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall(
     let left = aws_node_parts(&taken_over);
     assert!(
         left.is_empty(),
-        "aws-node's wiring left after the take-over: {left:#?}"
+        "aws-node's wiring left in {backend} after the take-over: {left:#?}"
     );
+    assert_other_backend_clean(&lab, "after the take-over");
     assert!(conf_dir.path().join("10-vpcnet.conflist").is_file());
     assert!(
         !conf_dir.path().join("10-aws.conflist").exists(),
@@ -261,8 +302,9 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall(
     assert_eq!(
         aws_node_parts(&handed_back),
         aws_parts,
-        "aws-node's wiring is back as it was"
+        "aws-node's wiring is back as it was, in {backend}"
     );
+    assert_other_backend_clean(&lab, "after uninstall");
     assert!(conf_dir.path().join("10-aws.conflist").is_file());
     assert!(!conf_dir.path().join("10-vpcnet.conflist").exists());
     let fresh = tcp_whoami(&pods[0].netns, inet.addr(), Duration::from_secs(3))

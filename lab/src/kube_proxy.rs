@@ -10,9 +10,12 @@
 
 use std::{net::SocketAddrV4, process::Command};
 
-use vpcnet_api::kube_proxy::{
-    CONNTRACK_SYSCTLS, Endpoint, KUBE_FORWARD, Options, Protocol, ROUTE_LOCALNET_SYSCTL,
-    ServicePort, TrafficPolicy, jump_rules, restore_input,
+use vpcnet_api::{
+    iptables::IptablesBackend,
+    kube_proxy::{
+        CONNTRACK_SYSCTLS, Endpoint, KUBE_FORWARD, Options, Protocol, ROUTE_LOCALNET_SYSCTL,
+        ServicePort, TrafficPolicy, jump_rules, restore_input,
+    },
 };
 
 use crate::{
@@ -104,7 +107,12 @@ pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
     let mut restore = Command::new("nsenter");
     restore
         .arg(format!("--net={}", netns_path(NS_NODE).display()))
-        .args(["iptables-restore", "-w", "--noflush", "--counters"]);
+        .args([
+            opts.iptables_backend.restore(),
+            "-w",
+            "--noflush",
+            "--counters",
+        ]);
     let output = run_with_stdin(&mut restore, &input)?;
     crate::netns::check_output(
         &format!("[{NS_NODE}] iptables-restore (kube-proxy)"),
@@ -114,21 +122,23 @@ pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
     set_sysctls(NS_NODE, &CONNTRACK_SYSCTLS)?;
     for jump in jump_rules() {
         let args: Vec<&str> = jump.args.iter().map(String::as_str).collect();
-        let mut check = vec!["iptables", "-w", "-t", jump.table, "-C", jump.chain];
+        let iptables = opts.iptables_backend.iptables();
+        let mut check = vec![iptables, "-w", "-t", jump.table, "-C", jump.chain];
         check.extend(&args);
         if exec(NS_NODE, &check)?.status.success() {
             continue;
         }
-        let mut insert = vec!["iptables", "-w", "-t", jump.table, "-I", jump.chain];
+        let mut insert = vec![iptables, "-w", "-t", jump.table, "-I", jump.chain];
         insert.extend(&args);
         exec_ok(NS_NODE, &insert)?;
     }
     Ok(())
 }
 
-/// Packets `KUBE-FORWARD` dropped because conntrack called them INVALID.
-pub fn invalid_drops() -> Result<u64> {
-    let rules = exec_ok(NS_NODE, &["iptables-save", "-c", "-t", "filter"])?;
+/// Packets `KUBE-FORWARD` dropped because conntrack called them INVALID,
+/// in the node's iptables `backend`.
+pub fn invalid_drops(backend: IptablesBackend) -> Result<u64> {
+    let rules = exec_ok(NS_NODE, &[backend.save(), "-c", "-t", "filter"])?;
     let chain = format!("-A {KUBE_FORWARD} ");
     Ok(rules
         .lines()

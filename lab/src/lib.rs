@@ -69,3 +69,5 @@ pub use state::{
     AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, cni_socket_file, ipam_checkpoint_file,
     layout_file, state_dir, state_file,
 };
+/// The node's iptables backend, a lab option.
+pub use vpcnet_api::iptables::IptablesBackend;

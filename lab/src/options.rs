@@ -6,6 +6,7 @@ use std::{
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
+use vpcnet_api::iptables::IptablesBackend;
 pub use vpcnet_api::layout::EnforcingMode;
 
 use crate::{
@@ -338,6 +339,10 @@ pub struct LabOptions {
     /// numbered ones (pods through CRI, with the API server).
     #[serde(default)]
     pub named_pods: Vec<NamedPod>,
+    /// The backend the node's kubelet, kube-proxy and aws-node write
+    /// their iptables rules with (kubelet's chains in it tell the agent).
+    #[serde(default)]
+    pub iptables_backend: IptablesBackend,
 }
 
 /// The agent's address manager in the lab.
@@ -453,6 +458,7 @@ impl Default for LabOptions {
             ipam: None,
             agent_env: Vec::new(),
             named_pods: Vec::new(),
+            iptables_backend: IptablesBackend::default(),
         }
     }
 }

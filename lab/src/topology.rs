@@ -8,6 +8,7 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
+use vpcnet_api::iptables::{IptablesBackend, KUBELET_CHAINS, KUBELET_CHAINS_TABLE};
 
 use crate::{
     addrs::{
@@ -22,7 +23,7 @@ use crate::{
     },
     error::Result,
     netlink::wait_links_up,
-    netns::{ip_batch, set_sysctls},
+    netns::{exec_ok, ip_batch, set_sysctls},
     options::{Datapath, LabOptions},
     router::{self, Assignments},
     state::{BranchEni, PodInfo},
@@ -173,8 +174,28 @@ pub fn build_network(opts: &LabOptions) -> Result<()> {
 
     build_router()?;
     build_secondary_enis(opts.enis)?;
+    add_kubelet_chains(opts.iptables_backend)?;
     if opts.datapath == Datapath::Iptables {
         vpc_cni::wire_node(opts)?;
+    }
+    Ok(())
+}
+
+/// kubelet's chains, as it creates them at start in its backend's mangle
+/// table: what tells the node's iptables backend.
+fn add_kubelet_chains(backend: IptablesBackend) -> Result<()> {
+    for chain in KUBELET_CHAINS {
+        exec_ok(
+            NS_NODE,
+            &[
+                backend.iptables(),
+                "-w",
+                "-t",
+                KUBELET_CHAINS_TABLE,
+                "-N",
+                chain,
+            ],
+        )?;
     }
     Ok(())
 }

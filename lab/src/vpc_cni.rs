@@ -158,7 +158,7 @@ pub fn filler_rule_lines(count: usize) -> Vec<String> {
 /// Wires the node with the VPC CNI's rules (pods' rules come with the pods).
 pub fn wire_node(opts: &LabOptions) -> Result<()> {
     for command in iptables_commands(opts) {
-        let mut argv = vec!["iptables", "-w"];
+        let mut argv = vec![opts.iptables_backend.iptables(), "-w"];
         argv.extend(command.iter().map(String::as_str));
         exec_ok(NS_NODE, &argv)?;
     }

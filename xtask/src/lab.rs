@@ -10,9 +10,9 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use vpcnet_lab::{
-    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, Lab, LabOptions, LabState, NamedPod,
-    NodePortService, RandomizeSnat, WhoamiServer, addrs, icmp_echo, send_spoofed_udp, tcp_whoami,
-    udp_whoami,
+    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions,
+    LabState, NamedPod, NodePortService, RandomizeSnat, WhoamiServer, addrs, icmp_echo,
+    send_spoofed_udp, tcp_whoami, udp_whoami,
 };
 
 #[derive(clap::Args)]
@@ -115,6 +115,10 @@ struct UpArgs {
     /// (`POD_SECURITY_GROUP_ENFORCING_MODE`, the VPC CNI's default is strict).
     #[arg(long, default_value = "strict", value_parser = enforcing_mode)]
     sg_enforcing_mode: EnforcingMode,
+    /// The iptables backend of the node's kubelet, kube-proxy and aws-node:
+    /// legacy (Amazon Linux 2, Bottlerocket up to Kubernetes 1.33) or nft.
+    #[arg(long, default_value_t = IptablesBackend::Nft)]
+    iptables_backend: IptablesBackend,
     /// Put a NodePort-style service (10.20.11.162:30080, TCP and UDP,
     /// externalTrafficPolicy=Local) in front of this pod.
     #[arg(long, value_name = "POD")]
@@ -270,6 +274,7 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
                 ..pod.clone()
             }))
             .collect(),
+        iptables_backend: args.iptables_backend,
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.
