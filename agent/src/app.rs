@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use vpcnet_agent::{
     bring_up::{BringUp, bring_up},
     cloud::{Cloud, CloudOptions},
-    cni_server,
+    cni_server, cni_waiting,
     datapath::{AttachMode, CollectorReport, Datapath, LoadOptions, gc},
     env::{Env, parse_cidrs},
     install, introspect,
@@ -196,13 +196,16 @@ async fn run_node(
         sysctls,
         policy,
     } = settings;
+    let kube = connect_kubernetes(&k8s)?;
+    if args.ipam {
+        wait_for_ipamd(args, kube.as_ref(), k8s.node_name.as_deref()).await?;
+    }
     let netlink = NetlinkHandle::new()?;
     let cloud = match &ipam {
         Some(_) => Some(connect_cloud(&cloud).await?),
         None => None,
     };
     let node = node_facts(args, cloud.as_ref(), &netlink).await?;
-    let kube = connect_kubernetes(&k8s)?;
     let (service_cidrs, service_cidrs_next) = match &kube {
         Some(client) if !service_cidrs_overridden => {
             service_cidrs::at_start(client, service_cidrs).await
@@ -660,6 +663,26 @@ async fn start_datapath(
 }
 
 /// The Kubernetes client, when the agent runs with an API server.
+/// Never beside aws-node's ipamd: while it runs on the node nothing
+/// changes, and the CNI socket answers the DaemonSet's probes with why
+/// the agent is not ready.
+async fn wait_for_ipamd(
+    args: &RunArgs,
+    kube: Option<&kube::Client>,
+    node: Option<&str>,
+) -> Result<()> {
+    let now = takeover::ipamd::presence(kube, node).await;
+    if now.gone() {
+        return Ok(());
+    }
+    let (why, reason) = watch::channel(now.to_string());
+    let listener = cni_server::bind(&args.cni_socket)?;
+    let waiting = tokio::spawn(cni_waiting::serve(listener, reason));
+    takeover::ipamd::wait_until_gone(kube, node, &why).await;
+    waiting.abort();
+    Ok(())
+}
+
 fn connect_kubernetes(settings: &K8sSettings) -> Result<Option<kube::Client>> {
     if !settings.enabled {
         info!(

@@ -5,6 +5,7 @@
 pub mod bring_up;
 pub mod cloud;
 pub mod cni_server;
+pub mod cni_waiting;
 pub mod datapath;
 pub mod env;
 pub mod install;

@@ -36,6 +36,7 @@
 //! aws-node's conflist back.
 
 pub mod flows;
+pub mod ipamd;
 pub mod iptables;
 pub mod network_policy;
 

@@ -28,6 +28,13 @@ use std::{fmt, net::Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
+/// Where ipamd serves its CNI plugin over gRPC (`pkg/ipamd/rpc_handler.go`,
+/// `ipamdgRPCaddress`): while it answers there, ipamd runs on the node.
+pub const IPAMD_GRPC_ADDRESS: &str = "127.0.0.1:50051";
+/// aws-node's DaemonSet: its namespace and its pods' label.
+pub const AWS_NODE_NAMESPACE: &str = "kube-system";
+pub const AWS_NODE_POD_LABEL: (&str, &str) = ("k8s-app", "aws-node");
+
 /// ipamd's SNAT chain (network card 0).
 pub const SNAT_CHAIN: &str = "AWS-SNAT-CHAIN-0";
 /// ipamd's connmark chain (network card 0).

@@ -31,7 +31,9 @@ use std::{
 };
 
 use vpcnet_agent::datapath::{AttachMode, DatapathMaps, tc::ENV_TC_ATTACH};
-use vpcnet_api::{aws_network_policy::pod_identifier, policy_endpoint::PolicyEndpointSpec};
+use vpcnet_api::{
+    aws_network_policy::pod_identifier, policy_endpoint::PolicyEndpointSpec, vpc_cni,
+};
 use vpcnet_bpf_tests::{
     agent_binary,
     aws_policy_agent::AwsPolicyAgent,
@@ -45,7 +47,7 @@ use vpcnet_common::{
 };
 use vpcnet_lab::{
     EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions, ScratchDir, WhoamiServer,
-    addrs, cluster, ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial,
+    addrs, cluster, ec2::EmulatorProcess, exec_ok, ipam_checkpoint_file, netns::netns_path, serial,
     tcp_whoami,
 };
 
@@ -61,21 +63,26 @@ const AWS_CONFLIST: &str =
 /// What aws-node wired on the node: its iptables rules (nat and mangle,
 /// as `iptables -S` of the node's backend lists them) and the ip rules.
 fn node_wiring(lab: &Lab) -> BTreeSet<String> {
-    let mut wiring = iptables_rules(lab, lab.options().iptables_backend);
-    wiring.extend(lab.ip_rules().expect("ip rule"));
+    wiring_in(lab.options().iptables_backend)
+}
+
+/// [`node_wiring`] with the node's iptables `backend`.
+fn wiring_in(backend: IptablesBackend) -> BTreeSet<String> {
+    let mut wiring = iptables_rules(backend);
+    let rules = exec_ok(addrs::NS_NODE, &["ip", "-4", "rule", "show"]).expect("ip rule");
+    wiring.extend(rules.lines().map(str::to_owned));
     wiring
 }
 
 /// The nat and mangle rules `backend` holds, as `iptables -S` lists them.
-fn iptables_rules(lab: &Lab, backend: IptablesBackend) -> BTreeSet<String> {
+fn iptables_rules(backend: IptablesBackend) -> BTreeSet<String> {
     let mut rules = BTreeSet::new();
     for table in ["nat", "mangle"] {
-        let listing = lab
-            .exec_ok(
-                addrs::NS_NODE,
-                &[backend.iptables(), "-w", "-t", table, "-S"],
-            )
-            .expect("iptables -S");
+        let listing = exec_ok(
+            addrs::NS_NODE,
+            &[backend.iptables(), "-w", "-t", table, "-S"],
+        )
+        .expect("iptables -S");
         rules.extend(listing.lines().map(|line| format!("{table} {line}")));
     }
     rules
@@ -87,7 +94,7 @@ fn assert_other_backend_clean(lab: &Lab, when: &str) {
         IptablesBackend::Legacy => IptablesBackend::Nft,
         IptablesBackend::Nft => IptablesBackend::Legacy,
     };
-    let rules = iptables_rules(lab, other);
+    let rules = iptables_rules(other);
     let aws = aws_node_parts(&rules);
     assert!(
         aws.is_empty(),
@@ -122,12 +129,15 @@ fn datapath_snat_ports() -> Vec<(u16, u16)> {
 
 /// A node aws-node ran, as `opts` (the iptables datapath) wires it, with
 /// aws-node's conflist in a CNI configuration directory the agent writes
-/// its own to.
+/// its own to (the address manager as `opts.ipam` says, or the defaults).
 fn aws_node_lab(opts: LabOptions) -> (Lab, ScratchDir) {
     vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
     let conf_dir = ScratchDir::new("vpcnet-take-over-cni").expect("a CNI conf dir");
     std::fs::write(conf_dir.path().join("10-aws.conflist"), AWS_CONFLIST).unwrap();
-    let mut ipam = IpamLabOptions::new("m5.large");
+    let mut ipam = opts
+        .ipam
+        .clone()
+        .unwrap_or_else(|| IpamLabOptions::new("m5.large"));
     ipam.agent_args = FAST_AGENT_ARGS
         .iter()
         .map(|a| (*a).to_owned())
@@ -182,6 +192,112 @@ fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall_
 #[test]
 fn aws_node_pods_keep_addresses_and_connections_through_take_over_and_uninstall_nft() {
     take_over_and_uninstall(IptablesBackend::Nft);
+}
+
+/// aws-node's pod on the node, as its DaemonSet makes it.
+const AWS_NODE_POD: &str = "aws-node-x7k2p";
+
+/// The agent never runs beside aws-node's ipamd: while ipamd's socket
+/// answers or aws-node's pod is on the node, it changes nothing and says
+/// why it is not ready; once both are gone it takes the node over.
+#[test]
+fn the_agent_waits_while_aws_nodes_ipamd_runs_on_the_node() {
+    let _lock = serial();
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.kube_api = true;
+    let (mut lab, _conf_dir) = aws_node_lab(LabOptions {
+        ipam: Some(ipam),
+        ..LabOptions::iptables(PODS)
+    });
+    let files = lab.kube_api().unwrap().files().clone();
+    let aws_node_pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {AWS_NODE_POD}\n  namespace: kube-system\n  \
+         labels: {{k8s-app: aws-node}}\nspec:\n  nodeName: {}\n  hostNetwork: true\n  \
+         containers: [{{name: aws-node, image: amazon-k8s-cni}}]\n",
+        cluster::node_name()
+    );
+    cluster::kubectl(&files, &["apply", "-f", "-"], Some(&aws_node_pod)).expect("aws-node's pod");
+    // ipamd's gRPC socket, as it listens in the node's namespace.
+    let ipamd = vpcnet_lab::run_in(addrs::NS_NODE, || {
+        std::net::TcpListener::bind(vpc_cni::IPAMD_GRPC_ADDRESS)
+    })
+    .expect("entering the node")
+    .expect("ipamd's socket");
+    let backend = lab.options().iptables_backend;
+    let aws_node = wiring_in(backend);
+
+    std::thread::scope(|scope| {
+        let starting = scope.spawn(|| lab.start_agent());
+        let waiting = agent_probe_until(|said| said.contains("ipamd runs on this node"));
+        assert!(
+            waiting.contains(&format!("its socket {}", vpc_cni::IPAMD_GRPC_ADDRESS))
+                && waiting.contains(&format!("kube-system/{AWS_NODE_POD}")),
+            "the agent says why it waits: {waiting}"
+        );
+        println!("while ipamd runs, the readiness probe: {}", waiting.trim());
+        assert_eq!(
+            wiring_in(backend),
+            aws_node,
+            "nothing changed while ipamd runs"
+        );
+        assert!(!Path::new(PIN_DIR).exists(), "no datapath while ipamd runs");
+        // ipamd stops; its pod is still on the node (terminating).
+        drop(ipamd);
+        let pod_only = agent_probe_until(|said| !said.contains("its socket"));
+        assert!(
+            pod_only.contains(AWS_NODE_POD) && pod_only.contains("not ready"),
+            "{pod_only}"
+        );
+        assert_eq!(
+            wiring_in(backend),
+            aws_node,
+            "nothing changed while its pod is there"
+        );
+        cluster::kubectl(
+            &files,
+            &["delete", "pod", "-n", "kube-system", AWS_NODE_POD],
+            None,
+        )
+        .expect("aws-node's pod goes");
+        starting
+            .join()
+            .expect("the starting thread")
+            .expect("the agent ready once ipamd is gone");
+    });
+    let left = node_wiring(&lab);
+    assert!(
+        aws_node_parts(&left).is_empty(),
+        "taken over once ipamd was gone: {:#?}",
+        aws_node_parts(&left)
+    );
+    lab.down().expect("lab down");
+}
+
+/// What `vpcnet-agent probe --ready` says (its error when not ready),
+/// asked every half second until `until` holds of it (30 s at most): what
+/// kubelet's readiness probe sees.
+fn agent_probe_until(until: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let output = Command::new("nsenter")
+            .arg(format!("--net={}", netns_path(addrs::NS_NODE).display()))
+            .arg("--")
+            .arg(agent_binary())
+            .args(["probe", "--ready", "--cni-socket"])
+            .arg(vpcnet_lab::cni_socket_file())
+            .output()
+            .expect("running vpcnet-agent probe");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if until(&said) {
+            return said;
+        }
+        assert!(Instant::now() < deadline, "the probe never said so: {said}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// A node whose kubelet, kube-proxy and aws-node use `backend`: the agent
