@@ -2,7 +2,7 @@
 //! it runs (both would manage the node's ENIs and write
 //! `/var/run/aws-node/ipam.json`), so the agent waits, changing nothing,
 //! until ipamd's socket stops answering and no aws-node pod is bound to
-//! the node. What moves a node from one to the other is the DaemonSets'
+//! the node. What moves a node from one to the other is the daemon sets'
 //! node selection; this is the guard for when both land at once.
 
 use std::{fmt, net::SocketAddr, time::Duration};
