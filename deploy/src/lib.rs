@@ -7,6 +7,8 @@
 //! field that did not survive (a typo, a field at the wrong level) is an
 //! error naming its path.
 
+pub mod node_selection;
+
 use std::{
     path::{Path, PathBuf},
     process::Command,

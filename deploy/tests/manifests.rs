@@ -22,10 +22,13 @@ use vpcnet_agent::{
     snat::SnatSettings,
 };
 use vpcnet_deploy::{
-    DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, kustomization_manifests, objects,
-    output_of,
+    DEPLOY_DIR, Objects, chart_dir, kubernetes_manifests, kustomization_manifests, node_selection,
+    objects, output_of,
 };
-use vpcnet_lab::kube_tools::{HELM, KUBECTL};
+use vpcnet_lab::{
+    IpamLabOptions, Lab, LabOptions, cluster,
+    kube_tools::{HELM, KUBECTL},
+};
 
 /// Keys of the `ConfigMap` that are not the agent's variables.
 const OTHER_KEYS: &[&str] = &["RUST_LOG"];
@@ -604,4 +607,79 @@ fn the_guide_prints_the_agents_table_of_aws_node_variables() {
         guide[start..stop] == expected,
         "deploy/README.md's table differs from the agent's; it should read:\n{expected}"
     );
+}
+
+/// A node group moves with one label, through the lab's Kubernetes API
+/// and the real kubectl: unlabelled, only aws-node runs on the node
+/// (with the EKS add-on's configuration or the Helm values of
+/// `deploy/aws-node/`); `vpcnet.dev/cni=vpcnet`, only vpcnet's DaemonSet
+/// (kustomize's and the chart's alike); `=rollback`, only the rollback's;
+/// the label removed, aws-node again.
+#[test]
+fn one_node_label_moves_a_node_between_aws_node_vpcnet_and_the_rollback() {
+    let _lock = vpcnet_lab::serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.kube_api = true;
+    let lab = Lab::up(&LabOptions {
+        ipam: Some(ipam),
+        agent_bin: Some(vpcnet_bpf_tests::agent_binary()),
+        ..LabOptions::iptables(1)
+    })
+    .expect("a node with the API server");
+    let files = lab.kube_api().unwrap().files().clone();
+    let spec_of = |objects: &Objects| pod_spec(objects.daemon_set()).clone();
+    let aws_node_spec = |file| PodSpec {
+        affinity: Some(node_selection::aws_node_affinity(file).unwrap()),
+        ..PodSpec::default()
+    };
+    let daemon_sets = [
+        (
+            "aws-node (EKS add-on)",
+            aws_node_spec(node_selection::ADDON_CONFIGURATION),
+        ),
+        (
+            "aws-node (Helm values)",
+            aws_node_spec(node_selection::HELM_VALUES),
+        ),
+        ("vpcnet (kustomize)", spec_of(&kustomize())),
+        ("vpcnet (Helm)", spec_of(&helm_template(&[]))),
+        (
+            "vpcnet-rollback",
+            spec_of(&kustomization_manifests("kubernetes/rollback").unwrap().0),
+        ),
+    ];
+    let node = cluster::node_name();
+    let label = node_selection::NODE_LABEL;
+    for (set, runs) in [
+        (None, "aws-node"),
+        (Some(node_selection::ON_VPCNET), "vpcnet ("),
+        (Some(node_selection::ROLLBACK), "vpcnet-rollback"),
+        (None, "aws-node"),
+    ] {
+        let change = set.map_or_else(|| format!("{label}-"), |value| format!("{label}={value}"));
+        cluster::kubectl(
+            &files,
+            &["label", "node", &node, &change, "--overwrite"],
+            None,
+        )
+        .expect("kubectl label node");
+        let got = cluster::kubectl(&files, &["get", "node", &node, "-o", "json"], None)
+            .expect("kubectl get node");
+        let got: k8s_openapi::api::core::v1::Node = serde_json::from_str(&got).unwrap();
+        let labels = got.metadata.labels.unwrap_or_default();
+        let running: Vec<&str> = daemon_sets
+            .iter()
+            .filter(|(_, spec)| node_selection::admits(spec, &labels))
+            .map(|(name, _)| *name)
+            .collect();
+        let expected: Vec<&str> = daemon_sets
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|name| name.starts_with(runs))
+            .collect();
+        assert_eq!(running, expected, "with {change}, what runs on the node");
+        println!("kubectl label node {node} {change}: {running:?}");
+    }
+    lab.down().expect("lab down");
 }
