@@ -20,7 +20,8 @@ pub const ROLLBACK: &str = "rollback";
 /// The EKS add-on's `configurationValues` (`aws eks update-addon
 /// --configuration-values file://...`).
 pub const ADDON_CONFIGURATION: &str = "aws-node/addon-configuration.json";
-/// Values for a self-managed aws-vpc-cni Helm release or GitOps.
+/// Values for a self-managed `aws-vpc-cni` Helm release, or for Argo CD or
+/// Flux.
 pub const HELM_VALUES: &str = "aws-node/values.yaml";
 
 /// The affinity a file of `deploy/` (one of [`ADDON_CONFIGURATION`],
