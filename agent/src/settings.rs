@@ -78,6 +78,7 @@ pub const VARIABLES: &[&str] = &[
     node::ENV_DISABLE_TCP_EARLY_DEMUX,
     logging::ENV_LOG_LEVEL,
     logging::ENV_LOG_FILE,
+    logging::ENV_LOG_FORMAT,
     introspect::ENV_DISABLE_INTROSPECTION,
     introspect::ENV_INTROSPECTION_BIND_ADDRESS,
     introspect::ENV_DISABLE_METRICS,
@@ -244,6 +245,13 @@ impl Settings {
                 logging::LogTarget::Stderr => "stderr".to_owned(),
                 logging::LogTarget::Stdout => "stdout".to_owned(),
                 logging::LogTarget::File(path) => path.display().to_string(),
+            }),
+        );
+        put(
+            logging::ENV_LOG_FORMAT,
+            json!(match logging::format(env) {
+                logging::LogFormat::Text => "text",
+                logging::LogFormat::Json => "json",
             }),
         );
         Ok(Value::Object(view))

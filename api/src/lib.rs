@@ -8,6 +8,7 @@ pub mod conflist;
 pub mod iptables;
 pub mod kube_proxy;
 pub mod layout;
+pub mod log_files;
 pub mod node;
 pub mod pod;
 pub mod policy_endpoint;

@@ -274,6 +274,28 @@ fn host_mounts(ds: &DaemonSet) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// aws-node's log file (`AWS_VPC_K8S_CNI_LOG_FILE` as aws-node's
+/// ConfigMap has it) and the policy event log land in the host's
+/// `/var/log/aws-routed-eni`, where EKS's log collector reads them, with
+/// kustomize and Helm alike.
+#[test]
+fn aws_nodes_log_paths_land_in_the_hosts_log_directory() {
+    let policy_log = Path::new(vpcnet_agent::policy::settings::DEFAULT_POLICY_EVENT_LOG_FILE);
+    for (tool, objects) in [("kustomize", kustomize()), ("helm", helm_template(&[]))] {
+        let mounts = host_mounts(objects.daemon_set());
+        for in_container in [
+            "/host/var/log/aws-routed-eni",
+            policy_log.parent().unwrap().to_str().unwrap(),
+        ] {
+            assert_eq!(
+                mounts.get(in_container).map(String::as_str),
+                Some("/var/log/aws-routed-eni"),
+                "{tool}: {in_container}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_rollback_runs_uninstall_where_the_agent_keeps_its_state() {
     let (agent, _) = kubernetes_manifests().unwrap();
