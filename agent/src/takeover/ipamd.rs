@@ -17,6 +17,9 @@ use vpcnet_api::vpc_cni::{AWS_NODE_NAMESPACE, AWS_NODE_POD_LABEL, IPAMD_GRPC_ADD
 pub const RECHECK: Duration = Duration::from_secs(5);
 /// How long a connection attempt to ipamd's socket may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the API server may take to list aws-node's pods (its client
+/// retries a failing server): the socket alone tells after that.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the agent repeats why it waits.
 const REMIND_EVERY: u32 = 12;
 
@@ -56,18 +59,24 @@ impl fmt::Display for Presence {
 }
 
 /// What shows ipamd on the node now: its socket, and with the Kubernetes
-/// API, aws-node's pods on `node`. A failed lookup of the pods counts as
-/// none (the socket still tells) and is logged.
+/// API, aws-node's pods on `node`. A failed or unanswered lookup of the
+/// pods counts as none (the socket still tells) and is logged.
 pub async fn presence(kube: Option<&kube::Client>, node: Option<&str>) -> Presence {
     let socket = socket_answers().await;
     let pods = match (kube, node) {
-        (Some(client), Some(node)) => match aws_node_pods(client, node).await {
-            Ok(pods) => pods,
-            Err(error) => {
-                warn!(%error, "listing aws-node's pods on this node");
-                Vec::new()
+        (Some(client), Some(node)) => {
+            match timeout(LOOKUP_TIMEOUT, aws_node_pods(client, node)).await {
+                Ok(Ok(pods)) => pods,
+                Ok(Err(error)) => {
+                    warn!(%error, "listing aws-node's pods on this node");
+                    Vec::new()
+                }
+                Err(_) => {
+                    warn!(timeout = ?LOOKUP_TIMEOUT, "listing aws-node's pods on this node: no answer");
+                    Vec::new()
+                }
             }
-        },
+        }
         _ => Vec::new(),
     };
     Presence { socket, pods }
