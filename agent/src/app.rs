@@ -678,7 +678,7 @@ async fn wait_for_ipamd(
     let (why, reason) = watch::channel(now.to_string());
     let listener = cni_server::bind(&args.cni_socket)?;
     let waiting = tokio::spawn(cni_waiting::serve(listener, reason));
-    takeover::ipamd::wait_until_gone(kube, node, &why).await;
+    takeover::ipamd::wait_until_gone(kube, node, now, &why).await;
     waiting.abort();
     Ok(())
 }

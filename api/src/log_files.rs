@@ -21,7 +21,7 @@ pub fn open(path: &Path) -> io::Result<FileRotate<AppendCount>> {
 }
 
 /// [`open`], rotating past `bytes`.
-pub fn open_rotating_past(path: &Path, bytes: usize) -> io::Result<FileRotate<AppendCount>> {
+fn open_rotating_past(path: &Path, bytes: usize) -> io::Result<FileRotate<AppendCount>> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }

@@ -114,21 +114,16 @@ async fn aws_node_pods(client: &kube::Client, node: &str) -> Result<Vec<String>,
 }
 
 /// Returns once ipamd is gone from the node, having waited as long as it
-/// runs; `why` carries the reason the agent is not ready meanwhile.
+/// runs, `now` being what was last seen of it; `why` carries the reason
+/// the agent is not ready meanwhile.
 pub async fn wait_until_gone(
     kube: Option<&kube::Client>,
     node: Option<&str>,
+    mut now: Presence,
     why: &watch::Sender<String>,
 ) {
     let mut checks = 0u32;
-    loop {
-        let now = presence(kube, node).await;
-        if now.gone() {
-            if checks > 0 {
-                info!("aws-node's ipamd is gone from this node: the take-over starts");
-            }
-            return;
-        }
+    while !now.gone() {
         let reason = now.to_string();
         if checks.is_multiple_of(REMIND_EVERY) || *why.borrow() != reason {
             warn!("{reason}");
@@ -136,5 +131,9 @@ pub async fn wait_until_gone(
         why.send_replace(reason);
         checks = checks.saturating_add(1);
         tokio::time::sleep(RECHECK).await;
+        now = presence(kube, node).await;
+    }
+    if checks > 0 {
+        info!("aws-node's ipamd is gone from this node: the take-over starts");
     }
 }

@@ -186,8 +186,8 @@ fn admit(cfg: &Config, packet: &Packet) -> Result<(), Counter> {
     };
     match POLICY_FLOWS.get_ptr_mut(flow) {
         // A tuple opened again (or a stale entry): rewritten where it is.
-        // An insert over it would take a node off the LRU's free list and
-        // hand the old one back, several times the cost (measured).
+        // An insert over it would take a fresh node off the LRU's free
+        // list and hand the old one back: two list operations saved.
         // SAFETY: a live map value.
         Some(old) => unsafe { *old = entry },
         // An LRU map always makes room: the least recently used gives way.
