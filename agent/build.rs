@@ -1,5 +1,5 @@
 //! Builds the eBPF programs (`ebpf/vpcnet-ebpf`) for `bpfel-unknown-none` with
-//! the nightly toolchain and `bpf-linker`, and puts the object in `OUT_DIR` for
+//! the nightly its `rust-toolchain.toml` pins and `bpf-linker`, and puts the object in `OUT_DIR` for
 //! the agent to embed.
 //!
 //! `VPCNET_EBPF=stub` (or no `bpf-linker` on PATH) writes an empty object
@@ -26,7 +26,7 @@ fn main() {
     for dir in [ebpf_dir.join("src"), common_dir.join("src")] {
         println!("cargo:rerun-if-changed={}", dir.display());
     }
-    for file in ["Cargo.toml", ".cargo/config.toml"] {
+    for file in ["Cargo.toml", ".cargo/config.toml", "rust-toolchain.toml"] {
         println!("cargo:rerun-if-changed={}", ebpf_dir.join(file).display());
     }
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -50,7 +50,6 @@ fn main() {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(&ebpf_dir)
         .args([
-            "+nightly",
             "build",
             "--release",
             "--target",
@@ -60,7 +59,8 @@ fn main() {
         ])
         .arg("--target-dir")
         .arg(&target_dir);
-    // The outer cargo's settings are for the host build; none of them apply.
+    // The outer cargo's settings are for the host build; none of them apply,
+    // and without `RUSTUP_TOOLCHAIN` rustup takes the programs' own pin.
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy();
         if key.starts_with("CARGO_")
@@ -74,7 +74,7 @@ fn main() {
     }
     let status = cmd
         .status()
-        .unwrap_or_else(|e| panic!("cannot run cargo +nightly for the eBPF programs: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run cargo for the eBPF programs: {e}"));
     assert!(
         status.success(),
         "building the eBPF programs failed ({status}); `cargo xtask setup` installs what it needs"

@@ -5,6 +5,7 @@
 //! entrypoint and labels ([`oci`]). One commit gives one digest: times come
 //! from the commit (`SOURCE_DATE_EPOCH`), nothing of the machine goes in.
 
+mod binfmt;
 mod oci;
 mod rootfs;
 
@@ -26,7 +27,7 @@ use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 
 use crate::{
     build::{cargo_build, profile_name, target_dir, workspace_root},
-    setup::{self, run_checked, stdout_of},
+    setup::{self, ebpf_toolchain, run_checked, stdout_of},
 };
 
 #[derive(clap::Args)]
@@ -124,6 +125,7 @@ pub fn build(args: &Args) -> Result<PathBuf> {
     )?
     .trim()
     .to_owned();
+    let toolchains = toolchains()?;
     let profile = profile_name(args.release);
     let work = target_dir()?.join("image").join(format!("work-{profile}"));
     let _ = fs::remove_dir_all(&work);
@@ -140,6 +142,7 @@ pub fn build(args: &Args) -> Result<PathBuf> {
             arch,
             epoch,
             revision: &revision,
+            toolchains: &toolchains,
             release: args.release,
             work: &work,
         };
@@ -163,6 +166,7 @@ struct Piece<'a> {
     arch: Arch,
     epoch: u64,
     revision: &'a str,
+    toolchains: &'a str,
     release: bool,
     work: &'a Path,
 }
@@ -196,7 +200,16 @@ impl Piece<'_> {
             layout.add_layer(&rootfs_tar)?,
             layout.add_layer(&binaries_tar)?,
         ];
-        let config = image_config(arch, self.epoch, self.revision, &packages, &layers)?;
+        let config = image_config(
+            arch,
+            self.epoch,
+            Labels {
+                revision: self.revision,
+                toolchains: self.toolchains,
+                packages: &packages,
+            },
+            &layers,
+        )?;
         let config = layout.add_json(
             &format!("config-{}.json", arch.debian()),
             &config,
@@ -258,6 +271,22 @@ fn layout_index(
         .manifests(vec![top])
         .build()
         .context("the layout's index")
+}
+
+/// What built the binaries: the workspace's rustc, the programs' pinned
+/// nightly and bpf-linker (recorded in the image, as its packages are).
+fn toolchains() -> Result<String> {
+    let rustc = stdout_of(
+        Command::new("rustc")
+            .arg("--version")
+            .current_dir(workspace_root()),
+    )?;
+    let nightly = ebpf_toolchain::pinned()?.channel;
+    Ok(format!(
+        "{}; eBPF: {nightly}, bpf-linker {}",
+        rustc.trim(),
+        ebpf_toolchain::BPF_LINKER_VERSION
+    ))
 }
 
 /// The commit's time: every date in the image.
@@ -333,7 +362,7 @@ fn smoke_under_qemu(binaries: &BTreeMap<&'static str, PathBuf>) -> Result<()> {
     let agent = &binaries["vpcnet-agent"];
     for args in [&["--version"][..], &["verifier", "--dry-run"][..]] {
         let out = stdout_of(
-            Command::new("qemu-aarch64-static")
+            Command::new(binfmt::QEMU_AARCH64)
                 .args(["-L", "/usr/aarch64-linux-gnu"])
                 .arg(agent)
                 .args(args),
@@ -381,12 +410,19 @@ fn binaries_layer(
     Ok(())
 }
 
+/// What the image's labels record of its making.
+#[derive(Clone, Copy)]
+struct Labels<'a> {
+    revision: &'a str,
+    toolchains: &'a str,
+    packages: &'a str,
+}
+
 /// The image's configuration: what runs, its labels, its layers.
 fn image_config(
     arch: Arch,
     epoch: u64,
-    revision: &str,
-    packages: &str,
+    made: Labels<'_>,
     layers: &[oci::Layer],
 ) -> Result<oci_spec::image::ImageConfiguration> {
     let created = OffsetDateTime::from_unix_timestamp(i64::try_from(epoch)?)
@@ -403,7 +439,10 @@ fn image_config(
             "org.opencontainers.image.version",
             env!("CARGO_PKG_VERSION").to_owned(),
         ),
-        ("org.opencontainers.image.revision", revision.to_owned()),
+        (
+            "org.opencontainers.image.revision",
+            made.revision.to_owned(),
+        ),
         ("org.opencontainers.image.created", created.clone()),
         (
             "org.opencontainers.image.licenses",
@@ -415,8 +454,9 @@ fn image_config(
         ),
         (
             "dev.vpcnet.image.debian-packages",
-            packages.lines().collect::<Vec<_>>().join(", "),
+            made.packages.lines().collect::<Vec<_>>().join(", "),
         ),
+        ("dev.vpcnet.image.toolchains", made.toolchains.to_owned()),
     ]
     .into_iter()
     .map(|(key, value)| (key.to_owned(), value))

@@ -27,6 +27,8 @@ use vpcnet_lab::{
 
 use crate::{kernels::KERNELS, vm::VIRTME_NG_REQUIREMENT};
 
+pub mod ebpf_toolchain;
+
 /// Debian packages the datapath and the lab use. `util-linux`
 /// brings `nsenter` and `mount`, `procps` brings `sysctl`, `kmod` brings
 /// `modprobe`. The lab's container runtime (`vpcnet_lab::cri`) is
@@ -74,10 +76,11 @@ pub const IMAGE_APT_PACKAGES: &[&str] = &["mmdebstrap", "skopeo"];
 /// Debian packages an arm64 image needs besides: the cross toolchain, and
 /// qemu for the root filesystem's maintainer scripts and the binaries'
 /// smoke check (`arch-test`: how mmdebstrap sees that qemu runs arm64).
+/// Not binfmt-support: qemu is registered in a user namespace of the
+/// image build's own, never on the machine.
 pub const ARM64_APT_PACKAGES: &[&str] = &[
     "crossbuild-essential-arm64",
     "qemu-user-static",
-    "binfmt-support",
     "arch-test",
 ];
 
@@ -122,19 +125,9 @@ const PYPI_VENV: &str = MOTO_VENV;
 /// The virtualenv's interpreter; its pip is `PYPI_PYTHON -m pip`.
 const PYPI_PYTHON: &str = MOTO_PYTHON;
 
-/// Rustup components as (toolchain, component). The programs crate builds
-/// with nightly and `-Z build-std=core` (rust-src); rustfmt.toml uses
-/// nightly-only options, so formatting uses nightly's rustfmt.
-const RUST_COMPONENTS: &[(&str, &str)] = &[
-    ("nightly", "rust-src"),
-    ("nightly", "rustfmt"),
-    ("nightly", "clippy"),
-    ("stable", "rustfmt"),
-    ("stable", "clippy"),
-];
-
-/// The LLVM major version of the nightly toolchain that bpf-linker links to.
-const LLVM_MAJOR: u32 = 22;
+/// Rustup components as (toolchain, component), besides the eBPF
+/// programs' pinned nightly ([`ebpf_toolchain`]).
+const RUST_COMPONENTS: &[(&str, &str)] = &[("stable", "rustfmt"), ("stable", "clippy")];
 
 /// Where the BPF filesystem must be mounted for the datapath to pin maps.
 const BPFFS_MOUNT_POINT: &str = "/sys/fs/bpf";
@@ -285,7 +278,8 @@ type SetupStep = (&'static str, fn(Reporter) -> Result<()>);
 /// What [`Scope::Lab`] installs, in order.
 const LAB_STEPS: &[SetupStep] = &[
     ("rust components", rust_components),
-    ("bpf-linker", bpf_linker),
+    ("the eBPF toolchain", ebpf_toolchain::ensure_toolchain),
+    ("bpf-linker", ebpf_toolchain::ensure_bpf_linker),
     ("apt packages", |r| apt_packages(r, APT_PACKAGES)),
     ("helm and kubectl", kube_tools),
     ("bpffs", bpffs),
@@ -430,87 +424,6 @@ fn has_component(installed: &str, component: &str) -> bool {
 
 fn looks_like_target_triple(text: &str) -> bool {
     text.split('-').count() >= 3
-}
-
-// ---- bpf-linker ------------------------------------------------------------
-
-fn bpf_linker(reporter: Reporter) -> Result<()> {
-    const WHAT: &str = "bpf-linker";
-    if command_succeeds(Command::new("bpf-linker").arg("--version")) {
-        reporter.present(WHAT);
-        return Ok(());
-    }
-    let by_hand = bpf_linker_by_hand();
-    let mut install =
-        bpf_linker_install_command().with_context(|| install_failed(WHAT, &by_hand))?;
-    say(
-        WHAT,
-        "installing with cargo +nightly install (about a minute)",
-    );
-    run_checked(&mut install).with_context(|| install_failed(WHAT, &shell_line(&install)))?;
-    if !command_succeeds(Command::new("bpf-linker").arg("--version")) {
-        bail!(
-            "bpf-linker was installed but `bpf-linker --version` does not run: \
-             is cargo's bin directory (~/.cargo/bin) on PATH?"
-        );
-    }
-    say(WHAT, "installed");
-    Ok(())
-}
-
-/// `cargo +nightly install bpf-linker` linked to the nightly toolchain's own
-/// libLLVM shared library, so no system LLVM is needed.
-fn bpf_linker_install_command() -> Result<Command> {
-    let sysroot = stdout_of(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
-    let lib_dir = Path::new(sysroot.trim()).join("lib");
-    let libllvm = find_libllvm(&lib_dir, LLVM_MAJOR)?;
-    let lib = lib_dir.display();
-    let rustflags =
-        format!("-C link-arg=-L{lib} -C link-arg=-l:{libllvm} -C link-arg=-Wl,-rpath,{lib}");
-    let mut install = Command::new("cargo");
-    install
-        .args(["+nightly", "install", "bpf-linker", "--no-default-features"])
-        .arg("--features")
-        .arg(format!("llvm-{LLVM_MAJOR},no-llvm-linking"))
-        .env("RUSTFLAGS", rustflags)
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_RUSTFLAGS")
-        .stdin(Stdio::null());
-    Ok(install)
-}
-
-fn bpf_linker_by_hand() -> String {
-    let major = LLVM_MAJOR;
-    format!(
-        r#"L=$(rustc +nightly --print sysroot)/lib; RUSTFLAGS="-C link-arg=-L$L -C link-arg=-l:$(basename $L/libLLVM-{major}-*.so) -C link-arg=-Wl,-rpath,$L" cargo +nightly install bpf-linker --no-default-features --features llvm-{major},no-llvm-linking"#
-    )
-}
-
-/// The file name of `libLLVM-<major>-*.so` in `lib_dir`.
-fn find_libllvm(lib_dir: &Path, major: u32) -> Result<String> {
-    let names: Vec<String> = fs::read_dir(lib_dir)
-        .with_context(|| format!("list {}", lib_dir.display()))?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .collect();
-    pick_libllvm(&names, major).with_context(|| {
-        let llvm: Vec<&String> = names.iter().filter(|n| n.starts_with("libLLVM")).collect();
-        format!(
-            "no libLLVM-{major}-*.so in {} (found: {llvm:?}); bpf-linker's llvm-{major} \
-             feature needs the nightly toolchain's LLVM {major}",
-            lib_dir.display()
-        )
-    })
-}
-
-fn pick_libllvm(names: &[String], major: u32) -> Option<String> {
-    let prefix = format!("libLLVM-{major}-");
-    let mut matching: Vec<&String> = names
-        .iter()
-        .filter(|name| name.starts_with(&prefix))
-        .filter(|name| Path::new(name).extension().is_some_and(|ext| ext == "so"))
-        .collect();
-    matching.sort();
-    matching.first().map(|name| (*name).clone())
 }
 
 fn command_succeeds(command: &mut Command) -> bool {
@@ -947,35 +860,6 @@ mod tests {
     }
 
     #[test]
-    fn libllvm_of_the_wanted_major_is_picked() {
-        let names: Vec<String> = [
-            "libLLVM.so.22.1-rust-1.97.0-nightly",
-            "librustc_driver-b5a965480ee51f9a.so",
-            "libLLVM-22-rust-1.97.0-nightly.so",
-            "rustlib",
-        ]
-        .map(String::from)
-        .into();
-        assert_eq!(
-            pick_libllvm(&names, 22).as_deref(),
-            Some("libLLVM-22-rust-1.97.0-nightly.so")
-        );
-        assert_eq!(pick_libllvm(&names, 21), None);
-    }
-
-    #[test]
-    fn libllvm_lookup_reads_the_directory() {
-        let dir = std::env::temp_dir().join(format!("xtask-libllvm-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("libLLVM-22-rust-1.97.0-nightly.so"), b"").unwrap();
-        let found = find_libllvm(&dir, 22).unwrap();
-        let missing = find_libllvm(&dir, 23).unwrap_err();
-        fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(found, "libLLVM-22-rust-1.97.0-nightly.so");
-        assert!(format!("{missing:#}").contains("libLLVM-22-rust-1.97.0-nightly.so"));
-    }
-
-    #[test]
     fn rustup_listing_matches_bare_and_triple_suffixed_components() {
         let installed = "cargo-x86_64-unknown-linux-gnu\n\
                          rust-src\n\
@@ -989,7 +873,7 @@ mod tests {
 
     #[test]
     fn toolchains_are_listed_once_in_order() {
-        assert_eq!(toolchains_in(RUST_COMPONENTS), ["nightly", "stable"]);
+        assert_eq!(toolchains_in(RUST_COMPONENTS), ["stable"]);
     }
 
     #[test]

@@ -124,3 +124,47 @@ fn two_builds_of_one_commit_give_one_archive_that_skopeo_reads() {
         .expect("running skopeo copy");
     assert!(copied.success(), "skopeo copy of the archive failed");
 }
+
+#[test]
+fn an_arm64_image_is_cross_built_and_its_agent_runs_under_qemu() {
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("vpcnet-image-arm64-{}", std::process::id())));
+    fs::create_dir_all(&scratch.0).expect("a scratch directory");
+    let out = scratch.0.join("both.oci.tar");
+    let output = Command::new(xtask())
+        .args(["image", "--arch", "amd64,arm64", "--out"])
+        .arg(&out)
+        .output()
+        .expect("running xtask image");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "xtask image --arch amd64,arm64 failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The arm64 agent ran under qemu and read its embedded programs.
+    assert!(
+        stdout.contains("image: arm64: vpcnet-agent verifier --dry-run: embedded eBPF object"),
+        "{stdout}"
+    );
+    let archive = format!("oci-archive:{}", out.display());
+    let index = skopeo(&["inspect", "--raw", &archive]);
+    let platforms: Vec<&str> = index["manifests"]
+        .as_array()
+        .expect("an image index")
+        .iter()
+        .filter_map(|manifest| manifest["platform"]["architecture"].as_str())
+        .collect();
+    assert_eq!(platforms, ["amd64", "arm64"], "{index}");
+    let arm64 = skopeo(&["inspect", "--override-arch", "arm64", &archive]);
+    assert_eq!(arm64["Architecture"], "arm64");
+    let packages = arm64["Labels"]["dev.vpcnet.image.debian-packages"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        packages
+            .split(", ")
+            .any(|package| package.starts_with("iptables ") && package.ends_with(" arm64")),
+        "{packages}"
+    );
+}

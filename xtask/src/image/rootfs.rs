@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::Arch;
+use super::{Arch, binfmt};
 use crate::setup::{run_checked, stdout_of};
 
 /// The Debian release the image is made of.
@@ -84,8 +84,13 @@ pub fn make(arch: Arch, epoch: u64, out: &Path) -> Result<String> {
         .arg(format!("deb {mirror} {SUITE} main"))
         .arg(format!("deb {mirror} {SUITE}-updates main"))
         .arg(format!("deb {security} {SUITE}-security main"));
-    run_checked(&mut command)
-        .with_context(|| format!("making the {} root filesystem", arch.debian()))?;
+    // Installing arm64 packages runs their maintainer scripts: arm64
+    // executables, which only qemu runs here.
+    match arch {
+        Arch::Amd64 => run_checked(&mut command),
+        Arch::Arm64 => binfmt::run_checked_with_arm64(&command),
+    }
+    .with_context(|| format!("making the {} root filesystem", arch.debian()))?;
     package_list(out)
 }
 

@@ -6,23 +6,30 @@ use std::{collections::BTreeSet, process::Stdio, time::Instant};
 use anyhow::{Context, Result, bail};
 
 use super::steps::{Step, cargo, format_duration, plain_cargo, stopped_at};
-use crate::{build::workspace_root, setup::shell_line};
+use crate::{
+    build::workspace_root,
+    setup::{ebpf_toolchain, shell_line},
+};
 
 /// The programs crate: its own workspace, built for the BPF target.
 const EBPF_CRATE_DIR: &str = "ebpf/vpcnet-ebpf";
 
-pub(super) fn lint_steps() -> Vec<Step> {
+pub(super) fn lint_steps() -> Result<Vec<Step>> {
     let root = workspace_root();
     let ebpf_dir = root.join(EBPF_CRATE_DIR);
+    // rustfmt.toml's options are nightly's: the programs' pinned nightly
+    // formats both workspaces.
+    let nightly = ebpf_toolchain::pinned()?.plus();
+    let nightly = nightly.as_str();
 
     // The whole workspace, whatever `-p` selects for the tests.
-    let fmt = plain_cargo(&root, &["+nightly", "fmt", "--all", "--", "--check"]);
-    let fmt_ebpf = plain_cargo(&ebpf_dir, &["+nightly", "fmt", "--check"]);
+    let fmt = plain_cargo(&root, &[nightly, "fmt", "--all", "--", "--check"]);
+    let fmt_ebpf = plain_cargo(&ebpf_dir, &[nightly, "fmt", "--check"]);
     // The workspace's clippy runs in its build: `build_and_lint`.
     let clippy_ebpf = plain_cargo(
         &ebpf_dir,
         &[
-            "+nightly",
+            nightly,
             "clippy",
             "--target",
             "bpfel-unknown-none",
@@ -34,7 +41,7 @@ pub(super) fn lint_steps() -> Vec<Step> {
             "warnings",
         ],
     );
-    vec![
+    Ok(vec![
         Step {
             name: "fmt",
             command: fmt,
@@ -47,7 +54,7 @@ pub(super) fn lint_steps() -> Vec<Step> {
             name: "clippy (eBPF crate)",
             command: clippy_ebpf,
         },
-    ]
+    ])
 }
 
 /// Builds every target of the workspace (the tests' too, so that the test
@@ -139,10 +146,13 @@ mod tests {
 
     #[test]
     fn lint_steps_run_in_order_on_both_workspaces() {
-        let names: Vec<&str> = lint_steps().iter().map(|step| step.name).collect();
+        let mut steps = lint_steps().unwrap();
+        let names: Vec<&str> = steps.iter().map(|step| step.name).collect();
         assert_eq!(names, ["fmt", "fmt (eBPF crate)", "clippy (eBPF crate)"]);
-        let clippy = shell_line(&lint_steps().remove(2).command);
+        let clippy = shell_line(&steps.remove(2).command);
         assert!(clippy.ends_with("-- -D warnings"), "{clippy}");
+        // The pinned nightly, not whatever `nightly` is today.
+        assert!(clippy.contains(" cargo +nightly-20"), "{clippy}");
     }
 
     #[test]
