@@ -74,14 +74,6 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .envs(cluster::agent_env());
     }
     command.arg(agent_bin).arg("run");
-    if pod_eni(opts) {
-        // The node-wide enforcing mode, as the lab's conflist has it (a
-        // test's own variables may say otherwise, after this).
-        command.env(
-            "POD_SECURITY_GROUP_ENFORCING_MODE",
-            opts.sg_enforcing_mode.env_value(),
-        );
-    }
     if lab_makes_branch_links(opts) {
         command.args(["--branch-links", "existing"]);
     }
@@ -94,8 +86,7 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .arg(cni_socket_file())
             .args(&ipam.agent_args)
             .envs(EmulatorProcess::agent_env())
-            .env("AWS_VPC_K8S_CNI_BACKING_STORE", ipam_checkpoint_file())
-            .envs(ipam.env.iter().map(|(k, v)| (k, v)));
+            .env("AWS_VPC_K8S_CNI_BACKING_STORE", ipam_checkpoint_file());
     } else {
         command
             .args(["--primary-interface", NODE_ETH0])
@@ -105,27 +96,50 @@ pub fn agent_command(agent_bin: &Path, opts: &LabOptions) -> Command {
             .arg("--layout")
             .arg(layout_file());
     }
-    command
-        .env(
-            "AWS_VPC_K8S_CNI_EXTERNALSNAT",
-            opts.external_snat.to_string(),
-        )
-        .env(
-            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
-            opts.exclude_snat_cidrs_env(),
-        )
-        .env(
-            "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
-            opts.randomize_snat.env_value(),
-        );
-    if opts.has_branch_pods() {
-        // Security groups for pods are on (the VPC CNI's `ENABLE_POD_ENI`).
-        command.env("ENABLE_POD_ENI", "true");
-    }
-
-    command.envs(opts.agent_env.iter().map(|(k, v)| (k, v)));
+    command.envs(configured_env(opts));
     // RUST_LOG and the rest of the environment pass through.
     command
+}
+
+/// The agent's settings the lab makes, as an operator's ConfigMap would
+/// (the DaemonSet's pod gets them there), in order: a later one wins.
+pub fn configured_env(opts: &LabOptions) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    if pod_eni(opts) {
+        // The node-wide enforcing mode, as the lab's conflist has it (a
+        // test's own variables may say otherwise, after this).
+        env.push((
+            "POD_SECURITY_GROUP_ENFORCING_MODE",
+            opts.sg_enforcing_mode.env_value().to_owned(),
+        ));
+    }
+    env.extend([
+        (
+            "AWS_VPC_K8S_CNI_EXTERNALSNAT",
+            opts.external_snat.to_string(),
+        ),
+        (
+            "AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS",
+            opts.exclude_snat_cidrs_env(),
+        ),
+        (
+            "AWS_VPC_K8S_CNI_RANDOMIZESNAT",
+            opts.randomize_snat.env_value().to_owned(),
+        ),
+    ]);
+    if opts.has_branch_pods() {
+        // Security groups for pods are on (the VPC CNI's `ENABLE_POD_ENI`).
+        env.push(("ENABLE_POD_ENI", "true".to_owned()));
+    }
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+    if let Some(ipam) = &opts.ipam {
+        env.extend(ipam.env.iter().cloned());
+    }
+    env.extend(opts.agent_env.iter().cloned());
+    env
 }
 
 /// Whether the lab, not the agent, makes the branch ENIs' `vlan.eth.<id>`

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::{
     addrs::{BPF_PIN_DIR, NS_NODE},
-    agent, cluster,
+    agent, agent_pod, cluster,
     cri::{self, Containerd, CriClient},
     cri_pods,
     ec2::{EmulatorOptions, EmulatorProcess},
@@ -42,6 +42,8 @@ pub struct Lab {
     containerd: Option<Containerd>,
     /// The Kubernetes API server of a lab with one (killed when dropped).
     kube_api: Option<KubeApiProcess>,
+    /// The lab's kubelet, keeping the agent's pod (an agent image lab).
+    kubelet: Option<Child>,
     teardown_on_drop: bool,
 }
 
@@ -71,6 +73,7 @@ impl Lab {
             emulator: None,
             containerd: None,
             kube_api: None,
+            kubelet: None,
             teardown_on_drop: true,
         };
         match lab.build() {
@@ -155,16 +158,22 @@ impl Lab {
             }
             self.emulator = Some(emulator);
         }
-        if opts.datapath == Datapath::Ebpf {
+        if let Some(archive) = &opts.agent_image {
+            self.start_agent_pod(&opts, archive)?;
+        } else if opts.datapath == Datapath::Ebpf {
             let (child, info) = agent::start(&opts)?;
             self.agent = Some(child);
             self.state.agent = Some(info);
             self.state.save()?;
         }
         if let Some(cri) = opts.cri() {
-            let containerd = cri_pods::start_containerd(&cri.cni_plugin, opts.sg_enforcing_mode)?;
-            let client = containerd.client()?;
-            self.containerd = Some(containerd);
+            if self.containerd.is_none() {
+                self.containerd = Some(cri_pods::start_containerd(
+                    &cri.cni_plugin,
+                    opts.sg_enforcing_mode,
+                )?);
+            }
+            let client = self.containerd.as_ref().expect("just set").client()?;
             for index in 0..opts.pods {
                 // kubelet runs what the API server bound to its node.
                 if let Some(kube_api) = &self.kube_api {
@@ -191,8 +200,35 @@ impl Lab {
         self.state.save()
     }
 
+    /// The agent as the DaemonSet's pod: the node's containerd with the
+    /// node's directories, the image imported, the pod run by the lab's
+    /// kubelet until it is ready.
+    fn start_agent_pod(&mut self, opts: &LabOptions, archive: &Path) -> Result<()> {
+        let (daemon_set, config_map) = agent_pod::render()?;
+        let containerd = agent_pod::start_containerd(&daemon_set)?;
+        self.containerd = Some(containerd);
+        let containerd = self.containerd.as_ref().expect("just set");
+        let image = agent_pod::import_image(containerd, archive)?;
+        let kube_api = self.kube_api.as_ref().ok_or_else(|| {
+            LabError::InvalidOption("the agent's pod needs the lab's API server".into())
+        })?;
+        let settings = agent_pod::AgentPodSettings {
+            image: &image,
+            config: agent::configured_env(opts),
+            cluster_files: kube_api.files(),
+        };
+        self.kubelet = Some(agent_pod::start(
+            containerd,
+            &daemon_set,
+            &config_map,
+            &settings,
+        )?);
+        Ok(())
+    }
+
     fn take_processes(&mut self) -> Processes {
         Processes {
+            kubelet: self.kubelet.take(),
             agent: self.agent.take(),
             emulator: self.emulator.take(),
             containerd: self.containerd.take(),
@@ -361,6 +397,7 @@ impl Lab {
             emulator: None,
             containerd: None,
             kube_api: None,
+            kubelet: None,
             teardown_on_drop: false,
         })
     }
@@ -372,6 +409,7 @@ impl Lab {
         // The agent keeps running; its handle is simply forgotten (it is in
         // its own process group and is stopped through its pid file).
         drop(self.agent.take());
+        drop(self.kubelet.take());
         // The emulator and containerd too: `lab down` finds them through
         // their pid files.
         if let Some(emulator) = self.emulator.take() {
@@ -639,6 +677,7 @@ pub fn down_all() -> Result<()> {
 /// their pid files).
 #[derive(Default)]
 struct Processes {
+    kubelet: Option<Child>,
     agent: Option<Child>,
     emulator: Option<EmulatorProcess>,
     containerd: Option<Containerd>,
@@ -647,12 +686,21 @@ struct Processes {
 
 fn teardown(processes: Processes) -> Result<()> {
     let Processes {
+        mut kubelet,
         agent: mut agent_child,
         emulator,
         containerd,
         kube_api,
     } = processes;
     let mut problems = Vec::new();
+
+    // The kubelet first, so nothing restarts what goes down below.
+    agent_pod::stop_kubelet(kubelet.as_mut());
+    kill_recorded(
+        &agent_pod::kubelet_pid_file(),
+        agent_pod::KUBELET_BIN,
+        "the lab's kubelet",
+    );
 
     // The pods first, as kubelet takes them down: their CNI DELs need the
     // agent and the node. Then the runtime, whoever started it.

@@ -24,6 +24,7 @@
 
 pub mod addrs;
 pub mod agent;
+pub mod agent_pod;
 pub mod cargo_env;
 pub mod cluster;
 pub mod cri;
@@ -35,6 +36,7 @@ pub mod helper_process;
 pub mod kube;
 pub mod kube_proxy;
 pub mod kube_tools;
+pub mod kubelet;
 mod lab;
 pub mod layout;
 pub mod moto;

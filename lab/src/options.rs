@@ -343,6 +343,12 @@ pub struct LabOptions {
     /// their iptables rules with (kubelet's chains in it tell the agent).
     #[serde(default)]
     pub iptables_backend: IptablesBackend,
+    /// The agent as the DaemonSet's pod, from this image archive (`cargo
+    /// xtask image`), run through the node's containerd by the lab's
+    /// kubelet ([`crate::agent_pod`]) instead of `agent_bin` on the node;
+    /// pods through CRI and the API server only.
+    #[serde(default)]
+    pub agent_image: Option<PathBuf>,
 }
 
 /// The agent's address manager in the lab.
@@ -459,6 +465,7 @@ impl Default for LabOptions {
             agent_env: Vec::new(),
             named_pods: Vec::new(),
             iptables_backend: IptablesBackend::default(),
+            agent_image: None,
         }
     }
 }
@@ -517,7 +524,19 @@ impl LabOptions {
             }
         }
         self.validate_named_pods()?;
-        if self.datapath == Datapath::Ebpf {
+        if let Some(image) = &self.agent_image {
+            if self.cri().is_none() || !self.kube_api() {
+                return Err(LabError::InvalidOption(
+                    "the agent's image runs as the DaemonSet's pod: pods through CRI and the API server only".into(),
+                ));
+            }
+            if !image.is_file() {
+                return Err(LabError::InvalidOption(format!(
+                    "the agent's image {} does not exist (build it with `cargo xtask image`)",
+                    image.display()
+                )));
+            }
+        } else if self.datapath == Datapath::Ebpf {
             let Some(agent) = &self.agent_bin else {
                 return Err(LabError::InvalidOption(
                     "the ebpf datapath needs the agent binary (agent_bin)".into(),

@@ -119,6 +119,12 @@ struct UpArgs {
     /// legacy (Amazon Linux 2, Bottlerocket up to Kubernetes 1.33) or nft.
     #[arg(long, default_value_t = IptablesBackend::Nft)]
     iptables_backend: IptablesBackend,
+    /// Run the agent as the DaemonSet's pod from this image archive,
+    /// through the node's containerd, as kubelet runs it; without a path,
+    /// the image `cargo xtask image` builds from the debug binaries.
+    #[arg(long, value_name = "ARCHIVE")]
+    #[allow(clippy::option_option)]
+    agent_image: Option<Option<PathBuf>>,
     /// Put a NodePort-style service (10.20.11.162:30080, TCP and UDP,
     /// externalTrafficPolicy=Local) in front of this pod.
     #[arg(long, value_name = "POD")]
@@ -275,6 +281,7 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             }))
             .collect(),
         iptables_backend: args.iptables_backend,
+        agent_image: None,
     };
     // Refuse bad input, or a lab that exists already, before building the
     // agent (that takes a while); `Lab::up` checks it all again.
@@ -299,6 +306,11 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             "--pod and --branch-eni-pod make pods through containerd: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
         );
     }
+    if args.agent_image.is_some() && !args.through_cri() {
+        bail!(
+            "--agent-image runs the agent as the DaemonSet's pod through containerd: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
+        );
+    }
     if args.network_policy.is_some() && !args.through_cri() {
         bail!(
             "--network-policy needs the cluster's API server, which pods through containerd have: not with --datapath iptables/routed, --static-pods, --enis, --branch-pods, --node-port or --filler-pods"
@@ -321,6 +333,25 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
             ipam.enforce_network_policy(mode, &args.policy_source);
         }
         opts.ipam = Some(ipam);
+    }
+    if let Some(archive) = &args.agent_image {
+        opts.agent_image = Some(if let Some(archive) = archive {
+            crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
+                .context("building the lab's kubelet")?;
+            archive.clone()
+        } else {
+            let started = step("building the image (debug binaries; `cargo xtask image`)");
+            crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
+                .context("building the lab's kubelet")?;
+            let archive = crate::image::build(&crate::image::Args {
+                release: false,
+                arch: vec![crate::image::Arch::Amd64],
+                out: None,
+                bin_dir: None,
+            })?;
+            took(started);
+            archive
+        });
     }
     opts.validate()?;
     Ok(opts)

@@ -35,7 +35,7 @@ pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
 
 /// A pod as kubelet describes it to the runtime.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodSpec {
     pub name: String,
     pub namespace: String,
@@ -52,6 +52,16 @@ pub struct PodSpec {
     pub dns: Option<DnsConfig>,
     /// Kubelet's sandbox attempt counter (0 for the first sandbox of a pod).
     pub attempt: u32,
+    /// `hostNetwork`: the sandbox is in the runtime's own network
+    /// namespace (the node's), and no CNI plugin runs for it.
+    pub host_network: bool,
+    /// Some container of the pod is privileged (kubelet then asks for a
+    /// privileged sandbox).
+    pub privileged: bool,
+    /// Where the runtime writes the containers' output (kubelet's
+    /// `/var/log/pods/<namespace>_<name>_<uid>`); `None` for a pod that
+    /// runs no containers.
+    pub log_directory: Option<PathBuf>,
 }
 
 impl PodSpec {
@@ -71,7 +81,7 @@ impl PodSpec {
 }
 
 /// A `hostPort` mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PortMapping {
     pub protocol: Protocol,
     pub container_port: u16,
@@ -79,14 +89,14 @@ pub struct PortMapping {
 }
 
 /// A port mapping's protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Protocol {
     Tcp,
     Udp,
 }
 
 /// A pod's DNS settings (`dnsConfig`, merged with the cluster's by kubelet).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DnsConfig {
     pub servers: Vec<String>,
     pub searches: Vec<String>,
@@ -344,7 +354,12 @@ impl CriClient {
 
     /// Runs one unary call with the call limit, both as the gRPC deadline
     /// (the runtime gives up too) and locally (a runtime that hangs).
-    fn call<Req, Resp, F, Fut>(&self, call: &'static str, f: F, message: Req) -> Result<Resp>
+    pub(super) fn call<Req, Resp, F, Fut>(
+        &self,
+        call: &'static str,
+        f: F,
+        message: Req,
+    ) -> Result<Resp>
     where
         F: FnOnce(RuntimeServiceClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
@@ -371,7 +386,7 @@ impl CriClient {
 
 /// The sandbox configuration kubelet sends for `pod` (its
 /// `generatePodSandboxConfig`), minus what the lab has no use for.
-fn sandbox_config(pod: &PodSpec) -> proto::PodSandboxConfig {
+pub(super) fn sandbox_config(pod: &PodSpec) -> proto::PodSandboxConfig {
     let mut labels: HashMap<String, String> = pod.labels.clone().into_iter().collect();
     labels.insert(LABEL_POD_NAME.into(), pod.name.clone());
     labels.insert(LABEL_POD_NAMESPACE.into(), pod.namespace.clone());
@@ -383,10 +398,18 @@ fn sandbox_config(pod: &PodSpec) -> proto::PodSandboxConfig {
             namespace: pod.namespace.clone(),
             attempt: pod.attempt,
         }),
-        hostname: pod.name.clone(),
-        // Kubelet's /var/log/pods/...: only containers log, and the lab runs
-        // none, so no directory outside the lab's is named.
-        log_directory: String::new(),
+        // kubelet names the host of a pod with a network of its own; a
+        // host-network pod has the node's.
+        hostname: if pod.host_network {
+            String::new()
+        } else {
+            pod.name.clone()
+        },
+        log_directory: pod
+            .log_directory
+            .as_ref()
+            .map(|dir| dir.display().to_string())
+            .unwrap_or_default(),
         dns_config: pod.dns.as_ref().map(|dns| proto::DnsConfig {
             servers: dns.servers.clone(),
             searches: dns.searches.clone(),
@@ -412,18 +435,28 @@ fn sandbox_config(pod: &PodSpec) -> proto::PodSandboxConfig {
             // a teardown finds every pause process under it.
             cgroup_parent: POD_CGROUP_PARENT.to_owned(),
             security_context: Some(proto::LinuxSandboxSecurityContext {
-                namespace_options: Some(proto::NamespaceOption {
-                    network: proto::NamespaceMode::Pod as i32,
-                    pid: proto::NamespaceMode::Container as i32,
-                    ipc: proto::NamespaceMode::Pod as i32,
-                    target_id: String::new(),
-                }),
+                namespace_options: Some(namespace_options(pod)),
                 readonly_rootfs: false,
                 supplemental_groups: Vec::new(),
-                privileged: false,
+                privileged: pod.privileged,
             }),
             sysctls: HashMap::new(),
         }),
+    }
+}
+
+/// The pod's namespaces: the node's network for `hostNetwork`, the pod's
+/// own otherwise; a PID namespace per container, an IPC one per pod.
+pub(super) fn namespace_options(pod: &PodSpec) -> proto::NamespaceOption {
+    proto::NamespaceOption {
+        network: if pod.host_network {
+            proto::NamespaceMode::Node
+        } else {
+            proto::NamespaceMode::Pod
+        } as i32,
+        pid: proto::NamespaceMode::Container as i32,
+        ipc: proto::NamespaceMode::Pod as i32,
+        target_id: String::new(),
     }
 }
 

@@ -36,6 +36,7 @@ use tracing::{debug, info, warn};
 use super::{
     Context, CriClient, CriError, Result,
     image::{self, PAUSE_IMAGE},
+    node_paths::{self, NodePath},
     sweep,
 };
 use crate::{addrs::NS_PREFIX, netns::netns_path};
@@ -54,6 +55,10 @@ pub const POD_CGROUP_PARENT: &str = "/vpcnet-lab-pods";
 /// Where Debian's `containernetworking-plugins` installs the reference
 /// plugins (`loopback`, `ptp`, `host-local`, `portmap`, ...).
 pub const DEBIAN_CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// The label of a sandbox that runs one of the node's own agents (a
+/// DaemonSet's pod with host network): removed after every other.
+pub const LABEL_NODE_AGENT: &str = "lab.vpcnet.dev/node-agent";
 
 /// Where root and state directories may be: teardown removes them whole.
 const ROOT_PARENT: &str = "/var/lib/vpcnet-lab";
@@ -183,6 +188,12 @@ pub struct ContainerdOptions {
     pub snapshotter: Option<Snapshotter>,
     /// How long containerd may take to answer CRI Version.
     pub ready_timeout: Duration,
+    /// Node paths containerd (its plugins, its containers' `hostPath`s)
+    /// sees as lab directories; none: it sees the machine's.
+    pub node_paths: Vec<NodePath>,
+    /// Mount points a container may mount below (`Bidirectional`), shared
+    /// in containerd's namespace (with `node_paths` only).
+    pub shared_mounts: Vec<PathBuf>,
 }
 
 impl ContainerdOptions {
@@ -199,6 +210,8 @@ impl ContainerdOptions {
             dirs: ContainerdDirs::default(),
             snapshotter: None,
             ready_timeout: Duration::from_secs(30),
+            node_paths: Vec::new(),
+            shared_mounts: Vec::new(),
         }
     }
 }
@@ -245,8 +258,16 @@ impl Containerd {
         };
         let config = config_toml(opts, snapshotter);
         let log_path = dirs.log_file();
-        let spawned = fs::write(dirs.config_file(), config)
-            .context(|| format!("writing {}", dirs.config_file().display()))
+        let prepared = if opts.node_paths.is_empty() {
+            Ok(())
+        } else {
+            node_paths::prepare(&opts.node_paths, &dirs.state)
+        };
+        let spawned = prepared
+            .and_then(|()| {
+                fs::write(dirs.config_file(), config)
+                    .context(|| format!("writing {}", dirs.config_file().display()))
+            })
             .and_then(|()| {
                 File::create(&log_path).context(|| format!("creating {}", log_path.display()))
             })
@@ -501,11 +522,17 @@ fn check_netns(ns: &str) -> Result<()> {
 /// containerd's.
 fn spawn_daemon(opts: &ContainerdOptions, log: &File) -> Result<Child> {
     let config = opts.dirs.config_file();
+    let mut daemon = Command::new("containerd");
+    daemon.arg("--config").arg(&config);
+    if !opts.node_paths.is_empty() {
+        daemon = node_paths::wrap(&daemon, &opts.node_paths, &opts.shared_mounts);
+    }
     let mut command = Command::new("nsenter");
     command
         .arg(format!("--net={}", netns_path(&opts.netns).display()))
-        .args(["--", "containerd", "--config"])
-        .arg(&config)
+        .arg("--")
+        .arg(daemon.get_program())
+        .args(daemon.get_args())
         .stdin(Stdio::null())
         .stdout(
             log.try_clone()
@@ -661,6 +688,9 @@ fn remove_sandboxes_through_cri(socket: &Path) -> Vec<String> {
         Err(err) => return vec![err.to_string()],
     };
     let mut problems = Vec::new();
+    // The node's own agents last: their CNI socket serves the others' DELs.
+    let mut sandboxes = sandboxes;
+    sandboxes.sort_by_key(|sandbox| sandbox.labels.contains_key(LABEL_NODE_AGENT));
     for sandbox in sandboxes {
         let removed = client
             .stop_pod_sandbox(&sandbox.id)
@@ -732,8 +762,12 @@ fn sweep_dirs(dirs: &ContainerdDirs) -> Vec<String> {
         }
         Err(err) => problems.push(err.to_string()),
     }
-    // Each sandbox's pause process and cgroups, through runc.
-    delete_runc_containers(&dirs.runc_root().join(CRI_NAMESPACE), &sandbox_ids);
+    // Each sandbox's pause process and each container, with their
+    // cgroups, through runc.
+    let runc_root = dirs.runc_root().join(CRI_NAMESPACE);
+    delete_runc_containers(&runc_root, &runc_container_ids(&runc_root));
+    // The node's mount points, once containerd's namespace is gone.
+    problems.extend(node_paths::remove_mount_points(&dirs.state));
     // Whatever runc could not remove.
     if let Err(err) = sweep::remove_cgroup_trees(POD_CGROUP_PARENT) {
         problems.push(err.to_string());
@@ -873,6 +907,18 @@ fn cni_cache_files(ids: &[String]) -> Vec<PathBuf> {
 /// `runc delete --force` for each container runc knows: kills its
 /// processes and removes its cgroups. Failures are left to the cgroup
 /// sweep, which comes next.
+/// Every container runc keeps state for under `runc_root`.
+fn runc_container_ids(runc_root: &Path) -> Vec<String> {
+    fs::read_dir(runc_root)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn delete_runc_containers(runc_root: &Path, ids: &[String]) {
     for id in ids {
         if !runc_root.join(id).exists() {

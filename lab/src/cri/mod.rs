@@ -16,7 +16,9 @@
 
 mod client;
 mod containerd;
+mod containers;
 pub mod image;
+mod node_paths;
 mod sweep;
 
 use std::{path::PathBuf, time::Duration};
@@ -27,9 +29,14 @@ pub use client::{
 };
 pub use containerd::{
     CONTAINERD_ROOT_DIR, CONTAINERD_SOCKET, CONTAINERD_STATE_DIR, Containerd, ContainerdDirs,
-    ContainerdOptions, DEBIAN_CNI_BIN_DIR, POD_CGROUP_PARENT, Snapshotter, link_cni_plugins,
-    teardown_leftovers, teardown_leftovers_in,
+    ContainerdOptions, DEBIAN_CNI_BIN_DIR, LABEL_NODE_AGENT, POD_CGROUP_PARENT, Snapshotter,
+    link_cni_plugins, teardown_leftovers, teardown_leftovers_in,
 };
+pub use containers::{
+    ContainerSpec, ContainerState, ContainerStatus, ExecResult, LABEL_CONTAINER_NAME, Mount,
+    Propagation,
+};
+pub use node_paths::NodePath;
 
 use crate::LabError;
 
