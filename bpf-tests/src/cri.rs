@@ -69,6 +69,9 @@ pub struct CriNode<'a> {
     /// With `kube_api`: custom resources (by plural) the cluster has not
     /// installed.
     pub uninstalled_crds: &'a [&'a str],
+    /// With `kube_api`: the agent as the DaemonSet's pod from this image
+    /// archive (its command is the DaemonSet's: `agent_args` do not apply).
+    pub agent_image: Option<PathBuf>,
 }
 
 impl CriNode<'_> {
@@ -86,6 +89,7 @@ impl CriNode<'_> {
             sg_enforcing_mode: EnforcingMode::Strict,
             named_pods: &[],
             uninstalled_crds: &[],
+            agent_image: None,
         }
     }
 }
@@ -118,6 +122,7 @@ pub fn up_with(node: &CriNode<'_>) -> Lab {
         ipam: Some(ipam),
         sg_enforcing_mode: node.sg_enforcing_mode,
         named_pods: node.named_pods.to_vec(),
+        agent_image: node.agent_image.clone(),
         ..LabOptions::ebpf(node.pods, node.agent.clone())
     };
     Lab::up(&opts).unwrap_or_else(|e| panic!("bringing up the CRI lab: {e}"))

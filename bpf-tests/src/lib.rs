@@ -318,6 +318,30 @@ pub fn agent_binary() -> PathBuf {
     workspace_binary("vpcnet-agent")
 }
 
+/// The image `cargo xtask image --bin-dir target/debug` builds from the
+/// workspace's binaries (`cargo xtask test` builds it before the tests).
+pub fn agent_image() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/image/...
+    let image = exe
+        .ancestors()
+        .nth(3)
+        .map(|target| {
+            target.join(format!(
+                "image/vpcnet-{}-debug.oci.tar",
+                env!("CARGO_PKG_VERSION")
+            ))
+        })
+        .expect("the target directory");
+    assert!(
+        image.is_file(),
+        "{} is missing: build it with `cargo xtask image --bin-dir target/debug` \
+         (`cargo xtask test` does)",
+        image.display()
+    );
+    image
+}
+
 /// The CNI plugin binary, likewise.
 pub fn cni_plugin_binary() -> PathBuf {
     workspace_binary("vpcnet-cni")

@@ -211,6 +211,22 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         build_and_lint(&mut passed)?;
     }
+    // The agent's image from those binaries: the lab runs it as the
+    // DaemonSet's pod (`bpf-tests/tests/agent_image.rs`).
+    let image_started = Instant::now();
+    println!("==> image: cargo xtask image --bin-dir target/debug");
+    crate::image::build(&crate::image::Args {
+        release: false,
+        arch: vec![crate::image::Arch::Amd64],
+        out: None,
+        bin_dir: Some(crate::build::target_dir()?.join("debug")),
+    })
+    .context("building the agent's image for the tests")?;
+    println!(
+        "==> image: done in {}",
+        format_duration(image_started.elapsed())
+    );
+    passed.push("image");
     let mut total = TestTally::default();
     let mut results = Vec::new();
     // Every VM's test executables are built now, before anything runs: a

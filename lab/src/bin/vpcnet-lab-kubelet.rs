@@ -79,7 +79,10 @@ fn run(args: &Args) -> anyhow::Result<()> {
         pod.relist()?;
         let status = pod.status();
         if last.as_ref() != Some(&status) {
-            std::fs::write(&args.status, serde_json::to_vec_pretty(&status)?)?;
+            // Whole or not at all, for a reader at any moment.
+            let partial = args.status.with_extension("partial");
+            std::fs::write(&partial, serde_json::to_vec_pretty(&status)?)?;
+            std::fs::rename(&partial, &args.status)?;
             last = Some(status);
         }
         if pod.ready() && !said_ready {
