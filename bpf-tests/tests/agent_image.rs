@@ -27,7 +27,7 @@ use vpcnet_lab::{
 const PORT: u16 = 8080;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 /// kubelet's first back-off (10 s) and a readiness period (10 s), with room.
-const RESTART_TIMEOUT: Duration = Duration::from_secs(60);
+const RESTART_TIMEOUT: Duration = Duration::from_mins(1);
 /// An MTU other than the agent's default (9001): it reaches a pod only
 /// through the conflist the agent writes from its ConfigMap.
 const POD_MTU: &str = "1500";

@@ -7,7 +7,9 @@
 //! field that did not survive (a typo, a field at the wrong level) is an
 //! error naming its path.
 
+pub mod aws;
 pub mod node_selection;
+pub mod promql;
 
 use std::{
     path::{Path, PathBuf},
@@ -17,7 +19,7 @@ use std::{
 use k8s_openapi::{
     api::{
         apps::v1::DaemonSet,
-        core::v1::{ConfigMap, ServiceAccount},
+        core::v1::{ConfigMap, Service, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding},
     },
     serde::{Deserialize, Serialize, de::DeserializeOwned},
@@ -64,6 +66,7 @@ pub enum Object {
     DaemonSet(Box<DaemonSet>),
     ServiceAccount(Box<ServiceAccount>),
     ConfigMap(Box<ConfigMap>),
+    Service(Box<Service>),
     ClusterRole(Box<ClusterRole>),
     ClusterRoleBinding(Box<ClusterRoleBinding>),
 }
@@ -74,6 +77,7 @@ impl Object {
             Self::DaemonSet(_) => "DaemonSet",
             Self::ServiceAccount(_) => "ServiceAccount",
             Self::ConfigMap(_) => "ConfigMap",
+            Self::Service(_) => "Service",
             Self::ClusterRole(_) => "ClusterRole",
             Self::ClusterRoleBinding(_) => "ClusterRoleBinding",
         }
@@ -84,6 +88,7 @@ impl Object {
             Self::DaemonSet(o) => &o.metadata,
             Self::ServiceAccount(o) => &o.metadata,
             Self::ConfigMap(o) => &o.metadata,
+            Self::Service(o) => &o.metadata,
             Self::ClusterRole(o) => &o.metadata,
             Self::ClusterRoleBinding(o) => &o.metadata,
         };
@@ -118,6 +123,13 @@ impl Objects {
         })
     }
 
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        self.0.iter().filter_map(|o| match o {
+            Object::Service(service) => Some(service.as_ref()),
+            _ => None,
+        })
+    }
+
     pub fn cluster_roles(&self) -> impl Iterator<Item = &ClusterRole> {
         self.0.iter().filter_map(|o| match o {
             Object::ClusterRole(role) => Some(role.as_ref()),
@@ -137,6 +149,13 @@ impl Objects {
         let all: Vec<&DaemonSet> = self.daemon_sets().collect();
         assert_eq!(all.len(), 1, "one DaemonSet");
         all[0]
+    }
+
+    /// The `DaemonSet` named `name`.
+    pub fn daemon_set_named(&self, name: &str) -> &DaemonSet {
+        self.daemon_sets()
+            .find(|ds| ds.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no DaemonSet {name}"))
     }
 
     /// The one `ConfigMap`.
@@ -187,6 +206,7 @@ pub fn typed(doc: &Value, source_name: &str) -> Result<Object, ManifestError> {
             Object::ServiceAccount(Box::new(strict(doc, source_name, "ServiceAccount")?))
         }
         ("v1", "ConfigMap") => Object::ConfigMap(Box::new(strict(doc, source_name, "ConfigMap")?)),
+        ("v1", "Service") => Object::Service(Box::new(strict(doc, source_name, "Service")?)),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
             Object::ClusterRole(Box::new(strict(doc, source_name, "ClusterRole")?))
         }
@@ -204,7 +224,7 @@ pub fn typed(doc: &Value, source_name: &str) -> Result<Object, ManifestError> {
 }
 
 /// Deserializes `doc` as `T` and checks that writing it back loses nothing.
-fn strict<T: DeserializeOwned + Serialize>(
+pub fn strict<T: DeserializeOwned + Serialize>(
     doc: &Value,
     source_name: &str,
     kind: &'static str,
@@ -288,6 +308,18 @@ pub fn kustomization_manifests(sub: &str) -> Result<(Objects, Value), ManifestEr
 /// The chart's directory.
 pub fn chart_dir() -> PathBuf {
     Path::new(DEPLOY_DIR).join("helm/vpcnet")
+}
+
+/// `helm template RELEASE <the chart> --namespace kube-system ARGS...`
+/// with the `helm` at `helm`: the rendered text.
+pub fn helm_template(helm: &str, release: &str, args: &[&str]) -> Result<String, ManifestError> {
+    output_of(
+        Command::new(helm)
+            .args(["template", release])
+            .arg(chart_dir())
+            .args(["--namespace", "kube-system"])
+            .args(args),
+    )
 }
 
 /// Runs `command` and returns its standard output; a failure quotes its

@@ -240,6 +240,7 @@ fn the_manifests_are_valid_objects_that_fit_together() {
             vpcnet_deploy::Object::DaemonSet(o) => &o.metadata.namespace,
             vpcnet_deploy::Object::ServiceAccount(o) => &o.metadata.namespace,
             vpcnet_deploy::Object::ConfigMap(o) => &o.metadata.namespace,
+            vpcnet_deploy::Object::Service(o) => &o.metadata.namespace,
             // Cluster-scoped.
             vpcnet_deploy::Object::ClusterRole(_)
             | vpcnet_deploy::Object::ClusterRoleBinding(_) => continue,
@@ -449,16 +450,14 @@ fn kustomize_with(components: &[&str]) -> Objects {
     objects(&text, "kubectl kustomize").unwrap()
 }
 
-/// `helm template` of the chart with `args`.
+/// `helm template` of the chart with `args`, as release `vpcnet`.
 fn helm_template(args: &[&str]) -> Objects {
-    let text = output_of(
-        Command::new(HELM)
-            .args(["template", "vpcnet"])
-            .arg(chart_dir())
-            .args(["--namespace", "kube-system"])
-            .args(args),
-    )
-    .unwrap();
+    helm_release("vpcnet", args)
+}
+
+/// `helm template` of the chart with `args`, as release `release`.
+fn helm_release(release: &str, args: &[&str]) -> Objects {
+    let text = vpcnet_deploy::helm_template(HELM, release, args).unwrap();
     objects(&text, "helm template").unwrap()
 }
 
@@ -614,6 +613,346 @@ fn helm_values_keep_the_aws_vpc_cni_charts_names() {
     );
 }
 
+/// `helm template` with `args` and its error: the chart refuses them.
+fn helm_refuses(args: &[&str]) -> String {
+    match vpcnet_deploy::helm_template(HELM, "vpcnet", args) {
+        Ok(_) => panic!("helm took {args:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The chart's `values.schema.json` holds: its defaults pass, and a value
+/// it does not know or of the wrong shape is refused by `helm template`
+/// with a message naming it (a typo never goes unnoticed, nor does one
+/// of the aws-vpc-cni chart's values vpcnet does not have).
+#[test]
+fn the_chart_refuses_values_its_schema_does_not_allow() {
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(schema["additionalProperties"], false);
+    // The defaults: the chart's own values pass, lint included.
+    output_of(Command::new(HELM).arg("lint").arg(chart_dir())).unwrap();
+    helm_template(&[]);
+    // Each refused by the schema, naming the value (the words around it
+    // are the schema validator's, which Helm versions change).
+    for (args, names) in [
+        (&["--set", "image.pullPolicy=Sometimes"][..], "pullPolicy"),
+        // The aws-vpc-cni chart's name of what is metrics.podMonitor here.
+        (&["--set", "podMonitor.create=true"], "podMonitor"),
+        (&["--set", "env.WARM IP TARGET=5"], "WARM IP TARGET"),
+        (
+            &[
+                "--set",
+                "extraEnv[0].name=HTTPS_PROXY",
+                "--set",
+                "extraEnv[0].valu=x",
+            ],
+            "valu",
+        ),
+        // An EnvVar's value is a string: a number needs --set-string.
+        (
+            &[
+                "--set",
+                "extraEnv[0].name=MTU",
+                "--set",
+                "extraEnv[0].value=9001",
+            ],
+            "value",
+        ),
+        (
+            &[
+                "--set",
+                "extraEnv[0].name=NODE",
+                "--set",
+                "extraEnv[0].valueFrom.fieldRef.path=spec.nodeName",
+            ],
+            "fieldPath",
+        ),
+        (&["--set", "init.env.RUST_LOG[0]=debug"], "RUST_LOG"),
+        (&["--set", "rollback.enabled=yes"], "enabled"),
+        (
+            &["--set", "metrics.podMonitor.interval=30 seconds"],
+            "interval",
+        ),
+        (
+            &["--set", "metrics.prometheusRule.natTableFullRatio=90"],
+            "natTableFullRatio",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.prometheusRule.ignoredDropReasons[0]=nat_full",
+            ],
+            "ignoredDropReasons",
+        ),
+        (&["--set", "resources.request.cpu=1"], "request"),
+    ] {
+        let error = helm_refuses(args);
+        assert!(
+            error.contains("values don't meet the specifications of the schema")
+                && error.contains(names),
+            "{args:?}: {error}"
+        );
+    }
+    // And the chart's own check: an EnvVar with both.
+    let error = helm_refuses(&[
+        "--set",
+        "extraEnv[0].name=X",
+        "--set-string",
+        "extraEnv[0].value=1",
+        "--set",
+        "extraEnv[0].valueFrom.fieldRef.fieldPath=spec.nodeName",
+    ]);
+    assert!(
+        error.contains("extraEnv: X has both value and valueFrom: give one"),
+        "{error}"
+    );
+}
+
+/// The variable named `name` of container `c`.
+fn env_var<'a>(
+    c: &'a k8s_openapi::api::core::v1::Container,
+    name: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::EnvVar> {
+    c.env.iter().flatten().find(|e| e.name == name)
+}
+
+/// `init.env` goes to the init container by name; `extraEnv` (whole
+/// `EnvVar`s, `valueFrom` included) after the agent's own variables, and to
+/// the rollback's `uninstall`, which reads the same settings.
+#[test]
+fn init_env_and_extra_env_reach_their_containers() {
+    let charted = helm_template(&[
+        "--set",
+        "init.env.RUST_LOG=debug",
+        "--set-string",
+        "init.env.HTTP_TIMEOUT=30",
+        "--set",
+        "extraEnv[0].name=HTTPS_PROXY",
+        "--set",
+        "extraEnv[0].valueFrom.secretKeyRef.name=egress-proxy",
+        "--set",
+        "extraEnv[0].valueFrom.secretKeyRef.key=url",
+        "--set",
+        "extraEnv[1].name=AWS_STS_REGIONAL_ENDPOINTS",
+        "--set",
+        "extraEnv[1].value=regional",
+        "--set",
+        "rollback.enabled=true",
+    ]);
+    assert_consistent_agent(&charted);
+    let spec = pod_spec(charted.daemon_set_named("vpcnet"));
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        env_var(init, "RUST_LOG").and_then(|e| e.value.as_deref()),
+        Some("debug")
+    );
+    assert_eq!(
+        env_var(init, "HTTP_TIMEOUT").and_then(|e| e.value.as_deref()),
+        Some("30")
+    );
+    let agent = &spec.containers[0];
+    let names: Vec<&str> = agent
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "MY_NODE_NAME",
+            "MY_POD_NAME",
+            "HTTPS_PROXY",
+            "AWS_STS_REGIONAL_ENDPOINTS"
+        ]
+    );
+    let secret = env_var(agent, "HTTPS_PROXY")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .unwrap();
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str()),
+        ("egress-proxy", "url")
+    );
+    let uninstall = &pod_spec(charted.daemon_set_named("vpcnet-rollback"))
+        .init_containers
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(
+        uninstall.env,
+        agent.env.as_ref().map(|env| env[2..].to_vec())
+    );
+    // Without them, neither has an env of its own.
+    let plain = helm_template(&["--set", "rollback.enabled=true"]);
+    let init = &pod_spec(plain.daemon_set_named("vpcnet"))
+        .init_containers
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(init.env, None);
+}
+
+/// [`assert_consistent`] for a rendering that may hold the rollback's
+/// DaemonSet too: the agent's objects without it.
+fn assert_consistent_agent(all: &Objects) {
+    let agent_only = Objects(
+        all.0
+            .iter()
+            .filter(|o| !(o.kind() == "DaemonSet" && o.name().ends_with("-rollback")))
+            .cloned()
+            .collect(),
+    );
+    assert_consistent(&agent_only, "helm");
+}
+
+/// The chart's rollback DaemonSet (`rollback.enabled`) as the Helm test
+/// renders it.
+fn helm_rollback_spec() -> PodSpec {
+    pod_spec(helm_template(&["--set", "rollback.enabled=true"]).daemon_set_named("vpcnet-rollback"))
+        .clone()
+}
+
+/// A Helm release rolls back with its own names: `rollback.enabled`
+/// renders a DaemonSet that sets a node up as `deploy/kubernetes/rollback`
+/// does, with the release's ServiceAccount, ConfigMap and image, and whose
+/// pods neither DaemonSet's selector takes for the other's.
+#[test]
+fn the_charts_rollback_runs_uninstall_with_the_releases_names() {
+    assert_eq!(
+        helm_template(&[]).daemon_sets().count(),
+        1,
+        "off by default"
+    );
+    let charted = helm_release(
+        "edge",
+        &[
+            "--set",
+            "rollback.enabled=true",
+            "--set",
+            "image.repository=registry.example/vpcnet",
+            "--set",
+            "image.tag=v9",
+        ],
+    );
+    let agent = charted.daemon_set_named("edge-vpcnet");
+    let rollback = charted.daemon_set_named("edge-vpcnet-rollback");
+    let spec = pod_spec(rollback);
+    assert_eq!(
+        spec.service_account_name,
+        pod_spec(agent).service_account_name
+    );
+    assert!(
+        charted
+            .service_accounts()
+            .any(|sa| sa.metadata.name == spec.service_account_name)
+    );
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        init.env_from.as_ref().unwrap()[0]
+            .config_map_ref
+            .as_ref()
+            .map(|r| r.name.as_str()),
+        Some("edge-vpcnet-config")
+    );
+    // As kustomize's rollback, on the node.
+    let (kustomized, _) = kustomization_manifests("kubernetes/rollback").unwrap();
+    assert_eq!(
+        node_setup(rollback),
+        node_setup(kustomized.daemon_set())
+            .replace("Some(\"vpcnet\")", "Some(\"registry.example/vpcnet:v9\")")
+    );
+    // Neither selector takes the other's pods.
+    let pod_labels = |ds: &DaemonSet| {
+        ds.spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default()
+    };
+    let selects = |ds: &DaemonSet, labels: &BTreeMap<String, String>| {
+        let selector = ds.spec.as_ref().unwrap().selector.match_labels.clone();
+        selector
+            .unwrap_or_default()
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    };
+    assert!(selects(agent, &pod_labels(agent)) && selects(rollback, &pod_labels(rollback)));
+    assert!(!selects(agent, &pod_labels(rollback)) && !selects(rollback, &pod_labels(agent)));
+    // Its commands are the agent's.
+    let argv = init.command.as_ref().unwrap();
+    assert_eq!(argv[..2], ["vpcnet-agent", "uninstall"]);
+    output_of(
+        Command::new(vpcnet_bpf_tests::agent_binary())
+            .args(&argv[1..])
+            .arg("--help"),
+    )
+    .unwrap_or_else(|e| panic!("the agent does not take {argv:?}: {e}"));
+}
+
+/// Each DaemonSet, kustomize's and the chart's, runs where the node label
+/// says, and nowhere else: the scheduler's rule on an EKS node's labels.
+#[test]
+fn each_daemon_set_runs_only_where_the_node_label_says() {
+    let label = node_selection::NODE_LABEL;
+    let renderings = [
+        (
+            "vpcnet (kustomize)",
+            pod_spec(kustomize().daemon_set()).clone(),
+            Some(node_selection::ON_VPCNET),
+        ),
+        (
+            "vpcnet (Helm)",
+            pod_spec(helm_template(&[]).daemon_set()).clone(),
+            Some(node_selection::ON_VPCNET),
+        ),
+        (
+            "vpcnet-rollback (kustomize)",
+            pod_spec(
+                kustomization_manifests("kubernetes/rollback")
+                    .unwrap()
+                    .0
+                    .daemon_set(),
+            )
+            .clone(),
+            Some(node_selection::ROLLBACK),
+        ),
+        (
+            "vpcnet-rollback (Helm)",
+            helm_rollback_spec(),
+            Some(node_selection::ROLLBACK),
+        ),
+    ];
+    for (value, arch) in [
+        None,
+        Some(node_selection::ON_VPCNET),
+        Some(node_selection::ROLLBACK),
+    ]
+    .into_iter()
+    .flat_map(|value| ["amd64", "arm64"].map(|arch| (value, arch)))
+    {
+        let mut labels: BTreeMap<String, String> = [
+            ("kubernetes.io/os", "linux"),
+            ("kubernetes.io/arch", arch),
+            ("eks.amazonaws.com/nodegroup", "general"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        if let Some(value) = value {
+            labels.insert(label.to_owned(), value.to_owned());
+        }
+        for (name, spec, runs_on) in &renderings {
+            assert_eq!(
+                node_selection::admits(spec, &labels),
+                value == *runs_on,
+                "{name} with {label}={value:?} on {arch}"
+            );
+        }
+    }
+}
+
 /// The guide's table of aws-node's variables is the agent's.
 #[test]
 fn the_guide_prints_the_agents_table_of_aws_node_variables() {
@@ -667,9 +1006,10 @@ fn one_node_label_moves_a_node_between_aws_node_vpcnet_and_the_rollback() {
         ("vpcnet (kustomize)", spec_of(&kustomize())),
         ("vpcnet (Helm)", spec_of(&helm_template(&[]))),
         (
-            "vpcnet-rollback",
+            "vpcnet-rollback (kustomize)",
             spec_of(&kustomization_manifests("kubernetes/rollback").unwrap().0),
         ),
+        ("vpcnet-rollback (Helm)", helm_rollback_spec()),
     ];
     let node = cluster::node_name();
     let label = node_selection::NODE_LABEL;

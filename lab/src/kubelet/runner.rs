@@ -71,7 +71,7 @@ struct ProbeState {
 }
 
 #[derive(Debug)]
-struct Running {
+struct LiveContainer {
     plan: ContainerPlan,
     id: String,
     started: Instant,
@@ -92,7 +92,7 @@ pub struct PodRunner {
     client: CriClient,
     plan: PodPlan,
     sandbox_id: String,
-    containers: Vec<Running>,
+    containers: Vec<LiveContainer>,
 }
 
 impl PodRunner {
@@ -116,7 +116,7 @@ impl PodRunner {
         }
         for plan in runner.plan.containers.clone() {
             let id = runner.create_and_start(&plan, 0)?;
-            runner.containers.push(Running::new(plan, id));
+            runner.containers.push(LiveContainer::new(plan, id));
         }
         Ok(runner)
     }
@@ -145,7 +145,7 @@ impl PodRunner {
                 return Err(RunError::InitFailed {
                     name: init.spec.name.clone(),
                     exit_code: status.exit_code,
-                    output: std::fs::read_to_string(&status.log_path).unwrap_or_default(),
+                    output: output_tail(&status.log_path),
                 });
             }
             if Instant::now() >= deadline {
@@ -170,7 +170,8 @@ impl PodRunner {
                 container.ready = false;
                 if container.restart_at.is_none() {
                     let why = format!("exited with {} ({})", status.exit_code, status.reason);
-                    warn!(container = %container.plan.spec.name, %why, backoff = ?container.backoff, "container exited; restarting after the back-off");
+                    let output = output_tail(&status.log_path);
+                    warn!(container = %container.plan.spec.name, %why, backoff = ?container.backoff, %output, "container exited; restarting after the back-off");
                     container.last_restart = Some(why);
                     container.restart_at = Some(now + container.backoff);
                 }
@@ -253,7 +254,7 @@ impl PodRunner {
         let container = &mut self.containers[index];
         let backoff = (container.backoff * 2).min(BACKOFF_MAX);
         let last_restart = container.last_restart.take();
-        *container = Running::new(plan, id);
+        *container = LiveContainer::new(plan, id);
         container.restarts = attempt;
         container.backoff = backoff;
         container.last_restart = last_restart;
@@ -298,7 +299,7 @@ impl PodRunner {
     }
 }
 
-impl Running {
+impl LiveContainer {
     fn new(plan: ContainerPlan, id: String) -> Self {
         Self {
             plan,
@@ -314,6 +315,18 @@ impl Running {
             last_restart: None,
         }
     }
+}
+
+/// The last lines a container wrote, from its CRI log (`<time> <stream>
+/// <P|F> <text>` per line).
+fn output_tail(log: &std::path::Path) -> String {
+    const LINES: usize = 8;
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|line| line.splitn(4, ' ').nth(3).unwrap_or(line))
+        .collect();
+    lines[lines.len().saturating_sub(LINES)..].join("\n")
 }
 
 fn due(state: &ProbeState, probe: &ExecProbe, started: Instant, now: Instant) -> bool {
