@@ -140,6 +140,11 @@ pub struct RunArgs {
     /// `ENABLE_NETWORK_POLICY`).
     #[arg(long, default_value = network_policy::PINS_ROOT)]
     network_policy_pins: PathBuf,
+    /// The node's network sysctls, as mounted: an unprivileged container's
+    /// `/proc/sys` is read-only, so the DaemonSet mounts the node's
+    /// `/proc/sys/net` elsewhere, writable.
+    #[arg(long, default_value = vpcnet_agent::node::PROC_SYS_NET)]
+    proc_sys_net: PathBuf,
 }
 
 /// `vpcnet-agent run`: every variable read and checked, then the node run
@@ -212,7 +217,7 @@ async fn run_node(
         }
         _ => (service_cidrs, service_cidrs::Next::Nothing),
     };
-    prepare_node(&sysctls, ipam.as_ref(), &node, &netlink).await?;
+    prepare_node(&sysctls, &args.proc_sys_net, ipam.as_ref(), &node, &netlink).await?;
     let cidr_classes = SharedCidrClasses::new(CidrClasses {
         vpc: node.vpc_cidrs.clone(),
         excluded: snat.exclude_snat_cidrs.clone(),
@@ -611,12 +616,13 @@ async fn node_facts(
 /// gives it the ENIs' MTU too.
 async fn prepare_node(
     sysctls: &NodeSysctls,
+    proc_sys_net: &Path,
     ipam: Option<&IpamSettings>,
     node: &NodeFacts,
     netlink: &NetlinkHandle,
 ) -> Result<()> {
     sysctls
-        .apply(&node.primary_interface)
+        .apply(proc_sys_net, &node.primary_interface)
         .context("setting the node's sysctls")?;
     if let Some(settings) = ipam {
         let primary = netlink

@@ -141,6 +141,10 @@ enum Command {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Mount bpffs at /sys/fs/bpf if the node has none: the DaemonSet's
+    /// privileged init step (its mount propagates to the node), so the
+    /// agent's own container needs no `CAP_SYS_ADMIN` for it.
+    MountBpffs,
 }
 
 fn main() {
@@ -189,6 +193,14 @@ fn run_command() -> Result<()> {
             &network_policy_pins,
             &env,
         ),
+        Command::MountBpffs => {
+            if vpcnet_agent::datapath::mount_bpffs()? {
+                println!("mounted bpffs at /sys/fs/bpf");
+            } else {
+                println!("bpffs is mounted at /sys/fs/bpf already");
+            }
+            Ok(())
+        }
         Command::InstallPlugins { from, to } => {
             for path in install::install_plugins(&from, &to)? {
                 println!("installed {}", path.display());

@@ -206,6 +206,9 @@ impl NodeNetwork for NodeLinks {
 /// come back by another link than the one early demux cached.
 pub const ENV_DISABLE_TCP_EARLY_DEMUX: &str = "DISABLE_TCP_EARLY_DEMUX";
 
+/// Where the kernel shows the network sysctls of the reader's namespace.
+pub const PROC_SYS_NET: &str = "/proc/sys/net";
+
 /// The node's sysctls aws-node's init container sets, in the agent's
 /// network namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -225,8 +228,12 @@ impl NodeSysctls {
     /// ENIs; TCP early demux 0 or 1 where the kernel has it (aws-node
     /// writes 1 too, so a node's earlier 0 does not linger).
     #[must_use]
-    pub fn writes(&self, primary_interface: &str) -> Vec<(std::path::PathBuf, &'static str)> {
-        let ipv4 = std::path::Path::new("/proc/sys/net/ipv4");
+    pub fn writes(
+        &self,
+        proc_sys_net: &std::path::Path,
+        primary_interface: &str,
+    ) -> Vec<(std::path::PathBuf, &'static str)> {
+        let ipv4 = proc_sys_net.join("ipv4");
         let mut writes = vec![(
             ipv4.join("conf").join(primary_interface).join("rp_filter"),
             "2",
@@ -247,8 +254,12 @@ impl NodeSysctls {
 
     /// Writes them; aws-node's init container stops on a failure, so does
     /// the agent's start.
-    pub fn apply(&self, primary_interface: &str) -> std::io::Result<()> {
-        for (path, value) in self.writes(primary_interface) {
+    pub fn apply(
+        &self,
+        proc_sys_net: &std::path::Path,
+        primary_interface: &str,
+    ) -> std::io::Result<()> {
+        for (path, value) in self.writes(proc_sys_net, primary_interface) {
             std::fs::write(&path, value).map_err(|e| {
                 std::io::Error::new(
                     e.kind(),

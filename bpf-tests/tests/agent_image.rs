@@ -50,6 +50,50 @@ fn wait_status(what: &str, done: impl Fn(&PodStatus) -> bool) -> PodStatus {
     }
 }
 
+/// Not privileged: the capabilities the DaemonSet names, no others, as
+/// the runtime ran the container.
+fn assert_only_the_daemon_sets_capabilities(client: &vpcnet_lab::cri::CriClient, id: &str) {
+    let info = client
+        .container_status(id)
+        .expect("the agent container's status")
+        .info;
+    let process = &info["runtimeSpec"]["process"];
+    let mut effective: Vec<&str> = process["capabilities"]["effective"]
+        .as_array()
+        .expect("the container's effective capabilities")
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    effective.sort_unstable();
+    assert_eq!(
+        effective,
+        ["CAP_BPF", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_PERFMON"],
+        "{process}"
+    );
+    println!("the agent's container ran with {effective:?}");
+}
+
+/// The conflist containerd uses is the agent's, from its ConfigMap: its
+/// MTU is the pods'.
+fn assert_the_agents_conflist_reaches_the_pods(pods: &[vpcnet_lab::PodInfo]) {
+    let conflist = std::fs::read_to_string(cri_pods::cni_conf_dir().join("10-vpcnet.conflist"))
+        .expect("the conflist the agent wrote");
+    let conflist: serde_json::Value = serde_json::from_str(&conflist).expect("JSON");
+    assert_eq!(
+        conflist["plugins"][0]["mtu"].to_string().trim_matches('"'),
+        POD_MTU,
+        "{conflist}"
+    );
+    for pod in pods {
+        let link = exec_ok(&pod.netns, &["ip", "link", "show", "eth0"]).expect("eth0");
+        assert!(
+            link.contains(&format!("mtu {POD_MTU} ")),
+            "{}: {link}",
+            pod.k8s_name
+        );
+    }
+}
+
 #[test]
 fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_container_restart() {
     let _lock = serial();
@@ -73,25 +117,11 @@ fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_contai
         format!("docker.io/library/vpcnet:{}", env!("CARGO_PKG_VERSION"))
     );
     assert!(agent.running && agent.restarts == 0, "{agent:?}");
+    let client = lab.cri().expect("a CRI client");
+    assert_only_the_daemon_sets_capabilities(&client, &agent.id);
 
-    // The conflist containerd uses is the agent's, from its ConfigMap.
-    let conflist = std::fs::read_to_string(cri_pods::cni_conf_dir().join("10-vpcnet.conflist"))
-        .expect("the conflist the agent wrote");
-    let conflist: serde_json::Value = serde_json::from_str(&conflist).expect("JSON");
-    assert_eq!(
-        conflist["plugins"][0]["mtu"].to_string().trim_matches('"'),
-        POD_MTU,
-        "{conflist}"
-    );
     let pods = lab.pods().to_vec();
-    for pod in &pods {
-        let link = exec_ok(&pod.netns, &["ip", "link", "show", "eth0"]).expect("eth0");
-        assert!(
-            link.contains(&format!("mtu {POD_MTU} ")),
-            "{}: {link}",
-            pod.k8s_name
-        );
-    }
+    assert_the_agents_conflist_reaches_the_pods(&pods);
 
     // The demo's paths: pod to pod and to the VPC with the pod's own
     // address, to the internet SNATed to the node's.
@@ -115,7 +145,6 @@ fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_contai
     let to_inet = EchoStream::open(&pods[0].netns, inet.addr());
     let to_peer = EchoStream::open(&pods[0].netns, peer.addr());
     to_inet.wait_for_more_echoes(50, "before the restart");
-    let client = lab.cri().expect("a CRI client");
     let info = client
         .container_status(&agent.id)
         .expect("the agent container's status")

@@ -744,7 +744,12 @@ fn init_env_and_extra_env_reach_their_containers() {
     ]);
     assert_consistent_agent(&charted);
     let spec = pod_spec(charted.daemon_set_named("vpcnet"));
-    let init = &spec.init_containers.as_ref().unwrap()[0];
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "vpcnet-init")
+        .expect("the plugins' init container");
     assert_eq!(
         env_var(init, "RUST_LOG").and_then(|e| e.value.as_deref()),
         Some("debug")

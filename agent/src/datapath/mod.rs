@@ -816,6 +816,20 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<(), DatapathError> {
     })
 }
 
+/// Mounts bpffs at /sys/fs/bpf unless it is there (the DaemonSet's
+/// privileged init step, whose `Bidirectional` mount the node then has);
+/// returns whether it mounted one.
+///
+/// # Errors
+/// The mount's, named.
+pub fn mount_bpffs() -> Result<bool, DatapathError> {
+    if bpffs_mounted() {
+        return Ok(false);
+    }
+    ensure_bpffs(Path::new(BPFFS))?;
+    Ok(true)
+}
+
 fn bpffs_mounted() -> bool {
     std::fs::read_to_string("/proc/self/mounts").is_ok_and(|mounts| {
         mounts.lines().any(|line| {
