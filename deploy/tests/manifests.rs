@@ -320,13 +320,7 @@ fn the_rollback_runs_uninstall_where_the_agent_keeps_its_state() {
         .clone();
     assert_eq!(Some(config_map), agent.config_map().metadata.name.clone());
     let argv = init.command.as_ref().unwrap();
-    assert_eq!(argv[..2], ["vpcnet-agent", "uninstall"]);
-    output_of(
-        Command::new(vpcnet_bpf_tests::agent_binary())
-            .args(&argv[1..])
-            .arg("--help"),
-    )
-    .unwrap_or_else(|e| panic!("the agent does not take {argv:?}: {e}"));
+    assert_the_agent_uninstalls_with(argv);
     // Every path uninstall works on is where the agent keeps it.
     let agent_mounts = host_mounts(agent_ds);
     for (mount, host) in host_mounts(rollback_ds) {
@@ -886,14 +880,7 @@ fn the_charts_rollback_runs_uninstall_with_the_releases_names() {
     assert!(selects(agent, &pod_labels(agent)) && selects(rollback, &pod_labels(rollback)));
     assert!(!selects(agent, &pod_labels(rollback)) && !selects(rollback, &pod_labels(agent)));
     // Its commands are the agent's.
-    let argv = init.command.as_ref().unwrap();
-    assert_eq!(argv[..2], ["vpcnet-agent", "uninstall"]);
-    output_of(
-        Command::new(vpcnet_bpf_tests::agent_binary())
-            .args(&argv[1..])
-            .arg("--help"),
-    )
-    .unwrap_or_else(|e| panic!("the agent does not take {argv:?}: {e}"));
+    assert_the_agent_uninstalls_with(init.command.as_ref().unwrap());
 }
 
 /// Each DaemonSet, kustomize's and the chart's, runs where the node label
@@ -1049,4 +1036,15 @@ fn one_node_label_moves_a_node_between_aws_node_vpcnet_and_the_rollback() {
         println!("kubectl label node {node} {change}: {running:?}");
     }
     lab.down().expect("lab down");
+}
+
+/// `argv` is `vpcnet-agent uninstall ...`, with arguments the agent takes.
+fn assert_the_agent_uninstalls_with(argv: &[String]) {
+    assert_eq!(argv[..2], ["vpcnet-agent", "uninstall"]);
+    output_of(
+        Command::new(vpcnet_bpf_tests::agent_binary())
+            .args(&argv[1..])
+            .arg("--help"),
+    )
+    .unwrap_or_else(|e| panic!("the agent does not take {argv:?}: {e}"));
 }

@@ -299,13 +299,7 @@ impl CriClient {
             call: CALL,
             reason: "no status".into(),
         })?;
-        let info = match reply.info.get("info") {
-            Some(json) => serde_json::from_str(json).map_err(|err| CriError::BadResponse {
-                call: CALL,
-                reason: format!("the verbose info is not JSON: {err}"),
-            })?,
-            None => serde_json::Value::Null,
-        };
+        let info = verbose_info(CALL, &reply.info)?;
         let network = status.network.unwrap_or_default();
         let ip = parse_ip(CALL, &network.ip)?;
         let additional_ips = network
@@ -442,6 +436,20 @@ pub(super) fn sandbox_config(pod: &PodSpec) -> proto::PodSandboxConfig {
             }),
             sysctls: HashMap::new(),
         }),
+    }
+}
+
+/// A verbose status's runtime details: containerd's JSON under `info`.
+pub(super) fn verbose_info(
+    call: &'static str,
+    info: &HashMap<String, String>,
+) -> Result<serde_json::Value> {
+    match info.get("info") {
+        Some(json) => serde_json::from_str(json).map_err(|err| CriError::BadResponse {
+            call,
+            reason: format!("the verbose info is not JSON: {err}"),
+        }),
+        None => Ok(serde_json::Value::Null),
     }
 }
 

@@ -193,13 +193,7 @@ impl CriClient {
             call: CALL,
             reason: "no status".into(),
         })?;
-        let info = match reply.info.get("info") {
-            Some(json) => serde_json::from_str(json).map_err(|err| CriError::BadResponse {
-                call: CALL,
-                reason: format!("the verbose info is not JSON: {err}"),
-            })?,
-            None => serde_json::Value::Null,
-        };
+        let info = super::client::verbose_info(CALL, &reply.info)?;
         let metadata = status.metadata.unwrap_or_default();
         Ok(ContainerStatus {
             id: status.id,
