@@ -71,7 +71,8 @@ pub struct Args {
 pub enum Suite {
     /// On every kernel: the programs load within their budgets, and the
     /// `BPF_PROG_TEST_RUN` verdict tests; in a VM, security groups for pods
-    /// over 802.1Q and the network policy matrix; on 6.1, also the lab with traffic, agent restarts and
+    /// over 802.1Q, the image's agent as the DaemonSet's pod and the network
+    /// policy matrix; on 6.1, also the lab with traffic, agent restarts and
     /// an upgrade under long-lived flows; on 6.12, the routing differential
     /// over 802.1Q.
     Matrix,
@@ -105,6 +106,11 @@ const TRAFFIC_TARGETS: [&str; 2] = ["node_restart", "upgrade"];
 /// host's has no 8021q module; there these tests are ignored).
 const VLAN_TARGETS: [&str; 1] = ["security_groups"];
 
+/// The image's agent as the DaemonSet's pod, not privileged (four
+/// capabilities), through containerd: what a kernel lets such a container
+/// do is the kernel's, so in every VM.
+const IMAGE_TARGETS: [&str; 1] = ["agent_image"];
+
 /// Network policy against its specification, in every VM (this machine
 /// runs every test).
 const POLICY_TARGETS: [&str; 1] = ["network_policy_matrix"];
@@ -137,6 +143,7 @@ impl Suite {
         let mut targets = VERDICT_TARGETS.to_vec();
         if kernel.is_some() {
             targets.extend(VLAN_TARGETS);
+            targets.extend(IMAGE_TARGETS);
             targets.extend(POLICY_TARGETS);
         }
         match self {
