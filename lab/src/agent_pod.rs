@@ -27,7 +27,7 @@ use tracing::info;
 use crate::{
     addrs::{NODE_PRIMARY_ADDR, NS_NODE},
     cluster,
-    cri::{Containerd, ContainerdOptions, LABEL_NODE_AGENT, NodePath},
+    cri::{self, Containerd, ContainerdOptions, LABEL_NODE_AGENT, NodePath},
     cri_pods::{cni_bin_dir, cni_conf_dir},
     ec2::EmulatorProcess,
     error::{Context, LabError, Result},
@@ -68,7 +68,7 @@ pub fn kubelet_log_file() -> PathBuf {
 fn plan_file() -> PathBuf {
     state_dir().join("agent-pod.json")
 }
-/// The pod's status as the lab's kubelet last wrote it.
+/// Where the lab's kubelet writes the pod's status.
 pub fn status_file() -> PathBuf {
     state_dir().join("agent-pod-status.json")
 }
@@ -164,22 +164,12 @@ pub fn import_image(containerd: &Containerd, archive: &Path) -> Result<String> {
             ))
         })?
         .to_owned();
-    let output = Command::new("ctr")
-        .arg("--address")
-        .arg(containerd.socket())
-        .args(["--namespace", "k8s.io", "images", "import"])
-        .args(["--snapshotter", containerd.snapshotter().as_str()])
-        .arg(archive)
-        .stdin(Stdio::null())
-        .output()
-        .context(|| "running ctr images import".into())?;
-    if !output.status.success() {
-        return Err(LabError::InvalidOption(format!(
-            "ctr images import {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
+    cri::image::import_archive(
+        &containerd.socket(),
+        containerd.snapshotter().as_str(),
+        archive,
+        None,
+    )?;
     info!(image = %name, archive = %archive.display(), "agent image imported");
     Ok(name)
 }

@@ -155,14 +155,14 @@ pub fn ensure_pause_image(socket: &Path, snapshotter: &str, work_dir: &Path) -> 
     let archive_path = work_dir.join("pause-image.tar");
     fs::write(&archive_path, &image.archive)
         .context(|| format!("writing {}", archive_path.display()))?;
-    let imported = ctr(socket)
-        .args(["images", "import", "--base-name", PAUSE_IMAGE_REPOSITORY])
-        .args(["--snapshotter", snapshotter])
-        .arg(&archive_path)
-        .output();
+    let imported = import_archive(
+        socket,
+        snapshotter,
+        &archive_path,
+        Some(PAUSE_IMAGE_REPOSITORY),
+    );
     let _ = fs::remove_file(&archive_path);
-    let output = imported.map_err(|err| super::sweep::spawn_error("ctr", &err))?;
-    check_output("ctr images import", &output)?;
+    let output = imported?;
     if !image_present(socket, PAUSE_IMAGE)? {
         return Err(CriError::BadResponse {
             call: "ctr images import",
@@ -174,6 +174,29 @@ pub fn ensure_pause_image(socket: &Path, snapshotter: &str, work_dir: &Path) -> 
     }
     info!(image = PAUSE_IMAGE, digest = %image.manifest_digest, "pause image imported");
     Ok(())
+}
+
+/// Imports the OCI or Docker archive at `archive` into the CRI's namespace
+/// of the containerd on `socket`, unpacked for `snapshotter`; `base_name`
+/// names an image whose archive does not. Returns `ctr`'s output.
+pub fn import_archive(
+    socket: &Path,
+    snapshotter: &str,
+    archive: &Path,
+    base_name: Option<&str>,
+) -> Result<std::process::Output> {
+    let mut import = ctr(socket);
+    import.args(["images", "import"]);
+    if let Some(base_name) = base_name {
+        import.args(["--base-name", base_name]);
+    }
+    let output = import
+        .args(["--snapshotter", snapshotter])
+        .arg(archive)
+        .output()
+        .map_err(|err| super::sweep::spawn_error("ctr", &err))?;
+    check_output("ctr images import", &output)?;
+    Ok(output)
 }
 
 /// Whether containerd on `socket` has image `name` in the CRI's namespace.
