@@ -70,8 +70,8 @@ pub struct CriNode<'a> {
     /// installed.
     pub uninstalled_crds: &'a [&'a str],
     /// With `kube_api`: the agent as the DaemonSet's pod from this image
-    /// archive (its command is the DaemonSet's: `agent_args` do not apply).
-    pub agent_image: Option<PathBuf>,
+    /// (its command is the DaemonSet's: `agent_args` do not apply).
+    pub agent_image: Option<vpcnet_lab::AgentImage>,
 }
 
 impl CriNode<'_> {

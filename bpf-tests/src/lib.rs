@@ -2,6 +2,7 @@
 //! its own pin directory, packets built with etherparse, and checksum checks
 //! written independently of the code under test.
 
+pub mod aws_node_wiring;
 pub mod aws_policy_agent;
 pub mod bulk;
 pub mod cri;
@@ -319,27 +320,58 @@ pub fn agent_binary() -> PathBuf {
 }
 
 /// The image `cargo xtask image --bin-dir target/debug` builds from the
-/// workspace's binaries (`cargo xtask test` builds it before the tests).
-pub fn agent_image() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/image/...
-    let image = exe
-        .ancestors()
-        .nth(3)
-        .map(|target| {
-            target.join(format!(
-                "image/vpcnet-{}-debug.oci.tar",
-                env!("CARGO_PKG_VERSION")
-            ))
-        })
-        .expect("the target directory");
+/// workspace's binaries (`cargo xtask test` builds it before the tests),
+/// deployed as the working tree's kustomization says.
+pub fn agent_image() -> vpcnet_lab::AgentImage {
+    let image = image_dir().join(format!(
+        "vpcnet-{}-debug.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ));
     assert!(
         image.is_file(),
         "{} is missing: build it with `cargo xtask image --bin-dir target/debug` \
          (`cargo xtask test` does)",
         image.display()
     );
-    image
+    vpcnet_lab::AgentImage::new(image)
+}
+
+/// The previous commit's image (`HEAD~1`'s binaries, `cargo xtask image
+/// --commit HEAD~1`, which `cargo xtask test` runs before the tests),
+/// deployed as that commit's kustomization says: what a rolling update
+/// starts from.
+pub fn previous_agent_image() -> vpcnet_lab::AgentImage {
+    let output = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD~1"])
+        .output()
+        .expect("running git");
+    let commit = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert!(
+        output.status.success() && commit.len() == 40,
+        "no previous commit here (a shallow clone?): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let image = image_dir().join(format!("vpcnet-{}-debug.oci.tar", &commit[..8]));
+    assert!(
+        image.is_file(),
+        "{} is missing: build it with `cargo xtask image --commit HEAD~1` \
+         (`cargo xtask test` does)",
+        image.display()
+    );
+    vpcnet_lab::AgentImage {
+        deploy_commit: Some(commit),
+        ..vpcnet_lab::AgentImage::new(image)
+    }
+}
+
+/// `target/image`, beside this test's profile directory.
+fn image_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/image
+    exe.ancestors()
+        .nth(3)
+        .map(|target| target.join("image"))
+        .expect("the target directory")
 }
 
 /// The CNI plugin binary, likewise.

@@ -1,27 +1,41 @@
-//! The agent as an EKS node runs it: the image `cargo xtask image` builds,
-//! run through the node's containerd as the DaemonSet's pod (`deploy/`
-//! rendered by `kubectl kustomize`), by the lab's kubelet: its init
+//! The agent as an EKS node runs it: the image `cargo xtask image`
+//! builds, run through the node's containerd as the DaemonSet's pod
+//! (`deploy/` rendered by `kubectl kustomize` or `helm template` and
+//! applied to the lab's API server), by the lab's kubelet: its init
 //! container installs the plugins, the agent writes the conflist from its
-//! settings, containerd uses it for every pod. The demo's paths go
-//! through that agent, and a container that dies is restarted by the
-//! kubelet with every flow kept.
+//! settings, containerd uses it for every pod.
 //!
-//! Needs the image of the workspace's binaries:
-//! `cargo xtask image --bin-dir target/debug` (`cargo xtask test` builds
-//! it).
+//! - A rolling update from the previous commit's image (as that commit
+//!   deployed it) to this one keeps flows; the demo's paths go through
+//!   the new agent, and a container that dies is restarted by the kubelet
+//!   with every flow kept.
+//! - The guide's take-over, command by command, in both iptables
+//!   backends: an aws-node node is labelled `vpcnet.dev/cni=vpcnet`, the
+//!   image's agent takes it over; labelled `rollback`, the rollback
+//!   DaemonSet's pod hands it back (`vpcnet-agent uninstall`); the label
+//!   removed, no vpcnet pod is left. Every connection goes on throughout.
+//!
+//! Needs the images of the workspace's binaries and of the previous
+//! commit: `cargo xtask image --bin-dir target/debug` and `cargo xtask
+//! image --commit HEAD~1` (`cargo xtask test` builds both).
 
-use std::{
-    net::SocketAddrV4,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddrV4, path::Path, time::Duration};
 
+use vpcnet_agent::datapath::DatapathMaps;
 use vpcnet_bpf_tests::{
     agent_image,
+    aws_node_wiring::{AWS_CONFLIST, assert_other_backend_clean, aws_node_parts, wiring_in},
     cri::{CriNode, up_with},
-    echo::EchoStream,
+    echo::{EchoStream, FarEnds},
+    previous_agent_image,
 };
+use vpcnet_common::{maps::PIN_DIR, raw_to_port};
 use vpcnet_lab::{
-    WhoamiServer, addrs, agent_pod, cri_pods, exec_ok, kubelet::PodStatus, serial, tcp_whoami,
+    AgentImage, IpamLabOptions, IptablesBackend, Lab, LabOptions, Manifests, WhoamiServer, addrs,
+    agent_pod::{self, ON_VPCNET, ROLLBACK},
+    cri_pods, exec_ok,
+    kubelet::PodStatus,
+    serial, tcp_whoami,
 };
 
 const PORT: u16 = 8080;
@@ -32,22 +46,15 @@ const RESTART_TIMEOUT: Duration = Duration::from_mins(1);
 /// through the conflist the agent writes from its ConfigMap.
 const POD_MTU: &str = "1500";
 
-/// The agent's pod status once `done` holds (the lab's kubelet writes it
-/// at each change; bounded).
-fn wait_status(what: &str, done: impl Fn(&PodStatus) -> bool) -> PodStatus {
-    let deadline = Instant::now() + RESTART_TIMEOUT;
-    loop {
-        let status = agent_pod::status().expect("the agent pod's status");
-        if done(&status) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {RESTART_TIMEOUT:?}; last {status:?}\nkubelet log:\n{}",
-            vpcnet_lab::helper_process::log_tail(&agent_pod::kubelet_log_file())
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// The agent's pod status once `done` holds (bounded).
+fn wait_agent(what: &str, done: impl Fn(&PodStatus) -> bool) -> PodStatus {
+    agent_pod::wait_for(what, RESTART_TIMEOUT, |pods| {
+        pods.of(agent_pod::AGENT_DAEMON_SET).is_some_and(&done)
+    })
+    .unwrap_or_else(|err| panic!("{err}"))
+    .of(agent_pod::AGENT_DAEMON_SET)
+    .cloned()
+    .expect("waited for")
 }
 
 /// Not privileged: the capabilities the DaemonSet names, no others, as
@@ -95,19 +102,48 @@ fn assert_the_agents_conflist_reaches_the_pods(pods: &[vpcnet_lab::PodInfo]) {
 }
 
 #[test]
-fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_container_restart() {
+fn a_rolling_update_from_the_previous_commits_image_and_a_container_restart_keep_flows() {
     let _lock = serial();
     vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let previous = previous_agent_image();
     let lab = up_with(&CriNode {
         kube_api: true,
         env: &[("POD_MTU", POD_MTU)],
-        agent_image: Some(agent_image()),
+        agent_image: Some(previous.clone()),
         ..CriNode::new(2, "m5.large")
     });
+    let first = agent_pod::agent_status().expect("the agent pod's status");
+    assert!(first.ready, "{first:?}");
+    println!(
+        "the node runs {} from {}",
+        first.name, first.containers[0].image
+    );
+    let pods = lab.pods().to_vec();
+    let in_pod = WhoamiServer::start(&pods[1].netns, SocketAddrV4::new(pods[1].addr, PORT))
+        .expect("whoami in pod-1");
+    let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
+        .expect("whoami in inet");
+    let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))
+        .expect("whoami on peer");
+    let to_inet = EchoStream::open(&pods[0].netns, inet.addr());
+    let to_peer = EchoStream::open(&pods[0].netns, peer.addr());
+    let to_pod = EchoStream::open(&pods[0].netns, in_pod.addr());
+    let streams = [
+        ("SNAT", &to_inet),
+        ("VPC", &to_peer),
+        ("pod to pod", &to_pod),
+    ];
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(50, &format!("{name} under the previous image"));
+    }
 
-    // The agent runs from the image, through CRI, ready by its probe.
-    let status = agent_pod::status().expect("the agent pod's status");
-    assert!(status.ready, "{status:?}");
+    // The rolling update: this commit's image, as the working tree
+    // deploys it; the kubelet deletes the old pod, then makes the new.
+    let current = agent_image();
+    lab.roll_agent_image(&current)
+        .expect("the rolling update to this commit's image");
+    let status = agent_pod::agent_status().expect("the agent pod's status");
+    assert_ne!(status.name, first.name, "a new pod");
     let [agent] = status.containers.as_slice() else {
         panic!("one container: {status:?}");
     };
@@ -117,20 +153,20 @@ fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_contai
         format!("docker.io/library/vpcnet:{}", env!("CARGO_PKG_VERSION"))
     );
     assert!(agent.running && agent.restarts == 0, "{agent:?}");
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(50, &format!("{name} after the rolling update"));
+    }
+    assert_eq!(to_inet.seen_as.ip(), &addrs::NODE_PRIMARY_ADDR);
+    println!(
+        "rolled from {} ({}) to {} ({}): every flow kept",
+        first.name, first.containers[0].image, status.name, agent.image
+    );
     let client = lab.cri().expect("a CRI client");
     assert_only_the_daemon_sets_capabilities(&client, &agent.id);
-
-    let pods = lab.pods().to_vec();
     assert_the_agents_conflist_reaches_the_pods(&pods);
 
-    // The demo's paths: pod to pod and to the VPC with the pod's own
-    // address, to the internet SNATed to the node's.
-    let in_pod = WhoamiServer::start(&pods[1].netns, SocketAddrV4::new(pods[1].addr, PORT))
-        .expect("whoami in pod-1");
-    let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
-        .expect("whoami in inet");
-    let peer = WhoamiServer::start(addrs::NS_PEER, SocketAddrV4::new(addrs::PEER_ADDR, PORT))
-        .expect("whoami on peer");
+    // The demo's paths through the new agent: pod to pod and to the VPC
+    // with the pod's own address, to the internet SNATed to the node's.
     for (server, seen) in [
         (&in_pod, pods[0].addr),
         (&peer, pods[0].addr),
@@ -140,11 +176,8 @@ fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_contai
         assert_eq!(got.map(|s| *s.ip()), Some(seen), "to {}", server.addr());
     }
 
-    // The agent's container dies: the kubelet restarts it; the flows
-    // through SNAT and to the VPC go on throughout.
-    let to_inet = EchoStream::open(&pods[0].netns, inet.addr());
-    let to_peer = EchoStream::open(&pods[0].netns, peer.addr());
-    to_inet.wait_for_more_echoes(50, "before the restart");
+    // The agent's container dies: the kubelet restarts it; the flows go
+    // on throughout.
     let info = client
         .container_status(&agent.id)
         .expect("the agent container's status")
@@ -155,7 +188,7 @@ fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_contai
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("killing the agent's container");
-    let restarted = wait_status("the agent restarted and ready", |status| {
+    let restarted = wait_agent("the agent restarted and ready", |status| {
         status.ready && status.containers[0].restarts == 1
     });
     assert!(
@@ -165,15 +198,192 @@ fn the_images_agent_runs_as_the_daemon_sets_pod_and_keeps_flows_through_a_contai
             .is_some_and(|why| why.starts_with("exited with 137")),
         "{restarted:?}"
     );
-    for stream in [&to_inet, &to_peer] {
-        stream.wait_for_more_echoes(50, "after the restart");
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(50, &format!("{name} after the restart"));
     }
     assert_eq!(to_inet.seen_as.ip(), &addrs::NODE_PRIMARY_ADDR);
-    assert!(to_inet.close() > 100);
-    assert!(to_peer.close() > 50);
+    for (name, stream) in [("SNAT", to_inet), ("VPC", to_peer), ("pod to pod", to_pod)] {
+        let echoes = stream.close();
+        assert!(echoes > 150, "{name}: {echoes} echoes");
+    }
     // A new connection after it, too.
     let got = tcp_whoami(&pods[0].netns, inet.addr(), REPLY_TIMEOUT).expect("tcp probe");
     assert_eq!(got.map(|s| *s.ip()), Some(addrs::NODE_PRIMARY_ADDR));
     drop((in_pod, inet, peer));
     lab.down().expect("lab down");
+}
+
+/// Pods aws-node wired on the node.
+const AWS_NODE_PODS: usize = 2;
+
+#[test]
+fn the_guides_take_over_and_rollback_through_the_image_with_legacy_iptables_and_kustomize() {
+    take_over_and_rollback(IptablesBackend::Legacy, Manifests::Kustomize);
+}
+
+#[test]
+fn the_guides_take_over_and_rollback_through_the_image_with_nft_iptables_and_helm() {
+    take_over_and_rollback(IptablesBackend::Nft, Manifests::Helm);
+}
+
+/// The guide's "Take-over from aws-node, and rollback" on a node whose
+/// iptables rules are in `backend`, vpcnet installed from `manifests`:
+/// each step the `kubectl` command the guide gives, the node's pods as
+/// the DaemonSets then say, and the connections aws-node's pods had going
+/// on throughout.
+#[allow(clippy::too_many_lines, reason = "one story, told in order")]
+fn take_over_and_rollback(backend: IptablesBackend, manifests: Manifests) {
+    let _lock = serial();
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let mut ipam = IpamLabOptions::new("m5.large");
+    ipam.kube_api = true;
+    let lab = Lab::up(&LabOptions {
+        ipam: Some(ipam),
+        iptables_backend: backend,
+        agent_image: Some(AgentImage {
+            manifests,
+            ..agent_image()
+        }),
+        ..LabOptions::iptables(AWS_NODE_PODS)
+    })
+    .expect("an aws-node node, vpcnet's DaemonSets applied");
+    let conf_dir = cri_pods::cni_conf_dir();
+    std::fs::create_dir_all(&conf_dir).expect("the node's CNI directory");
+    std::fs::write(conf_dir.join("10-aws.conflist"), AWS_CONFLIST).expect("aws-node's conflist");
+    let aws_node = wiring_in(backend);
+    let aws_parts = aws_node_parts(&aws_node);
+    assert!(
+        aws_parts.iter().any(|l| l.contains("-N AWS-SNAT-CHAIN-0")),
+        "aws-node's wiring in {backend}: {aws_parts:#?}"
+    );
+    assert_other_backend_clean(backend, "under aws-node");
+    let nothing = agent_pod::status().expect("the node's pods");
+    assert!(
+        nothing.pods.is_empty(),
+        "no label, no vpcnet pod: {nothing:?}"
+    );
+
+    let pods = lab.pods().to_vec();
+    let FarEnds {
+        inet,
+        peer,
+        pod: pod_server,
+    } = FarEnds::start(&pods[1], PORT);
+    let snat = EchoStream::open(&pods[0].netns, inet.addr());
+    assert_eq!(
+        *snat.seen_as.ip(),
+        addrs::NODE_PRIMARY_ADDR,
+        "SNATed by iptables"
+    );
+    let to_vpc = EchoStream::open(&pods[1].netns, peer.addr());
+    let pod_to_pod = EchoStream::open(&pods[0].netns, pod_server.addr());
+    let streams = [
+        ("SNAT", &snat),
+        ("VPC", &to_vpc),
+        ("pod to pod", &pod_to_pod),
+    ];
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(50, &format!("{name} under aws-node"));
+    }
+
+    // Take-over, step 3: move the node.
+    let node = vpcnet_lab::cluster::node_name();
+    println!("$ kubectl label node {node} vpcnet.dev/cni=vpcnet");
+    lab.label_node(Some(ON_VPCNET)).expect("labelling the node");
+    let agent = wait_agent("vpcnet's pod ready on the labelled node", |pod| pod.ready);
+    println!(
+        "  vpcnet's pod {} ready ({})",
+        agent.name, agent.containers[0].image
+    );
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(50, &format!("{name} after the take-over"));
+    }
+    let left = wiring_in(backend);
+    let left = aws_node_parts(&left);
+    assert!(
+        left.is_empty(),
+        "aws-node's wiring left in {backend}: {left:#?}"
+    );
+    assert_other_backend_clean(backend, "after the take-over");
+    assert!(conf_dir.join("10-vpcnet.conflist").is_file());
+    assert!(
+        !conf_dir.join("10-aws.conflist").exists(),
+        "aws-node's conflist set aside"
+    );
+    assert!(
+        datapath_snat_ports().contains(&snat.seen_as.port()),
+        "the SNAT connection kept its port {}",
+        snat.seen_as.port()
+    );
+    println!(
+        "  taken over: aws-node's {} rules gone from {backend}, SNAT port {} kept",
+        aws_parts.len(),
+        snat.seen_as.port()
+    );
+
+    // Rollback, step 2: hand the node back.
+    println!("$ kubectl label node {node} vpcnet.dev/cni=rollback --overwrite");
+    lab.label_node(Some(ROLLBACK)).expect("labelling the node");
+    let handed_back = agent_pod::wait_for(
+        "the rollback's pod ready, vpcnet's gone",
+        agent_pod::READY_TIMEOUT,
+        |pods| {
+            pods.of(agent_pod::AGENT_DAEMON_SET).is_none()
+                && pods
+                    .of(agent_pod::ROLLBACK_DAEMON_SET)
+                    .is_some_and(|pod| pod.ready)
+        },
+    )
+    .unwrap_or_else(|err| panic!("{err}"));
+    let rollback = handed_back
+        .of(agent_pod::ROLLBACK_DAEMON_SET)
+        .expect("waited for");
+    println!(
+        "  the rollback's pod {} ready: its uninstall is done",
+        rollback.name
+    );
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(50, &format!("{name} after the rollback"));
+    }
+    assert_eq!(
+        aws_node_parts(&wiring_in(backend)),
+        aws_parts,
+        "aws-node's wiring is back as it was, in {backend}"
+    );
+    assert_other_backend_clean(backend, "after the rollback");
+    assert!(!Path::new(PIN_DIR).exists(), "the datapath's pins are gone");
+    assert!(
+        conf_dir.join("10-aws.conflist").is_file(),
+        "aws-node's conflist back"
+    );
+    assert!(!conf_dir.join("10-vpcnet.conflist").exists());
+
+    // Rollback, step 3: aws-node's node again.
+    println!("$ kubectl label node {node} vpcnet.dev/cni-");
+    lab.label_node(None).expect("unlabelling the node");
+    agent_pod::wait_for(
+        "no vpcnet pod on the node",
+        agent_pod::READY_TIMEOUT,
+        |pods| pods.pods.is_empty(),
+    )
+    .unwrap_or_else(|err| panic!("{err}"));
+    let mut echoed = Vec::new();
+    for (name, stream) in [("SNAT", snat), ("VPC", to_vpc), ("pod to pod", pod_to_pod)] {
+        stream.wait_for_more_echoes(50, &format!("{name} on aws-node's node again"));
+        echoed.push((name, stream.close()));
+    }
+    println!("  aws-node's again; every connection went on: {echoed:?} echoes");
+    drop((inet, peer, pod_server));
+    lab.down().expect("lab down");
+}
+
+/// The SNAT ports of the datapath's flows.
+fn datapath_snat_ports() -> Vec<u16> {
+    DatapathMaps::open_pinned(Path::new(PIN_DIR))
+        .and_then(|maps| maps.flows())
+        .expect("reading the NAT table")
+        .into_iter()
+        .filter(|flow| flow.kind() == Some(vpcnet_common::nat::FlowKind::Snat))
+        .map(|flow| raw_to_port(flow.fwd.port))
+        .collect()
 }

@@ -36,6 +36,7 @@ use vpcnet_api::{
 };
 use vpcnet_bpf_tests::{
     agent_binary,
+    aws_node_wiring::{self, AWS_CONFLIST, aws_node_parts, wiring_in},
     aws_policy_agent::AwsPolicyAgent,
     echo::{EchoStream, FarEnds},
     ipam::FAST_AGENT_ARGS,
@@ -47,7 +48,7 @@ use vpcnet_common::{
 };
 use vpcnet_lab::{
     EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions, ScratchDir, WhoamiServer,
-    addrs, cluster, ec2::EmulatorProcess, exec_ok, ipam_checkpoint_file, netns::netns_path, serial,
+    addrs, cluster, ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial,
     tcp_whoami,
 };
 
@@ -55,65 +56,14 @@ const PORT: u16 = 8080;
 const ECHOES: u64 = 100;
 const PODS: usize = 3;
 
-/// aws-node's conflist as it installs it (the content does not matter
-/// here, only that the runtime would pick it).
-const AWS_CONFLIST: &str =
-    r#"{"cniVersion":"1.0.0","name":"aws-cni","plugins":[{"type":"aws-cni"}]}"#;
-
-/// What aws-node wired on the node: its iptables rules (nat and mangle,
-/// as `iptables -S` of the node's backend lists them) and the ip rules.
+/// What aws-node wired on the node (see [`wiring_in`]).
 fn node_wiring(lab: &Lab) -> BTreeSet<String> {
     wiring_in(lab.options().iptables_backend)
 }
 
-/// [`node_wiring`] with the node's iptables `backend`.
-fn wiring_in(backend: IptablesBackend) -> BTreeSet<String> {
-    let mut wiring = iptables_rules(backend);
-    let rules = exec_ok(addrs::NS_NODE, &["ip", "-4", "rule", "show"]).expect("ip rule");
-    wiring.extend(rules.lines().map(str::to_owned));
-    wiring
-}
-
-/// The nat and mangle rules `backend` holds, as `iptables -S` lists them.
-fn iptables_rules(backend: IptablesBackend) -> BTreeSet<String> {
-    let mut rules = BTreeSet::new();
-    for table in ["nat", "mangle"] {
-        let listing = exec_ok(
-            addrs::NS_NODE,
-            &[backend.iptables(), "-w", "-t", table, "-S"],
-        )
-        .expect("iptables -S");
-        rules.extend(listing.lines().map(|line| format!("{table} {line}")));
-    }
-    rules
-}
-
 /// The backend the node does not use holds nothing of aws-node's.
 fn assert_other_backend_clean(lab: &Lab, when: &str) {
-    let other = match lab.options().iptables_backend {
-        IptablesBackend::Legacy => IptablesBackend::Nft,
-        IptablesBackend::Nft => IptablesBackend::Legacy,
-    };
-    let rules = iptables_rules(other);
-    let aws = aws_node_parts(&rules);
-    assert!(
-        aws.is_empty(),
-        "aws-node's rules in {other} {when}: {aws:#?}"
-    );
-}
-
-/// The parts of the node's wiring that are aws-node's.
-fn aws_node_parts(wiring: &BTreeSet<String>) -> Vec<&String> {
-    wiring
-        .iter()
-        .filter(|line| {
-            line.contains("AWS")
-                || line.starts_with("10:")
-                || line.starts_with("512:")
-                || line.starts_with("1024:")
-                || line.starts_with("1536:")
-        })
-        .collect()
+    aws_node_wiring::assert_other_backend_clean(lab.options().iptables_backend, when);
 }
 
 /// The SNAT flows of the datapath: pod port to translated port.

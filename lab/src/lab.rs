@@ -27,7 +27,7 @@ use crate::{
     kube::{KubeAdmin, KubeApiOptions, KubeApiProcess},
     kube_proxy, layout,
     netns::{self, lab_namespaces},
-    options::{Datapath, LabOptions, NamedPod},
+    options::{AgentImage, Datapath, LabOptions, NamedPod},
     router,
     state::{self, LabState, PodInfo, state_dir},
     topology,
@@ -112,6 +112,8 @@ impl Lab {
         self.state.namespaces = topology::namespaces(&self.state.pods);
         // Recorded first, so `down` knows what may exist even if this fails.
         self.state.save()?;
+        fs::create_dir_all(state::aws_node_run_dir())
+            .context(|| "creating the node's aws-node directory".to_owned())?;
         netns::create_namespaces(&self.state.namespaces)?;
         topology::build_network(&opts)?;
         topology::build_branch_enis(&self.state.pods)?;
@@ -163,8 +165,8 @@ impl Lab {
             }
             self.emulator = Some(emulator);
         }
-        if let Some(archive) = &opts.agent_image {
-            self.start_agent_pod(&opts, archive)?;
+        if let Some(image) = &opts.agent_image {
+            self.start_node_kubelet(&opts, image)?;
         } else if opts.datapath == Datapath::Ebpf {
             let (child, info) = agent::start(&opts)?;
             self.agent = Some(child);
@@ -206,29 +208,75 @@ impl Lab {
     }
 
     /// The agent as the DaemonSet's pod: the node's containerd with the
-    /// node's directories, the image imported, the pod run by the lab's
-    /// kubelet until it is ready.
-    fn start_agent_pod(&mut self, opts: &LabOptions, archive: &Path) -> Result<()> {
-        let (daemon_set, config_map) = agent_pod::render()?;
-        let containerd = agent_pod::start_containerd(&daemon_set)?;
+    /// node's directories, the image imported, vpcnet's DaemonSets and
+    /// ConfigMap applied to the API server, the node labelled for vpcnet
+    /// if the lab's datapath is vpcnet's (an iptables node stays aws-node's
+    /// until a test moves it), and the lab's kubelet running the node's
+    /// pods until they are ready.
+    fn start_node_kubelet(&mut self, opts: &LabOptions, image: &AgentImage) -> Result<()> {
+        let rendered = agent_pod::render(image)?;
+        let containerd = agent_pod::start_containerd(&rendered.agent)?;
         self.containerd = Some(containerd);
         let containerd = self.containerd.as_ref().expect("just set");
-        let image = agent_pod::import_image(containerd, archive)?;
         let kube_api = self.kube_api.as_ref().ok_or_else(|| {
             LabError::InvalidOption("the agent's pod needs the lab's API server".into())
         })?;
-        let settings = agent_pod::AgentPodSettings {
-            image: &image,
-            config: agent::configured_env(opts),
-            cluster_files: kube_api.files(),
-        };
-        self.kubelet = Some(agent_pod::start(
+        let name = agent_pod::import_image(containerd, &image.archive)?;
+        agent_pod::apply(
+            kube_api.files(),
+            &rendered,
+            &name,
+            &agent::configured_env(opts),
+        )?;
+        if opts.datapath == Datapath::Ebpf {
+            agent_pod::label_node(kube_api.files(), Some(agent_pod::ON_VPCNET))?;
+        }
+        self.kubelet = Some(agent_pod::start_kubelet(
             containerd,
-            &daemon_set,
-            &config_map,
-            &settings,
+            &rendered,
+            kube_api.files(),
+            kube_api.admin().socket(),
         )?);
         Ok(())
+    }
+
+    /// A rolling update of vpcnet's DaemonSets to `image` (imported, its
+    /// manifests rendered and applied): the lab's kubelet deletes the
+    /// node's pod and makes the new one. Returns once the node runs a
+    /// ready pod of the new image.
+    pub fn roll_agent_image(&self, image: &AgentImage) -> Result<()> {
+        let (Some(containerd), Some(kube_api)) = (&self.containerd, &self.kube_api) else {
+            return Err(LabError::InvalidOption(
+                "a rolling update needs a lab whose agent runs from an image (--agent-image)"
+                    .into(),
+            ));
+        };
+        let rendered = agent_pod::render(image)?;
+        let name = agent_pod::import_image(containerd, &image.archive)?;
+        agent_pod::apply(
+            kube_api.files(),
+            &rendered,
+            &name,
+            &agent::configured_env(&self.state.options),
+        )?;
+        agent_pod::wait_for(
+            &format!("vpcnet's pod from {name}, ready"),
+            agent_pod::READY_TIMEOUT,
+            |pods| {
+                pods.of(agent_pod::AGENT_DAEMON_SET)
+                    .is_some_and(|pod| pod.ready && pod.containers.iter().all(|c| c.image == name))
+            },
+        )
+        .map(drop)
+    }
+
+    /// `kubectl label node` with `vpcnet.dev/cni=<value>` (`None` removes
+    /// it), as the guide moves a node.
+    pub fn label_node(&self, value: Option<&str>) -> Result<()> {
+        let kube_api = self.kube_api.as_ref().ok_or_else(|| {
+            LabError::InvalidOption("labelling the node needs the lab's API server".into())
+        })?;
+        agent_pod::label_node(kube_api.files(), value)
     }
 
     fn take_processes(&mut self) -> Processes {

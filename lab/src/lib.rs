@@ -58,9 +58,9 @@ pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
 pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
 pub use options::{
-    ClusterIpService, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, LabOptions, NamedPod,
-    NodePortService, RandomizeSnat, ServiceBackend, parse_cidr_list, parse_enforcing_mode,
-    parse_index_list, parse_label_changes, parse_pod_key,
+    AgentImage, ClusterIpService, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions,
+    LabOptions, Manifests, NamedPod, NodePortService, RandomizeSnat, ServiceBackend,
+    parse_cidr_list, parse_enforcing_mode, parse_index_list, parse_label_changes, parse_pod_key,
 };
 pub use probe::{
     Observation, PacketCapture, Proto, WhoamiServer, WhoamiTarget, icmp_echo, send_spoofed_udp,
@@ -68,8 +68,8 @@ pub use probe::{
 };
 pub use scratch::ScratchDir;
 pub use state::{
-    AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, cni_socket_file, ipam_checkpoint_file,
-    layout_file, state_dir, state_file,
+    AgentInfo, BranchEni, LabState, PodInfo, agent_log_file, aws_node_run_dir, cni_socket_file,
+    ipam_checkpoint_file, layout_file, state_dir, state_file,
 };
 /// The node's iptables backend, a lab option.
 pub use vpcnet_api::iptables::IptablesBackend;

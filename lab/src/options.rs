@@ -343,12 +343,67 @@ pub struct LabOptions {
     /// their iptables rules with (kubelet's chains in it tell the agent).
     #[serde(default)]
     pub iptables_backend: IptablesBackend,
-    /// The agent as the DaemonSet's pod, from this image archive (`cargo
+    /// The agent as the DaemonSet's pod, from an image archive (`cargo
     /// xtask image`), run through the node's containerd by the lab's
     /// kubelet ([`crate::agent_pod`]) instead of `agent_bin` on the node;
     /// pods through CRI and the API server only.
     #[serde(default)]
-    pub agent_image: Option<PathBuf>,
+    pub agent_image: Option<AgentImage>,
+}
+
+/// An image of the agent and the manifests that run it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentImage {
+    /// The OCI archive (`cargo xtask image`).
+    pub archive: PathBuf,
+    /// Which of `deploy/`'s renderings the DaemonSets come from.
+    pub manifests: Manifests,
+    /// The commit whose `deploy/` renders them (an earlier commit's image
+    /// runs as that commit deployed it); `None`: the working tree's.
+    pub deploy_commit: Option<String>,
+}
+
+impl AgentImage {
+    /// `archive`, deployed as the working tree's kustomization says.
+    #[must_use]
+    pub fn new(archive: PathBuf) -> Self {
+        Self {
+            archive,
+            manifests: Manifests::Kustomize,
+            deploy_commit: None,
+        }
+    }
+}
+
+/// How an operator renders `deploy/`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Manifests {
+    /// `kubectl kustomize deploy/kubernetes` (and `.../rollback`).
+    #[default]
+    Kustomize,
+    /// `helm template vpcnet deploy/helm/vpcnet --set rollback.enabled=true`.
+    Helm,
+}
+
+impl fmt::Display for Manifests {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Kustomize => "kustomize",
+            Self::Helm => "helm",
+        })
+    }
+}
+
+impl FromStr for Manifests {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "kustomize" => Ok(Self::Kustomize),
+            "helm" => Ok(Self::Helm),
+            other => Err(format!("{other}: kustomize or helm")),
+        }
+    }
 }
 
 /// The agent's address manager in the lab.
@@ -525,15 +580,15 @@ impl LabOptions {
         }
         self.validate_named_pods()?;
         if let Some(image) = &self.agent_image {
-            if self.cri().is_none() || !self.kube_api() {
+            if !self.kube_api() || (self.datapath == Datapath::Ebpf && self.cri().is_none()) {
                 return Err(LabError::InvalidOption(
-                    "the agent's image runs as the DaemonSet's pod: pods through CRI and the API server only".into(),
+                    "the agent's image runs as the DaemonSet's pod: with the API server, and pods through CRI (or aws-node's pods, for the iptables datapath)".into(),
                 ));
             }
-            if !image.is_file() {
+            if !image.archive.is_file() {
                 return Err(LabError::InvalidOption(format!(
                     "the agent's image {} does not exist (build it with `cargo xtask image`)",
-                    image.display()
+                    image.archive.display()
                 )));
             }
         } else if self.datapath == Datapath::Ebpf {

@@ -240,10 +240,16 @@ pub fn cni_socket_file() -> PathBuf {
     state_dir().join("cni.sock")
 }
 
+/// The node's `/var/run/aws-node`: where aws-node keeps its checkpoint,
+/// and the agent after it (the DaemonSet's host path in an image lab).
+pub fn aws_node_run_dir() -> PathBuf {
+    state_dir().join("aws-node")
+}
+
 /// The agent's IPAM checkpoint (`AWS_VPC_K8S_CNI_BACKING_STORE`) in an
-/// address-manager lab.
+/// address-manager lab: aws-node's path on the node.
 pub fn ipam_checkpoint_file() -> PathBuf {
-    state_dir().join("ipam.json")
+    aws_node_run_dir().join("ipam.json")
 }
 
 /// The node layout the lab writes for the agent (`--layout`).

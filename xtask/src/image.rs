@@ -6,6 +6,7 @@
 //! from the commit (`SOURCE_DATE_EPOCH`), nothing of the machine goes in.
 
 mod binfmt;
+mod commit;
 mod oci;
 mod rootfs;
 
@@ -48,6 +49,14 @@ pub struct Args {
     /// test suite's), instead of building them.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// The image of this commit (`HEAD~1`, a tag, an id) instead of the
+    /// working tree's: its binaries built from a git worktree of it (amd64;
+    /// tagged `git-<commit>` unless `--tag` says otherwise).
+    #[arg(long, value_name = "REV", conflicts_with = "bin_dir")]
+    pub commit: Option<String>,
+    /// The image's tag (`vpcnet:<tag>`; default: the version).
+    #[arg(long)]
+    pub tag: Option<String>,
 }
 
 /// An architecture the image is made for.
@@ -82,11 +91,8 @@ impl Arch {
     }
 }
 
-/// The image's name and tag, as the manifests name it (`image: vpcnet`
-/// with the chart's default tag).
-fn reference() -> String {
-    format!("vpcnet:{}", env!("CARGO_PKG_VERSION"))
-}
+/// The image's name, as the manifests name it (`image: vpcnet`).
+const NAME: &str = "vpcnet";
 
 /// The agent in the image: its entrypoint.
 const AGENT_PLACE: &str = "usr/local/bin/vpcnet-agent";
@@ -104,6 +110,13 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// Where `cargo xtask image --commit HEAD~1` writes the previous commit's
+/// debug image.
+pub fn previous_commit_archive() -> Result<PathBuf> {
+    let previous = commit::Commit::resolve("HEAD~1")?;
+    Ok(commit::default_archive(&target_dir()?, &previous, false))
+}
+
 /// Builds the image archive `args` ask for; returns its path.
 pub fn build(args: &Args) -> Result<PathBuf> {
     let mut arches = args.arch.clone();
@@ -112,19 +125,34 @@ pub fn build(args: &Args) -> Result<PathBuf> {
     if arches.is_empty() {
         bail!("--arch: name at least one of amd64, arm64");
     }
-    if args.bin_dir.is_some() && arches != [Arch::Amd64] {
-        bail!("--bin-dir holds one architecture's binaries: only with --arch amd64");
+    if (args.bin_dir.is_some() || args.commit.is_some()) && arches != [Arch::Amd64] {
+        bail!("--bin-dir and --commit give one architecture's binaries: only with --arch amd64");
     }
     setup::ensure_image_tools(arches.contains(&Arch::Arm64))?;
-    let epoch = commit_epoch()?;
-    let revision = stdout_of(
-        Command::new("git")
-            .arg("-C")
-            .arg(workspace_root())
-            .args(["rev-parse", "HEAD"]),
-    )?
-    .trim()
-    .to_owned();
+    let source = match &args.commit {
+        Some(rev) => commit::Commit::resolve(rev)?,
+        None => commit::Commit::resolve("HEAD")?,
+    };
+    let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(epoch) => epoch
+            .trim()
+            .parse()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={epoch}: not seconds since 1970"))?,
+        Err(_) => source.epoch,
+    };
+    let revision = source.id.clone();
+    let tag = match (&args.tag, &args.commit) {
+        (Some(tag), _) => tag.clone(),
+        (None, Some(_)) => format!("git-{}", source.short()),
+        (None, None) => env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let bin_dir = match &args.commit {
+        Some(_) => {
+            println!("image: commit {}: building its binaries", source.short());
+            Some(source.build_binaries(args.release)?)
+        }
+        None => args.bin_dir.clone(),
+    };
     let toolchains = toolchains()?;
     let profile = profile_name(args.release);
     let work = target_dir()?.join("image").join(format!("work-{profile}"));
@@ -132,7 +160,7 @@ pub fn build(args: &Args) -> Result<PathBuf> {
     let mut layout = oci::Layout::new(&work.join("blobs"))?;
     let mut manifests = Vec::new();
     for &arch in &arches {
-        let binaries = args.bin_dir.as_ref().map(|dir| {
+        let binaries = bin_dir.as_ref().map(|dir| {
             BINARIES
                 .iter()
                 .map(|(name, _)| (*name, dir.join(name)))
@@ -148,10 +176,11 @@ pub fn build(args: &Args) -> Result<PathBuf> {
         };
         manifests.push(piece.manifest(&mut layout, binaries)?);
     }
-    let index = layout_index(&mut layout, manifests)?;
-    let archive = match &args.out {
-        Some(out) => out.clone(),
-        None => target_dir()?.join("image").join(format!(
+    let index = layout_index(&mut layout, manifests, &tag)?;
+    let archive = match (&args.out, &args.commit) {
+        (Some(out), _) => out.clone(),
+        (None, Some(_)) => commit::default_archive(&target_dir()?, &source, args.release),
+        (None, None) => target_dir()?.join("image").join(format!(
             "vpcnet-{}-{profile}.oci.tar",
             env!("CARGO_PKG_VERSION")
         )),
@@ -242,6 +271,7 @@ impl Piece<'_> {
 fn layout_index(
     layout: &mut oci::Layout,
     manifests: Vec<Descriptor>,
+    tag: &str,
 ) -> Result<oci_spec::image::ImageIndex> {
     let mut top = if let [manifest] = manifests.as_slice() {
         manifest.clone()
@@ -255,14 +285,11 @@ fn layout_index(
         layout.add_json("index-arches.json", &index, MediaType::ImageIndex)?
     };
     let mut annotations = top.annotations().clone().unwrap_or_default();
-    annotations.insert(
-        "org.opencontainers.image.ref.name".into(),
-        env!("CARGO_PKG_VERSION").into(),
-    );
+    annotations.insert("org.opencontainers.image.ref.name".into(), tag.into());
     // The name containerd gives it on import (`ctr images import`).
     annotations.insert(
         "io.containerd.image.name".into(),
-        format!("docker.io/library/{}", reference()),
+        format!("docker.io/library/{NAME}:{tag}"),
     );
     top.set_annotations(Some(annotations));
     ImageIndexBuilder::default()
@@ -287,25 +314,6 @@ fn toolchains() -> Result<String> {
         rustc.trim(),
         ebpf_toolchain::BPF_LINKER_VERSION
     ))
-}
-
-/// The commit's time: every date in the image.
-fn commit_epoch() -> Result<u64> {
-    if let Ok(epoch) = std::env::var("SOURCE_DATE_EPOCH") {
-        return epoch
-            .trim()
-            .parse()
-            .with_context(|| format!("SOURCE_DATE_EPOCH={epoch}: not seconds since 1970"));
-    }
-    let epoch = stdout_of(Command::new("git").arg("-C").arg(workspace_root()).args([
-        "log",
-        "-1",
-        "--format=%ct",
-    ]))?;
-    epoch
-        .trim()
-        .parse()
-        .with_context(|| format!("the commit's time `{}`", epoch.trim()))
 }
 
 fn with_platform(manifest: &Descriptor, arch: Arch) -> Result<Descriptor> {

@@ -10,9 +10,9 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use vpcnet_lab::{
-    CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions,
-    LabState, NamedPod, NodePortService, RandomizeSnat, WhoamiServer, addrs, icmp_echo,
-    send_spoofed_udp, tcp_whoami, udp_whoami,
+    AgentImage, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions, IptablesBackend, Lab,
+    LabOptions, LabState, Manifests, NamedPod, NodePortService, RandomizeSnat, WhoamiServer, addrs,
+    icmp_echo, send_spoofed_udp, tcp_whoami, udp_whoami,
 };
 
 #[derive(clap::Args)]
@@ -125,6 +125,14 @@ struct UpArgs {
     #[arg(long, value_name = "ARCHIVE")]
     #[allow(clippy::option_option)]
     agent_image: Option<Option<PathBuf>>,
+    /// With --agent-image: render vpcnet's DaemonSets from the kustomization
+    /// (`kubectl kustomize deploy/kubernetes`) or the chart (`helm template`).
+    #[arg(long, default_value_t = Manifests::Kustomize, requires = "agent_image")]
+    agent_manifests: Manifests,
+    /// With --agent-image and no archive: build the image from the release
+    /// profile's binaries (what ships) instead of the debug profile's.
+    #[arg(long, requires = "agent_image")]
+    release: bool,
     /// Put a NodePort-style service (10.20.11.162:30080, TCP and UDP,
     /// externalTrafficPolicy=Local) in front of this pod.
     #[arg(long, value_name = "POD")]
@@ -335,22 +343,31 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         opts.ipam = Some(ipam);
     }
     if let Some(archive) = &args.agent_image {
-        opts.agent_image = Some(if let Some(archive) = archive {
+        let archive = if let Some(archive) = archive {
             crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
                 .context("building the lab's kubelet")?;
             archive.clone()
         } else {
-            let started = step("building the image (debug binaries; `cargo xtask image`)");
+            let profile = if args.release { "release" } else { "debug" };
+            let started = step(&format!(
+                "building the image ({profile} binaries; `cargo xtask image`)"
+            ));
             crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
                 .context("building the lab's kubelet")?;
             let archive = crate::image::build(&crate::image::Args {
-                release: false,
+                release: args.release,
                 arch: vec![crate::image::Arch::Amd64],
                 out: None,
                 bin_dir: None,
+                commit: None,
+                tag: None,
             })?;
             took(started);
             archive
+        };
+        opts.agent_image = Some(AgentImage {
+            manifests: args.agent_manifests,
+            ..AgentImage::new(archive)
         });
     }
     opts.validate()?;

@@ -227,12 +227,36 @@ pub fn run(args: &Args) -> Result<()> {
         arch: vec![crate::image::Arch::Amd64],
         out: None,
         bin_dir: Some(crate::build::target_dir()?.join("debug")),
+        commit: None,
+        tag: None,
     })
     .context("building the agent's image for the tests")?;
     println!(
         "==> image: done in {}",
         format_duration(image_started.elapsed())
     );
+    // The previous commit's, which the rolling update starts from (built
+    // once per commit: one commit gives one archive).
+    let previous = crate::image::previous_commit_archive()?;
+    if previous.is_file() {
+        println!("==> image of HEAD~1: {} is there", previous.display());
+    } else {
+        let started = Instant::now();
+        println!("==> image of HEAD~1: cargo xtask image --commit HEAD~1");
+        crate::image::build(&crate::image::Args {
+            release: false,
+            arch: vec![crate::image::Arch::Amd64],
+            out: None,
+            bin_dir: None,
+            commit: Some("HEAD~1".to_owned()),
+            tag: None,
+        })
+        .context("building the previous commit's image for the rolling update")?;
+        println!(
+            "==> image of HEAD~1: done in {}",
+            format_duration(started.elapsed())
+        );
+    }
     passed.push("image");
     let mut total = TestTally::default();
     let mut results = Vec::new();

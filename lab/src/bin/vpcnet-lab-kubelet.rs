@@ -1,12 +1,14 @@
-//! `vpcnet-lab-kubelet`: the lab node's kubelet for one DaemonSet pod. See
-//! `vpcnet_lab::kubelet`.
+//! `vpcnet-lab-kubelet`: the lab node's kubelet for the DaemonSets' pods.
+//! See `vpcnet_lab::kubelet`.
 //!
-//! Runs the pod a plan file describes through the containerd on
-//! `--containerd-socket`, prints `READY` on standard output once every
-//! container is ready, and keeps it running (restarts, probes) until
-//! SIGTERM, writing the pod's status (JSON) to `--status` whenever it
-//! changes. On SIGTERM it leaves the pod running, as a kubelet that stops
-//! does: the lab removes the pod with the runtime's teardown.
+//! Every relist it runs on the node the pod of each DaemonSet the API
+//! server (`--kube-admin-socket`) says admits the node, as its template
+//! says, through the containerd on `--containerd-socket`; prints `READY`
+//! on standard output once the first reconcile made every such pod ready,
+//! and keeps them running (restarts, probes, rolling updates) until
+//! SIGTERM, writing the pods' status (JSON) to `--status` whenever it
+//! changes. On SIGTERM it leaves the pods running, as a kubelet that
+//! stops does: the lab removes them with the runtime's teardown.
 
 use std::{
     io::Write,
@@ -20,29 +22,36 @@ use clap::Parser;
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use tracing::{error, info};
 use vpcnet_lab::{
-    cri::CriClient,
-    kubelet::{PodPlan, PodRunner, RELIST},
+    agent_pod::NodePods,
+    kube::KubeAdmin,
+    kubelet::{NodeDaemonSets, NodeTemplate, RELIST},
 };
 
 #[derive(Debug, Parser)]
 #[command(
     name = "vpcnet-lab-kubelet",
-    about = "The lab node's kubelet for a DaemonSet pod"
+    about = "The lab node's kubelet for the DaemonSets' pods"
 )]
 struct Args {
-    /// The pod (JSON; see `vpcnet_lab::kubelet::PodPlan`).
+    /// The node (JSON; see `vpcnet_lab::kubelet::NodeTemplate`).
     #[arg(long)]
-    plan: PathBuf,
+    node: PathBuf,
     /// containerd's CRI socket.
     #[arg(long)]
     containerd_socket: PathBuf,
-    /// Where the pod's status goes (JSON; `vpcnet_lab::kubelet::PodStatus`).
+    /// The lab API server's administrator socket.
+    #[arg(long)]
+    kube_admin_socket: PathBuf,
+    /// Where the pods' status goes (JSON; `vpcnet_lab::agent_pod::NodePods`).
     #[arg(long)]
     status: PathBuf,
     /// How long the init containers may take, in seconds.
     #[arg(long, default_value_t = 120)]
     init_timeout: u64,
 }
+
+/// How long a reconcile that failed waits before the next.
+const SYNC_BACKOFF: Duration = Duration::from_secs(10);
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -70,14 +79,21 @@ fn run(args: &Args) -> anyhow::Result<()> {
     );
     // SAFETY: the handler only stores to an atomic.
     unsafe { sigaction(Signal::SIGTERM, &handler) }?;
-    let plan: PodPlan = serde_json::from_slice(&std::fs::read(&args.plan)?)?;
-    let client = CriClient::connect(&args.containerd_socket)?;
-    let mut pod = PodRunner::start(client, plan, Duration::from_secs(args.init_timeout))?;
+    let node: NodeTemplate = serde_json::from_slice(&std::fs::read(&args.node)?)?;
+    let mut pods = NodeDaemonSets::new(
+        node,
+        KubeAdmin::new(&args.kube_admin_socket),
+        args.containerd_socket.clone(),
+        Duration::from_secs(args.init_timeout),
+    );
     let mut said_ready = false;
     let mut last = None;
     while !STOP.load(Ordering::SeqCst) {
-        pod.relist()?;
-        let status = pod.status();
+        let synced = pods.sync();
+        let status = NodePods {
+            pods: pods.status(),
+            error: synced.as_ref().err().map(|err| format!("{err:#}")),
+        };
         if last.as_ref() != Some(&status) {
             // Whole or not at all, for a reader at any moment.
             let partial = args.status.with_extension("partial");
@@ -85,16 +101,22 @@ fn run(args: &Args) -> anyhow::Result<()> {
             std::fs::rename(&partial, &args.status)?;
             last = Some(status);
         }
-        if pod.ready() && !said_ready {
+        if let Err(err) = synced {
+            // kubelet's first back-off before it tries the pod again.
+            error!(err = format!("{err:#}"), "reconciling the node's pods");
+            std::thread::sleep(SYNC_BACKOFF);
+            continue;
+        }
+        if pods.ready() && !said_ready {
             let mut stdout = std::io::stdout();
             writeln!(stdout, "READY")?;
             stdout.flush()?;
             said_ready = true;
-            info!("the pod is ready");
+            info!("the node's pods are ready");
         }
         // kubelet's relist period: a clock, not a wait for an event.
         std::thread::sleep(RELIST);
     }
-    info!("SIGTERM: leaving the pod to the runtime");
+    info!("SIGTERM: leaving the pods to the runtime");
     Ok(())
 }

@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// What the node and the cluster give the pod.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct NodeContext {
     pub node_name: String,
     /// The node's address (`status.hostIP`, and the pod's for host

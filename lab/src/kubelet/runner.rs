@@ -43,6 +43,11 @@ pub enum RunError {
 /// What the pod's containers are doing, as `kubectl get pod` would say.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodStatus {
+    /// The pod's name.
+    pub name: String,
+    /// Its DaemonSet's name (when a controller made it).
+    #[serde(default)]
+    pub daemon_set: String,
     pub sandbox_id: String,
     pub ready: bool,
     pub containers: Vec<ContainerStatusLine>,
@@ -268,6 +273,8 @@ impl PodRunner {
 
     pub fn status(&self) -> PodStatus {
         PodStatus {
+            name: self.plan.sandbox.name.clone(),
+            daemon_set: String::new(),
             sandbox_id: self.sandbox_id.clone(),
             ready: self.ready(),
             containers: self
