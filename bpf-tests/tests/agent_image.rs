@@ -229,7 +229,7 @@ fn the_guides_take_over_and_rollback_through_the_image_with_nft_iptables_and_hel
 /// The guide's "Take-over from aws-node, and rollback" on a node whose
 /// iptables rules are in `backend`, vpcnet installed from `manifests`:
 /// each step the `kubectl` command the guide gives, the node's pods as
-/// the DaemonSets then say, and the connections aws-node's pods had going
+/// the DaemonSet objects then say, and the connections aws-node's pods had going
 /// on throughout.
 #[allow(clippy::too_many_lines, reason = "one story, told in order")]
 fn take_over_and_rollback(backend: IptablesBackend, manifests: Manifests) {

@@ -288,7 +288,7 @@ fn node_paths(daemon_set: &DaemonSet) -> Vec<NodePath> {
 }
 
 /// Starts the node's containerd with the node's directories, for the
-/// DaemonSets' pods and every pod after them.
+/// DaemonSet pods and every pod after them.
 pub fn start_containerd(daemon_set: &DaemonSet) -> Result<Containerd> {
     let mut opts = ContainerdOptions::new(NS_NODE, NODE_CNI_BIN_DIR, NODE_CNI_CONF_DIR);
     opts.node_paths = node_paths(daemon_set);
@@ -362,7 +362,15 @@ pub fn apply(
     });
     let said = cluster::kubectl(
         files,
-        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            // The lab's API server publishes no OpenAPI schema to validate by.
+            "--validate=false",
+            "-f",
+            "-",
+        ],
         Some(&list.to_string()),
     )?;
     info!(image, said = %said.trim(), "vpcnet's DaemonSets applied");

@@ -208,7 +208,7 @@ impl Lab {
     }
 
     /// The agent as the DaemonSet's pod: the node's containerd with the
-    /// node's directories, the image imported, vpcnet's DaemonSets and
+    /// node's directories, the image imported, vpcnet's two DaemonSet objects and
     /// ConfigMap applied to the API server, the node labelled for vpcnet
     /// if the lab's datapath is vpcnet's (an iptables node stays aws-node's
     /// until a test moves it), and the lab's kubelet running the node's
@@ -240,7 +240,7 @@ impl Lab {
         Ok(())
     }
 
-    /// A rolling update of vpcnet's DaemonSets to `image` (imported, its
+    /// A rolling update of vpcnet's DaemonSet objects to `image` (imported, its
     /// manifests rendered and applied): the lab's kubelet deletes the
     /// node's pod and makes the new one. Returns once the node runs a
     /// ready pod of the new image.

@@ -356,7 +356,7 @@ pub struct LabOptions {
 pub struct AgentImage {
     /// The OCI archive (`cargo xtask image`).
     pub archive: PathBuf,
-    /// Which of `deploy/`'s renderings the DaemonSets come from.
+    /// Which of `deploy/`'s renderings the DaemonSet objects come from.
     pub manifests: Manifests,
     /// The commit whose `deploy/` renders them (an earlier commit's image
     /// runs as that commit deployed it); `None`: the working tree's.

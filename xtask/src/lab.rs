@@ -125,7 +125,7 @@ struct UpArgs {
     #[arg(long, value_name = "ARCHIVE")]
     #[allow(clippy::option_option)]
     agent_image: Option<Option<PathBuf>>,
-    /// With --agent-image: render vpcnet's DaemonSets from the kustomization
+    /// With --agent-image: render vpcnet's DaemonSet objects from the kustomization
     /// (`kubectl kustomize deploy/kubernetes`) or the chart (`helm template`).
     #[arg(long, default_value_t = Manifests::Kustomize, requires = "agent_image")]
     agent_manifests: Manifests,
@@ -342,36 +342,42 @@ fn options(args: &UpArgs) -> Result<LabOptions> {
         }
         opts.ipam = Some(ipam);
     }
-    if let Some(archive) = &args.agent_image {
-        let archive = if let Some(archive) = archive {
-            crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
-                .context("building the lab's kubelet")?;
-            archive.clone()
-        } else {
-            let profile = if args.release { "release" } else { "debug" };
-            let started = step(&format!(
-                "building the image ({profile} binaries; `cargo xtask image`)"
-            ));
-            crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
-                .context("building the lab's kubelet")?;
-            let archive = crate::image::build(&crate::image::Args {
-                release: args.release,
-                arch: vec![crate::image::Arch::Amd64],
-                out: None,
-                bin_dir: None,
-                commit: None,
-                tag: None,
-            })?;
-            took(started);
-            archive
-        };
-        opts.agent_image = Some(AgentImage {
-            manifests: args.agent_manifests,
-            ..AgentImage::new(archive)
-        });
-    }
+    opts.agent_image = agent_image(args)?;
     opts.validate()?;
     Ok(opts)
+}
+
+/// The agent's image `--agent-image` names, or builds.
+fn agent_image(args: &UpArgs) -> Result<Option<AgentImage>> {
+    let Some(archive) = &args.agent_image else {
+        return Ok(None);
+    };
+    let archive = if let Some(archive) = archive {
+        crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
+            .context("building the lab's kubelet")?;
+        archive.clone()
+    } else {
+        let profile = if args.release { "release" } else { "debug" };
+        let started = step(&format!(
+            "building the image ({profile} binaries; `cargo xtask image`)"
+        ));
+        crate::build::binary("vpcnet-lab", vpcnet_lab::agent_pod::KUBELET_BIN, false)
+            .context("building the lab's kubelet")?;
+        let archive = crate::image::build(&crate::image::Args {
+            release: args.release,
+            arch: vec![crate::image::Arch::Amd64],
+            out: None,
+            bin_dir: None,
+            commit: None,
+            tag: None,
+        })?;
+        took(started);
+        archive
+    };
+    Ok(Some(AgentImage {
+        manifests: args.agent_manifests,
+        ..AgentImage::new(archive)
+    }))
 }
 
 /// Says that a step starts; [`took`] then says how long it took.

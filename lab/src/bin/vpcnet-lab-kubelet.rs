@@ -1,4 +1,4 @@
-//! `vpcnet-lab-kubelet`: the lab node's kubelet for the DaemonSets' pods.
+//! `vpcnet-lab-kubelet`: the lab node's kubelet for the DaemonSet pods.
 //! See `vpcnet_lab::kubelet`.
 //!
 //! Every relist it runs on the node the pod of each DaemonSet the API

@@ -1,6 +1,6 @@
 //! The DaemonSet controller's work for the lab's one node, done where the
 //! lab's kubelet runs: every relist it reads the node's labels, the
-//! DaemonSets and the ConfigMaps from the API server, and the node runs
+//! DaemonSet and ConfigMap objects from the API server, and the node runs
 //! one pod of each DaemonSet whose node affinity admits it (the label
 //! `vpcnet.dev/cni` moves a node between vpcnet's and the rollback's), as
 //! its pod template says now. A pod whose DaemonSet no longer admits the
@@ -29,7 +29,7 @@ use crate::{cri::CriClient, kube::KubeAdmin};
 /// The sandbox label naming the DaemonSet a pod belongs to.
 pub const LABEL_DAEMON_SET: &str = "lab.vpcnet.dev/daemon-set";
 
-/// The namespace whose DaemonSets the node runs (where `deploy/` puts
+/// The namespace whose DaemonSet objects the node runs (where `deploy/` puts
 /// vpcnet's).
 const NAMESPACE: &str = "kube-system";
 
@@ -71,7 +71,7 @@ struct NodePod {
     runner: PodRunner,
 }
 
-/// The node's pods of DaemonSets, kept as the API server says.
+/// The node's DaemonSet pods, kept as the API server says.
 pub struct NodeDaemonSets {
     node: NodeTemplate,
     admin: KubeAdmin,
@@ -156,7 +156,7 @@ impl NodeDaemonSets {
             .collect()
     }
 
-    /// The DaemonSets that admit the node, each with its template
+    /// The DaemonSet objects that admit the node, each with its template
     /// (serialized) and itself.
     fn wanted(&self) -> Result<BTreeMap<String, (String, DaemonSet)>, SyncError> {
         let node = self

@@ -1,4 +1,4 @@
-//! The lab node's kubelet for the DaemonSets' pods: which DaemonSets the
+//! The lab node's kubelet for the DaemonSet pods: which DaemonSet objects the
 //! node runs, as the API server says ([`daemon_sets`]), each pod template
 //! made into the runtime's calls ([`pod_spec`]), run and kept running
 //! through containerd's CRI ([`runner`]) as kubelet runs it, so the agent

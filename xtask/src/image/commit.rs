@@ -78,9 +78,9 @@ impl Commit {
         if release {
             build.arg("--release");
         }
-        let built = run_checked(&mut build);
+        let outcome = run_checked(&mut build);
         let _ = git(&["worktree", "remove", "--force", &worktree_arg]);
-        built.with_context(|| format!("building commit {}", self.id))?;
+        outcome.with_context(|| format!("building commit {}", self.id))?;
         let binaries = own.join("target").join(profile_name(release));
         if !binaries.join("vpcnet-agent").is_file() {
             bail!(
