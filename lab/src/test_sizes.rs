@@ -16,3 +16,8 @@ pub const SIMULATED_DAYS_VAR: &str = "VPCNET_SIMULATED_DAYS";
 /// The enforcing modes `routing_differential`'s paths run in, comma
 /// separated (`strict,standard`, both, unless set).
 pub const ROUTING_DIFFERENTIAL_MODES_VAR: &str = "VPCNET_ROUTING_DIFFERENTIAL_MODES";
+
+/// An image archive `cargo xtask test` built from the suite's binaries
+/// just before the tests: the image test's first build (it builds the
+/// second and compares), so the suite builds that image twice, not thrice.
+pub const SUITE_IMAGE_VAR: &str = "VPCNET_SUITE_IMAGE";

@@ -13,6 +13,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use vpcnet_lab::test_sizes::SUITE_IMAGE_VAR;
 
 use self::{
     lint::{build_and_lint, lint_steps},
@@ -222,7 +223,7 @@ pub fn run(args: &Args) -> Result<()> {
     // DaemonSet's pod (`bpf-tests/tests/agent_image.rs`).
     let image_started = Instant::now();
     println!("==> image: cargo xtask image --bin-dir target/debug");
-    crate::image::build(&crate::image::Args {
+    let suite_image = crate::image::build(&crate::image::Args {
         release: false,
         arch: vec![crate::image::Arch::Amd64],
         out: None,
@@ -281,6 +282,7 @@ pub fn run(args: &Args) -> Result<()> {
                 command.args(["--skip", test]);
             }
             command.envs(sizes.host_env());
+            command.env(SUITE_IMAGE_VAR, &suite_image);
             run_tests(command)?
         };
         results.push(format!("{}: {}", place.label(), tally.summary_line()));
