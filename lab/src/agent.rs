@@ -452,7 +452,7 @@ mod tests {
         for expected in [
             "AWS_ENDPOINT_URL_EC2=http://10.20.0.10",
             "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254",
-            "AWS_VPC_K8S_CNI_BACKING_STORE=/run/vpcnet-lab/ipam.json",
+            "AWS_VPC_K8S_CNI_BACKING_STORE=/run/vpcnet-lab/aws-node/ipam.json",
             "WARM_IP_TARGET=5",
         ] {
             assert!(

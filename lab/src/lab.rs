@@ -253,6 +253,14 @@ impl Lab {
         };
         let rendered = agent_pod::render(image)?;
         let name = agent_pod::import_image(containerd, &image.archive)?;
+        if let Ok(running) = agent_pod::agent_status()
+            && running.containers.iter().all(|c| c.image == name)
+        {
+            // The same tag is the same template: nothing would roll.
+            return Err(LabError::InvalidOption(format!(
+                "the node runs {name} already: a rolling update needs an image of another tag (`cargo xtask image --tag`)"
+            )));
+        }
         agent_pod::apply(
             kube_api.files(),
             &rendered,

@@ -2,7 +2,8 @@
 //! rolling-update test's earlier image): that commit's binaries, built
 //! from a git worktree of it. The worktree's build shares this
 //! checkout's build directory (`build.build-dir`), so only the commit's
-//! own crates compile; its binaries land in a target directory of their
+//! own crates compile (under a minute, where the dependencies are
+//! compiled already); its binaries land in a target directory of their
 //! own, never over this checkout's.
 
 use std::{
@@ -66,15 +67,11 @@ impl Commit {
             .env("CARGO_BUILD_BUILD_DIR", &target)
             .env("CARGO_TARGET_DIR", own.join("target"))
             .env_remove("VPCNET_EBPF")
-            .args([
-                "build",
-                "--locked",
-                "--bins",
-                "-p",
-                "vpcnet-agent",
-                "-p",
-                "vpcnet-cni",
-            ]);
+            // Every binary of the workspace, not the two it needs: cargo
+            // unifies the dependencies' features over what it builds, and
+            // only the workspace's set is this checkout's (`-p` alone made
+            // other variants of the EC2 SDK and its kin: minutes).
+            .args(["build", "--locked", "--workspace", "--bins"]);
         if release {
             build.arg("--release");
         }
