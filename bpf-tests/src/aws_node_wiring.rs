@@ -1,9 +1,12 @@
 //! What aws-node wires on a node, as a test reads it back: its iptables
-//! rules in the node's backend, its ip rules, its conflist. The take-over
-//! tests compare it before, during and after vpcnet.
+//! rules in the node's backend, its ip rules, its conflist; and the SNAT
+//! flows the take-over copied into the datapath. The take-over tests
+//! compare them before, during and after vpcnet.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, path::Path};
 
+use vpcnet_agent::datapath::DatapathMaps;
+use vpcnet_common::{maps::PIN_DIR, nat::FlowKind, raw_to_port};
 use vpcnet_lab::{IptablesBackend, addrs, exec_ok};
 
 /// aws-node's conflist as it installs it (the content does not matter
@@ -65,5 +68,17 @@ pub fn aws_node_parts(wiring: &BTreeSet<String>) -> Vec<&String> {
                 || line.starts_with("1024:")
                 || line.starts_with("1536:")
         })
+        .collect()
+}
+
+/// The SNAT flows of the pinned datapath: pod port to translated port.
+#[must_use]
+pub fn datapath_snat_ports() -> Vec<(u16, u16)> {
+    DatapathMaps::open_pinned(Path::new(PIN_DIR))
+        .and_then(|maps| maps.flows())
+        .expect("reading the NAT table")
+        .into_iter()
+        .filter(|flow| flow.kind() == Some(FlowKind::Snat))
+        .map(|flow| (raw_to_port(flow.key.sport), raw_to_port(flow.fwd.port)))
         .collect()
 }

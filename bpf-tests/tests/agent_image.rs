@@ -23,15 +23,16 @@
 
 use std::{net::SocketAddrV4, path::Path, time::Duration};
 
-use vpcnet_agent::datapath::DatapathMaps;
 use vpcnet_bpf_tests::{
     agent_image,
-    aws_node_wiring::{AWS_CONFLIST, assert_other_backend_clean, aws_node_parts, wiring_in},
+    aws_node_wiring::{
+        AWS_CONFLIST, assert_other_backend_clean, aws_node_parts, datapath_snat_ports, wiring_in,
+    },
     cri::{CriNode, up_with},
     echo::{EchoStream, FarEnds},
     previous_agent_image,
 };
-use vpcnet_common::{maps::PIN_DIR, raw_to_port};
+use vpcnet_common::maps::PIN_DIR;
 use vpcnet_lab::{
     AgentImage, IpamLabOptions, IptablesBackend, Lab, LabOptions, Manifests, WhoamiServer, addrs,
     agent_pod::{self, ON_VPCNET, ROLLBACK},
@@ -348,7 +349,9 @@ fn take_over_and_rollback(backend: IptablesBackend, manifests: Manifests) {
         "aws-node's conflist set aside"
     );
     assert!(
-        datapath_snat_ports().contains(&snat.seen_as.port()),
+        datapath_snat_ports()
+            .iter()
+            .any(|(_, nat)| *nat == snat.seen_as.port()),
         "the SNAT connection kept its port {}",
         snat.seen_as.port()
     );
@@ -412,15 +415,4 @@ fn take_over_and_rollback(backend: IptablesBackend, manifests: Manifests) {
     println!("  aws-node's again; every connection went on: {echoed:?} echoes");
     drop((inet, peer, pod_server));
     lab.down().expect("lab down");
-}
-
-/// The SNAT ports of the datapath's flows.
-fn datapath_snat_ports() -> Vec<u16> {
-    DatapathMaps::open_pinned(Path::new(PIN_DIR))
-        .and_then(|maps| maps.flows())
-        .expect("reading the NAT table")
-        .into_iter()
-        .filter(|flow| flow.kind() == Some(vpcnet_common::nat::FlowKind::Snat))
-        .map(|flow| raw_to_port(flow.fwd.port))
-        .collect()
 }

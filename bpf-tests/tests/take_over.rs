@@ -36,7 +36,7 @@ use vpcnet_api::{
 };
 use vpcnet_bpf_tests::{
     agent_binary,
-    aws_node_wiring::{self, AWS_CONFLIST, aws_node_parts, wiring_in},
+    aws_node_wiring::{self, AWS_CONFLIST, aws_node_parts, datapath_snat_ports, wiring_in},
     aws_policy_agent::AwsPolicyAgent,
     echo::{EchoStream, FarEnds},
     ipam::FAST_AGENT_ARGS,
@@ -44,7 +44,6 @@ use vpcnet_bpf_tests::{
 use vpcnet_common::{
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT},
     maps::PIN_DIR,
-    raw_to_port,
 };
 use vpcnet_lab::{
     EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions, ScratchDir, WhoamiServer,
@@ -64,17 +63,6 @@ fn node_wiring(lab: &Lab) -> BTreeSet<String> {
 /// The backend the node does not use holds nothing of aws-node's.
 fn assert_other_backend_clean(lab: &Lab, when: &str) {
     aws_node_wiring::assert_other_backend_clean(lab.options().iptables_backend, when);
-}
-
-/// The SNAT flows of the datapath: pod port to translated port.
-fn datapath_snat_ports() -> Vec<(u16, u16)> {
-    DatapathMaps::open_pinned(Path::new(PIN_DIR))
-        .and_then(|maps| maps.flows())
-        .expect("reading the NAT table")
-        .into_iter()
-        .filter(|flow| flow.kind() == Some(vpcnet_common::nat::FlowKind::Snat))
-        .map(|flow| (raw_to_port(flow.key.sport), raw_to_port(flow.fwd.port)))
-        .collect()
 }
 
 /// A node aws-node ran, as `opts` (the iptables datapath) wires it, with
