@@ -10,6 +10,7 @@ mod releases;
 mod setup;
 mod test;
 mod vm;
+mod worktree;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -3,14 +3,14 @@
 //! commit, with the eBPF toolchain setup installed, and its binaries kept
 //! under [`RELEASES_DIR`].
 
-use std::{fs, path::Path, process::Command};
+use std::{fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 use vpcnet_lab::releases::{RELEASES, RELEASES_DIR, Release};
 
 use crate::{
-    build::workspace_root,
     setup::{run_checked, stdout_of},
+    worktree,
 };
 
 /// Builds the releases whose binaries are missing; says which are there
@@ -41,13 +41,8 @@ pub fn build_missing(present: impl Fn(&str), say: impl Fn(&str, &str)) -> Result
 }
 
 fn build(release: &Release) -> Result<()> {
-    let repo = workspace_root();
-    let git = |args: &[&str]| {
-        let mut command = Command::new("git");
-        command.arg("-C").arg(&repo).args(args);
-        command
-    };
-    let kind = stdout_of(&mut git(&["cat-file", "-t", release.commit])).unwrap_or_default();
+    let kind =
+        stdout_of(&mut worktree::git(&["cat-file", "-t", release.commit])).unwrap_or_default();
     if kind.trim() != "commit" {
         bail!(
             "commit {} is not in this clone (a shallow clone?); `git fetch --unshallow` brings it",
@@ -55,34 +50,25 @@ fn build(release: &Release) -> Result<()> {
         );
     }
     let releases = Path::new(RELEASES_DIR);
-    let worktree = releases.join(format!("src-{}", release.short()));
-    // A worktree left by an interrupted build goes first.
-    let _ = git(&["worktree", "remove", "--force", &worktree.to_string_lossy()]).output();
-    let _ = fs::remove_dir_all(&worktree);
-    let _ = git(&["worktree", "prune"]).output();
-    fs::create_dir_all(releases).with_context(|| format!("creating {RELEASES_DIR}"))?;
-    run_checked(&mut git(&[
-        "worktree",
-        "add",
-        "--detach",
-        &worktree.to_string_lossy(),
-        release.commit,
-    ]))?;
     // One target directory for every release: their dependencies are
     // mostly the same.
     let target = releases.join("target");
-    let built = run_checked(
-        vpcnet_lab::cargo_env::cargo()
-            .current_dir(&worktree)
-            .env("CARGO_TARGET_DIR", &target)
-            // Binaries to run, not to debug: no debug info builds faster.
-            .env("CARGO_PROFILE_DEV_DEBUG", "0")
-            .env("CARGO_INCREMENTAL", "0")
-            .env_remove("VPCNET_EBPF")
-            .args(["build", "--bins", "-p", "vpcnet-agent", "-p", "vpcnet-cni"]),
-    );
-    let _ = git(&["worktree", "remove", "--force", &worktree.to_string_lossy()]).output();
-    built?;
+    worktree::build_in(
+        release.commit,
+        &releases.join(format!("src-{}", release.short())),
+        |source| {
+            run_checked(
+                vpcnet_lab::cargo_env::cargo()
+                    .current_dir(source)
+                    .env("CARGO_TARGET_DIR", &target)
+                    // Binaries to run, not to debug: no debug info builds faster.
+                    .env("CARGO_PROFILE_DEV_DEBUG", "0")
+                    .env("CARGO_INCREMENTAL", "0")
+                    .env_remove("VPCNET_EBPF")
+                    .args(["build", "--bins", "-p", "vpcnet-agent", "-p", "vpcnet-cni"]),
+            )
+        },
+    )?;
     let dir = release.dir();
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for binary in ["vpcnet-agent", "vpcnet-cni"] {

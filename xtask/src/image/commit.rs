@@ -6,17 +6,14 @@
 //! compiled already); its binaries land in a target directory of their
 //! own, never over this checkout's.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    build::{profile_name, target_dir, workspace_root},
+    build::{profile_name, target_dir},
     setup::{run_checked, stdout_of},
+    worktree,
 };
 
 /// A commit, resolved.
@@ -51,33 +48,27 @@ impl Commit {
         let own = target
             .join("image")
             .join(format!("commit-{}", self.short()));
-        let worktree = own.join("src");
-        let worktree_arg = worktree.to_string_lossy().into_owned();
-        // A worktree left by an interrupted build goes first.
-        let _ = git(&["worktree", "remove", "--force", &worktree_arg]);
-        let _ = fs::remove_dir_all(&worktree);
-        let _ = git(&["worktree", "prune"]);
-        fs::create_dir_all(&own).with_context(|| format!("creating {}", own.display()))?;
-        git(&["worktree", "add", "--detach", &worktree_arg, &self.id])?;
-        let mut build = vpcnet_lab::cargo_env::cargo();
-        build
-            .current_dir(&worktree)
-            // This checkout's build directory: the dependencies compiled
-            // once serve both.
-            .env("CARGO_BUILD_BUILD_DIR", &target)
-            .env("CARGO_TARGET_DIR", own.join("target"))
-            .env_remove("VPCNET_EBPF")
-            // Every binary of the workspace, not the two it needs: cargo
-            // unifies the dependencies' features over what it builds, and
-            // only the workspace's set is this checkout's (`-p` alone made
-            // other variants of the EC2 SDK and its kin: minutes).
-            .args(["build", "--locked", "--workspace", "--bins"]);
-        if release {
-            build.arg("--release");
-        }
-        let outcome = run_checked(&mut build);
-        let _ = git(&["worktree", "remove", "--force", &worktree_arg]);
-        outcome.with_context(|| format!("building commit {}", self.id))?;
+        worktree::build_in(&self.id, &own.join("src"), |source| {
+            let mut build = vpcnet_lab::cargo_env::cargo();
+            build
+                .current_dir(source)
+                // This checkout's build directory: the dependencies compiled
+                // once serve both.
+                .env("CARGO_BUILD_BUILD_DIR", &target)
+                .env("CARGO_TARGET_DIR", own.join("target"))
+                .env_remove("VPCNET_EBPF")
+                // Every binary of the workspace, not the two it needs: cargo
+                // unifies the dependencies' features over what it builds,
+                // and only the workspace's set is this checkout's (`-p`
+                // alone made other variants of the EC2 SDK and its kin:
+                // minutes).
+                .args(["build", "--locked", "--workspace", "--bins"]);
+            if release {
+                build.arg("--release");
+            }
+            run_checked(&mut build)
+        })
+        .with_context(|| format!("building commit {}", self.id))?;
         let binaries = own.join("target").join(profile_name(release));
         if !binaries.join("vpcnet-agent").is_file() {
             bail!(
@@ -91,14 +82,7 @@ impl Commit {
 }
 
 fn git(args: &[&str]) -> Result<String> {
-    Ok(stdout_of(
-        Command::new("git")
-            .arg("-C")
-            .arg(workspace_root())
-            .args(args),
-    )?
-    .trim()
-    .to_owned())
+    Ok(stdout_of(&mut worktree::git(args))?.trim().to_owned())
 }
 
 /// Where `--commit` builds put their archive by default.
