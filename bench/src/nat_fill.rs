@@ -16,7 +16,7 @@ use vpcnet_agent::{
 };
 use vpcnet_common::{
     addr_to_raw, maps,
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_TCP, SEEN_ACK, SEEN_ANY, SEEN_SYN, reply_key},
+    nat::{FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, reply_key},
     port_to_raw,
 };
 use vpcnet_lab::addrs::{NODE_PRIMARY_ADDR, NS_NODE};
@@ -33,7 +33,7 @@ pub fn fill(flows: u32) -> Result<()> {
     let mut table = DatapathMaps::open_pinned(Path::new(maps::PIN_DIR))?;
     let now = monotonic_now_ns();
     let node = addr_to_raw(NODE_PRIMARY_ADDR.octets());
-    let seen = SEEN_ANY | SEEN_SYN | SEEN_ACK;
+    let seen = FlowState::Established.halves(PROTO_TCP).0.seen;
     for i in 0..flows {
         let [_, b, c, d] = i.to_be_bytes();
         let pod = addr_to_raw(Ipv4Addr::new(100, 64, b, c).octets());
@@ -48,6 +48,7 @@ pub fn fill(flows: u32) -> Result<()> {
             seen,
             last_seen_ns: now,
             created_ns: now,
+            ..NatEntry::default()
         };
         let claim = NatEntry {
             addr: pod,

@@ -14,7 +14,8 @@ const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 const TTL: u8 = 64;
 
-/// A TCP segment with `flags` and `payload`.
+/// A TCP segment with `flags` and `payload`, numbered as the first of
+/// each side (sequence 1000, acknowledging 1).
 pub fn tcp(
     src: Ipv4Addr,
     sport: u16,
@@ -23,14 +24,28 @@ pub fn tcp(
     flags: u8,
     payload: &[u8],
 ) -> Vec<u8> {
+    tcp_seq(src, sport, dst, dport, flags, (1000, 1), payload)
+}
+
+/// A TCP segment with `flags` and `payload`, its sequence and
+/// acknowledgement numbers `(seq, ack)`.
+pub fn tcp_seq(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: Ipv4Addr,
+    dport: u16,
+    flags: u8,
+    (seq, ack): (u32, u32),
+    payload: &[u8],
+) -> Vec<u8> {
     let mut builder = PacketBuilder::ethernet2(SRC_MAC, DST_MAC)
         .ipv4(src.octets(), dst.octets(), TTL)
-        .tcp(sport, dport, 1000, 64240);
+        .tcp(sport, dport, seq, 64240);
     if flags & TCP_SYN != 0 {
         builder = builder.syn();
     }
     if flags & TCP_ACK != 0 {
-        builder = builder.ack(1);
+        builder = builder.ack(ack);
     }
     if flags & TCP_FIN != 0 {
         builder = builder.fin();

@@ -38,29 +38,38 @@ fn expired_flows_go_whole_and_live_ones_stay() {
     let mut h = Harness::lab_default();
     // An unanswered UDP flow: 30 s.
     nat_port(&h, &packets::udp(POD, 5000, INET, 53, b"q"));
-    // An established TCP flow: days.
-    let est = nat_port(&h, &packets::tcp(POD, 40000, INET, 443, TCP_SYN, b""));
-    h.ingress(&packets::tcp(INET, 443, NODE, est, TCP_SYN | TCP_ACK, b""));
-    h.egress(&packets::tcp(POD, 40000, INET, 443, TCP_ACK, b""));
-    // A TCP flow closed by both sides: held 60 s for the remote's TIME_WAIT.
-    let closed = nat_port(&h, &packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""));
-    h.ingress(&packets::tcp(
+    // An established TCP flow, nothing unacknowledged: days.
+    let est = nat_port(
+        &h,
+        &packets::tcp_seq(POD, 40000, INET, 443, TCP_SYN, (100, 0), b""),
+    );
+    h.ingress(&packets::tcp_seq(
         INET,
         443,
         NODE,
-        closed,
+        est,
         TCP_SYN | TCP_ACK,
+        (500, 101),
         b"",
     ));
-    h.ingress(&packets::tcp(
+    h.egress(&packets::tcp_seq(
+        POD,
+        40000,
         INET,
         443,
-        NODE,
-        closed,
-        TCP_FIN | TCP_ACK,
+        TCP_ACK,
+        (101, 501),
         b"",
     ));
-    h.egress(&packets::tcp(POD, 40001, INET, 443, TCP_FIN | TCP_ACK, b""));
+    // A TCP flow closed by both sides, each FIN acknowledged (TIME_WAIT):
+    // held for the remote's TIME_WAIT.
+    let pod = |flags, numbers| packets::tcp_seq(POD, 40001, INET, 443, flags, numbers, b"");
+    let closed = nat_port(&h, &pod(TCP_SYN, (100, 0)));
+    let inet = |flags, numbers| packets::tcp_seq(INET, 443, NODE, closed, flags, numbers, b"");
+    h.ingress(&inet(TCP_SYN | TCP_ACK, (500, 101)));
+    h.ingress(&inet(TCP_FIN | TCP_ACK, (501, 101)));
+    h.egress(&pod(TCP_FIN | TCP_ACK, (101, 502)));
+    h.ingress(&inet(TCP_ACK, (502, 102)));
     assert_eq!(h.table_sizes(), (3, 3));
 
     let now = monotonic_now_ns();
@@ -279,6 +288,7 @@ fn an_earlier_versions_single_entry_becomes_a_pair() {
         seen: SEEN_ANY | SEEN_SYN,
         last_seen_ns: now,
         created_ns: now,
+        ..NatEntry::default()
     };
     h.datapath.maps.nat_fwd.insert(key, single, 0).unwrap();
     let stats = collect(&mut h, now);

@@ -65,6 +65,7 @@ fn established(addr: Ipv4Addr, port: u16, kind: FlowKind, now: u64) -> NatEntry 
         seen: SEEN_ANY | SEEN_SYN | SEEN_ACK,
         last_seen_ns: now,
         created_ns: now,
+        ..NatEntry::default()
     }
 }
 

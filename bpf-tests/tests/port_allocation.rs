@@ -89,6 +89,7 @@ fn fill(h: &mut Harness, fraction: f64, rng: &mut XorShift) -> usize {
             seen: established,
             last_seen_ns: now,
             created_ns: now,
+            ..NatEntry::default()
         };
         let maps = &mut h.datapath.maps;
         maps.nat_rev

@@ -438,7 +438,7 @@ fn an_inbound_flow_is_a_pair_whose_state_follows_each_side() {
     h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_ACK, b""));
     assert_eq!(state(&h), FlowState::Established);
     h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_RST, b""));
-    assert_eq!(state(&h), FlowState::Reset);
+    assert_eq!(state(&h), FlowState::Close);
     // The remote connects again from the same port: a new connection.
     h.ingress(&packets::tcp(ONPREM, 50000, POD, 8080, TCP_SYN, b""));
     assert_eq!(state(&h), FlowState::New);
@@ -905,7 +905,7 @@ fn a_tuple_connecting_again_keeps_its_port_and_starts_afresh() {
     // same port, and then after a clean close, once more.
     ingress_pass(&h, &packets::tcp(INET, 80, NODE, port, TCP_RST, b""));
     let state = |h: &Harness| h.datapath.maps.flows().unwrap()[0].state();
-    assert_eq!(state(&h), FlowState::Reset);
+    assert_eq!(state(&h), FlowState::Close);
     assert_eq!(
         egress_pass(&h, &syn).sport,
         port,

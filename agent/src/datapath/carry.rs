@@ -22,7 +22,10 @@ use vpcnet_common::{
     counters::Counter,
     endpoint::{Endpoint, Eni},
     maps::{self as names, PinnedMap},
-    nat::{FlowKey, FlowKind, FragKey, FragPath, NatEntry, Timeouts},
+    nat::{
+        FlowKey, FlowKind, FragKey, FragPath, NAT_ENTRY_UNTRACKED_SIZE, NatEntry,
+        TIMEOUTS_LAYOUT1_SIZE, Timeouts,
+    },
 };
 
 use super::{DatapathError, DatapathMaps, batch, pins::Found};
@@ -41,13 +44,12 @@ pub struct Carry {
 enum Source {
     Config(Array<MapData, Config>),
     Timeouts(Array<MapData, Timeouts>),
+    /// Layout 1's: the first ten timeouts.
+    NarrowTimeouts(Array<MapData, [u8; TIMEOUTS_LAYOUT1_SIZE]>),
     Cidrs(LpmTrie<MapData, [u8; 4], CidrValue>),
     ExternalServiceCidrs(LpmTrie<MapData, [u8; 4], ExternalServiceCidr>),
     /// NAT and stack flows, and what the first pass copied of them.
-    Flows(
-        HashMap<MapData, FlowKey, NatEntry>,
-        StdHashMap<FlowKey, NatEntry>,
-    ),
+    Flows(FlowMap, StdHashMap<FlowKey, NatEntry>),
     FragPaths(HashMap<MapData, FragKey, FragPath>),
     Counters(PerCpuArray<MapData, u64>),
     Endpoints(HashMap<MapData, u32, Endpoint>),
@@ -64,15 +66,26 @@ impl Carry {
                 source,
             })?;
         let typed = |e| DatapathError::map(map.name)(e);
+        // A value of an earlier, narrower layout (`names::WIDENED`).
+        let narrow = names::widened_from(map.name)
+            .is_some_and(|size| u32::try_from(size).ok() == Some(from.shape.value_size));
         let source = match map.name {
             names::CONFIG => Source::Config(Array::try_from(opened).map_err(typed)?),
+            names::CT_TIMEOUTS if narrow => {
+                Source::NarrowTimeouts(Array::try_from(opened).map_err(typed)?)
+            }
             names::CT_TIMEOUTS => Source::Timeouts(Array::try_from(opened).map_err(typed)?),
             names::CIDRS => Source::Cidrs(LpmTrie::try_from(opened).map_err(typed)?),
             names::EXTERNAL_SERVICE_CIDRS => {
                 Source::ExternalServiceCidrs(LpmTrie::try_from(opened).map_err(typed)?)
             }
             names::NAT_FWD | names::NAT_REV | names::STACK_FLOWS => {
-                Source::Flows(HashMap::try_from(opened).map_err(typed)?, StdHashMap::new())
+                let flows = if narrow {
+                    FlowMap::Untracked(HashMap::try_from(opened).map_err(typed)?)
+                } else {
+                    FlowMap::Tracked(HashMap::try_from(opened).map_err(typed)?)
+                };
+                Source::Flows(flows, StdHashMap::new())
             }
             names::FRAG_PATHS => Source::FragPaths(HashMap::try_from(opened).map_err(typed)?),
             names::COUNTERS => Source::Counters(PerCpuArray::try_from(opened).map_err(typed)?),
@@ -109,6 +122,10 @@ impl Carry {
                 maps.set_timeouts(&from.get(&0, 0).map_err(err)?)?;
                 Tally::one()
             }
+            (Pass::BeforeSwap, Source::NarrowTimeouts(from)) => {
+                maps.set_timeouts(&widen(&from.get(&0, 0).map_err(err)?))?;
+                Tally::one()
+            }
             (Pass::BeforeSwap, Source::Cidrs(from)) => {
                 let mut tally = Tally::default();
                 for entry in from.iter() {
@@ -135,7 +152,7 @@ impl Carry {
             }
             (Pass::BeforeSwap, Source::Flows(from, copied)) => {
                 let to = flows_of_mut(maps, name);
-                let entries = batch::read_all(from).map_err(err)?;
+                let entries = from.read_all().map_err(err)?;
                 let mut tally = Tally::default();
                 for (key, entry) in &entries {
                     tally
@@ -155,7 +172,7 @@ impl Carry {
                 let to = flows_of_mut(maps, name);
                 let mut tally = Tally::default();
                 let mut added = Vec::new();
-                for (key, entry) in batch::read_all(from).map_err(err)? {
+                for (key, entry) in from.read_all().map_err(err)? {
                     match copied.get(&key) {
                         Some(first) if *first == entry => {}
                         Some(_) => merge_seen(to, &key, &entry).map_err(err)?,
@@ -187,6 +204,7 @@ impl Carry {
                 Pass::AfterSwap,
                 Source::Config(_)
                 | Source::Timeouts(_)
+                | Source::NarrowTimeouts(_)
                 | Source::Cidrs(_)
                 | Source::ExternalServiceCidrs(_)
                 | Source::Endpoints(_)
@@ -196,6 +214,40 @@ impl Carry {
         self.tally.merge(tally);
         Ok(())
     }
+}
+
+/// A pinned map of flows, of today's entries or of the narrower ones
+/// before TCP sequence tracking.
+enum FlowMap {
+    Tracked(HashMap<MapData, FlowKey, NatEntry>),
+    Untracked(HashMap<MapData, FlowKey, [u8; NAT_ENTRY_UNTRACKED_SIZE]>),
+}
+
+impl FlowMap {
+    /// Every entry, as today's: a narrower one with its sequence numbers
+    /// unknown, which the state derivation reads as acknowledged.
+    fn read_all(&self) -> Result<Vec<(FlowKey, NatEntry)>, MapError> {
+        match self {
+            Self::Tracked(map) => batch::read_all(map),
+            Self::Untracked(map) => Ok(batch::read_all(map)?
+                .into_iter()
+                .map(|(key, narrow)| (key, widen(&narrow)))
+                .collect()),
+        }
+    }
+}
+
+/// A value of an earlier layout that is a prefix of `T` (its fields only
+/// ever appended), the appended ones zero.
+fn widen<T: Pod + Default, const N: usize>(narrow: &[u8; N]) -> T {
+    const { assert!(N <= size_of::<T>()) };
+    let mut value = T::default();
+    // SAFETY: `T` is `Pod` (any bytes are a value) and at least `N` bytes
+    // long; the two do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(narrow.as_ptr(), (&raw mut value).cast::<u8>(), N);
+    }
+    value
 }
 
 /// The two passes around the swap of the programs.

@@ -3,8 +3,8 @@
 
 use foldhash::{HashMap, HashMapExt as _};
 use vpcnet_common::nat::{
-    FlowKey, FlowKind, FlowState, NatEntry, SEEN_ACK, SEEN_ANY, SEEN_SYN, Timeouts, flow_expired,
-    flow_last_seen_ns, forward_key, pair_state, reply_key,
+    FlowKey, FlowKind, FlowState, NatEntry, Timeouts, flow_expired, flow_last_seen_ns,
+    flow_timeout_ns, forward_key, pair_state, reply_key,
 };
 
 use super::{
@@ -78,6 +78,11 @@ impl Flow {
         flow_last_seen_ns(&self.fwd, &self.rev_or_fwd())
     }
 
+    /// How long the flow lives after its last packet.
+    pub fn timeout_ns(&self, timeouts: &Timeouts) -> u64 {
+        flow_timeout_ns(self.key.proto, &self.fwd, &self.rev_or_fwd(), timeouts)
+    }
+
     fn expired(&self, timeouts: &Timeouts, now_ns: u64) -> bool {
         flow_expired(
             self.key.proto,
@@ -108,7 +113,8 @@ const ORPHAN_GRACE_NS: u64 = 10 * vpcnet_common::nat::NS_PER_SEC;
 impl DatapathMaps {
     /// Records a flow translated elsewhere (by iptables, before the agent
     /// took the node over) as the datapath's own: `fwd` leaves as
-    /// `addr:port`, and its replies find their way back. An existing entry
+    /// `addr:port`, its replies find their way back, and it is in `state`
+    /// as conntrack had it. An existing entry
     /// for either half is left as it is: the datapath knows better.
     /// Returns whether the flow was added.
     pub fn import_translated_flow(
@@ -116,22 +122,26 @@ impl DatapathMaps {
         fwd: FlowKey,
         addr: u32,
         port: u16,
-        (fwd_seen, rev_seen): (u8, u8),
+        state: FlowState,
         now_ns: u64,
     ) -> Result<bool, DatapathError> {
+        let (opener, answer) = state.halves(fwd.proto);
         let entry = NatEntry {
             addr,
             port,
             kind: FlowKind::Snat as u8,
-            seen: fwd_seen,
+            seen: opener.seen,
+            tcp: opener.tcp,
             last_seen_ns: now_ns,
             created_ns: now_ns,
+            ..NatEntry::default()
         };
         let reply = reply_key(&fwd, addr, port);
         let claim = NatEntry {
             addr: fwd.saddr,
             port: fwd.sport,
-            seen: rev_seen,
+            seen: answer.seen,
+            tcp: answer.tcp,
             ..entry
         };
         // A packet iptables translated, seen by `eni_egress` before the
@@ -209,9 +219,10 @@ impl DatapathMaps {
             addr: pod_tuple.saddr,
             port: pod_tuple.sport,
             kind: FlowKind::StackToPod as u8,
-            seen: SEEN_ANY | SEEN_SYN | SEEN_ACK,
+            seen: FlowState::Established.halves(pod_tuple.proto).0.seen,
             last_seen_ns: now_ns,
             created_ns: now_ns,
+            ..NatEntry::default()
         };
         for key in [pod_tuple.reversed(), pod_tuple] {
             self.stack_flows

@@ -31,7 +31,7 @@ use std::{
 
 use aya::{maps::MapInfo, programs::loaded_programs};
 use tracing::warn;
-use vpcnet_common::maps::{LINKS_DIR, PinnedMap};
+use vpcnet_common::maps::{self as names, LINKS_DIR, PinnedMap};
 
 /// The pin of `map`'s layout in `pin_dir`.
 #[must_use]
@@ -114,13 +114,16 @@ pub fn resolve(
     found: Vec<Found>,
     live_ids: &BTreeSet<u32>,
 ) -> Resolution {
-    // Every layout up to this agent's own keeps the key and value of today
-    // (a layout that changes them must say here how to read the old ones).
+    // Every layout up to this agent's own keeps the key and value of today,
+    // or (`names::WIDENED`) a value today's extends.
+    let widened = names::widened_from(map.name).and_then(|size| u32::try_from(size).ok());
     let readable = |pin: &Found| {
         pin.layout.is_some_and(|layout| layout <= map.layout)
             && pin.shape.map_type == wanted.map_type
             && pin.shape.key_size == wanted.key_size
-            && pin.shape.value_size == wanted.value_size
+            && (pin.shape.value_size == wanted.value_size
+                || (Some(pin.shape.value_size) == widened
+                    && pin.layout.is_some_and(|layout| layout < map.layout)))
     };
     let live = found
         .iter()

@@ -7,10 +7,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
 
 use vpcnet_common::{
     addr_to_raw,
-    nat::{
-        FlowKey, FlowKind, FlowState, NS_PER_SEC, PROTO_TCP, PROTO_UDP, SEEN_ACK, SEEN_ANY,
-        SEEN_FIN, SEEN_SYN,
-    },
+    nat::{FlowKey, FlowKind, FlowState, NS_PER_SEC, PROTO_TCP, PROTO_UDP},
     port_to_raw, raw_to_addr, raw_to_port,
 };
 
@@ -108,20 +105,14 @@ pub fn conntrack_connections() -> Result<Vec<Connection>, TakeOverError> {
         .collect())
 }
 
-/// The datapath's `seen` flags of a connection's two directions.
-fn seen_flags(connection: &Connection) -> (u8, u8) {
-    let both = |flags| (SEEN_ANY | flags, SEEN_ANY | flags);
+/// The state of a connection as conntrack has it, one to one; a TCP
+/// state conntrack-tools names and this version does not know counts as
+/// established, as conntrack picks such a connection up.
+fn conntrack_state(connection: &Connection) -> FlowState {
     match connection.tcp_state.as_deref() {
-        None if connection.replied => both(0),
-        None => (SEEN_ANY, 0),
-        Some("SYN_SENT") => (SEEN_ANY | SEEN_SYN, 0),
-        Some("SYN_RECV") => (SEEN_ANY | SEEN_SYN, SEEN_ANY | SEEN_SYN | SEEN_ACK),
-        Some("FIN_WAIT" | "CLOSE_WAIT" | "LAST_ACK") => (
-            SEEN_ANY | SEEN_SYN | SEEN_ACK | SEEN_FIN,
-            SEEN_ANY | SEEN_SYN | SEEN_ACK,
-        ),
-        Some("TIME_WAIT" | "CLOSE") => both(SEEN_SYN | SEEN_ACK | SEEN_FIN),
-        Some(_) => both(SEEN_SYN | SEEN_ACK),
+        None if connection.replied => FlowState::Established,
+        None => FlowState::New,
+        Some(name) => FlowState::from_conntrack_name(name).unwrap_or(FlowState::Established),
     }
 }
 
@@ -129,8 +120,8 @@ fn seen_flags(connection: &Connection) -> (u8, u8) {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowImports {
     /// A pod's connection iptables source-NATed: its tuple, the address
-    /// and port it leaves as, and the flags of its two directions.
-    pub translated: Vec<(FlowKey, Ipv4Addr, u16, (u8, u8))>,
+    /// and port it leaves as, and its state.
+    pub translated: Vec<(FlowKey, Ipv4Addr, u16, FlowState)>,
     /// Connections kube-proxy must keep seeing (a DNAT to or from a pod),
     /// by the pod's tuple: a node port's to the pod, the pod's to a service.
     pub stack: Vec<FlowKey>,
@@ -180,7 +171,7 @@ pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) 
                 original.flow_key(connection.proto),
                 reply.dst,
                 reply.dport,
-                seen_flags(connection),
+                conntrack_state(connection),
             ));
         }
     }
@@ -198,10 +189,10 @@ pub fn import_flows(
     let mut imports = plan_flow_imports(connections, pods);
     let now = monotonic_now_ns();
     let mut imported = Vec::new();
-    for (key, addr, port, seen) in imports.translated {
+    for (key, addr, port, state) in imports.translated {
         let raw_addr = addr_to_raw(addr.octets());
-        if maps.import_translated_flow(key, raw_addr, port_to_raw(port), seen, now)? {
-            imported.push((key, addr, port, seen));
+        if maps.import_translated_flow(key, raw_addr, port_to_raw(port), state, now)? {
+            imported.push((key, addr, port, state));
         }
     }
     imports.translated = imported;
@@ -253,22 +244,26 @@ pub(super) fn forget_stack_aliases(maps: &mut DatapathMaps, imports: &FlowImport
 pub fn export_flows(maps: &DatapathMaps, connmark: u32) -> Result<usize, TakeOverError> {
     let mut exported = 0;
     let timeouts = maps.timeouts()?;
+    let now = monotonic_now_ns();
     for flow in maps.flows()? {
         if flow.kind() != Some(FlowKind::Snat) {
             continue;
         }
         let state = flow.state();
-        let (proto, conntrack_state) = match (flow.key.proto, state) {
-            (_, FlowState::Closed | FlowState::Reset) => continue,
-            (PROTO_TCP, FlowState::New) => ("tcp", Some("SYN_SENT")),
-            (PROTO_TCP, FlowState::SynRecv) => ("tcp", Some("SYN_RECV")),
-            (PROTO_TCP, FlowState::Established) => ("tcp", Some("ESTABLISHED")),
-            (PROTO_TCP, FlowState::Closing) => ("tcp", Some("FIN_WAIT")),
-            (PROTO_UDP, _) => ("udp", None),
+        // Every state goes over, one to one: a closed flow's port stays
+        // held for the remote's TIME_WAIT as it was here.
+        let (proto, conntrack_state) = match flow.key.proto {
+            PROTO_TCP => ("tcp", Some(state.conntrack_name())),
+            PROTO_UDP => ("udp", None),
             _ => continue,
         };
-        // Conntrack's own timeout for the state, as the datapath used it.
-        let timeout = (timeouts.timeout_ns(flow.key.proto, state, true) / NS_PER_SEC).to_string();
+        // What is left of the flow's life here, as conntrack's timeout.
+        let timeout = flow
+            .timeout_ns(&timeouts)
+            .saturating_sub(now.saturating_sub(flow.last_seen_ns()))
+            .div_ceil(NS_PER_SEC)
+            .max(1)
+            .to_string();
         let key = flow.key;
         let (src, dst) = (
             Ipv4Addr::from(raw_to_addr(key.saddr)).to_string(),
@@ -405,10 +400,10 @@ mod tests {
             .collect();
         let imports = plan_flow_imports(&connections, &pods);
         assert_eq!(imports.translated.len(), 1);
-        let (key, addr, port, seen) = imports.translated[0];
+        let (key, addr, port, state) = imports.translated[0];
         assert_eq!(key, connections[0].original.flow_key(PROTO_TCP));
         assert_eq!((addr, port), (Ipv4Addr::new(10, 20, 11, 162), 61000));
-        assert_eq!(seen.0 & SEEN_ACK, SEEN_ACK);
+        assert_eq!(state, FlowState::Established);
         // Both by the pod's tuple: the one its packets carry.
         assert_eq!(
             imports.stack,

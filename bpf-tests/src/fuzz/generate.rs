@@ -246,10 +246,18 @@ impl Generator {
                 let mut h = vec![0u8; 20];
                 h[0..2].copy_from_slice(&sport.to_be_bytes());
                 h[2..4].copy_from_slice(&dport.to_be_bytes());
-                h[4..8].copy_from_slice(&self.rng.u32(..).to_be_bytes());
+                // Numbers near each other's, so that segments advance,
+                // repeat and acknowledge one another as well as jump.
+                let number = |rng: &mut Rng| match rng.u32(0..4) {
+                    0 => rng.u32(..),
+                    n => (u32::MAX - 64).wrapping_add(n * 40 + rng.u32(0..8)),
+                };
+                h[4..8].copy_from_slice(&number(&mut self.rng).to_be_bytes());
+                h[8..12].copy_from_slice(&number(&mut self.rng).to_be_bytes());
                 h[12] = 5 << 4;
                 h[13] = flags;
-                h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+                let window: u16 = if self.rng.u32(0..6) == 0 { 0 } else { 64240 };
+                h[14..16].copy_from_slice(&window.to_be_bytes());
                 h.extend_from_slice(&data);
                 let csum = pseudo_checksum(src, dst, proto, &h);
                 h[16..18].copy_from_slice(&csum.to_be_bytes());

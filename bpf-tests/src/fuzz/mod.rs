@@ -33,7 +33,7 @@ use vpcnet_common::{
     counters::Counter,
     endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint, Eni},
     maps,
-    nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
+    nat::{FlowKey, FragKey, FragPath, NatEntry, TCP_ACK_KNOWN, TCP_END_KNOWN, Timeouts},
     raw_to_addr, raw_to_port,
 };
 use vpcnet_lab::fuzz_settings;
@@ -383,6 +383,15 @@ fn real_tables(h: &Harness, frags: &BpfHashMap<MapData, FragKey, FragPath>) -> T
                         port: e.port,
                         kind: e.kind,
                         seen: e.seen,
+                        // Numbers without their bit mean nothing.
+                        seq_end: if e.tcp & TCP_END_KNOWN == 0 {
+                            0
+                        } else {
+                            e.seq_end
+                        },
+                        ack: if e.tcp & TCP_ACK_KNOWN == 0 { 0 } else { e.ack },
+                        tcp: e.tcp,
+                        retrans: e.retrans,
                     },
                 )
             })

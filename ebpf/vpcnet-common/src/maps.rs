@@ -81,18 +81,21 @@ const fn pinned(name: &'static str, layout: u16) -> PinnedMap {
 /// check.
 pub const ALL: [PinnedMap; 16] = [
     pinned(CONFIG, 1),
-    pinned(CT_TIMEOUTS, 1),
+    // 2: netfilter's other TCP timeouts appended.
+    pinned(CT_TIMEOUTS, 2),
     pinned(CIDRS, 1),
     // 2: flows kept untranslated are pairs (layout 1: a forward entry alone).
-    pinned(NAT_FWD, 2),
-    pinned(NAT_REV, 2),
+    // 3: TCP sequence tracking appended to each entry.
+    pinned(NAT_FWD, 3),
+    pinned(NAT_REV, 3),
     pinned(FRAG_PATHS, 1),
     // 2: `drop_inbound_untracked`'s index counted passes in layout 1
     // (`ingress_inbound_untracked`).
     pinned(COUNTERS, 2),
     pinned(ENDPOINTS, 1),
     pinned(ENIS, 1),
-    pinned(STACK_FLOWS, 1),
+    // 2: TCP sequence tracking appended to each entry.
+    pinned(STACK_FLOWS, 2),
     pinned(EXTERNAL_SERVICE_CIDRS, 1),
     pinned(POLICY_PODS, 1),
     pinned(POLICY_CIDRS, 1),
@@ -100,6 +103,25 @@ pub const ALL: [PinnedMap; 16] = [
     pinned(POLICY_FLOWS, 1),
     pinned(POLICY_VERDICTS, 1),
 ];
+
+/// Maps whose values grew by appended fields: the size of their values in
+/// the layouts before, a prefix of today's, which the agent carries with
+/// the new fields zero (TCP numbers unknown, netfilter's default timeouts).
+pub const WIDENED: [(&str, usize); 4] = [
+    (NAT_FWD, crate::nat::NAT_ENTRY_UNTRACKED_SIZE),
+    (NAT_REV, crate::nat::NAT_ENTRY_UNTRACKED_SIZE),
+    (STACK_FLOWS, crate::nat::NAT_ENTRY_UNTRACKED_SIZE),
+    (CT_TIMEOUTS, crate::nat::TIMEOUTS_LAYOUT1_SIZE),
+];
+
+/// The value size `name`'s layouts before its own had, when smaller.
+#[must_use]
+pub fn widened_from(name: &str) -> Option<usize> {
+    WIDENED
+        .iter()
+        .find(|(widened, _)| *widened == name)
+        .map(|(_, size)| *size)
+}
 
 /// Maps earlier versions pinned that this one no longer uses: removed at
 /// load and by clean-up. (`VPCNET_FRAGS` held only the ports of

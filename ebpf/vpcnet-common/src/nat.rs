@@ -25,7 +25,7 @@
 //!
 //! Each direction writes only its own entry (flags seen, last seen), so the
 //! two CPUs handling the two directions of a flow never write the same cache
-//! line. The state of the flow is derived from both entries by [`flow_state`],
+//! line. The state of the flow is derived from both entries by [`pair_state`],
 //! and its lifetime by [`flow_expired`] with the node's conntrack
 //! [`Timeouts`]: the one definition the datapath and the garbage collector
 //! share.
@@ -181,6 +181,14 @@ pub const SEEN_ACK: u8 = 0x10;
 pub const SEEN_ANY: u8 = 0x80;
 
 /// One half of a flow.
+///
+/// The TCP fields after `created_ns` are netfilter's window tracking, as
+/// far as the timeouts need it (`nf_conntrack_proto_tcp.c`): the sequence
+/// number after the last byte this direction sent, the highest
+/// acknowledgement it sent, and its retransmissions. With the other
+/// direction's entry they say whether a FIN was acknowledged (`FIN_WAIT` or
+/// `CLOSE_WAIT`, `LAST_ACK` or `TIME_WAIT`) and whether data is unacknowledged.
+/// Appended to layout 2's 24 bytes, which are a prefix of these.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NatEntry {
@@ -197,6 +205,135 @@ pub struct NatEntry {
     pub last_seen_ns: u64,
     /// When the flow was created (same clock).
     pub created_ns: u64,
+    /// TCP: the sequence number after the last byte (SYN and FIN count
+    /// one) this direction sent (netfilter's `td_end`), host order; valid
+    /// with [`TCP_END_KNOWN`].
+    pub seq_end: u32,
+    /// TCP: the highest acknowledgement this direction sent, host order;
+    /// valid with [`TCP_ACK_KNOWN`].
+    pub ack: u32,
+    /// `TCP_*` bits of this direction.
+    pub tcp: u8,
+    /// TCP: segments in a row this direction sent again (carrying sequence
+    /// space, not past `seq_end`), saturating.
+    pub retrans: u8,
+    pub _pad1: u16,
+    pub _pad2: u32,
+}
+
+/// [`NatEntry::seq_end`] holds this direction's own value (not set: an
+/// entry made before sequence tracking, by a take-over, or by the other
+/// direction and not yet sent on).
+pub const TCP_END_KNOWN: u8 = 0x01;
+/// [`NatEntry::ack`] holds this direction's own value.
+pub const TCP_ACK_KNOWN: u8 = 0x02;
+/// This direction's last segment advertised a zero window.
+pub const TCP_ZERO_WINDOW: u8 = 0x04;
+/// This direction owes the other an acknowledgement of its FIN: set by a
+/// take-over of conntrack's `FIN_WAIT` or `LAST_ACK` (conntrack does not say
+/// the sequence numbers), cleared by this direction's next ACK, as
+/// conntrack's next ACK moves those states on.
+pub const TCP_OWES_FIN_ACK: u8 = 0x08;
+
+/// Size of a flow entry in layouts before sequence tracking (the first
+/// fields of [`NatEntry`]).
+pub const NAT_ENTRY_UNTRACKED_SIZE: usize = 24;
+
+/// Whether sequence number `a` comes after `b` (RFC 1982 arithmetic).
+#[must_use]
+pub const fn seq_after(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b).cast_signed() > 0
+}
+
+/// What a TCP segment tells its direction's entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    /// Its sequence number plus its payload's length, plus one for SYN and
+    /// one for FIN (host order).
+    pub end: u32,
+    /// Its acknowledgement number (host order).
+    pub ack: u32,
+    /// The TCP header's flags (the `SEEN_*` bits are the same).
+    pub flags: u8,
+    /// Whether it carries sequence space (data, SYN or FIN).
+    pub carries_seq: bool,
+    /// Whether it advertises a zero window.
+    pub zero_window: bool,
+}
+
+impl NatEntry {
+    /// A new half of a flow of `kind` made at `now_ns`, nothing seen yet.
+    /// Every field is spelled out: the BPF backend zeroes a struct update's
+    /// rest with a call to `memset`, a frame of its own that kernels
+    /// before 6.9 count as 32 stack bytes.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    #[must_use]
+    pub const fn new(addr: u32, port: u16, kind: FlowKind, now_ns: u64) -> Self {
+        Self {
+            addr,
+            port,
+            kind: kind as u8,
+            seen: 0,
+            last_seen_ns: now_ns,
+            created_ns: now_ns,
+            seq_end: 0,
+            ack: 0,
+            tcp: 0,
+            retrans: 0,
+            _pad1: 0,
+            _pad2: 0,
+        }
+    }
+
+    /// Records a TCP segment this entry's direction sent, as netfilter's
+    /// window tracking does for the timeouts. Writes a field only when it
+    /// changes: most segments of a bulk transfer advance `seq_end` or
+    /// `ack` and nothing else.
+    // Inlined into the programs as when they were the eBPF crate's own.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub fn track_segment(&mut self, seg: &Segment) {
+        let old = self.tcp;
+        let mut tcp = old;
+        if tcp & TCP_END_KNOWN == 0 || seq_after(seg.end, self.seq_end) {
+            self.seq_end = seg.end;
+            tcp |= TCP_END_KNOWN;
+            if self.retrans != 0 {
+                self.retrans = 0;
+            }
+        } else if seg.carries_seq && self.retrans != u8::MAX {
+            // Sequence space sent again.
+            self.retrans += 1;
+        }
+        if seg.flags & SEEN_ACK != 0 {
+            if tcp & TCP_ACK_KNOWN == 0 || seq_after(seg.ack, self.ack) {
+                self.ack = seg.ack;
+            }
+            tcp = (tcp | TCP_ACK_KNOWN) & !TCP_OWES_FIN_ACK;
+        }
+        // A reset's window means nothing.
+        if seg.flags & SEEN_RST == 0 {
+            tcp = if seg.zero_window {
+                tcp | TCP_ZERO_WINDOW
+            } else {
+                tcp & !TCP_ZERO_WINDOW
+            };
+        }
+        if tcp != old {
+            self.tcp = tcp;
+        }
+    }
+
+    /// Starts this direction's sequence tracking afresh (the tuple opens
+    /// a new connection).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    pub fn forget_segments(&mut self) {
+        // The numbers stay as they are, unknown without their bits.
+        self.tcp = 0;
+        self.retrans = 0;
+    }
 }
 
 crate::impl_pod!(FlowKey, NatEntry);
@@ -224,10 +361,12 @@ pub const TIME_WAIT_HOLD_NS: u64 = 120 * NS_PER_SEC;
 
 /// How long a flow lives after its last packet, per state, in seconds:
 /// netfilter's conntrack timeouts, with their sysctl names
-/// (`net.netfilter.nf_conntrack_<name>`). The agent writes the node's own
-/// values into the `CT_TIMEOUTS` map, so flows live as long as conntrack's
-/// on the same node (kube-proxy sets `tcp_timeout_established` to a day);
-/// a zero field (a map nobody wrote yet) means netfilter's default.
+/// (`net.netfilter.nf_conntrack_<name>`, see [`Timeouts::SYSCTLS`]). The
+/// agent writes the node's own values into the `CT_TIMEOUTS` map, so flows
+/// live as long as conntrack's on the same node (kube-proxy sets
+/// `tcp_timeout_established` to a day and `tcp_timeout_close_wait` to an
+/// hour); a zero field (a map nobody wrote yet) means netfilter's default.
+/// Fields are only ever appended: layout 1's ten are a prefix.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timeouts {
@@ -241,9 +380,25 @@ pub struct Timeouts {
     pub udp_stream: u32,
     pub icmp: u32,
     pub generic: u32,
+    pub tcp_close_wait: u32,
+    pub tcp_last_ack: u32,
+    /// A flow some of whose data is unacknowledged lives no longer than
+    /// this.
+    pub tcp_unacknowledged: u32,
+    /// A flow retransmitting ([`Timeouts::tcp_retrans_limit`] times in a
+    /// row, data still unacknowledged) or held by a zero window lives no
+    /// longer than this.
+    pub tcp_max_retrans: u32,
+    /// Retransmissions in a row that make a flow retransmitting (not a
+    /// timeout: `nf_conntrack_tcp_max_retrans`).
+    pub tcp_retrans_limit: u32,
+    pub _pad: u32,
 }
 
 crate::impl_pod!(Timeouts);
+
+/// Size of [`Timeouts`] in layout 1 (its first ten fields).
+pub const TIMEOUTS_LAYOUT1_SIZE: usize = 40;
 
 /// netfilter's defaults, in seconds.
 pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
@@ -258,6 +413,12 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
     udp_stream: 120,
     icmp: 30,
     generic: 600,
+    tcp_close_wait: 60,
+    tcp_last_ack: 30,
+    tcp_unacknowledged: 300,
+    tcp_max_retrans: 300,
+    tcp_retrans_limit: 3,
+    _pad: 0,
 };
 
 /// A replied UDP flow older than this is a stream (netfilter's rule, since
@@ -270,7 +431,7 @@ pub type TimeoutField = fn(&mut Timeouts) -> &mut u32;
 
 impl Timeouts {
     /// The sysctl name of each field, in field order, and a way to set it.
-    pub const SYSCTLS: [(&'static str, TimeoutField); 10] = [
+    pub const SYSCTLS: [(&'static str, TimeoutField); 15] = [
         ("tcp_timeout_syn_sent", |t| &mut t.tcp_syn_sent),
         ("tcp_timeout_syn_recv", |t| &mut t.tcp_syn_recv),
         ("tcp_timeout_established", |t| &mut t.tcp_established),
@@ -281,81 +442,240 @@ impl Timeouts {
         ("udp_timeout_stream", |t| &mut t.udp_stream),
         ("icmp_timeout", |t| &mut t.icmp),
         ("generic_timeout", |t| &mut t.generic),
+        ("tcp_timeout_close_wait", |t| &mut t.tcp_close_wait),
+        ("tcp_timeout_last_ack", |t| &mut t.tcp_last_ack),
+        ("tcp_timeout_unacknowledged", |t| &mut t.tcp_unacknowledged),
+        ("tcp_timeout_max_retrans", |t| &mut t.tcp_max_retrans),
+        ("tcp_max_retrans", |t| &mut t.tcp_retrans_limit),
     ];
 
     /// How long a flow of `proto` in `state` lives after its last packet;
     /// `stream`: a replied UDP flow past [`UDP_STREAM_AFTER_NS`].
     #[must_use]
     pub const fn timeout_ns(&self, proto: u8, state: FlowState, stream: bool) -> u64 {
+        let d = &DEFAULT_TIMEOUTS;
         let (set, default) = match (proto, state) {
-            (PROTO_TCP, FlowState::New) => (self.tcp_syn_sent, DEFAULT_TIMEOUTS.tcp_syn_sent),
-            (PROTO_TCP, FlowState::SynRecv) => (self.tcp_syn_recv, DEFAULT_TIMEOUTS.tcp_syn_recv),
-            (PROTO_TCP, FlowState::Established) => {
-                (self.tcp_established, DEFAULT_TIMEOUTS.tcp_established)
-            }
-            (PROTO_TCP, FlowState::Closing) => (self.tcp_fin_wait, DEFAULT_TIMEOUTS.tcp_fin_wait),
-            (PROTO_TCP, FlowState::Closed) => (self.tcp_time_wait, DEFAULT_TIMEOUTS.tcp_time_wait),
-            (PROTO_TCP, FlowState::Reset) => (self.tcp_close, DEFAULT_TIMEOUTS.tcp_close),
-            (PROTO_UDP, FlowState::New) => (self.udp, DEFAULT_TIMEOUTS.udp),
-            (PROTO_UDP, _) if stream => (self.udp_stream, DEFAULT_TIMEOUTS.udp_stream),
-            (PROTO_UDP, _) => (self.udp, DEFAULT_TIMEOUTS.udp),
-            (PROTO_ICMP, _) => (self.icmp, DEFAULT_TIMEOUTS.icmp),
-            _ => (self.generic, DEFAULT_TIMEOUTS.generic),
+            (PROTO_TCP, FlowState::New) => (self.tcp_syn_sent, d.tcp_syn_sent),
+            (PROTO_TCP, FlowState::SynRecv) => (self.tcp_syn_recv, d.tcp_syn_recv),
+            (PROTO_TCP, FlowState::Established) => (self.tcp_established, d.tcp_established),
+            (PROTO_TCP, FlowState::FinWait) => (self.tcp_fin_wait, d.tcp_fin_wait),
+            (PROTO_TCP, FlowState::CloseWait) => (self.tcp_close_wait, d.tcp_close_wait),
+            (PROTO_TCP, FlowState::LastAck) => (self.tcp_last_ack, d.tcp_last_ack),
+            (PROTO_TCP, FlowState::TimeWait) => (self.tcp_time_wait, d.tcp_time_wait),
+            (PROTO_TCP, FlowState::Close) => (self.tcp_close, d.tcp_close),
+            (PROTO_UDP, FlowState::New) => (self.udp, d.udp),
+            (PROTO_UDP, _) if stream => (self.udp_stream, d.udp_stream),
+            (PROTO_UDP, _) => (self.udp, d.udp),
+            (PROTO_ICMP, _) => (self.icmp, d.icmp),
+            _ => (self.generic, d.generic),
         };
-        (if set == 0 { default } else { set }) as u64 * NS_PER_SEC
+        seconds_ns(set, default)
+    }
+
+    /// The unacknowledged-data cap.
+    #[must_use]
+    pub const fn unacknowledged_ns(&self) -> u64 {
+        seconds_ns(self.tcp_unacknowledged, DEFAULT_TIMEOUTS.tcp_unacknowledged)
+    }
+
+    /// The retransmission and zero-window cap.
+    #[must_use]
+    pub const fn max_retrans_ns(&self) -> u64 {
+        seconds_ns(self.tcp_max_retrans, DEFAULT_TIMEOUTS.tcp_max_retrans)
+    }
+
+    /// Retransmissions in a row that make a flow retransmitting.
+    #[must_use]
+    pub const fn retrans_limit(&self) -> u32 {
+        if self.tcp_retrans_limit == 0 {
+            DEFAULT_TIMEOUTS.tcp_retrans_limit
+        } else {
+            self.tcp_retrans_limit
+        }
     }
 }
 
-/// A flow's state, derived from its two entries.
+/// `set` seconds (`default` when 0) in nanoseconds.
+const fn seconds_ns(set: u32, default: u32) -> u64 {
+    (if set == 0 { default } else { set }) as u64 * NS_PER_SEC
+}
+
+/// A flow's state, derived from its two entries: netfilter's TCP states
+/// (`tcp_conntracks`), and for other protocols whether it was answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlowState {
-    /// Nothing came back yet.
+    /// Nothing came back yet (TCP: SYN_SENT).
     New,
     /// TCP: the answer (SYN-ACK) came back, the opener has not acknowledged
     /// it yet (a SYN flood's flows stay here).
     SynRecv,
     /// Both directions seen (TCP: both acknowledged), no FIN or RST.
     Established,
-    /// One side sent FIN.
-    Closing,
-    /// Both sides sent FIN.
-    Closed,
+    /// One side sent FIN, the other has not acknowledged it.
+    FinWait,
+    /// One side's FIN is acknowledged, the other side has not sent its
+    /// own: a half-closed connection, which may go on for long.
+    CloseWait,
+    /// Both sides sent FIN, one is not acknowledged yet.
+    LastAck,
+    /// Both FINs sent and acknowledged.
+    TimeWait,
     /// One side sent RST.
-    Reset,
+    Close,
 }
 
 impl FlowState {
+    /// Every state, in the order a connection goes through them.
+    pub const ALL: [Self; 8] = [
+        Self::New,
+        Self::SynRecv,
+        Self::Established,
+        Self::FinWait,
+        Self::CloseWait,
+        Self::LastAck,
+        Self::TimeWait,
+        Self::Close,
+    ];
+
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
             Self::New => "new",
             Self::SynRecv => "syn_recv",
             Self::Established => "established",
-            Self::Closing => "closing",
-            Self::Closed => "closed",
-            Self::Reset => "reset",
+            Self::FinWait => "fin_wait",
+            Self::CloseWait => "close_wait",
+            Self::LastAck => "last_ack",
+            Self::TimeWait => "time_wait",
+            Self::Close => "close",
         }
     }
 
-    /// Whether the connection is over (its port is held only for the
-    /// remote's TIME_WAIT).
+    /// conntrack's name of the TCP state (`conntrack -L`, `--state`).
+    #[must_use]
+    pub const fn conntrack_name(self) -> &'static str {
+        match self {
+            Self::New => "SYN_SENT",
+            Self::SynRecv => "SYN_RECV",
+            Self::Established => "ESTABLISHED",
+            Self::FinWait => "FIN_WAIT",
+            Self::CloseWait => "CLOSE_WAIT",
+            Self::LastAck => "LAST_ACK",
+            Self::TimeWait => "TIME_WAIT",
+            Self::Close => "CLOSE",
+        }
+    }
+
+    /// The state conntrack names `name`; its `SYN_SENT2` (a simultaneous
+    /// open) is a SYN answered by a SYN.
+    #[must_use]
+    pub fn from_conntrack_name(name: &str) -> Option<Self> {
+        if name == "SYN_SENT2" {
+            return Some(Self::SynRecv);
+        }
+        Self::ALL
+            .into_iter()
+            .find(|state| state.conntrack_name() == name)
+    }
+
+    /// Whether both sides closed or one reset (its port is held only for
+    /// the remote's TIME_WAIT).
     #[must_use]
     pub const fn is_closed(self) -> bool {
-        matches!(self, Self::Closed | Self::Reset)
+        matches!(self, Self::LastAck | Self::TimeWait | Self::Close)
+    }
+
+    /// The bits of the opener's and the answer's entries of a flow of
+    /// `proto` in this state, with no sequence numbers (a take-over's:
+    /// conntrack does not say them), the opener the side that closed
+    /// first: [`pair_state`] of entries so made is this state.
+    #[must_use]
+    pub const fn halves(self, proto: u8) -> (HalfBits, HalfBits) {
+        const fn half(seen: u8, tcp: u8) -> HalfBits {
+            HalfBits { seen, tcp }
+        }
+        const HANDSHAKE: u8 = SEEN_ANY | SEEN_SYN | SEEN_ACK;
+        const FIN: u8 = HANDSHAKE | SEEN_FIN;
+        if proto != PROTO_TCP {
+            return match self {
+                Self::New => (half(SEEN_ANY, 0), half(0, 0)),
+                _ => (half(SEEN_ANY, 0), half(SEEN_ANY, 0)),
+            };
+        }
+        match self {
+            Self::New => (half(SEEN_ANY | SEEN_SYN, 0), half(0, 0)),
+            Self::SynRecv => (half(SEEN_ANY | SEEN_SYN, 0), half(HANDSHAKE, 0)),
+            Self::Established => (half(HANDSHAKE, 0), half(HANDSHAKE, 0)),
+            Self::FinWait => (half(FIN, 0), half(HANDSHAKE, TCP_OWES_FIN_ACK)),
+            Self::CloseWait => (half(FIN, 0), half(HANDSHAKE, 0)),
+            Self::LastAck => (half(FIN, TCP_OWES_FIN_ACK), half(FIN, 0)),
+            Self::TimeWait => (half(FIN, 0), half(FIN, 0)),
+            Self::Close => (half(HANDSHAKE | SEEN_RST, 0), half(HANDSHAKE, 0)),
+        }
     }
 }
 
-/// The state of a flow of `kind` (raw) from the `seen` bits of its forward
-/// (`fwd_seen`) and reverse (`rev_seen`) entries.
-#[must_use]
-pub const fn flow_state(proto: u8, kind: u8, fwd_seen: u8, rev_seen: u8) -> FlowState {
-    // The side that opened the flow, and the side that answers.
-    let (opener, answer) = if FlowKind::opened_from_outside(kind) {
-        (rev_seen, fwd_seen)
+/// The state bits of one entry ([`FlowState::halves`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HalfBits {
+    /// `SEEN_*` bits.
+    pub seen: u8,
+    /// `TCP_*` bits.
+    pub tcp: u8,
+}
+
+/// The opener's and the answer's entries of the pair `fwd`, `rev`.
+// Inlined into the programs' callers: a frame of its own costs 32 stack
+// bytes on kernels before 6.9.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+const fn opener_first<'a>(fwd: &'a NatEntry, rev: &'a NatEntry) -> (&'a NatEntry, &'a NatEntry) {
+    if FlowKind::opened_from_outside(fwd.kind) {
+        (rev, fwd)
     } else {
-        (fwd_seen, rev_seen)
-    };
-    let replied = answer & SEEN_ANY != 0;
+        (fwd, rev)
+    }
+}
+
+/// Whether `receiver` acknowledged all that `sender` sent (its FIN
+/// included). Entries whose numbers are not both known (made before
+/// sequence tracking, or by a take-over) count as acknowledged once the
+/// receiver sent an ACK, unless it owes one ([`TCP_OWES_FIN_ACK`]).
+// Inlined into the programs' callers: a frame of its own costs 32 stack
+// bytes on kernels before 6.9.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+const fn all_acked(sender: &NatEntry, receiver: &NatEntry) -> bool {
+    if receiver.seen & SEEN_ACK == 0 || receiver.tcp & TCP_OWES_FIN_ACK != 0 {
+        return false;
+    }
+    sender.tcp & TCP_END_KNOWN == 0
+        || receiver.tcp & TCP_ACK_KNOWN == 0
+        || !seq_after(sender.seq_end, receiver.ack)
+}
+
+/// Whether `sender` sent data `receiver` has not acknowledged, both
+/// numbers known (netfilter's `IP_CT_TCP_FLAG_DATA_UNACKNOWLEDGED`).
+// Inlined into the programs' callers: a frame of its own costs 32 stack
+// bytes on kernels before 6.9.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+const fn unacknowledged(sender: &NatEntry, receiver: &NatEntry) -> bool {
+    sender.tcp & TCP_END_KNOWN != 0
+        && receiver.tcp & TCP_ACK_KNOWN != 0
+        && seq_after(sender.seq_end, receiver.ack)
+}
+
+/// The state of the flow whose entries are `fwd` and `rev`, of protocol
+/// `proto`.
+// Inlined into the programs' callers: a frame of its own costs 32 stack
+// bytes on kernels before 6.9.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+#[must_use]
+pub const fn pair_state(proto: u8, fwd: &NatEntry, rev: &NatEntry) -> FlowState {
+    let (opener, answer) = opener_first(fwd, rev);
+    let replied = answer.seen & SEEN_ANY != 0;
     if proto != PROTO_TCP {
         return if replied {
             FlowState::Established
@@ -363,26 +683,34 @@ pub const fn flow_state(proto: u8, kind: u8, fwd_seen: u8, rev_seen: u8) -> Flow
             FlowState::New
         };
     }
-    let both = opener | answer;
+    let both = opener.seen | answer.seen;
+    let (opener_fin, answer_fin) = (opener.seen & SEEN_FIN != 0, answer.seen & SEEN_FIN != 0);
     if both & SEEN_RST != 0 {
-        FlowState::Reset
-    } else if opener & SEEN_FIN != 0 && answer & SEEN_FIN != 0 {
-        FlowState::Closed
-    } else if both & SEEN_FIN != 0 {
-        FlowState::Closing
+        FlowState::Close
+    } else if opener_fin && answer_fin {
+        if all_acked(opener, answer) && all_acked(answer, opener) {
+            FlowState::TimeWait
+        } else {
+            FlowState::LastAck
+        }
+    } else if opener_fin || answer_fin {
+        let acked = if opener_fin {
+            all_acked(opener, answer)
+        } else {
+            all_acked(answer, opener)
+        };
+        if acked {
+            FlowState::CloseWait
+        } else {
+            FlowState::FinWait
+        }
     } else if !replied {
         FlowState::New
-    } else if opener & SEEN_ACK == 0 {
+    } else if opener.seen & SEEN_ACK == 0 {
         FlowState::SynRecv
     } else {
         FlowState::Established
     }
-}
-
-/// The state of the flow whose entries are `fwd` and `rev`.
-#[must_use]
-pub const fn pair_state(proto: u8, fwd: &NatEntry, rev: &NatEntry) -> FlowState {
-    flow_state(proto, fwd.kind, fwd.seen, rev.seen)
 }
 
 /// The later of the two entries' last packets.
@@ -396,9 +724,43 @@ pub const fn flow_last_seen_ns(fwd: &NatEntry, rev: &NatEntry) -> u64 {
 }
 
 /// How long the flow whose entries are `fwd` and `rev` lives after its
-/// last packet.
+/// last packet: its state's timeout, capped as netfilter caps it when data
+/// is unacknowledged, when a side retransmits or a window is zero.
+// Inlined into the programs' callers: a frame of its own costs 32 stack
+// bytes on kernels before 6.9.
+#[allow(clippy::inline_always)]
+#[inline(always)]
 #[must_use]
 pub const fn flow_timeout_ns(
+    proto: u8,
+    fwd: &NatEntry,
+    rev: &NatEntry,
+    timeouts: &Timeouts,
+) -> u64 {
+    let timeout = state_timeout_ns(proto, fwd, rev, timeouts);
+    if proto != PROTO_TCP || (fwd.seen | rev.seen) & SEEN_RST != 0 {
+        return timeout;
+    }
+    let (fwd_unacked, rev_unacked) = (unacknowledged(fwd, rev), unacknowledged(rev, fwd));
+    let limit = timeouts.retrans_limit();
+    let retransmitting = (fwd_unacked && fwd.retrans as u32 >= limit)
+        || (rev_unacked && rev.retrans as u32 >= limit);
+    let cap = if retransmitting || (fwd.tcp | rev.tcp) & TCP_ZERO_WINDOW != 0 {
+        timeouts.max_retrans_ns()
+    } else if fwd_unacked || rev_unacked {
+        timeouts.unacknowledged_ns()
+    } else {
+        u64::MAX
+    };
+    if cap < timeout { cap } else { timeout }
+}
+
+/// The timeout of the flow's state alone, before [`flow_timeout_ns`]'s
+/// caps.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+#[must_use]
+pub const fn state_timeout_ns(
     proto: u8,
     fwd: &NatEntry,
     rev: &NatEntry,
@@ -412,6 +774,8 @@ pub const fn flow_timeout_ns(
 /// Whether a flow is over: its entries may be removed and its port reused
 /// by anyone; for a closed TCP flow, that is once the remote's TIME_WAIT is
 /// surely over too (the time-wait timeout, [`TIME_WAIT_HOLD_NS`] by default).
+#[allow(clippy::inline_always)]
+#[inline(always)]
 #[must_use]
 pub const fn flow_expired(
     proto: u8,
@@ -421,6 +785,23 @@ pub const fn flow_expired(
     now_ns: u64,
 ) -> bool {
     now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, fwd, rev, timeouts)
+}
+
+/// Whether a flow is over by its state's timeout alone: never before
+/// [`flow_expired`] says so. The programs judge a port's holder by it,
+/// with fewer instructions and stack; the collector removes a flow a cap
+/// ended sooner.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+#[must_use]
+pub const fn state_expired(
+    proto: u8,
+    fwd: &NatEntry,
+    rev: &NatEntry,
+    timeouts: &Timeouts,
+    now_ns: u64,
+) -> bool {
+    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > state_timeout_ns(proto, fwd, rev, timeouts)
 }
 
 /// The program that saw a fragmented datagram: each keeps its own record,
@@ -495,12 +876,23 @@ mod tests {
 
     const HANDSHAKE: u8 = SEEN_ANY | SEEN_SYN | SEEN_ACK;
 
+    /// The state of a pair of `kind` whose entries saw `fwd` and `rev`
+    /// (no sequence numbers known).
+    fn flow_state(proto: u8, kind: u8, fwd: u8, rev: u8) -> FlowState {
+        let half = |seen| NatEntry {
+            kind,
+            seen,
+            ..NatEntry::default()
+        };
+        pair_state(proto, &half(fwd), &half(rev))
+    }
+
     #[test]
     fn closed_tcp_port_is_held_for_time_wait_whoever_asks() {
         let closed_at = 100 * NS_PER_SEC;
         let fwd = entry(FlowKind::Snat, HANDSHAKE | SEEN_FIN, closed_at);
         let rev = entry(FlowKind::Snat, HANDSHAKE | SEEN_FIN, closed_at);
-        assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::Closed);
+        assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::TimeWait);
         for (after, reusable) in [(1, false), (119, false), (121, true)] {
             assert_eq!(
                 flow_expired(
@@ -588,7 +980,7 @@ mod tests {
         ] {
             assert_eq!(
                 flow_state(PROTO_TCP, FlowKind::Snat as u8, fwd, rev),
-                FlowState::Reset
+                FlowState::Close
             );
         }
         assert_eq!(
@@ -598,10 +990,10 @@ mod tests {
                 HANDSHAKE | SEEN_FIN,
                 HANDSHAKE
             ),
-            FlowState::Closing
+            FlowState::CloseWait
         );
         assert_eq!(
-            TIMEOUTS.timeout_ns(PROTO_TCP, FlowState::Reset, false),
+            TIMEOUTS.timeout_ns(PROTO_TCP, FlowState::Close, false),
             10 * NS_PER_SEC
         );
     }
@@ -682,5 +1074,276 @@ mod tests {
         };
         assert_eq!(reply_key(&fwd, fwd.saddr, fwd.sport), fwd.reversed());
         assert_eq!(forward_key(&fwd.reversed(), &rev), fwd);
+    }
+
+    /// Two ends of a TCP connection as the datapath's entries see them:
+    /// the opener's (forward) and the answer's (reverse), each with the
+    /// next sequence number it sends.
+    struct Connection {
+        fwd: NatEntry,
+        rev: NatEntry,
+        next: [u32; 2],
+    }
+
+    const OPENER: usize = 0;
+    const ANSWER: usize = 1;
+
+    impl Connection {
+        /// Handshake done: SYN, SYN-ACK, ACK, from initial sequence
+        /// numbers near the wrap.
+        fn established() -> Self {
+            let mut c = Self {
+                fwd: entry(FlowKind::Snat, 0, 0),
+                rev: entry(FlowKind::Snat, 0, 0),
+                next: [u32::MAX - 10, 7],
+            };
+            c.send(OPENER, SEEN_SYN, 0);
+            c.send(ANSWER, SEEN_SYN | SEEN_ACK, 0);
+            c.send(OPENER, SEEN_ACK, 0);
+            c
+        }
+
+        /// `side` sends `len` bytes with `flags` (ACK: of all the other
+        /// side sent).
+        fn send(&mut self, side: usize, flags: u8, len: u32) {
+            let seq = self.next[side];
+            let end = seq
+                .wrapping_add(len)
+                .wrapping_add(u32::from(flags & (SEEN_SYN | SEEN_FIN) != 0));
+            let seg = Segment {
+                end,
+                ack: self.next[1 - side],
+                flags,
+                carries_seq: end != seq,
+                zero_window: false,
+            };
+            self.next[side] = end;
+            let entry = if side == OPENER {
+                &mut self.fwd
+            } else {
+                &mut self.rev
+            };
+            entry.seen |= flags | SEEN_ANY;
+            entry.track_segment(&seg);
+        }
+
+        /// `side` sends the same segment it sent last, again.
+        fn resend(&mut self, side: usize, len: u32) {
+            self.next[side] = self.next[side].wrapping_sub(len);
+            self.send(side, SEEN_ACK, len);
+        }
+
+        fn state(&self) -> FlowState {
+            pair_state(PROTO_TCP, &self.fwd, &self.rev)
+        }
+
+        fn timeout_s(&self, timeouts: &Timeouts) -> u64 {
+            flow_timeout_ns(PROTO_TCP, &self.fwd, &self.rev, timeouts) / NS_PER_SEC
+        }
+    }
+
+    /// kube-proxy's conntrack settings.
+    fn kube_proxy() -> Timeouts {
+        Timeouts {
+            tcp_established: 86_400,
+            tcp_close_wait: 3_600,
+            ..Timeouts::default()
+        }
+    }
+
+    #[test]
+    fn a_half_close_is_fin_wait_until_acknowledged_then_close_wait_for_its_timeout() {
+        let mut c = Connection::established();
+        c.send(OPENER, SEEN_ACK, 100);
+        c.send(ANSWER, SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::Established);
+        assert_eq!(c.timeout_s(&kube_proxy()), 86_400);
+        c.send(OPENER, SEEN_FIN | SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::FinWait, "the FIN not acknowledged");
+        assert_eq!(c.timeout_s(&kube_proxy()), 120);
+        c.send(ANSWER, SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::CloseWait);
+        assert_eq!(c.timeout_s(&kube_proxy()), 3_600, "kube-proxy's hour");
+        assert_eq!(c.timeout_s(&DEFAULT_TIMEOUTS), 60);
+        // The server answers late, the pod acknowledges; then it closes too.
+        c.send(ANSWER, SEEN_ACK, 500);
+        c.send(OPENER, SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::CloseWait);
+        c.send(ANSWER, SEEN_FIN | SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::LastAck);
+        assert_eq!(c.timeout_s(&kube_proxy()), 30);
+        c.send(OPENER, SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::TimeWait);
+        assert_eq!(c.timeout_s(&kube_proxy()), 120);
+    }
+
+    #[test]
+    fn the_answer_closing_first_is_tracked_the_same() {
+        let mut c = Connection::established();
+        c.send(ANSWER, SEEN_FIN | SEEN_ACK, 10);
+        assert_eq!(c.state(), FlowState::FinWait);
+        c.send(OPENER, SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::CloseWait);
+        // Both FINs at once (a simultaneous close): LAST_ACK until each
+        // is acknowledged.
+        c.send(OPENER, SEEN_FIN | SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::LastAck);
+        c.send(ANSWER, SEEN_ACK, 0);
+        assert_eq!(c.state(), FlowState::TimeWait);
+    }
+
+    #[test]
+    fn unacknowledged_data_caps_a_flow_at_the_unacknowledged_timeout() {
+        let mut c = Connection::established();
+        c.send(OPENER, SEEN_ACK, 1000);
+        assert_eq!(c.timeout_s(&kube_proxy()), 300, "1000 bytes in flight");
+        c.send(ANSWER, SEEN_ACK, 0);
+        assert_eq!(c.timeout_s(&kube_proxy()), 86_400, "all acknowledged");
+        // Capped in CLOSE_WAIT too, as netfilter does.
+        c.send(OPENER, SEEN_FIN | SEEN_ACK, 0);
+        c.send(ANSWER, SEEN_ACK, 0);
+        c.send(ANSWER, SEEN_ACK, 20);
+        assert_eq!(c.state(), FlowState::CloseWait);
+        assert_eq!(c.timeout_s(&kube_proxy()), 300);
+        let set = Timeouts {
+            tcp_unacknowledged: 50,
+            ..kube_proxy()
+        };
+        assert_eq!(c.timeout_s(&set), 50, "from its sysctl");
+    }
+
+    #[test]
+    fn retransmissions_past_the_limit_cap_a_flow_at_max_retrans() {
+        let timeouts = Timeouts {
+            tcp_unacknowledged: 1_000,
+            tcp_max_retrans: 200,
+            ..kube_proxy()
+        };
+        let mut c = Connection::established();
+        c.send(OPENER, SEEN_ACK, 100);
+        for sent in 1..=3 {
+            assert_eq!(c.timeout_s(&timeouts), 1_000, "{sent} sent");
+            c.resend(OPENER, 100);
+        }
+        assert_eq!(c.fwd.retrans, 3);
+        assert_eq!(c.timeout_s(&timeouts), 200, "three retransmissions");
+        // Acknowledged at last: nothing is outstanding.
+        c.send(ANSWER, SEEN_ACK, 0);
+        assert_eq!(c.timeout_s(&timeouts), 86_400);
+        // New data starts the count afresh.
+        c.send(OPENER, SEEN_ACK, 100);
+        assert_eq!(c.fwd.retrans, 0);
+        // Keep-alive probes carry no new sequence space: never counted.
+        for _ in 0..5 {
+            c.send(ANSWER, SEEN_ACK, 0);
+            c.next[OPENER] = c.next[OPENER].wrapping_sub(1);
+            c.send(OPENER, SEEN_ACK, 0);
+            c.next[OPENER] = c.next[OPENER].wrapping_add(1);
+        }
+        assert_eq!(c.timeout_s(&kube_proxy()), 86_400);
+    }
+
+    #[test]
+    fn a_zero_window_caps_a_flow_at_max_retrans_until_it_opens() {
+        let mut c = Connection::established();
+        let mut zero = Segment {
+            end: c.next[ANSWER],
+            ack: c.next[OPENER],
+            flags: SEEN_ACK,
+            carries_seq: false,
+            zero_window: true,
+        };
+        c.rev.track_segment(&zero);
+        assert_eq!(c.timeout_s(&kube_proxy()), 300);
+        zero.zero_window = false;
+        c.rev.track_segment(&zero);
+        assert_eq!(c.timeout_s(&kube_proxy()), 86_400);
+    }
+
+    #[test]
+    fn a_reopened_tuple_tracks_its_new_numbers() {
+        let mut c = Connection::established();
+        c.send(OPENER, SEEN_ACK, 100);
+        c.fwd.forget_segments();
+        c.rev.forget_segments();
+        c.next = [12_345, 999];
+        c.send(OPENER, SEEN_SYN, 0);
+        assert_eq!(c.fwd.seq_end, 12_346);
+        assert_eq!(c.fwd.retrans, 0);
+    }
+
+    #[test]
+    fn every_state_a_take_over_writes_reads_back_as_itself() {
+        for state in FlowState::ALL {
+            let (opener, answer) = state.halves(PROTO_TCP);
+            let half = |bits: HalfBits| NatEntry {
+                seen: bits.seen,
+                tcp: bits.tcp,
+                ..NatEntry::default()
+            };
+            assert_eq!(
+                pair_state(PROTO_TCP, &half(opener), &half(answer)),
+                state,
+                "{state:?}"
+            );
+            assert_eq!(
+                FlowState::from_conntrack_name(state.conntrack_name()),
+                Some(state)
+            );
+        }
+        // conntrack's next ACK of the FIN moves a taken-over FIN_WAIT on.
+        let (opener, answer) = FlowState::FinWait.halves(PROTO_TCP);
+        let fwd = NatEntry {
+            seen: opener.seen,
+            tcp: opener.tcp,
+            ..NatEntry::default()
+        };
+        let mut rev = NatEntry {
+            seen: answer.seen,
+            tcp: answer.tcp,
+            ..NatEntry::default()
+        };
+        rev.track_segment(&Segment {
+            end: 5,
+            ack: 77,
+            flags: SEEN_ACK,
+            ..Segment::default()
+        });
+        assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::CloseWait);
+    }
+
+    #[test]
+    fn every_conntrack_timeout_sysctl_sets_its_field() {
+        let mut timeouts = Timeouts::default();
+        for (value, (_, field)) in (1..).zip(Timeouts::SYSCTLS) {
+            *field(&mut timeouts) = value;
+        }
+        for (value, (name, field)) in (1..).zip(Timeouts::SYSCTLS) {
+            assert_eq!(*field(&mut timeouts), value, "{name}: a field of its own");
+        }
+        let names = Timeouts::SYSCTLS.map(|(name, _)| name);
+        for name in [
+            "tcp_timeout_close_wait",
+            "tcp_timeout_last_ack",
+            "tcp_timeout_unacknowledged",
+            "tcp_timeout_max_retrans",
+            "tcp_max_retrans",
+        ] {
+            assert!(names.contains(&name), "{name}");
+        }
+    }
+
+    #[test]
+    fn entries_and_timeouts_extend_their_earlier_layouts() {
+        assert_eq!(core::mem::size_of::<NatEntry>(), 40);
+        assert_eq!(
+            core::mem::offset_of!(NatEntry, seq_end),
+            NAT_ENTRY_UNTRACKED_SIZE
+        );
+        assert_eq!(core::mem::size_of::<Timeouts>(), 64);
+        assert_eq!(
+            core::mem::offset_of!(Timeouts, tcp_close_wait),
+            TIMEOUTS_LAYOUT1_SIZE
+        );
     }
 }

@@ -66,7 +66,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
             None => Err(Counter::DropFragmentNoFlow),
         };
     }
-    let decision = decide_ipv4(ctx, cfg, &ip, parse_l4(ctx, ip.proto, ip.l4_off)?)?;
+    let decision = decide_ipv4(ctx, cfg, &ip, parse_l4(ctx, &ip)?)?;
     let verdict = if leaves_untranslated(decision) {
         steer(ctx, decision)?
     } else {
@@ -104,10 +104,10 @@ fn remember_service_flow(ctx: &TcContext) -> Result<(), Counter> {
     if ip.fragment == Fragment::Later {
         return Ok(());
     }
-    if let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? {
+    if let Some(l4) = parse_l4(ctx, &ip)? {
         let pod_tuple = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
         if !stack::record(&pod_tuple, &l4) {
-            stack::remember(&pod_tuple, FlowKind::StackFromPod, l4.seen_bits());
+            stack::remember(&pod_tuple, FlowKind::StackFromPod, &l4);
         }
         count(Counter::EgressServiceFlow);
     }
@@ -159,13 +159,12 @@ pub fn decide_ipv4(
 
     let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
     let now = now_ns();
-    let seen = l4.seen_bits();
     match NAT_FWD.get_ptr_mut(key) {
-        Some(entry) => known_flow(&key, entry, &l4, seen, now).map_or_else(
-            || new_flow(ctx, cfg, ip, &l4, &key, seen, now),
+        Some(entry) => known_flow(&key, entry, &l4, now).map_or_else(
+            || new_flow(ctx, cfg, ip, &l4, &key, now),
             |entry| translate(ctx, ip, &key, entry, false),
         ),
-        None => new_flow(ctx, cfg, ip, &l4, &key, seen, now),
+        None => new_flow(ctx, cfg, ip, &l4, &key, now),
     }
 }
 
@@ -175,25 +174,19 @@ pub fn decide_ipv4(
 /// when the entry is stale (its port went to another flow): the caller
 /// starts anew.
 #[inline(always)]
-fn known_flow(
-    key: &FlowKey,
-    entry: *mut NatEntry,
-    l4: &L4,
-    seen: u8,
-    now: u64,
-) -> Option<*mut NatEntry> {
+fn known_flow(key: &FlowKey, entry: *mut NatEntry, l4: &L4, now: u64) -> Option<*mut NatEntry> {
     // SAFETY: a live map value.
     let old_seen = unsafe { (*entry).seen };
     let progressed = old_seen & !(SEEN_SYN | SEEN_ANY) != 0;
     if key.proto == PROTO_TCP && l4.is_syn() && progressed {
-        if reopen(key, entry, seen, now) {
+        if reopen(key, entry, l4, now) {
             count(Counter::EgressReopen);
             return Some(entry);
         }
         forget_forward(key);
         return None;
     }
-    touch(entry, seen, now);
+    touch(entry, l4, now);
     Some(entry)
 }
 
@@ -224,7 +217,6 @@ fn new_flow(
     ip: &Ipv4,
     l4: &L4,
     key: &FlowKey,
-    seen: u8,
     now: u64,
 ) -> Result<Counter, Counter> {
     match cidr::lookup(ip.daddr) {
@@ -247,7 +239,7 @@ fn new_flow(
     }
     if ip.saddr == cfg.node_addr {
         // A node socket: reserve its port so no NAT flow takes it.
-        return match create_flow(cfg, key, FlowKind::Host, seen, now) {
+        return match create_flow(cfg, key, FlowKind::Host, l4, now) {
             Ok(entry) => translate(ctx, ip, key, entry, true),
             // Never cut the node off: unreserved, its port may collide
             // with a NAT flow only for the same remote endpoint.
@@ -255,10 +247,10 @@ fn new_flow(
         };
     }
     if cfg.external_snat() {
-        track_untranslated(key, FlowKind::NoSnat, seen, 0, now)?;
+        track_untranslated(key, FlowKind::NoSnat, l4, now)?;
         return Ok(Counter::EgressExternalSnatNew);
     }
-    let entry = create_flow(cfg, key, FlowKind::Snat, seen, now)?;
+    let entry = create_flow(cfg, key, FlowKind::Snat, l4, now)?;
     translate(ctx, ip, key, entry, true)
 }
 

@@ -86,7 +86,7 @@ fn deliver(
         return Ok(decision.into());
     }
     let ip = Ipv4 { daddr, ..*ip };
-    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?;
+    let l4 = parse_l4(ctx, &ip)?;
     if is_stack_flow(ctx, &ip, l4) {
         count(decision);
         return Ok(Counter::IngressStackFlow.into());
@@ -122,7 +122,7 @@ fn decide(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> 
         return inbound(ctx, ip);
     }
     // Protocols without ports are translated by address only.
-    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
+    let l4 = parse_l4(ctx, ip)?.unwrap_or(L4::portless());
     if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
         if icmp::is_translated_error(l4.icmp_type) {
             return icmp::ingress(ctx, cfg, ip);
@@ -133,7 +133,7 @@ fn decide(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> 
     let Some(entry) = NAT_REV.get_ptr_mut(key) else {
         return Ok(Counter::IngressNoEntry);
     };
-    touch(entry, l4.seen_bits(), now_ns());
+    touch(entry, &l4, now_ns());
     reverse(ctx, cfg, ip, &key, entry)
 }
 
@@ -177,9 +177,8 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     if cidr::lookup(ip.saddr).is_some() {
         return Ok(Counter::IngressNotNode);
     }
-    let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?.unwrap_or(L4::portless());
+    let l4 = parse_l4(ctx, ip)?.unwrap_or(L4::portless());
     let key = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
-    let seen = l4.seen_bits();
     let now = now_ns();
     if let Some(entry) = NAT_REV.get_ptr_mut(key) {
         // SAFETY: a live map value.
@@ -187,9 +186,9 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
         if ip.proto == PROTO_TCP && l4.is_syn() && old_seen & !(SEEN_SYN | SEEN_ANY) != 0 {
             // The remote connects again on the tuple of a flow that got
             // past its handshake: a new connection.
-            reopen_inbound(&key, entry, seen, now);
+            reopen_inbound(&key, entry, &l4, now);
         } else {
-            touch(entry, seen, now);
+            touch(entry, &l4, now);
         }
         return Ok(Counter::IngressNotNode);
     }
@@ -199,7 +198,7 @@ fn inbound(ctx: &TcContext, ip: &Ipv4) -> Result<Counter, Counter> {
     // The pod's side is the pair's forward tuple. Untracked, the pod's
     // packets after its SYN-ACK (or its first UDP reply) would open SNAT
     // flows of their own once the table had room: conntrack, full, drops.
-    match track_untranslated(&key.reversed(), FlowKind::Inbound, 0, seen, now) {
+    match track_untranslated(&key.reversed(), FlowKind::Inbound, &l4, now) {
         Ok(_) => Ok(Counter::IngressInboundTracked),
         Err(_) => Err(Counter::DropInboundUntracked),
     }

@@ -13,12 +13,15 @@ use vpcnet_common::{
     counters::Counter,
     maps::RECENT_FLOWS_LEN,
     nat::{
-        FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_expired,
-        flow_last_seen_ns, forward_key, is_portless, pair_state, reply_key,
+        FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
+        forward_key, is_portless, pair_state, reply_key, state_expired,
     },
 };
 
-use crate::maps::{NAT_FWD, NAT_REV, PORT_SEARCH, RECENT_FLOWS, count, count_n, timeouts};
+use crate::{
+    maps::{NAT_FWD, NAT_REV, PORT_SEARCH, RECENT_FLOWS, count, count_n, timeouts},
+    packet::L4,
+};
 
 /// Candidates tried before a new flow is dropped for want of a port. With
 /// independent random candidates the failure rate at a fill of `f` is `f^64`:
@@ -34,14 +37,16 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Records a packet in one direction's entry: new flags always, the time
-/// only once per [`TOUCH_INTERVAL_NS`] so established flows do not write
-/// the entry on every packet.
+/// Records a packet in one direction's entry: new flags always, TCP's
+/// sequence numbers as they move, the time only once per
+/// [`TOUCH_INTERVAL_NS`] so established flows do not write it on every
+/// packet.
 #[inline(always)]
-pub fn touch(entry: *mut NatEntry, seen: u8, now: u64) {
+pub fn touch(entry: *mut NatEntry, l4: &L4, now: u64) {
+    let seen = l4.seen_bits();
     // SAFETY: `entry` points into a map value the caller just looked up;
     // concurrent writers of the same direction can at worst lose one flag
-    // bit or timestamp update, which the next packet repeats.
+    // bit, timestamp or sequence update, which the next packet repeats.
     unsafe {
         let old = (*entry).seen;
         if old | seen != old {
@@ -50,6 +55,18 @@ pub fn touch(entry: *mut NatEntry, seen: u8, now: u64) {
         } else if now.wrapping_sub((*entry).last_seen_ns) > TOUCH_INTERVAL_NS {
             (*entry).last_seen_ns = now;
         }
+        if l4.is_tcp {
+            (*entry).track_segment(&l4.segment());
+        }
+    }
+}
+
+/// Records the packet that creates an entry, in its direction's entry.
+#[inline(always)]
+pub fn first_packet(entry: &mut NatEntry, l4: &L4) {
+    entry.seen = l4.seen_bits();
+    if l4.is_tcp {
+        entry.track_segment(&l4.segment());
     }
 }
 
@@ -217,7 +234,7 @@ extern "C" fn claim_step(index: u32, _ctx: *mut c_void) -> i64 {
 
 /// Claims a port for the flow `fwd` (kind `kind`) translated to `nat_addr`:
 /// inserts the reverse entry, the claim, taking over the port of a flow that
-/// is over (see `flow_expired`).
+/// is over (see `state_expired`).
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
@@ -235,14 +252,7 @@ fn claim_port(
     let search = unsafe { &mut *search };
     search.picker = picker;
     search.fwd = *fwd;
-    search.rev_value = NatEntry {
-        addr: fwd.saddr,
-        port: fwd.sport,
-        kind: kind as u8,
-        seen: 0,
-        last_seen_ns: now,
-        created_ns: now,
-    };
+    search.rev_value = NatEntry::new(fwd.saddr, fwd.sport, kind, now);
     search.nat_addr = nat_addr;
     search.now = now;
     search.tries = 0;
@@ -341,7 +351,7 @@ fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) ->
     let Some(timeouts) = timeouts() else {
         return Holder::Active;
     };
-    if !flow_expired(rev_key.proto, fwd, rev, timeouts, now) {
+    if !state_expired(rev_key.proto, fwd, rev, timeouts, now) {
         let closed = rev_key.proto == PROTO_TCP && pair_state(PROTO_TCP, fwd, rev).is_closed();
         if !(closed && force) {
             return if closed {
@@ -504,14 +514,14 @@ fn insert_making_room(
     }
 }
 
-/// Creates a translated flow (kind `Snat` or `Host`) for `fwd`, returning
-/// its forward entry.
+/// Creates a translated flow (kind `Snat` or `Host`) for `fwd`, whose
+/// first packet is `l4`, returning its forward entry.
 #[inline(always)]
 pub fn create_flow(
     cfg: &Config,
     fwd: &FlowKey,
     kind: FlowKind,
-    seen: u8,
+    l4: &L4,
     now: u64,
 ) -> Result<*mut NatEntry, Counter> {
     let picker = PortPicker::new(cfg, fwd, kind);
@@ -519,16 +529,16 @@ pub fn create_flow(
     if claimed.took_over {
         count(Counter::EgressTakeover);
     }
-    let entry = NatEntry {
-        addr: cfg.node_addr,
-        port: claimed.port,
-        kind: kind as u8,
-        seen,
-        last_seen_ns: now,
-        created_ns: now,
-    };
+    let search = PORT_SEARCH.get_ptr_mut(0).ok_or(Counter::DropNatNoPort)?;
+    // SAFETY: this CPU's slot, which only this program uses while it runs.
+    // The claim is in its map: the slot's value, made for it with this
+    // flow's kind and times, becomes the forward entry, off the stack.
+    let entry = unsafe { &mut (*search).rev_value };
+    entry.addr = cfg.node_addr;
+    entry.port = claimed.port;
+    first_packet(entry, l4);
     let ours = reply_key(fwd, cfg.node_addr, claimed.port);
-    match insert_forward(fwd, &entry) {
+    match insert_forward(fwd, entry) {
         // Another CPU created the same flow meanwhile: keep theirs, free ours.
         Ok(existing) if unsafe { (*existing).port } != claimed.port => {
             let _ = NAT_REV.remove(ours);
@@ -549,8 +559,9 @@ pub fn create_flow(
 /// Tracks an untranslated flow (kind `NoSnat` or `Inbound`) so it stays
 /// untranslated whatever the flags do later: a pair like a translated
 /// flow's, keyed by the pod's tuple `fwd` and its reverse, each direction
-/// writing its own entry (`fwd_seen`, `rev_seen`) so the flow's state, and
-/// with it its timeout, is known.
+/// writing its own entry so the flow's state, and with it its timeout, is
+/// known. Its first packet `l4` went the pod's way out for `NoSnat`, toward
+/// the pod for `Inbound`.
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
@@ -559,8 +570,7 @@ pub fn create_flow(
 pub fn track_untranslated(
     fwd: &FlowKey,
     kind: FlowKind,
-    fwd_seen: u8,
-    rev_seen: u8,
+    l4: &L4,
     now: u64,
 ) -> Result<*mut NatEntry, Counter> {
     // The entry and the reverse key are built in the port search's slot,
@@ -572,16 +582,17 @@ pub fn track_untranslated(
     // SAFETY: this CPU's slot, which only this program uses while it runs.
     let search = unsafe { &mut *search };
     search.rev_key = fwd.reversed();
-    search.rev_value = NatEntry {
-        addr: fwd.saddr,
-        port: fwd.sport,
-        kind: kind as u8,
-        seen: rev_seen,
-        last_seen_ns: now,
-        created_ns: now,
-    };
+    search.rev_value = NatEntry::new(fwd.saddr, fwd.sport, kind, now);
+    let toward_pod = FlowKind::opened_from_outside(kind as u8);
+    if toward_pod {
+        first_packet(&mut search.rev_value, l4);
+    }
     insert_making_room(&NAT_REV, &search.rev_key, &search.rev_value)?;
-    search.rev_value.seen = fwd_seen;
+    search.rev_value.seen = 0;
+    search.rev_value.forget_segments();
+    if !toward_pod {
+        first_packet(&mut search.rev_value, l4);
+    }
     match insert_forward(fwd, &search.rev_value) {
         Ok(forward) => {
             remember_recent(&search.rev_key);
@@ -605,7 +616,7 @@ fn insert_forward(fwd: &FlowKey, entry: &NatEntry) -> Result<*mut NatEntry, Coun
 /// starts the state afresh. Returns false when the claim went to someone
 /// else; the caller then drops the stale forward entry and allocates anew.
 #[inline(always)]
-pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
+pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, l4: &L4, now: u64) -> bool {
     // SAFETY: `entry` is a live map value of NAT_FWD.
     let (addr, port) = unsafe { ((*entry).addr, (*entry).port) };
     let rev_key = reply_key(fwd, addr, port);
@@ -623,8 +634,10 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
             (*entry).kind = FlowKind::NoSnat as u8;
         }
         (*rev).seen = 0;
+        (*rev).forget_segments();
         (*rev).last_seen_ns = now;
-        (*entry).seen = seen;
+        (*entry).forget_segments();
+        first_packet(&mut *entry, l4);
         (*entry).last_seen_ns = now;
         (*entry).created_ns = now;
     }
@@ -636,7 +649,7 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, seen: u8, now: u64) -> bool {
 /// and the state starts afresh. `rev` is the entry keyed `rev_key`, the
 /// tuple as the remote's packets carry it.
 #[inline(always)]
-pub fn reopen_inbound(rev_key: &FlowKey, rev: *mut NatEntry, seen: u8, now: u64) {
+pub fn reopen_inbound(rev_key: &FlowKey, rev: *mut NatEntry, l4: &L4, now: u64) {
     // SAFETY: `rev` is a live map value of NAT_REV.
     let fwd_key = forward_key(rev_key, unsafe { &*rev });
     let Some(fwd) = NAT_FWD.get_ptr_mut(fwd_key) else {
@@ -645,10 +658,12 @@ pub fn reopen_inbound(rev_key: &FlowKey, rev: *mut NatEntry, seen: u8, now: u64)
     // SAFETY: live map values.
     unsafe {
         (*rev).kind = FlowKind::Inbound as u8;
-        (*rev).seen = seen;
+        (*rev).forget_segments();
+        first_packet(&mut *rev, l4);
         (*rev).last_seen_ns = now;
         (*fwd).kind = FlowKind::Inbound as u8;
         (*fwd).seen = 0;
+        (*fwd).forget_segments();
         (*fwd).last_seen_ns = now;
         (*fwd).created_ns = now;
     }

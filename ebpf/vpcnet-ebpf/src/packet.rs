@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use vpcnet_common::{
     counters::Counter,
-    nat::{PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    nat::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, Segment},
 };
 
 pub const ETH_HLEN: usize = 14;
@@ -56,6 +56,10 @@ pub struct Ipv4 {
     pub fragment: Fragment,
     /// Offset of the L4 header (after IP options).
     pub l4_off: usize,
+    /// Bytes from the L4 header to the datagram's end (the IP total length
+    /// less the IP header's; the frame's own length for a BIG TCP packet,
+    /// whose total length field is 0), Ethernet padding left out.
+    pub l4_len: u32,
 }
 
 /// The L4 fields of a packet, in network order.
@@ -69,17 +73,37 @@ pub struct L4 {
     pub tcp_flags: u8,
     /// ICMP type (0 for other protocols).
     pub icmp_type: u8,
+    /// Whether this is a TCP segment: the fields below are its own.
+    pub is_tcp: bool,
+    /// TCP: whether the segment carries sequence space (data, SYN, FIN).
+    pub carries_seq: bool,
+    /// TCP: whether it advertises a zero window.
+    pub zero_window: bool,
+    /// TCP: the sequence number after the segment, and its
+    /// acknowledgement, host order.
+    pub seq_end: u32,
+    pub ack: u32,
 }
 
 impl L4 {
     /// What a portless protocol (GRE, ESP, SCTP, ...) gives the NAT: no
     /// ports, no flags.
     pub const fn portless() -> Self {
+        Self::ports(0, 0, 0)
+    }
+
+    /// A UDP or ICMP header's ports (or echo identifier).
+    pub const fn ports(sport: u16, dport: u16, icmp_type: u8) -> Self {
         Self {
-            sport: 0,
-            dport: 0,
+            sport,
+            dport,
             tcp_flags: 0,
-            icmp_type: 0,
+            icmp_type,
+            is_tcp: false,
+            carries_seq: false,
+            zero_window: false,
+            seq_end: 0,
+            ack: 0,
         }
     }
 
@@ -98,7 +122,18 @@ impl L4 {
 
     /// The `SEEN_*` bits this packet contributes to its direction's entry.
     pub const fn seen_bits(&self) -> u8 {
-        (self.tcp_flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK)) | vpcnet_common::nat::SEEN_ANY
+        (self.tcp_flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK)) | SEEN_ANY
+    }
+
+    /// TCP: what the segment tells its direction's sequence tracking.
+    pub const fn segment(&self) -> Segment {
+        Segment {
+            end: self.seq_end,
+            ack: self.ack,
+            flags: self.tcp_flags,
+            carries_seq: self.carries_seq,
+            zero_window: self.zero_window,
+        }
     }
 }
 
@@ -128,9 +163,10 @@ pub fn parse_ipv4(ctx: &TcContext, off: usize) -> Result<Ipv4, Counter> {
         return Err(Counter::DropMalformed);
     }
     let ihl = usize::from(ver_ihl & 0x0f) * 4;
-    if ihl < 20 {
+    if ihl < IP_HLEN {
         return Err(Counter::DropMalformed);
     }
+    let total = u16::from_be(load::<u16>(ctx, off + 2)?);
     let id: u16 = load(ctx, off + 4)?;
     let frag = u16::from_be(load::<u16>(ctx, off + 6)?);
     let proto: u8 = load(ctx, off + 9)?;
@@ -143,6 +179,11 @@ pub fn parse_ipv4(ctx: &TcContext, off: usize) -> Result<Ipv4, Counter> {
     } else {
         Fragment::Whole
     };
+    // A BIG TCP packet's total length field is 0: its length is the frame's.
+    let total = match total {
+        0 => ctx.len().saturating_sub(off as u32),
+        total => u32::from(total),
+    };
     Ok(Ipv4 {
         saddr,
         daddr,
@@ -150,10 +191,13 @@ pub fn parse_ipv4(ctx: &TcContext, off: usize) -> Result<Ipv4, Counter> {
         id,
         fragment,
         l4_off: off + ihl,
+        l4_len: total.saturating_sub(ihl as u32),
     })
 }
 
-/// Length of the fixed part of a TCP header, and of a UDP or ICMP one.
+/// Length of the fixed part of an IPv4 header, of a TCP header, and of a
+/// UDP or ICMP one.
+const IP_HLEN: usize = 20;
 const TCP_HLEN: usize = 20;
 const UDP_ICMP_HLEN: usize = 8;
 
@@ -162,7 +206,8 @@ const UDP_ICMP_HLEN: usize = 8;
 /// packet that is then dropped for want of its checksum field) and before
 /// any rewrite. `Ok(None)`: a protocol the NAT does not translate.
 #[inline(always)]
-pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Counter> {
+pub fn parse_l4(ctx: &TcContext, ip: &Ipv4) -> Result<Option<L4>, Counter> {
+    let (proto, off) = (ip.proto, ip.l4_off);
     if !matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP) {
         return Ok(None);
     }
@@ -170,11 +215,23 @@ pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Co
     let l4 = match proto {
         PROTO_TCP => {
             let tcp: [u8; TCP_HLEN] = load(ctx, off)?;
+            let flags = tcp[13];
+            let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+            let header = u32::from(tcp[12] >> 4) * 4;
+            // SYN and FIN each take a sequence number.
+            let len = ip.l4_len.saturating_sub(header)
+                + u32::from(flags & TCP_SYN != 0)
+                + u32::from(flags & TCP_FIN != 0);
             L4 {
                 sport: u16::from_ne_bytes([tcp[0], tcp[1]]),
                 dport: u16::from_ne_bytes([tcp[2], tcp[3]]),
-                tcp_flags: tcp[13],
+                tcp_flags: flags,
                 icmp_type: 0,
+                is_tcp: true,
+                carries_seq: len != 0,
+                zero_window: tcp[14] == 0 && tcp[15] == 0,
+                seq_end: seq.wrapping_add(len),
+                ack: u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
             }
         }
         _ => {
@@ -184,12 +241,7 @@ pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Co
                 u16::from_ne_bytes([header[2], header[3]]),
             );
             if proto == PROTO_UDP {
-                L4 {
-                    sport: first,
-                    dport: second,
-                    tcp_flags: 0,
-                    icmp_type: 0,
-                }
+                L4::ports(first, second, 0)
             } else {
                 let icmp_type = header[0];
                 let id = u16::from_ne_bytes([header[4], header[5]]);
@@ -198,12 +250,7 @@ pub fn parse_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Co
                     ICMP_ECHO_REPLY => (0, id),
                     _ => (0, 0),
                 };
-                L4 {
-                    sport,
-                    dport,
-                    tcp_flags: 0,
-                    icmp_type,
-                }
+                L4::ports(sport, dport, icmp_type)
             }
         }
     };
@@ -228,12 +275,7 @@ pub fn parse_quoted_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<
         }
         _ => return Ok(None),
     };
-    Ok(Some(L4 {
-        sport,
-        dport,
-        tcp_flags: 0,
-        icmp_type,
-    }))
+    Ok(Some(L4::ports(sport, dport, icmp_type)))
 }
 
 /// Offset of the L4 checksum, relative to the L4 header; `None` for a

@@ -64,18 +64,18 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         // pod's address is no service's: its hash lookup spares the
         // prefix walk.
         if dst_pod.is_some() || cidr::lookup(ip.daddr) != Some(CidrKind::Service) {
-            let l4 = parse_l4(ctx, ip.proto, ip.l4_off)?;
+            let l4 = parse_l4(ctx, &ip)?;
             policy::admit_parsed(ctx, cfg, &ip, l4)?;
             (dst_pod, l4)
         } else if ep.strict() {
             (dst_pod, None)
         } else {
-            (dst_pod, parse_l4(ctx, ip.proto, ip.l4_off)?)
+            (dst_pod, parse_l4(ctx, &ip)?)
         }
     } else if ep.strict() {
         (None, None)
     } else {
-        (endpoint_ref(ip.daddr), parse_l4(ctx, ip.proto, ip.l4_off)?)
+        (endpoint_ref(ip.daddr), parse_l4(ctx, &ip)?)
     };
     if ep.strict() {
         // Services still need kube-proxy's DNAT; the stack's route then
@@ -201,12 +201,12 @@ pub fn ingress(ctx: &TcContext) -> Result<Verdict, Counter> {
     {
         policy::admit_in(ctx, cfg)?;
     }
-    let Some(l4) = parse_l4(ctx, ip.proto, ip.l4_off)? else {
+    let Some(l4) = parse_l4(ctx, &ip)? else {
         return Ok(Counter::PodIngressStack.into());
     };
     let arriving = FlowKey::new(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
     if !stack::record(&arriving, &l4) {
-        stack::remember(&arriving.reversed(), FlowKind::StackToPod, l4.seen_bits());
+        stack::remember(&arriving.reversed(), FlowKind::StackToPod, &l4);
     }
     Ok(Counter::PodIngressStack.into())
 }

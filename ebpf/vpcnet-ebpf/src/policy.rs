@@ -83,7 +83,7 @@ pub fn admit_in(ctx: &TcContext, cfg: &Config) -> Result<(), Counter> {
     let l4 = if ip.fragment == Fragment::Later {
         None
     } else {
-        parse_l4(ctx, ip.proto, ip.l4_off)?
+        parse_l4(ctx, &ip)?
     };
     admit_parsed(ctx, cfg, &ip, l4)
 }

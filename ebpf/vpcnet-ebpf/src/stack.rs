@@ -13,7 +13,7 @@ use vpcnet_common::{
 
 use crate::{
     maps::{STACK_FLOWS, count},
-    nat::{now_ns, touch},
+    nat::{first_packet, now_ns, touch},
     packet::L4,
 };
 
@@ -32,15 +32,14 @@ pub fn record(key: &FlowKey, l4: &L4) -> bool {
     let Some(half) = STACK_FLOWS.get_ptr_mut(key) else {
         return false;
     };
-    let seen = l4.seen_bits();
     let now = now_ns();
     // SAFETY: a live map value.
     let old_seen = unsafe { (*half).seen };
     if key.proto == PROTO_TCP && l4.is_syn() && old_seen & !(SEEN_SYN | SEEN_ANY) != 0 {
         // The same tuple connecting again after its close: a new flow.
-        reopen(key, half, seen, now);
+        reopen(key, half, l4, now);
     } else {
-        touch(half, seen, now);
+        touch(half, l4, now);
     }
     true
 }
@@ -48,7 +47,7 @@ pub fn record(key: &FlowKey, l4: &L4) -> bool {
 /// Starts the flow of the half `half` (keyed `key`) afresh, the side that
 /// sent this SYN its opener.
 #[inline(always)]
-fn reopen(key: &FlowKey, half: *mut NatEntry, seen: u8, now: u64) {
+fn reopen(key: &FlowKey, half: *mut NatEntry, l4: &L4, now: u64) {
     // SAFETY: a live map value.
     let (addr, port) = unsafe { ((*half).addr, (*half).port) };
     let from_pod = key.saddr == addr && key.sport == port;
@@ -61,12 +60,14 @@ fn reopen(key: &FlowKey, half: *mut NatEntry, seen: u8, now: u64) {
     // SAFETY: live map values.
     unsafe {
         (*half).kind = kind as u8;
-        (*half).seen = seen;
+        (*half).forget_segments();
+        first_packet(&mut *half, l4);
         (*half).last_seen_ns = now;
         (*half).created_ns = now;
         if let Some(other) = STACK_FLOWS.get_ptr_mut(other) {
             (*other).kind = kind as u8;
             (*other).seen = 0;
+            (*other).forget_segments();
             (*other).last_seen_ns = now;
             (*other).created_ns = now;
         }
@@ -74,27 +75,27 @@ fn reopen(key: &FlowKey, half: *mut NatEntry, seen: u8, now: u64) {
 }
 
 /// Remembers a new stack flow whose pod-side tuple is `pod_tuple`, opened
-/// by `kind`'s side with a packet whose flags are `seen`. A flow the table
+/// by `kind`'s side with the packet `l4`. A flow the table
 /// has no room for is counted; its packets still take the stack's path
 /// whenever the destination alone sends them there.
 #[inline(always)]
-pub fn remember(pod_tuple: &FlowKey, kind: FlowKind, seen: u8) {
+pub fn remember(pod_tuple: &FlowKey, kind: FlowKind, l4: &L4) {
     let now = now_ns();
     let toward_pod = FlowKind::opened_from_outside(kind as u8);
-    let mut half = NatEntry {
-        addr: pod_tuple.saddr,
-        port: pod_tuple.sport,
-        kind: kind as u8,
-        seen: if toward_pod { seen } else { 0 },
-        last_seen_ns: now,
-        created_ns: now,
-    };
+    let mut half = NatEntry::new(pod_tuple.saddr, pod_tuple.sport, kind, now);
+    if toward_pod {
+        first_packet(&mut half, l4);
+    }
     let reverse = pod_tuple.reversed();
     if STACK_FLOWS.insert(reverse, half, 0).is_err() {
         count(Counter::StackFlowUntracked);
         return;
     }
-    half.seen = if toward_pod { 0 } else { seen };
+    half.seen = 0;
+    half.forget_segments();
+    if !toward_pod {
+        first_packet(&mut half, l4);
+    }
     if STACK_FLOWS.insert(pod_tuple, half, 0).is_err() {
         let _ = STACK_FLOWS.remove(reverse);
         count(Counter::StackFlowUntracked);

@@ -72,10 +72,10 @@ impl Model {
         if ip.frag == Frag::Later {
             return Ok(());
         }
-        if let Some(l4) = l4_at(&run.p, ip.proto, ip.l4)? {
+        if let Some(l4) = l4_at(&run.p, &ip)? {
             let pod_side = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
             if !self.stack_packet(&pod_side, l4) {
-                self.stack_new(&pod_side, FlowKind::StackFromPod, l4.seen());
+                self.stack_new(&pod_side, FlowKind::StackFromPod, l4);
             }
             run.count(Counter::EgressServiceFlow);
         }
@@ -98,7 +98,7 @@ impl Model {
     /// The SNAT decision and the NAT, for a whole packet or a first
     /// fragment leaving the node.
     pub(super) fn snat_decision(&mut self, run: &mut Run, ip: &Ip) -> Result<Counter, Counter> {
-        let l4 = l4_at(&run.p, ip.proto, ip.l4)?.unwrap_or(Ports::NONE);
+        let l4 = l4_at(&run.p, ip)?.unwrap_or(Ports::NONE);
         if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
             if is_icmp_error(l4.icmp_type) {
                 return Ok(self.icmp_error_out(run, ip));
@@ -111,12 +111,12 @@ impl Model {
                 let claim = key(flow.daddr, half.addr, flow.dport, half.port, flow.proto);
                 match self.tables.nat_rev.get_mut(&claim) {
                     Some(rev) if rev.addr == flow.saddr && rev.port == flow.sport => {
-                        rev.seen = 0;
+                        rev.restart(None);
                         if untranslated(half.kind) {
                             rev.kind = FlowKind::NoSnat as u8;
                         }
                         let fwd = self.tables.nat_fwd.get_mut(&flow).expect("looked up");
-                        fwd.seen = l4.seen();
+                        fwd.restart(Some(l4));
                         if untranslated(half.kind) {
                             fwd.kind = FlowKind::NoSnat as u8;
                         }
@@ -129,7 +129,11 @@ impl Model {
                     }
                 }
             }
-            self.tables.nat_fwd.get_mut(&flow).expect("looked up").seen |= l4.seen();
+            self.tables
+                .nat_fwd
+                .get_mut(&flow)
+                .expect("looked up")
+                .record(l4);
             return Ok(self.translate(run, ip, &flow, false));
         }
         self.new_flow(run, ip, l4, &flow)
@@ -165,16 +169,16 @@ impl Model {
             return Ok(Counter::EgressBranchNoSnat);
         }
         if ip.saddr == self.world.config.node_addr {
-            return Ok(match self.claim(run, ip, flow, FlowKind::Host, l4.seen()) {
+            return Ok(match self.claim(run, ip, flow, FlowKind::Host, l4) {
                 Ok(()) => self.translate(run, ip, flow, true),
                 Err(_) => Counter::EgressHostUntracked,
             });
         }
         if self.world.config.external_snat() {
-            self.track_untranslated(flow, FlowKind::NoSnat, l4.seen(), 0);
+            self.track_untranslated(flow, FlowKind::NoSnat, l4);
             return Ok(Counter::EgressExternalSnatNew);
         }
-        self.claim(run, ip, flow, FlowKind::Snat, l4.seen())?;
+        self.claim(run, ip, flow, FlowKind::Snat, l4)?;
         Ok(self.translate(run, ip, flow, true))
     }
 
@@ -186,7 +190,7 @@ impl Model {
         ip: &Ip,
         flow: &FlowKey,
         kind: FlowKind,
-        seen: u8,
+        l4: Ports,
     ) -> Result<(), Counter> {
         let node = self.world.config.node_addr;
         let claim_of = |port: u16| key(flow.daddr, node, flow.dport, port, flow.proto);
@@ -228,52 +232,32 @@ impl Model {
             }
             chosen
         };
-        self.tables.nat_rev.insert(
-            claim_of(port),
-            Half {
-                addr: flow.saddr,
-                port: flow.sport,
-                kind: kind as u8,
-                seen: 0,
-            },
-        );
-        self.tables.nat_fwd.insert(
-            *flow,
-            Half {
-                addr: node,
-                port,
-                kind: kind as u8,
-                seen,
-            },
-        );
+        self.tables
+            .nat_rev
+            .insert(claim_of(port), Half::new(flow.saddr, flow.sport, kind));
+        let mut fwd = Half::new(node, port, kind);
+        fwd.record(l4);
+        self.tables.nat_fwd.insert(*flow, fwd);
         self.answerable.push(claim_of(port));
         self.ongoing.push(*flow);
         Ok(())
     }
 
-    /// A pair for an untranslated flow whose pod side is `flow`; an entry
-    /// already there stays as it is.
-    pub(super) fn track_untranslated(
-        &mut self,
-        flow: &FlowKey,
-        kind: FlowKind,
-        fwd_seen: u8,
-        rev_seen: u8,
-    ) {
-        let half = Half {
-            addr: flow.saddr,
-            port: flow.sport,
-            kind: kind as u8,
-            seen: 0,
-        };
-        self.tables.nat_rev.entry(flow.reversed()).or_insert(Half {
-            seen: rev_seen,
-            ..half
-        });
-        self.tables.nat_fwd.entry(*flow).or_insert(Half {
-            seen: fwd_seen,
-            ..half
-        });
+    /// A pair for an untranslated flow whose pod side is `flow`, opened by
+    /// `l4` (the pod's for `NoSnat`, toward the pod for `Inbound`); an
+    /// entry already there stays as it is.
+    pub(super) fn track_untranslated(&mut self, flow: &FlowKey, kind: FlowKind, l4: Ports) {
+        let (mut fwd, mut rev) = (
+            Half::new(flow.saddr, flow.sport, kind),
+            Half::new(flow.saddr, flow.sport, kind),
+        );
+        if kind == FlowKind::Inbound {
+            rev.record(l4);
+        } else {
+            fwd.record(l4);
+        }
+        self.tables.nat_rev.entry(flow.reversed()).or_insert(rev);
+        self.tables.nat_fwd.entry(*flow).or_insert(fwd);
         self.answerable.push(flow.reversed());
     }
 

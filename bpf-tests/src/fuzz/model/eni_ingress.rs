@@ -58,7 +58,7 @@ impl Model {
     /// A packet for the node's address: a reply of a translated flow, or
     /// an ICMP error about one, goes back to whoever sent the flow.
     pub(super) fn for_node(&mut self, run: &mut Run, ip: &Ip) -> Result<Counter, Counter> {
-        let l4 = l4_at(&run.p, ip.proto, ip.l4)?.unwrap_or(Ports::NONE);
+        let l4 = l4_at(&run.p, ip)?.unwrap_or(Ports::NONE);
         if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
             if is_icmp_error(l4.icmp_type) {
                 return Ok(self.icmp_error_in(run, ip));
@@ -69,7 +69,7 @@ impl Model {
         let Some(rev) = self.tables.nat_rev.get_mut(&claim) else {
             return Ok(Counter::IngressNoEntry);
         };
-        rev.seen |= l4.seen();
+        rev.record(l4);
         let rev = *rev;
         if rev.addr != self.world.config.node_addr {
             run.set_addr(ip, false, rev.addr, true);
@@ -108,7 +108,7 @@ impl Model {
         if self.world.prefix_kind(ip.saddr).is_some() {
             return Ok(Counter::IngressNotNode);
         }
-        let l4 = l4_at(&run.p, ip.proto, ip.l4)?.unwrap_or(Ports::NONE);
+        let l4 = l4_at(&run.p, ip)?.unwrap_or(Ports::NONE);
         let arriving = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
         if let Some(rev) = self.tables.nat_rev.get(&arriving).copied() {
             if ip.proto == PROTO_TCP && l4.syn_only() && progressed(rev.seen) {
@@ -121,24 +121,24 @@ impl Model {
                 );
                 if let Some(fwd) = self.tables.nat_fwd.get_mut(&pod_side) {
                     fwd.kind = FlowKind::Inbound as u8;
-                    fwd.seen = 0;
+                    fwd.restart(None);
                     let rev = self.tables.nat_rev.get_mut(&arriving).expect("looked up");
                     rev.kind = FlowKind::Inbound as u8;
-                    rev.seen = l4.seen();
+                    rev.restart(Some(l4));
                 }
             } else {
                 self.tables
                     .nat_rev
                     .get_mut(&arriving)
                     .expect("looked up")
-                    .seen |= l4.seen();
+                    .record(l4);
             }
             return Ok(Counter::IngressNotNode);
         }
         if !may_open(ip.proto, l4) {
             return Ok(Counter::IngressNotNode);
         }
-        self.track_untranslated(&arriving.reversed(), FlowKind::Inbound, 0, l4.seen());
+        self.track_untranslated(&arriving.reversed(), FlowKind::Inbound, l4);
         Ok(Counter::IngressInboundTracked)
     }
 
@@ -153,7 +153,7 @@ impl Model {
             return Ok(Out::pass(decision));
         }
         let ip = ip_at(&run.p, IP)?;
-        let stack_flow = match l4_at(&run.p, ip.proto, ip.l4)? {
+        let stack_flow = match l4_at(&run.p, &ip)? {
             None => false,
             Some(l4) if ip.proto == PROTO_ICMP && is_icmp_error(l4.icmp_type) => {
                 quoted(&run.p, &ip)

@@ -62,8 +62,13 @@ pub(super) fn ip_at(p: &[u8], off: usize) -> Result<Ip, Counter> {
     } else {
         Frag::Whole
     };
+    let total = match u16::from_be_bytes([p[off + 2], p[off + 3]]) {
+        0 => p.len() - off,
+        total => usize::from(total),
+    };
     Ok(Ip {
         off,
+        l4_len: total.saturating_sub(ihl),
         saddr: raw32(p, off + 12).unwrap_or_default(),
         daddr: raw32(p, off + 16).unwrap_or_default(),
         proto: p[off + 9],
@@ -75,7 +80,8 @@ pub(super) fn ip_at(p: &[u8], off: usize) -> Result<Ip, Counter> {
 
 /// The L4 header at `off`: all of its fixed part must be there. `None`: a
 /// protocol without ports.
-pub(super) fn l4_at(p: &[u8], proto: u8, off: usize) -> Result<Option<Ports>, Counter> {
+pub(super) fn l4_at(p: &[u8], ip: &Ip) -> Result<Option<Ports>, Counter> {
+    let (proto, off) = (ip.proto, ip.l4);
     let fixed = match proto {
         PROTO_TCP => 20,
         PROTO_UDP | PROTO_ICMP => 8,
@@ -87,18 +93,25 @@ pub(super) fn l4_at(p: &[u8], proto: u8, off: usize) -> Result<Option<Ports>, Co
     let a = raw16(p, off).unwrap_or_default();
     let b = raw16(p, off + 2).unwrap_or_default();
     Ok(Some(match proto {
-        PROTO_TCP => Ports {
-            sport: a,
-            dport: b,
-            flags: p[off + 13],
-            icmp_type: 0,
-        },
-        PROTO_UDP => Ports {
-            sport: a,
-            dport: b,
-            flags: 0,
-            icmp_type: 0,
-        },
+        PROTO_TCP => {
+            let flags = p[off + 13];
+            let seq = u32::from_be_bytes(p[off + 4..off + 8].try_into().expect("4 bytes"));
+            let header = usize::from(p[off + 12] >> 4) * 4;
+            let payload = ip.l4_len.saturating_sub(header);
+            let space = u32::try_from(payload).unwrap_or(u32::MAX)
+                + u32::from(flags & TCP_SYN != 0)
+                + u32::from(flags & TCP_FIN != 0);
+            Ports {
+                flags,
+                is_tcp: true,
+                carries_seq: space > 0,
+                zero_window: p[off + 14] == 0 && p[off + 15] == 0,
+                seq_end: seq.wrapping_add(space),
+                ack: u32::from_be_bytes(p[off + 8..off + 12].try_into().expect("4 bytes")),
+                ..Ports::of(a, b, 0)
+            }
+        }
+        PROTO_UDP => Ports::of(a, b, 0),
         _ => {
             let icmp_type = p[off];
             let id = raw16(p, off + 4).unwrap_or_default();
@@ -107,12 +120,7 @@ pub(super) fn l4_at(p: &[u8], proto: u8, off: usize) -> Result<Option<Ports>, Co
                 ICMP_ECHO_REPLY => (0, id),
                 _ => (0, 0),
             };
-            Ports {
-                sport,
-                dport,
-                flags: 0,
-                icmp_type,
-            }
+            Ports::of(sport, dport, icmp_type)
         }
     }))
 }

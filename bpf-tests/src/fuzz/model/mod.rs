@@ -34,7 +34,10 @@ use vpcnet_common::{
     config::Config,
     counters::Counter,
     endpoint::{Endpoint, Eni},
-    nat::{FRAG_VIA_PASS, FlowKey, SEEN_ANY},
+    nat::{
+        FRAG_VIA_PASS, FlowKey, FlowKind, SEEN_ANY, TCP_ACK_KNOWN, TCP_END_KNOWN, TCP_OWES_FIN_ACK,
+        TCP_ZERO_WINDOW,
+    },
 };
 
 pub use self::policy::{Connection, End, show_end};
@@ -50,12 +53,73 @@ const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO: u8 = 8;
 
 /// One half of a flow, as far as behaviour goes (times left out).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Half {
     pub addr: u32,
     pub port: u16,
     pub kind: u8,
     pub seen: u8,
+    /// TCP: the sequence number after what this direction sent, the
+    /// highest acknowledgement it sent, the `TCP_*` bits, and segments in
+    /// a row sent again.
+    pub seq_end: u32,
+    pub ack: u32,
+    pub tcp: u8,
+    pub retrans: u8,
+}
+
+impl Half {
+    fn new(addr: u32, port: u16, kind: FlowKind) -> Self {
+        Self {
+            addr,
+            port,
+            kind: kind as u8,
+            ..Self::default()
+        }
+    }
+
+    /// The packet `l4` sent in this half's direction.
+    fn record(&mut self, l4: Ports) {
+        self.seen |= l4.seen();
+        if !l4.is_tcp {
+            return;
+        }
+        let later = |a: u32, b: u32| (1..1 << 31).contains(&a.wrapping_sub(b));
+        if self.tcp & TCP_END_KNOWN == 0 || later(l4.seq_end, self.seq_end) {
+            self.seq_end = l4.seq_end;
+            self.tcp |= TCP_END_KNOWN;
+            self.retrans = 0;
+        } else if l4.carries_seq {
+            self.retrans = self.retrans.saturating_add(1);
+        }
+        if l4.flags & TCP_ACK != 0 {
+            if self.tcp & TCP_ACK_KNOWN == 0 || later(l4.ack, self.ack) {
+                self.ack = l4.ack;
+            }
+            self.tcp = (self.tcp | TCP_ACK_KNOWN) & !TCP_OWES_FIN_ACK;
+        }
+        if l4.flags & TCP_RST == 0 {
+            self.tcp = if l4.zero_window {
+                self.tcp | TCP_ZERO_WINDOW
+            } else {
+                self.tcp & !TCP_ZERO_WINDOW
+            };
+        }
+    }
+
+    /// The half of a connection that starts afresh on its tuple: nothing
+    /// seen, its numbers forgotten (`l4`: the packet that starts it, in
+    /// this half's direction).
+    fn restart(&mut self, l4: Option<Ports>) {
+        self.seen = 0;
+        self.seq_end = 0;
+        self.ack = 0;
+        self.tcp = 0;
+        self.retrans = 0;
+        if let Some(l4) = l4 {
+            self.record(l4);
+        }
+    }
 }
 
 /// A datagram as a program saw it arrive: addresses, IP id, protocol, and
@@ -170,6 +234,8 @@ struct Ip {
     id: u16,
     frag: Frag,
     l4: usize,
+    /// Bytes from the L4 header to the datagram's end.
+    l4_len: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -178,15 +244,30 @@ struct Ports {
     dport: u16,
     flags: u8,
     icmp_type: u8,
+    /// TCP: the segment, as its direction's half tracks it.
+    is_tcp: bool,
+    carries_seq: bool,
+    zero_window: bool,
+    seq_end: u32,
+    ack: u32,
 }
 
 impl Ports {
-    const NONE: Self = Self {
-        sport: 0,
-        dport: 0,
-        flags: 0,
-        icmp_type: 0,
-    };
+    const NONE: Self = Self::of(0, 0, 0);
+
+    const fn of(sport: u16, dport: u16, icmp_type: u8) -> Self {
+        Self {
+            sport,
+            dport,
+            flags: 0,
+            icmp_type,
+            is_tcp: false,
+            carries_seq: false,
+            zero_window: false,
+            seq_end: 0,
+            ack: 0,
+        }
+    }
 
     fn seen(self) -> u8 {
         (self.flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK)) | SEEN_ANY

@@ -60,7 +60,7 @@ impl Model {
     }
 
     pub(super) fn sent_by_pod(&mut self, run: &mut Run, ip: &Ip, ep: &Endpoint) -> Decided {
-        if let Some(l4) = l4_at(&run.p, ip.proto, ip.l4)? {
+        if let Some(l4) = l4_at(&run.p, ip)? {
             let own = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
             if self.stack_packet(&own, l4) {
                 return Ok(Out::pass(Counter::PodStackFlow));
@@ -120,12 +120,12 @@ impl Model {
         if self.world.prefix_kind(ip.saddr) != Some(CidrKind::Service) {
             self.admit(run)?;
         }
-        let Some(l4) = l4_at(&run.p, ip.proto, ip.l4)? else {
+        let Some(l4) = l4_at(&run.p, &ip)? else {
             return Ok(Out::pass(Counter::PodIngressStack));
         };
         let arriving = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
         if !self.stack_packet(&arriving, l4) {
-            self.stack_new(&arriving.reversed(), FlowKind::StackToPod, l4.seen());
+            self.stack_new(&arriving.reversed(), FlowKind::StackToPod, l4);
         }
         Ok(Out::pass(Counter::PodIngressStack))
     }

@@ -145,7 +145,7 @@ impl Model {
         if ip.frag == Frag::Later {
             return Ok(());
         }
-        let (sport, dport, syn, icmp_type) = match l4_at(&run.p, ip.proto, ip.l4)? {
+        let (sport, dport, syn, icmp_type) = match l4_at(&run.p, &ip)? {
             Some(l4) => (
                 l4.sport,
                 l4.dport,

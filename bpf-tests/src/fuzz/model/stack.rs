@@ -20,38 +20,33 @@ impl Model {
             } as u8;
             let this = self.tables.stack.get_mut(flow).expect("looked up");
             this.kind = kind;
-            this.seen = l4.seen();
+            this.restart(Some(l4));
             if let Some(other) = self.tables.stack.get_mut(&flow.reversed()) {
                 other.kind = kind;
-                other.seen = 0;
+                other.restart(None);
             }
         } else {
-            self.tables.stack.get_mut(flow).expect("looked up").seen |= l4.seen();
+            self.tables
+                .stack
+                .get_mut(flow)
+                .expect("looked up")
+                .record(l4);
         }
         true
     }
 
-    pub(super) fn stack_new(&mut self, pod_side: &FlowKey, kind: FlowKind, seen: u8) {
-        let toward_pod = matches!(kind, FlowKind::StackToPod);
-        let half = Half {
-            addr: pod_side.saddr,
-            port: pod_side.sport,
-            kind: kind as u8,
-            seen: 0,
-        };
-        self.tables.stack.insert(
-            pod_side.reversed(),
-            Half {
-                seen: if toward_pod { seen } else { 0 },
-                ..half
-            },
+    /// A new stack flow whose pod side is `pod_side`, opened by `l4`.
+    pub(super) fn stack_new(&mut self, pod_side: &FlowKey, kind: FlowKind, l4: Ports) {
+        let (mut toward, mut from) = (
+            Half::new(pod_side.saddr, pod_side.sport, kind),
+            Half::new(pod_side.saddr, pod_side.sport, kind),
         );
-        self.tables.stack.insert(
-            *pod_side,
-            Half {
-                seen: if toward_pod { 0 } else { seen },
-                ..half
-            },
-        );
+        if kind == FlowKind::StackToPod {
+            toward.record(l4);
+        } else {
+            from.record(l4);
+        }
+        self.tables.stack.insert(pod_side.reversed(), toward);
+        self.tables.stack.insert(*pod_side, from);
     }
 }
