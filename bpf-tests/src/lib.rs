@@ -10,6 +10,7 @@ pub mod differential;
 pub mod echo;
 pub mod flood;
 pub mod fuzz;
+pub mod half_closed;
 pub mod hooks;
 pub mod idle;
 pub mod ipam;

@@ -39,6 +39,7 @@ use vpcnet_bpf_tests::{
     aws_node_wiring::{self, AWS_CONFLIST, aws_node_parts, datapath_snat_ports, wiring_in},
     aws_policy_agent::AwsPolicyAgent,
     echo::{EchoStream, FarEnds},
+    half_closed::{HalfClosed, await_node_state},
     ipam::FAST_AGENT_ARGS,
 };
 use vpcnet_common::{
@@ -46,12 +47,19 @@ use vpcnet_common::{
     maps::PIN_DIR,
 };
 use vpcnet_lab::{
-    EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions, ScratchDir, WhoamiServer,
-    addrs, cluster, ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path, serial,
-    tcp_whoami,
+    Datapath, EnforcingMode, IpamLabOptions, IptablesBackend, Lab, LabOptions, ScratchDir,
+    WhoamiServer, addrs, cluster, ec2::EmulatorProcess, ipam_checkpoint_file, netns::netns_path,
+    serial, tcp_whoami,
 };
 
 const PORT: u16 = 8080;
+/// The port of the server that answers a half-closed connection late.
+const HALF_CLOSED_PORT: u16 = 8081;
+/// The node's `nf_conntrack_tcp_timeout_fin_wait`, and the agent's
+/// collection interval, in the take-over: a connection taken for FIN_WAIT
+/// would be gone after the wait.
+const FIN_WAIT: Duration = Duration::from_secs(2);
+const GC_INTERVAL: Duration = Duration::from_secs(1);
 const ECHOES: u64 = 100;
 const PODS: usize = 3;
 
@@ -246,6 +254,10 @@ fn take_over_and_uninstall(backend: IptablesBackend) {
     let _lock = serial();
     let (mut lab, conf_dir) = aws_node_lab(LabOptions {
         iptables_backend: backend,
+        agent_env: vec![(
+            "VPCNET_GC_INTERVAL".to_owned(),
+            GC_INTERVAL.as_secs().to_string(),
+        )],
         ..LabOptions::iptables(PODS)
     });
     let pods = lab.pods().to_vec();
@@ -280,6 +292,25 @@ fn take_over_and_uninstall(backend: IptablesBackend) {
     for (name, stream) in streams {
         stream.wait_for_more_echoes(ECHOES, &format!("{name} under aws-node's wiring"));
     }
+    // A connection the pod half-closed, answered only after the hand-back:
+    // in CLOSE_WAIT all along, however short FIN_WAIT is.
+    lab.exec_ok(
+        addrs::NS_NODE,
+        &[
+            "sysctl",
+            "-w",
+            &format!(
+                "net.netfilter.nf_conntrack_tcp_timeout_fin_wait={}",
+                FIN_WAIT.as_secs()
+            ),
+        ],
+    )
+    .expect("the node's FIN_WAIT timeout");
+    let half_closed = HalfClosed::open(
+        &pods[1].netns,
+        SocketAddrV4::new(addrs::INET_ADDR, HALF_CLOSED_PORT),
+    );
+    await_node_state(Datapath::Iptables, &half_closed.pod_end(), "CLOSE_WAIT");
 
     // The take-over.
     let started = Instant::now();
@@ -343,6 +374,11 @@ fn take_over_and_uninstall(backend: IptablesBackend) {
         snat.seen_as.port(),
         aws_parts.len()
     );
+    // Past FIN_WAIT and collections, still CLOSE_WAIT in the datapath.
+    let imported = await_node_state(Datapath::Ebpf, &half_closed.pod_end(), "CLOSE_WAIT");
+    std::thread::sleep(FIN_WAIT + 3 * GC_INTERVAL);
+    await_node_state(Datapath::Ebpf, &half_closed.pod_end(), "CLOSE_WAIT");
+    println!("the half-closed connection, taken over: {imported}");
 
     // The hand-back.
     lab.stop_agent().expect("stopping the agent");
@@ -383,6 +419,13 @@ fn take_over_and_uninstall(backend: IptablesBackend) {
         entry.contains("mark=128"),
         "with aws-node's connmark: {entry}"
     );
+    let handed = await_node_state(Datapath::Iptables, &half_closed.pod_end(), "CLOSE_WAIT");
+    let answered = half_closed.answer();
+    assert!(
+        answered.whole(),
+        "the half-closed connection's late answer: {answered:?}"
+    );
+    println!("the half-closed connection, handed back: {handed}; answered");
     // A second run (an init container restarted) changes nothing.
     let again = uninstall(conf_dir.path());
     assert!(again.contains("no rules to write back"), "{again}");

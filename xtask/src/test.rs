@@ -121,11 +121,12 @@ const POLICY_TARGETS: [&str; 1] = ["network_policy_matrix"];
 const VLAN_DIFFERENTIAL_TARGETS: [&str; 1] = ["routing_differential"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 14] = [
+const DATAPATH_TARGETS: [&str; 15] = [
     "differential",
     "external_snat",
     "external_service_cidrs",
     "time_wait",
+    "tcp_states",
     "anti_spoofing",
     "gc",
     "routing_differential",
