@@ -1,6 +1,6 @@
 //! A connection a pod half-closes toward the internet, answered late: the
 //! pod sends a request and its FIN, the server acknowledges and answers
-//! only when told. netfilter has such a connection in CLOSE_WAIT (its FIN
+//! only when told. netfilter has such a connection in `CLOSE_WAIT` (its FIN
 //! acknowledged, the other side still open), whose timeout kube-proxy
 //! raises to an hour; the answer must reach the pod whatever carries the
 //! connection meanwhile.
@@ -46,7 +46,7 @@ impl Answered {
 }
 
 fn text(bytes: Vec<u8>) -> String {
-    String::from_utf8_lossy(&bytes).into_owned()
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 impl HalfClosed {
