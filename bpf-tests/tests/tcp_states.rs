@@ -3,7 +3,7 @@
 //!
 //! A connection the pod half-closes (`vpcnet_bpf_tests::half_closed`) is
 //! answered after `nf_conntrack_tcp_timeout_fin_wait`: netfilter has it in
-//! CLOSE_WAIT by then, whose timeout kube-proxy raises to an hour, so the
+//! `CLOSE_WAIT` by then, whose timeout kube-proxy raises to an hour, so the
 //! answer reaches the pod through the iptables reference, and must through
 //! vpcnet's SNAT too. The node's FIN_WAIT timeout is lowered to a few
 //! seconds (both datapaths read it from the node's sysctls) so the wait is
@@ -27,7 +27,7 @@ const FIN_WAIT_SECS: u64 = 2;
 const GC_INTERVAL_SECS: u64 = 1;
 /// How long the server waits after the pod's FIN before it answers: the
 /// FIN_WAIT timeout and two collections past it, all well inside
-/// CLOSE_WAIT's hour. Waiting is what the test is about: nothing happens
+/// `CLOSE_WAIT`'s hour. Waiting is what the test is about: nothing happens
 /// meanwhile that could be awaited instead.
 const ANSWER_AFTER: Duration = Duration::from_secs(FIN_WAIT_SECS + 3 * GC_INTERVAL_SECS);
 
@@ -48,7 +48,7 @@ fn a_half_closed_connection_gets_its_late_answer_through_vpcnet() {
 }
 
 /// The pod half-closes its connection to the internet; the node's table
-/// has it in CLOSE_WAIT; [`ANSWER_AFTER`] later the server answers, and
+/// has it in `CLOSE_WAIT`; [`ANSWER_AFTER`] later the server answers, and
 /// the pod must read the whole answer.
 fn late_answer_reaches_the_pod(opts: &LabOptions) {
     let _lock = serial();
