@@ -929,3 +929,65 @@ fn a_tuple_connecting_again_keeps_its_port_and_starts_afresh() {
     assert_eq!(h.counter(Counter::EgressReopen), 2);
     assert_eq!(h.table_sizes(), (1, 1));
 }
+
+/// A pod's connection closed as netfilter follows it, from each side's
+/// sequence numbers: FIN sent, acknowledged (`CLOSE_WAIT`, a half-closed
+/// connection that may go on for an hour under kube-proxy), the other
+/// FIN (`LAST_ACK`), the last acknowledgement (`TIME_WAIT`). Frames padded
+/// to Ethernet's minimum count only their IP length.
+#[test]
+fn a_connection_closes_through_netfilters_states_by_its_numbers() {
+    let h = Harness::lab_default();
+    let kube_proxy = vpcnet_common::nat::Timeouts {
+        tcp_established: 86_400,
+        tcp_close_wait: 3_600,
+        ..Default::default()
+    };
+    let state = |h: &Harness| {
+        let flows = h.datapath.maps.flows().unwrap();
+        assert_eq!(flows.len(), 1, "{flows:?}");
+        let flow = flows[0];
+        (
+            flow.state(),
+            flow.timeout_ns(&kube_proxy) / vpcnet_common::nat::NS_PER_SEC,
+        )
+    };
+    let pod = |flags, numbers, payload: &[u8]| {
+        let mut frame = packets::tcp_seq(POD, 40000, INET, 443, flags, numbers, payload);
+        // Ethernet's minimum frame: padding past the IP length.
+        frame.resize(frame.len().max(60), 0);
+        egress_pass(&h, &frame)
+    };
+    let port = pod(TCP_SYN, (100, 0), b"").sport;
+    let inet = |flags, numbers, payload: &[u8]| {
+        ingress_pass(
+            &h,
+            &packets::tcp_seq(INET, 443, NODE, port, flags, numbers, payload),
+        )
+    };
+    assert_eq!(state(&h), (FlowState::New, 120));
+    inet(TCP_SYN | TCP_ACK, (500, 101), b"");
+    assert_eq!(state(&h), (FlowState::SynRecv, 60));
+    pod(TCP_ACK, (101, 501), b"");
+    assert_eq!(state(&h), (FlowState::Established, 86_400));
+    pod(TCP_ACK, (101, 501), b"0123456789");
+    assert_eq!(
+        state(&h),
+        (FlowState::Established, 300),
+        "ten bytes unacknowledged"
+    );
+    inet(TCP_ACK, (501, 111), b"");
+    assert_eq!(state(&h), (FlowState::Established, 86_400));
+    pod(TCP_FIN | TCP_ACK, (111, 501), b"");
+    assert_eq!(state(&h), (FlowState::FinWait, 120));
+    inet(TCP_ACK, (501, 112), b"");
+    assert_eq!(
+        state(&h),
+        (FlowState::CloseWait, 3_600),
+        "half-closed: kube-proxy's hour"
+    );
+    inet(TCP_FIN | TCP_ACK, (501, 112), &[7; 20]);
+    assert_eq!(state(&h), (FlowState::LastAck, 30));
+    pod(TCP_ACK, (112, 522), b"");
+    assert_eq!(state(&h), (FlowState::TimeWait, 120));
+}
