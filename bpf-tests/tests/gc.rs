@@ -2,7 +2,10 @@
 //! each flow is removed whole (both halves) once its timeout passed, live
 //! flows stay, and halves left alone are cleaned up.
 
-use std::time::Duration;
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use vpcnet_agent::{datapath::monotonic_now_ns, snat::SnatSettings};
 use vpcnet_bpf_tests::{
@@ -13,7 +16,8 @@ use vpcnet_common::{
     counters::Counter,
     maps::NAT_DEFAULT_ENTRIES,
     nat::{
-        DEFAULT_TIMEOUTS, FlowKey, FlowKind, NS_PER_SEC, NatEntry, SEEN_ANY, SEEN_SYN, Timeouts,
+        DEFAULT_TIMEOUTS, FlowKey, FlowKind, NS_PER_SEC, NatEntry, SEEN_ANY, SEEN_SYN,
+        TOUCH_INTERVAL_NS, Timeouts,
     },
 };
 
@@ -248,10 +252,16 @@ fn timeouts_come_from_the_map_the_agent_fills() {
         &packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""),
         Counter::DropNatNoPort,
     );
-    // The datapath judges the first flow by the map's 1 s: past it, the
-    // port is free for the next flow. (Waiting is the point: the datapath's
-    // clock cannot be moved.)
-    std::thread::sleep(Duration::from_millis(1100).saturating_sub(created.elapsed()));
+    // The datapath judges the first flow by the map's 1 s (and the touch
+    // interval its last packet may be recorded late by): past both, the
+    // port is free for the next flow. (Waiting is the point: the
+    // datapath's clock cannot be moved.)
+    std::thread::sleep(
+        (Duration::from_secs(1)
+            + Duration::from_nanos(TOUCH_INTERVAL_NS)
+            + Duration::from_millis(100))
+        .saturating_sub(created.elapsed()),
+    );
     let second = packets::parse(
         &h.egress(&packets::tcp(POD, 40001, INET, 443, TCP_SYN, b""))
             .packet,
@@ -263,7 +273,7 @@ fn timeouts_come_from_the_map_the_agent_fills() {
     let stats = h
         .datapath
         .maps
-        .collect_garbage(&short, monotonic_now_ns() + 2 * SEC)
+        .collect_garbage(&short, monotonic_now_ns() + 3 * SEC)
         .unwrap();
     assert_eq!(stats.expired, 2, "{stats:?}");
 }
@@ -414,4 +424,72 @@ fn an_earlier_versions_stack_flows_are_carried_into_pairs() {
         .collect_stack_flows(&TIMEOUTS, monotonic_now_ns() + 3600 * SEC)
         .unwrap();
     assert_eq!((stats.flows, stats.expired), (1, 0), "{stats:?}");
+}
+
+/// A flow whose packets come within its timeout keeps its port while the
+/// collector's passes loop, its packets sent from several threads at once
+/// and interleaving with the passes as they may: a pass judges a flow by
+/// the last packet its entries record, which may be up to a touch
+/// interval before its last one, so a flow is over only once idle past
+/// both. (A packet after a flow's whole timeout starts a new flow, as it
+/// does in conntrack.)
+#[test]
+fn a_flow_alive_within_its_timeout_keeps_its_port_while_passes_loop() {
+    const RACE_FOR: Duration = Duration::from_secs(4);
+    let mut h = Harness::lab_default();
+    // UDP's timeout at the shortest its sysctl gives, in the programs' map.
+    let timeouts = Timeouts {
+        udp: 1,
+        ..Timeouts::default()
+    };
+    h.datapath.maps.set_timeouts(&timeouts).unwrap();
+    let packet = packets::udp(POD, 5000, INET, 53, b"q");
+    let port = nat_port(&h, &packet);
+    let made = h.counter(Counter::EgressSnatNew);
+    let deadline = Instant::now() + RACE_FOR;
+    let h = &h;
+    let packet = &packet;
+    let (ports, sent, passes) = std::thread::scope(|scope| {
+        let senders: Vec<_> = (0..3_u64)
+            .map(|seed| {
+                scope.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(seed);
+                    let mut ports = BTreeSet::new();
+                    let mut sent = 0;
+                    while Instant::now() < deadline {
+                        // Each thread at most 0.9 s apart: the flow's
+                        // packets always come within its second.
+                        std::thread::sleep(Duration::from_millis(rng.u64(300..900)));
+                        ports.insert(nat_port(h, packet));
+                        sent += 1;
+                    }
+                    (ports, sent)
+                })
+            })
+            .collect();
+        let mut passes = 0_u64;
+        while Instant::now() < deadline {
+            h.datapath
+                .maps
+                .collect_garbage(&timeouts, monotonic_now_ns())
+                .unwrap();
+            passes += 1;
+        }
+        let mut ports = BTreeSet::new();
+        let mut sent = 0;
+        for sender in senders {
+            let (seen, count) = sender.join().expect("a sender");
+            ports.extend(seen);
+            sent += count;
+        }
+        (ports, sent, passes)
+    });
+    println!("{sent} packets from 3 threads, {passes} collections: ports {ports:?}");
+    assert!(passes > 100 && sent > 10, "{passes} passes, {sent} packets");
+    assert_eq!(ports, BTreeSet::from([port]), "the flow kept its port");
+    assert_eq!(
+        h.counter(Counter::EgressSnatNew),
+        made,
+        "the flow was never made anew"
+    );
 }

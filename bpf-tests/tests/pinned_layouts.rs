@@ -259,7 +259,8 @@ fn a_newer_layout_is_left_as_it_is_said_and_the_map_starts_empty() {
     let pin_dir = Harness::new_pin_dir();
     let _cleanup = Unpin(pin_dir.clone());
     std::fs::create_dir_all(&pin_dir).unwrap();
-    // A newer agent's NAT map: layout 3, which this agent does not read.
+    // A newer agent's NAT map: the layout after this agent's, which it does
+    // not read.
     let nat = layout_of(names::NAT_FWD);
     let newer = pin_dir.join(format!("{}_v{}", nat.name, nat.layout + 1));
     {
@@ -290,12 +291,12 @@ fn a_newer_layout_is_left_as_it_is_said_and_the_map_starts_empty() {
         .find(|line| line.contains(&newer.display().to_string()))
         .unwrap_or_else(|| panic!("no line names {}: {said}", newer.display()));
     for what in [
-        "VPCNET_NAT_FWD",
-        "layout=Some(3)",
-        "this_agent_layout=2",
-        "left as it is",
+        "VPCNET_NAT_FWD".to_owned(),
+        format!("layout=Some({})", nat.layout + 1),
+        format!("this_agent_layout={}", nat.layout),
+        "left as it is".to_owned(),
     ] {
-        assert!(line.contains(what), "{what:?} missing from {line}");
+        assert!(line.contains(&what), "{what:?} missing from {line}");
     }
 }
 

@@ -737,8 +737,10 @@ pub const fn flow_timeout_ns(
     rev: &NatEntry,
     timeouts: &Timeouts,
 ) -> u64 {
-    let timeout = state_timeout_ns(proto, fwd, rev, timeouts);
-    if proto != PROTO_TCP || (fwd.seen | rev.seen) & SEEN_RST != 0 {
+    let state = pair_state(proto, fwd, rev);
+    let stream = flow_last_seen_ns(fwd, rev).saturating_sub(fwd.created_ns) > UDP_STREAM_AFTER_NS;
+    let timeout = timeouts.timeout_ns(proto, state, stream);
+    if proto != PROTO_TCP || matches!(state, FlowState::Close) {
         return timeout;
     }
     let (fwd_unacked, rev_unacked) = (unacknowledged(fwd, rev), unacknowledged(rev, fwd));
@@ -755,22 +757,6 @@ pub const fn flow_timeout_ns(
     if cap < timeout { cap } else { timeout }
 }
 
-/// The timeout of the flow's state alone, before [`flow_timeout_ns`]'s
-/// caps.
-#[allow(clippy::inline_always)]
-#[inline(always)]
-#[must_use]
-pub const fn state_timeout_ns(
-    proto: u8,
-    fwd: &NatEntry,
-    rev: &NatEntry,
-    timeouts: &Timeouts,
-) -> u64 {
-    let state = pair_state(proto, fwd, rev);
-    let stream = flow_last_seen_ns(fwd, rev).saturating_sub(fwd.created_ns) > UDP_STREAM_AFTER_NS;
-    timeouts.timeout_ns(proto, state, stream)
-}
-
 /// Whether a flow is over: its entries may be removed and its port reused
 /// by anyone; for a closed TCP flow, that is once the remote's TIME_WAIT is
 /// surely over too (the time-wait timeout, [`TIME_WAIT_HOLD_NS`] by default).
@@ -784,24 +770,95 @@ pub const fn flow_expired(
     timeouts: &Timeouts,
     now_ns: u64,
 ) -> bool {
-    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > flow_timeout_ns(proto, fwd, rev, timeouts)
+    idle_past(fwd, rev, now_ns, flow_timeout_ns(proto, fwd, rev, timeouts))
 }
 
-/// Whether a flow is over by its state's timeout alone: never before
-/// [`flow_expired`] says so. The programs judge a port's holder by it,
-/// with fewer instructions and stack; the collector removes a flow a cap
-/// ended sooner.
+/// Whether the flow whose entries are `fwd` and `rev` saw no packet for
+/// longer than `timeout_ns` by `now_ns`. Its last packet may be up to
+/// [`TOUCH_INTERVAL_NS`] later than its entries say (see
+/// [`NatEntry::last_seen_ns`]): only an idle time past both counts, so a
+/// flow whose packets come within its timeout is never judged over, the
+/// collector's passes and the port take-overs racing them whatever the
+/// timeout (an operator may set a second).
 #[allow(clippy::inline_always)]
 #[inline(always)]
 #[must_use]
-pub const fn state_expired(
-    proto: u8,
-    fwd: &NatEntry,
-    rev: &NatEntry,
-    timeouts: &Timeouts,
-    now_ns: u64,
-) -> bool {
-    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev)) > state_timeout_ns(proto, fwd, rev, timeouts)
+pub const fn idle_past(fwd: &NatEntry, rev: &NatEntry, now_ns: u64, timeout_ns: u64) -> bool {
+    now_ns.saturating_sub(flow_last_seen_ns(fwd, rev))
+        > timeout_ns.saturating_add(TOUCH_INTERVAL_NS)
+}
+
+/// A flow as its flags alone tell it, without its sequence numbers: what
+/// the programs judge a port's holder and an early drop's victim by, in
+/// fewer instructions and stack than [`pair_state`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlagsView {
+    /// The states its flags allow, which only the sequence numbers tell
+    /// apart (`FIN_WAIT` or `CLOSE_WAIT`, `LAST_ACK` or `TIME_WAIT`); the
+    /// same one twice when the flags say it.
+    pub states: (FlowState, FlowState),
+    /// Both sides sent FIN, or one RST.
+    pub closed: bool,
+    /// Nothing answered yet, or the answer not acknowledged (`SYN_RECV`).
+    pub unanswered: bool,
+}
+
+/// [`FlagsView`] of the flow of `proto` whose entries are `fwd` and `rev`.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+#[must_use]
+pub const fn flags_view(proto: u8, fwd: &NatEntry, rev: &NatEntry) -> FlagsView {
+    let (opener, answer) = opener_first(fwd, rev);
+    let replied = answer.seen & SEEN_ANY != 0;
+    let both = opener.seen | answer.seen;
+    let tcp = proto == PROTO_TCP;
+    let (opener_fin, answer_fin) = (
+        tcp && opener.seen & SEEN_FIN != 0,
+        tcp && answer.seen & SEEN_FIN != 0,
+    );
+    let reset = tcp && both & SEEN_RST != 0;
+    let states = if reset {
+        (FlowState::Close, FlowState::Close)
+    } else if opener_fin && answer_fin {
+        (FlowState::LastAck, FlowState::TimeWait)
+    } else if opener_fin || answer_fin {
+        (FlowState::FinWait, FlowState::CloseWait)
+    } else if !replied {
+        (FlowState::New, FlowState::New)
+    } else if tcp && opener.seen & SEEN_ACK == 0 {
+        (FlowState::SynRecv, FlowState::SynRecv)
+    } else {
+        (FlowState::Established, FlowState::Established)
+    };
+    FlagsView {
+        states,
+        closed: reset || (opener_fin && answer_fin),
+        unanswered: matches!(states.0, FlowState::New | FlowState::SynRecv),
+    }
+}
+
+impl FlagsView {
+    /// The longest timeout of its states for the flow whose entries are
+    /// `fwd` and `rev`: the programs never end a flow before
+    /// [`flow_expired`] does; the collector ends it at its own time.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    #[must_use]
+    pub const fn longest_timeout_ns(
+        &self,
+        proto: u8,
+        fwd: &NatEntry,
+        rev: &NatEntry,
+        timeouts: &Timeouts,
+    ) -> u64 {
+        let stream =
+            flow_last_seen_ns(fwd, rev).saturating_sub(fwd.created_ns) > UDP_STREAM_AFTER_NS;
+        let (a, b) = (
+            timeouts.timeout_ns(proto, self.states.0, stream),
+            timeouts.timeout_ns(proto, self.states.1, stream),
+        );
+        if a > b { a } else { b }
+    }
 }
 
 /// The program that saw a fragmented datagram: each keeps its own record,
@@ -893,7 +950,7 @@ mod tests {
         let fwd = entry(FlowKind::Snat, HANDSHAKE | SEEN_FIN, closed_at);
         let rev = entry(FlowKind::Snat, HANDSHAKE | SEEN_FIN, closed_at);
         assert_eq!(pair_state(PROTO_TCP, &fwd, &rev), FlowState::TimeWait);
-        for (after, reusable) in [(1, false), (119, false), (121, true)] {
+        for (after, reusable) in [(1, false), (120, false), (122, true)] {
             assert_eq!(
                 flow_expired(
                     PROTO_TCP,
@@ -932,14 +989,15 @@ mod tests {
             &fwd,
             &unreplied,
             &TIMEOUTS,
-            30 * NS_PER_SEC
+            31 * NS_PER_SEC
         ));
+        // Its last packet may be a touch interval later than recorded.
         assert!(flow_expired(
             PROTO_UDP,
             &fwd,
             &unreplied,
             &TIMEOUTS,
-            30 * NS_PER_SEC + 1
+            31 * NS_PER_SEC + 1
         ));
         // One question, one answer: the short timeout.
         let answered = entry(FlowKind::Snat, SEEN_ANY, NS_PER_SEC);
@@ -952,7 +1010,7 @@ mod tests {
             &fwd,
             &answered,
             &TIMEOUTS,
-            32 * NS_PER_SEC
+            33 * NS_PER_SEC
         ));
         // Packets past two seconds: a stream.
         let streaming = entry(FlowKind::Snat, SEEN_ANY, 3 * NS_PER_SEC);
@@ -968,7 +1026,7 @@ mod tests {
             &fwd,
             &streaming,
             &TIMEOUTS,
-            124 * NS_PER_SEC
+            125 * NS_PER_SEC
         ));
     }
 
@@ -1031,14 +1089,14 @@ mod tests {
             &fwd,
             &rev,
             &TIMEOUTS,
-            120 * NS_PER_SEC
+            121 * NS_PER_SEC
         ));
         assert!(flow_expired(
             PROTO_TCP,
             &fwd,
             &rev,
             &TIMEOUTS,
-            121 * NS_PER_SEC
+            122 * NS_PER_SEC
         ));
     }
 

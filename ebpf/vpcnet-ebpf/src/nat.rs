@@ -13,8 +13,8 @@ use vpcnet_common::{
     counters::Counter,
     maps::RECENT_FLOWS_LEN,
     nat::{
-        FlowKey, FlowKind, FlowState, NatEntry, PROTO_TCP, TOUCH_INTERVAL_NS, flow_last_seen_ns,
-        forward_key, is_portless, pair_state, reply_key, state_expired,
+        FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, flags_view, flow_last_seen_ns, forward_key,
+        idle_past, is_portless, reply_key,
     },
 };
 
@@ -234,7 +234,7 @@ extern "C" fn claim_step(index: u32, _ctx: *mut c_void) -> i64 {
 
 /// Claims a port for the flow `fwd` (kind `kind`) translated to `nat_addr`:
 /// inserts the reverse entry, the claim, taking over the port of a flow that
-/// is over (see `state_expired`).
+/// is over (see `flags_view`).
 #[allow(
     clippy::needless_borrows_for_generic_args,
     reason = "keys and values are passed as pointers into the search's map slot: by value they would be copied to the stack"
@@ -351,8 +351,10 @@ fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) ->
     let Some(timeouts) = timeouts() else {
         return Holder::Active;
     };
-    if !state_expired(rev_key.proto, fwd, rev, timeouts, now) {
-        let closed = rev_key.proto == PROTO_TCP && pair_state(PROTO_TCP, fwd, rev).is_closed();
+    let view = flags_view(rev_key.proto, fwd, rev);
+    let timeout = view.longest_timeout_ns(rev_key.proto, fwd, rev, timeouts);
+    if !idle_past(fwd, rev, now, timeout) {
+        let closed = view.closed;
         if !(closed && force) {
             return if closed {
                 Holder::Closed(flow_last_seen_ns(fwd, rev))
@@ -476,10 +478,7 @@ extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
     search.holder_key = forward_key(rev_key, rev);
     // SAFETY: as above.
     let fwd = unsafe { NAT_FWD.get(&search.holder_key) }.unwrap_or(rev);
-    if !matches!(
-        pair_state(rev_key.proto, fwd, rev),
-        FlowState::New | FlowState::SynRecv
-    ) {
+    if !flags_view(rev_key.proto, fwd, rev).unanswered {
         return 0;
     }
     if !remove_pair(rev_key, &search.holder_key) {
