@@ -348,6 +348,14 @@ impl DatapathMaps {
     /// Removes what `judgement` found over, each entry only if it is still
     /// as judged: a flow a packet refreshed since lives on, and a new flow
     /// that took a judged flow's tuple or port keeps its entries.
+    ///
+    /// A packet in the instant between a removal and its putting back
+    /// finds no flow and starts a new one: that packet came after the
+    /// flow was idle past its whole timeout (see
+    /// `vpcnet_common::nat::idle_past`), which conntrack too takes for a
+    /// new connection. A flow whose packets come within its timeout is
+    /// never judged, so never in that instant
+    /// (`bpf-tests/tests/gc.rs`: `a_flow_alive_within_its_timeout_...`).
     pub fn collect_judged(&self, judgement: &Judgement) -> Result<GcStats, DatapathError> {
         let fwd_error = || DatapathError::map(vpcnet_common::maps::NAT_FWD);
         let rev_error = || DatapathError::map(vpcnet_common::maps::NAT_REV);
