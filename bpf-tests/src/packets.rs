@@ -83,6 +83,19 @@ pub fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr, request: bool, id: u16, seq: u16)
     out
 }
 
+/// An ICMP query or reply of `icmp_type` (timestamp, information, address
+/// mask, ...) with identifier `id`, its body `body` (zeros where the type
+/// has fields).
+pub fn icmp_query(src: Ipv4Addr, dst: Ipv4Addr, icmp_type: u8, id: u16, body: usize) -> Vec<u8> {
+    let mut icmp = vec![icmp_type, 0, 0, 0];
+    icmp.extend_from_slice(&id.to_be_bytes());
+    icmp.extend_from_slice(&1u16.to_be_bytes());
+    icmp.resize(8 + body, 0);
+    let csum = internet_checksum(&[&icmp]);
+    icmp[2..4].copy_from_slice(&csum.to_be_bytes());
+    ipv4_frame(src, dst, 1, &icmp, &[])
+}
+
 /// An ICMP error (`icmp_type`, `code`) from `src` to `dst` quoting the first
 /// `quote_len` bytes of `quoted`'s IP datagram (an Ethernet frame).
 pub fn icmp_error(

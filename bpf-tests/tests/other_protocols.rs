@@ -1,7 +1,9 @@
 //! Protocols without ports (GRE here; ESP and SCTP alike) from a pod to
 //! outside the VPC: the SNAT chain translates them by address, and so does
 //! vpcnet. What `inet` sees of a pod's GRE packet, and whether its answer
-//! comes back to the pod, in both datapaths.
+//! comes back to the pod, in both datapaths. The same for the ICMP queries
+//! conntrack tracks besides echo (timestamp, information, address mask):
+//! translated as echo is, their identifier the port.
 
 use std::{
     net::Ipv4Addr,
@@ -9,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use vpcnet_bpf_tests::{agent_binary, differential::lab_drops};
+use vpcnet_bpf_tests::{agent_binary, differential::lab_drops, packets::internet_checksum};
 use vpcnet_lab::{Datapath, Lab, LabOptions, addrs, run_in, serial};
 
 const IPPROTO_GRE: i32 = 47;
@@ -17,16 +19,18 @@ const IPPROTO_GRE: i32 = 47;
 /// payload.
 const GRE_PACKET: [u8; 8] = [0, 0, 0x08, 0x00, 0xde, 0xad, 0xbe, 0xef];
 const TIMEOUT: Duration = Duration::from_secs(2);
+/// The ICMP queries besides echo, each request's type and its reply's.
+const ICMP_QUERIES: [(u8, u8); 3] = [(13, 14), (15, 16), (17, 18)];
 
-/// A raw GRE socket in namespace `ns`: it sends GRE payloads (the kernel
-/// adds the IP header) and receives whole GRE datagrams.
-fn gre_socket(ns: &str) -> OwnedFd {
+/// A raw socket of protocol `proto` in namespace `ns`: it sends payloads
+/// (the kernel adds the IP header) and receives whole datagrams.
+fn raw_socket(ns: &str, proto: i32) -> OwnedFd {
     run_in(ns, || {
         // SAFETY: plain socket(2); the descriptor is owned from here on.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, IPPROTO_GRE) };
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, proto) };
         assert!(
             fd >= 0,
-            "raw GRE socket in {ns}: {}",
+            "raw socket of protocol {proto} in {ns}: {}",
             std::io::Error::last_os_error()
         );
         // SAFETY: a fresh descriptor nobody else owns.
@@ -51,7 +55,7 @@ fn gre_socket(ns: &str) -> OwnedFd {
     .expect("entering the namespace")
 }
 
-fn send_gre(socket: &OwnedFd, to: Ipv4Addr) {
+fn send_raw(socket: &OwnedFd, to: Ipv4Addr, payload: &[u8]) {
     let addr = libc::sockaddr_in {
         sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2),
         sin_port: 0,
@@ -64,8 +68,8 @@ fn send_gre(socket: &OwnedFd, to: Ipv4Addr) {
     let sent = unsafe {
         libc::sendto(
             socket.as_raw_fd(),
-            GRE_PACKET.as_ptr().cast(),
-            GRE_PACKET.len(),
+            payload.as_ptr().cast(),
+            payload.len(),
             0,
             (&raw const addr).cast(),
             libc::socklen_t::try_from(size_of::<libc::sockaddr_in>()).unwrap_or(16),
@@ -73,58 +77,108 @@ fn send_gre(socket: &OwnedFd, to: Ipv4Addr) {
     };
     assert_eq!(
         usize::try_from(sent).ok(),
-        Some(GRE_PACKET.len()),
-        "GRE send to {to}: {}",
+        Some(payload.len()),
+        "send to {to}: {}",
         std::io::Error::last_os_error()
     );
 }
 
-/// The source of the next GRE datagram carrying [`GRE_PACKET`], `None`
-/// if none came within the timeout.
-fn receive_gre(socket: &OwnedFd) -> Option<Ipv4Addr> {
+/// The source and the payload of the next datagram whose payload
+/// `wanted` accepts, `None` if none came within the timeout.
+fn receive(socket: &OwnedFd, wanted: impl Fn(&[u8]) -> bool) -> Option<(Ipv4Addr, Vec<u8>)> {
     let mut buf = [0u8; 2048];
     for _ in 0..16 {
         // SAFETY: a valid socket and buffer.
         let len = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         let len = usize::try_from(len).ok()?;
         let header = usize::from(buf[0] & 0x0f) * 4;
-        if len >= header + GRE_PACKET.len() && buf[header..header + GRE_PACKET.len()] == GRE_PACKET
-        {
-            return Some(Ipv4Addr::new(buf[12], buf[13], buf[14], buf[15]));
+        let payload = buf.get(header..len)?;
+        if wanted(payload) {
+            let source = Ipv4Addr::new(buf[12], buf[13], buf[14], buf[15]);
+            return Some((source, payload.to_vec()));
         }
     }
     None
 }
 
-/// What `inet` saw as the source of the pod's GRE packet, and who the
-/// pod's answer came from.
-fn run(options: &LabOptions) -> (Option<Ipv4Addr>, Option<Ipv4Addr>) {
+/// An ICMP query message of `icmp_type` with identifier `id`.
+fn icmp_query(icmp_type: u8, id: u16) -> Vec<u8> {
+    let mut message = vec![icmp_type, 0, 0, 0];
+    message.extend_from_slice(&id.to_be_bytes());
+    message.extend_from_slice(&[0, 1]);
+    // Room for the timestamps and the address mask.
+    message.resize(20, 0);
+    let csum = internet_checksum(&[&message]);
+    message[2..4].copy_from_slice(&csum.to_be_bytes());
+    message
+}
+
+/// The identifier of `message` when it is ICMP of `icmp_type`.
+fn icmp_id(message: &[u8], icmp_type: u8) -> Option<u16> {
+    (message.len() >= 8 && message[0] == icmp_type)
+        .then(|| u16::from_be_bytes([message[4], message[5]]))
+}
+
+/// What `inet` saw as the source of a pod's packet, and who the pod's
+/// answer came from.
+type Exchange = (Option<Ipv4Addr>, Option<Ipv4Addr>);
+
+/// GRE's exchange, and each ICMP query's (request type, exchange).
+fn run(options: &LabOptions) -> (Exchange, Vec<(u8, Exchange)>) {
     let lab = Lab::up(options).unwrap_or_else(|e| panic!("bringing the lab up: {e}"));
-    let inet = gre_socket(addrs::NS_INET);
-    let pod = gre_socket(&lab.pod(0).netns);
-    send_gre(&pod, addrs::INET_ADDR);
-    let seen = receive_gre(&inet);
+    let inet = raw_socket(addrs::NS_INET, IPPROTO_GRE);
+    let pod = raw_socket(&lab.pod(0).netns, IPPROTO_GRE);
+    send_raw(&pod, addrs::INET_ADDR, &GRE_PACKET);
+    let is_ours = |payload: &[u8]| payload.starts_with(&GRE_PACKET);
+    let seen = receive(&inet, is_ours).map(|(source, _)| source);
     let answered = seen.and_then(|source| {
-        send_gre(&inet, source);
-        receive_gre(&pod)
+        send_raw(&inet, source, &GRE_PACKET);
+        receive(&pod, is_ours).map(|(source, _)| source)
     });
+    let gre = (seen, answered);
+    let inet = raw_socket(addrs::NS_INET, libc::IPPROTO_ICMP);
+    let pod = raw_socket(&lab.pod(0).netns, libc::IPPROTO_ICMP);
+    let mut icmp = Vec::new();
+    for (id, (request, reply)) in (4242..).zip(ICMP_QUERIES) {
+        send_raw(&pod, addrs::INET_ADDR, &icmp_query(request, id));
+        // Its identifier as it arrived: the port the NAT chose.
+        let arrived = receive(&inet, |message| icmp_id(message, request).is_some());
+        let seen = arrived.as_ref().map(|(source, _)| *source);
+        let answered = arrived.and_then(|(source, message)| {
+            let nat_id = icmp_id(&message, request)?;
+            send_raw(&inet, source, &icmp_query(reply, nat_id));
+            receive(&pod, |message| icmp_id(message, reply) == Some(id)).map(|(source, _)| source)
+        });
+        icmp.push((request, (seen, answered)));
+    }
     if options.datapath == Datapath::Ebpf {
         assert_eq!(lab_drops(), Vec::<String>::new(), "vpcnet dropped packets");
     }
     drop((inet, pod));
     drop(lab);
-    (seen, answered)
+    (gre, icmp)
 }
 
 #[test]
-fn a_pods_gre_reaches_inet_from_the_node_address_and_is_answered() {
+fn a_pods_gre_and_icmp_queries_reach_inet_from_the_node_address_and_are_answered() {
     let _lab_slot = serial();
     let reference = run(&LabOptions::iptables(1));
     let ebpf = run(&LabOptions::ebpf(1, agent_binary()));
-    println!("GRE from pod-0 to inet: (source inet saw, answer came from)");
-    println!("iptables: {reference:?}");
-    println!("vpcnet:   {ebpf:?}");
+    println!("from pod-0 to inet: (source inet saw, answer came from)");
+    println!(
+        "iptables: GRE {:?}, ICMP queries {:?}",
+        reference.0, reference.1
+    );
+    println!("vpcnet:   GRE {:?}, ICMP queries {:?}", ebpf.0, ebpf.1);
     let expected = (Some(addrs::NODE_PRIMARY_ADDR), Some(addrs::INET_ADDR));
-    assert_eq!(reference, expected, "the iptables reference");
-    assert_eq!(ebpf, expected, "vpcnet");
+    let queries: Vec<(u8, Exchange)> = ICMP_QUERIES
+        .iter()
+        .map(|(request, _)| (*request, expected))
+        .collect();
+    assert_eq!(
+        reference,
+        (expected, queries.clone()),
+        "the iptables reference"
+    );
+    assert_eq!(ebpf, (expected, queries), "vpcnet");
 }

@@ -111,6 +111,33 @@ fn icmp_echo_identifier_is_the_port() {
     );
 }
 
+/// The other queries conntrack tracks as flows, as echo is: timestamp,
+/// information and address mask, each request's identifier the port its
+/// reply comes back to.
+#[test]
+fn icmp_timestamp_information_and_address_mask_queries_are_translated() {
+    let h = Harness::lab_default();
+    for (request, reply, body) in [(13, 14, 12), (15, 16, 0), (17, 18, 4)] {
+        let id = 700 + u16::from(request);
+        let asked = egress_pass(&h, &packets::icmp_query(POD, INET, request, id, body));
+        assert_eq!(
+            (asked.src, asked.dst),
+            (NODE, INET),
+            "type {request} leaves as the node"
+        );
+        let answered = ingress_pass(
+            &h,
+            &packets::icmp_query(INET, NODE, reply, asked.sport, body),
+        );
+        assert_eq!(
+            (answered.dst, answered.dport),
+            (POD, id),
+            "type {reply} comes back to the pod"
+        );
+    }
+    assert_eq!(h.table_sizes(), (3, 3), "a flow for each");
+}
+
 #[test]
 fn vpc_excluded_and_local_destinations_are_never_snated() {
     let onprem_excluded =
@@ -214,14 +241,11 @@ fn egress_pass_l3(h: &Harness, packet: &[u8]) -> Parsed {
 }
 
 #[test]
-fn icmp_types_other_than_echo_and_errors_pass_untouched() {
+fn icmp_types_other_than_queries_and_errors_pass_untouched() {
     let h = Harness::lab_default();
-    let mut timestamp = vec![13u8, 0, 0, 0, 0, 1, 0, 1];
-    timestamp.extend_from_slice(&[0u8; 12]);
-    let csum = packets::internet_checksum(&[&timestamp]);
-    timestamp[2..4].copy_from_slice(&csum.to_be_bytes());
+    // A router solicitation: no query conntrack tracks.
     h.assert_egress_untouched(
-        &packets::ipv4_frame(POD, INET, 1, &timestamp, &[]),
+        &packets::icmp_query(POD, INET, 10, 1, 0),
         Counter::EgressIcmpOther,
     );
     let mut arp = vec![0xffu8; 12];

@@ -283,7 +283,7 @@ impl Generator {
                 let icmp_type = match self.rng.u32(0..6) {
                     0..3 => 8,
                     3 | 4 => 0,
-                    _ => self.pick(&[3, 5, 11, 12, 13, 14]),
+                    _ => self.pick(&[3, 5, 11, 12, 13, 14, 15, 16, 17, 18]),
                 };
                 let mut h = vec![icmp_type, self.rng.u8(0..4), 0, 0];
                 h.extend_from_slice(&sport.to_be_bytes());
@@ -331,8 +331,15 @@ impl Generator {
         let (sport, dport) = (raw_to_port(flow.sport), raw_to_port(flow.dport));
         let l4 = match flow.proto {
             PROTO_ICMP => {
-                // The echo identifier is the port of the side that asked.
-                let (icmp_type, id) = if sport != 0 { (8, sport) } else { (0, dport) };
+                // A query's identifier is the port of the side that asked:
+                // echo, timestamp, information or address mask.
+                let query = self.pick(&[0_u8, 13, 15, 17]);
+                let (icmp_type, id) = match query {
+                    0 if sport != 0 => (8, sport),
+                    0 => (0, dport),
+                    request if sport != 0 => (request, sport),
+                    request => (request + 1, dport),
+                };
                 let mut h = vec![icmp_type, 0, 0, 0];
                 h.extend_from_slice(&id.to_be_bytes());
                 h.extend_from_slice(&[0, 1]);

@@ -17,7 +17,7 @@ use crate::{
     maps::{ENIS, NAT_FWD, config, count, endpoint},
     nat::{create_flow, forget_forward, now_ns, reopen, touch, track_untranslated},
     packet::{
-        ETH_HLEN, Fragment, ICMP_ECHO, ICMP_ECHO_REPLY, IP_DADDR_OFF, IP_SADDR_OFF, Ipv4, L4,
+        ETH_HLEN, Fragment, IP_DADDR_OFF, IP_SADDR_OFF, Ipv4, L4, is_icmp_reply, is_icmp_request,
         is_ipv4, l4_csum_rel, load, parse_ipv4, parse_l4, set_addr, set_port,
     },
     policy, stack,
@@ -150,7 +150,7 @@ pub fn decide_ipv4(
 ) -> Result<Counter, Counter> {
     // Protocols without ports are translated by address only.
     let l4 = l4.unwrap_or(L4::portless());
-    if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
+    if ip.proto == PROTO_ICMP && !is_icmp_request(l4.icmp_type) && !is_icmp_reply(l4.icmp_type) {
         if icmp::is_translated_error(l4.icmp_type) {
             return icmp::egress(ctx, ip);
         }
@@ -204,7 +204,7 @@ fn on_branch_link(ifindex: u32) -> bool {
 pub fn may_open(proto: u8, l4: &L4) -> bool {
     match proto {
         PROTO_TCP => l4.may_open_tcp(),
-        PROTO_ICMP => l4.icmp_type == ICMP_ECHO,
+        PROTO_ICMP => is_icmp_request(l4.icmp_type),
         _ => true,
     }
 }

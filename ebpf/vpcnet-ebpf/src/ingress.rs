@@ -16,7 +16,7 @@ use crate::{
     maps::{NAT_REV, config, count, endpoint},
     nat::{now_ns, reopen_inbound, touch, track_untranslated},
     packet::{
-        ETH_HLEN, Fragment, ICMP_ECHO_REPLY, IP_DADDR_OFF, Ipv4, L4, is_ipv4, l4_csum_rel, load,
+        ETH_HLEN, Fragment, IP_DADDR_OFF, Ipv4, L4, is_icmp_reply, is_ipv4, l4_csum_rel, load,
         parse_ipv4, parse_l4, set_addr, set_port,
     },
     policy, stack,
@@ -123,7 +123,7 @@ fn decide(ctx: &TcContext, cfg: &Config, ip: &Ipv4) -> Result<Counter, Counter> 
     }
     // Protocols without ports are translated by address only.
     let l4 = parse_l4(ctx, ip)?.unwrap_or(L4::portless());
-    if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
+    if ip.proto == PROTO_ICMP && !is_icmp_reply(l4.icmp_type) {
         if icmp::is_translated_error(l4.icmp_type) {
             return icmp::ingress(ctx, cfg, ip);
         }

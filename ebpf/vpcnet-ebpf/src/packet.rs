@@ -26,6 +26,46 @@ pub const ICMP_DEST_UNREACH: u8 = 3;
 pub const ICMP_ECHO: u8 = 8;
 pub const ICMP_TIME_EXCEEDED: u8 = 11;
 pub const ICMP_PARAMETERPROB: u8 = 12;
+pub const ICMP_TIMESTAMP: u8 = 13;
+pub const ICMP_TIMESTAMP_REPLY: u8 = 14;
+pub const ICMP_INFO_REQUEST: u8 = 15;
+pub const ICMP_INFO_REPLY: u8 = 16;
+pub const ICMP_ADDRESS: u8 = 17;
+pub const ICMP_ADDRESS_REPLY: u8 = 18;
+
+/// The ICMP queries conntrack tracks as flows, each with its reply (echo,
+/// timestamp, information, address mask): the requests. Their identifier
+/// is the flow's port, the requesting side's: `sport` as the request
+/// leaves, `dport` as the reply comes back.
+#[inline(always)]
+pub const fn is_icmp_request(icmp_type: u8) -> bool {
+    matches!(
+        icmp_type,
+        ICMP_ECHO | ICMP_TIMESTAMP | ICMP_INFO_REQUEST | ICMP_ADDRESS
+    )
+}
+
+/// The replies of [`is_icmp_request`]'s queries.
+#[inline(always)]
+pub const fn is_icmp_reply(icmp_type: u8) -> bool {
+    matches!(
+        icmp_type,
+        ICMP_ECHO_REPLY | ICMP_TIMESTAMP_REPLY | ICMP_INFO_REPLY | ICMP_ADDRESS_REPLY
+    )
+}
+
+/// The ports of an ICMP message whose identifier is `id`: a query's, or
+/// none.
+#[inline(always)]
+const fn icmp_ports(icmp_type: u8, id: u16) -> Option<(u16, u16)> {
+    if is_icmp_request(icmp_type) {
+        Some((id, 0))
+    } else if is_icmp_reply(icmp_type) {
+        Some((0, id))
+    } else {
+        None
+    }
+}
 /// ICMP header length before an error's embedded datagram.
 pub const ICMP_HLEN: usize = 8;
 
@@ -245,11 +285,7 @@ pub fn parse_l4(ctx: &TcContext, ip: &Ipv4) -> Result<Option<L4>, Counter> {
             } else {
                 let icmp_type = header[0];
                 let id = u16::from_ne_bytes([header[4], header[5]]);
-                let (sport, dport) = match icmp_type {
-                    ICMP_ECHO => (id, 0),
-                    ICMP_ECHO_REPLY => (0, id),
-                    _ => (0, 0),
-                };
+                let (sport, dport) = icmp_ports(icmp_type, id).unwrap_or_default();
                 L4::ports(sport, dport, icmp_type)
             }
         }
@@ -257,9 +293,9 @@ pub fn parse_l4(ctx: &TcContext, ip: &Ipv4) -> Result<Option<L4>, Counter> {
     Ok(Some(l4))
 }
 
-/// The ports (or echo identifier) of a datagram quoted in an ICMP error:
+/// The ports (or query identifier) of a datagram quoted in an ICMP error:
 /// only its first 8 L4 bytes are sure to be there (RFC 792), which is
-/// enough for ports and the echo identifier but not for TCP's flags.
+/// enough for ports and the identifier but not for TCP's flags.
 #[inline(always)]
 pub fn parse_quoted_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<L4>, Counter> {
     let (sport, dport, icmp_type) = match proto {
@@ -267,10 +303,9 @@ pub fn parse_quoted_l4(ctx: &TcContext, proto: u8, off: usize) -> Result<Option<
         PROTO_ICMP => {
             let icmp_type: u8 = load(ctx, off)?;
             let id: u16 = load(ctx, off + 4)?;
-            match icmp_type {
-                ICMP_ECHO => (id, 0, icmp_type),
-                ICMP_ECHO_REPLY => (0, id, icmp_type),
-                _ => return Ok(None),
+            match icmp_ports(icmp_type, id) {
+                Some((sport, dport)) => (sport, dport, icmp_type),
+                None => return Ok(None),
             }
         }
         _ => return Ok(None),

@@ -10,9 +10,10 @@ use vpcnet_common::{
 };
 
 use super::{
-    Decided, Frag, Half, ICMP_ECHO, ICMP_ECHO_REPLY, IP, Ip, Model, Out, Ports, Run,
+    Decided, Frag, Half, IP, Ip, Model, Out, Ports, Run,
     headers::{
-        ip_at, is_icmp_error, key, l4_at, may_open, progressed, quoted, raw16, raw32, untranslated,
+        ip_at, is_icmp_error, is_icmp_reply, is_icmp_request, key, l4_at, may_open, progressed,
+        quoted, raw16, raw32, untranslated,
     },
     rewrite::{moved, ones_sum_without},
 };
@@ -99,7 +100,8 @@ impl Model {
     /// fragment leaving the node.
     pub(super) fn snat_decision(&mut self, run: &mut Run, ip: &Ip) -> Result<Counter, Counter> {
         let l4 = l4_at(&run.p, ip)?.unwrap_or(Ports::NONE);
-        if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO && l4.icmp_type != ICMP_ECHO_REPLY {
+        if ip.proto == PROTO_ICMP && !is_icmp_request(l4.icmp_type) && !is_icmp_reply(l4.icmp_type)
+        {
             if is_icmp_error(l4.icmp_type) {
                 return Ok(self.icmp_error_out(run, ip));
             }

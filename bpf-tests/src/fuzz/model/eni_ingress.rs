@@ -7,8 +7,10 @@ use vpcnet_common::{
 };
 
 use super::{
-    Decided, Frag, ICMP_ECHO_REPLY, IP, Ip, Model, Out, Ports, Run,
-    headers::{ip_at, is_icmp_error, key, l4_at, may_open, progressed, quoted, raw32},
+    Decided, Frag, IP, Ip, Model, Out, Ports, Run,
+    headers::{
+        ip_at, is_icmp_error, is_icmp_reply, key, l4_at, may_open, progressed, quoted, raw32,
+    },
 };
 
 impl Model {
@@ -59,7 +61,7 @@ impl Model {
     /// an ICMP error about one, goes back to whoever sent the flow.
     pub(super) fn for_node(&mut self, run: &mut Run, ip: &Ip) -> Result<Counter, Counter> {
         let l4 = l4_at(&run.p, ip)?.unwrap_or(Ports::NONE);
-        if ip.proto == PROTO_ICMP && l4.icmp_type != ICMP_ECHO_REPLY {
+        if ip.proto == PROTO_ICMP && !is_icmp_reply(l4.icmp_type) {
             if is_icmp_error(l4.icmp_type) {
                 return Ok(self.icmp_error_in(run, ip));
             }

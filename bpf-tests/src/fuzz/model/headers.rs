@@ -6,7 +6,7 @@ use vpcnet_common::{
     nat::{FlowKey, FlowKind, PROTO_ICMP, PROTO_TCP, PROTO_UDP, SEEN_ANY, SEEN_SYN},
 };
 
-use super::{Frag, ICMP_ECHO, ICMP_ECHO_REPLY, Ip, Ports};
+use super::{Frag, Ip, Ports};
 use crate::packets::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 pub(super) fn raw32(p: &[u8], off: usize) -> Option<u32> {
@@ -29,6 +29,27 @@ pub(super) fn untranslated(kind: u8) -> bool {
     kind == FlowKind::NoSnat as u8 || kind == FlowKind::Inbound as u8
 }
 
+/// ICMP queries conntrack tracks: echo, timestamp, information, address
+/// mask; requests, then replies.
+pub(super) fn is_icmp_request(icmp_type: u8) -> bool {
+    matches!(icmp_type, 8 | 13 | 15 | 17)
+}
+
+pub(super) fn is_icmp_reply(icmp_type: u8) -> bool {
+    matches!(icmp_type, 0 | 14 | 16 | 18)
+}
+
+/// A query's ports: its identifier on the asking side.
+fn icmp_ports(icmp_type: u8, id: u16) -> Option<(u16, u16)> {
+    if is_icmp_request(icmp_type) {
+        Some((id, 0))
+    } else if is_icmp_reply(icmp_type) {
+        Some((0, id))
+    } else {
+        None
+    }
+}
+
 pub(super) fn is_icmp_error(icmp_type: u8) -> bool {
     matches!(icmp_type, 3 | 11 | 12)
 }
@@ -39,7 +60,7 @@ pub(super) fn may_open(proto: u8, l4: Ports) -> bool {
             let f = l4.flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
             f == TCP_SYN || f == TCP_ACK
         }
-        PROTO_ICMP => l4.icmp_type == ICMP_ECHO,
+        PROTO_ICMP => is_icmp_request(l4.icmp_type),
         _ => true,
     }
 }
@@ -115,11 +136,7 @@ pub(super) fn l4_at(p: &[u8], ip: &Ip) -> Result<Option<Ports>, Counter> {
         _ => {
             let icmp_type = p[off];
             let id = raw16(p, off + 4).unwrap_or_default();
-            let (sport, dport) = match icmp_type {
-                ICMP_ECHO => (id, 0),
-                ICMP_ECHO_REPLY => (0, id),
-                _ => (0, 0),
-            };
+            let (sport, dport) = icmp_ports(icmp_type, id).unwrap_or_default();
             Ports::of(sport, dport, icmp_type)
         }
     }))
@@ -137,11 +154,7 @@ pub(super) fn quoted(p: &[u8], outer: &Ip) -> Option<(Ip, FlowKey)> {
         PROTO_ICMP => {
             let icmp_type = *p.get(inner.l4)?;
             let id = raw16(p, inner.l4 + 4)?;
-            match icmp_type {
-                ICMP_ECHO => (id, 0),
-                ICMP_ECHO_REPLY => (0, id),
-                _ => return None,
-            }
+            icmp_ports(icmp_type, id)?
         }
         _ => return None,
     };

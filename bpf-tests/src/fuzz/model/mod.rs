@@ -49,8 +49,6 @@ use crate::{
 
 const ETH_P_IP: u16 = 0x0800;
 const IP: usize = 14;
-const ICMP_ECHO_REPLY: u8 = 0;
-const ICMP_ECHO: u8 = 8;
 
 /// One half of a flow, as far as behaviour goes (times left out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
