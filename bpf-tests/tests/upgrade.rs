@@ -15,8 +15,7 @@
 
 use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, time::Duration};
 
-use aya::maps::{HashMap, Map, MapData};
-use vpcnet_agent::datapath::{AttachMode, pins};
+use vpcnet_agent::datapath::{AttachMode, pins, read_pinned_flows};
 use vpcnet_bpf_tests::{
     agent_binary, cni_plugin_binary,
     cri::{self, CriNode, node_traces, remove_all_pods},
@@ -25,7 +24,6 @@ use vpcnet_bpf_tests::{
 use vpcnet_common::{
     addr_to_raw,
     maps::{self as names, PIN_DIR},
-    nat::{FlowKey, NatEntry},
     raw_to_port,
 };
 use vpcnet_lab::{
@@ -48,15 +46,12 @@ fn release() -> Release {
     }
 }
 
-/// The SNAT ports of `pod`'s flows in the NAT map pinned at `pin`.
+/// The SNAT ports of `pod`'s flows in the NAT map pinned at `pin` (of
+/// whichever layout: the release's entries are narrower).
 fn snat_ports(pin: &Path, pod: Ipv4Addr) -> BTreeSet<u16> {
-    let map = MapData::from_pin(pin)
-        .and_then(Map::from_map_data)
-        .unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()));
-    let flows: HashMap<_, FlowKey, NatEntry> = HashMap::try_from(map).unwrap();
-    flows
-        .iter()
-        .flatten()
+    read_pinned_flows(pin)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", pin.display()))
+        .into_iter()
         .filter(|(key, _)| key.saddr == addr_to_raw(pod.octets()))
         .map(|(_, entry)| raw_to_port(entry.port))
         .collect()

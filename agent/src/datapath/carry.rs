@@ -237,6 +237,31 @@ impl FlowMap {
     }
 }
 
+/// The entries of the flow map (NAT or stack flows) pinned at `path`, of
+/// whichever layout: narrower entries as today's, their sequence numbers
+/// unknown.
+///
+/// # Errors
+/// The pin cannot be opened, or it is no flow map.
+pub fn read_pinned_flows(
+    path: &std::path::Path,
+) -> Result<Vec<(FlowKey, NatEntry)>, DatapathError> {
+    let opened = |e| DatapathError::OpenPinned {
+        path: path.to_owned(),
+        source: e,
+    };
+    let data = MapData::from_pin(path).map_err(opened)?;
+    let narrow = data.info().map_err(opened)?.value_size()
+        == u32::try_from(NAT_ENTRY_UNTRACKED_SIZE).unwrap_or(u32::MAX);
+    let map = Map::from_map_data(data).map_err(opened)?;
+    let flows = if narrow {
+        FlowMap::Untracked(HashMap::try_from(map).map_err(opened)?)
+    } else {
+        FlowMap::Tracked(HashMap::try_from(map).map_err(opened)?)
+    };
+    flows.read_all().map_err(opened)
+}
+
 /// A value of an earlier layout that is a prefix of `T` (its fields only
 /// ever appended), the appended ones zero.
 fn widen<T: Pod + Default, const N: usize>(narrow: &[u8; N]) -> T {

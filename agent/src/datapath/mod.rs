@@ -28,6 +28,7 @@ use aya::{
     },
 };
 use carry::Pass;
+pub use carry::read_pinned_flows;
 pub use error::DatapathError;
 pub use maps::DatapathMaps;
 pub use nat::{
