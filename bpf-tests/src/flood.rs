@@ -82,12 +82,12 @@ impl RawSender {
     }
 }
 
-/// What a flood did to the NAT table.
+/// What a flood did to the table it watched.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FloodReport {
     pub sent: usize,
     pub elapsed: Duration,
-    /// The most flows the table held at one sample (every 100 SYNs).
+    /// The most entries the table held at one sample (every 100 SYNs).
     pub max_flows: usize,
 }
 
@@ -101,12 +101,32 @@ pub fn syn_flood(
     destination: SocketAddrV4,
     per_second: Option<u32>,
 ) -> Result<FloodReport> {
+    syn_flood_watching(
+        sender,
+        source_addr,
+        ports,
+        destination,
+        per_second,
+        nat_flows,
+    )
+}
+
+/// [`syn_flood`] sampling the table `entries` counts (none: the iptables
+/// reference's node has no vpcnet table).
+pub fn syn_flood_watching(
+    sender: &RawSender,
+    source_addr: Ipv4Addr,
+    ports: Range<u16>,
+    destination: SocketAddrV4,
+    per_second: Option<u32>,
+    entries: fn() -> Result<usize>,
+) -> Result<FloodReport> {
     let started = Instant::now();
     let mut report = FloodReport::default();
     let rate = per_second.map(|rate| Duration::from_secs(1) / rate);
     for (sent, port) in (0_u32..).zip(ports) {
         if sent % 100 == 0 {
-            report.max_flows = report.max_flows.max(nat_flows()?);
+            report.max_flows = report.max_flows.max(entries()?);
         }
         if let Some(interval) = rate {
             // Pacing, not synchronisation: the flood's own rate.
@@ -115,7 +135,7 @@ pub fn syn_flood(
         sender.syn(SocketAddrV4::new(source_addr, port), destination)?;
         report.sent += 1;
     }
-    report.max_flows = report.max_flows.max(nat_flows()?);
+    report.max_flows = report.max_flows.max(entries()?);
     report.elapsed = started.elapsed();
     Ok(report)
 }

@@ -9,6 +9,11 @@
 //! would reset the connection. (A client speaking first would teach the
 //! map the flow again on its way through the stack.)
 //!
+//! A SYN flood from outside the VPC at the node port, four times what the
+//! stack flows map holds, never stops a pod's service connections either:
+//! the flood's flows, never answered, make room for new ones (conntrack's
+//! early drop), as they do in the iptables reference's conntrack.
+//!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test service_connections -- --test-threads=1 --nocapture`.
 
@@ -19,13 +24,14 @@ use std::{
 
 use vpcnet_bpf_tests::{
     agent_binary,
+    flood::{RawSender, stack_flow_entries, syn_flood_watching},
     idle::{IdleConnection, listen},
     lab_counter,
 };
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
-    ClusterIpService, Lab, LabOptions, NodePortService, ServiceBackend, WhoamiServer, addrs,
-    probe::tcp_whoami_closed, serial,
+    ClusterIpService, Datapath, Lab, LabOptions, NodePortService, ServiceBackend, WhoamiServer,
+    addrs, exec_ok, probe::tcp_whoami_closed, serial,
 };
 
 const PORT: u16 = 8080;
@@ -42,10 +48,10 @@ const NODE_PORT_POD: usize = 2;
 const TO_POD: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 11), 80);
 const TO_PEER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 100, 0, 10), 80);
 
-#[test]
-fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flows() {
-    let _lab_slot = serial();
-    let options = LabOptions {
+/// The lab's services (two cluster IPs, a node port) on `base`'s node,
+/// with a stack flows map of [`STACK_FLOW_ENTRIES`].
+fn with_services(base: LabOptions) -> LabOptions {
+    LabOptions {
         node_port: Some(NodePortService {
             pod: NODE_PORT_POD,
             target_port: PORT,
@@ -69,8 +75,14 @@ fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flow
             "VPCNET_STACK_FLOW_ENTRIES".into(),
             STACK_FLOW_ENTRIES.to_string(),
         )],
-        ..LabOptions::ebpf(3, agent_binary())
-    };
+        ..base
+    }
+}
+
+#[test]
+fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flows() {
+    let _lab_slot = serial();
+    let options = with_services(LabOptions::ebpf(3, agent_binary()));
     let lab = Lab::up(&options).unwrap_or_else(|e| panic!("bringing the lab up: {e}"));
     let pod = |i: usize| lab.pod(i).clone();
     let backend = |ns: &str, addr| listen(ns, SocketAddrV4::new(addr, PORT));
@@ -124,4 +136,113 @@ fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flow
     }
     drop(idle);
     lab.down().expect("taking the lab down");
+}
+
+/// SYNs of the flood: four times the flows the stack flows map holds.
+const FLOOD: u16 = 2 * STACK_FLOW_ENTRIES;
+/// Source ports of the flood (none of them a socket of the flooding host).
+const FLOOD_PORTS: u16 = 20000;
+
+#[test]
+fn a_syn_flood_at_the_node_port_never_keeps_service_connections_out() {
+    let _lab_slot = serial();
+    let reference = flooded(&with_services(LabOptions::iptables(3)));
+    let vpcnet = flooded(&with_services(LabOptions::ebpf(3, agent_binary())));
+    for (datapath, outcomes) in [("iptables", &reference), ("vpcnet", &vpcnet)] {
+        for (name, outcome) in outcomes {
+            println!("{datapath:<8} {name:<36} {outcome:?}");
+        }
+    }
+    for (name, outcome) in reference.into_iter().chain(vpcnet) {
+        assert_eq!(outcome, Ok(()), "{name}");
+    }
+}
+
+/// Brings up `options`' node, opens a connection through each service,
+/// floods the node port from on-prem with SYNs whose answers on-prem
+/// drops (as a spoofed flood's are never acknowledged), then exchanges on
+/// the established connections and opens new ones through each service.
+fn flooded(options: &LabOptions) -> Vec<(String, Result<(), String>)> {
+    vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
+    let lab = Lab::up(options).unwrap_or_else(|e| panic!("bringing the lab up: {e}"));
+    let pod = |i: usize| lab.pod(i).clone();
+    let backend = |ns: &str, addr| listen(ns, SocketAddrV4::new(addr, PORT));
+    let backends = [
+        backend(&pod(SERVICE_POD).netns, pod(SERVICE_POD).addr),
+        backend(addrs::NS_PEER, addrs::PEER_ADDR),
+        backend(&pod(NODE_PORT_POD).netns, pod(NODE_PORT_POD).addr),
+    ];
+    let client = pod(CLIENT_POD).netns;
+    let node_port = SocketAddrV4::new(addrs::NODE_PRIMARY_ADDR, addrs::NODE_PORT);
+    let services: [(&'static str, &str, SocketAddrV4); 3] = [
+        ("ClusterIP to a pod", &client, TO_POD),
+        ("ClusterIP to peer", &client, TO_PEER),
+        ("NodePort from peer", addrs::NS_PEER, node_port),
+    ];
+    let mut established: Vec<IdleConnection> = services
+        .iter()
+        .zip(&backends)
+        .map(|((name, ns, to), backend)| IdleConnection::open(name, ns, *to, backend))
+        .collect();
+    let flood_ports = format!("{FLOOD_PORTS}:{}", FLOOD_PORTS + FLOOD);
+    exec_ok(
+        addrs::NS_ONPREM,
+        &[
+            "iptables",
+            "-A",
+            "INPUT",
+            "-p",
+            "tcp",
+            "--sport",
+            &addrs::NODE_PORT.to_string(),
+            "--dport",
+            &flood_ports,
+            "-j",
+            "DROP",
+        ],
+    )
+    .expect("on-prem drops the flood's answers");
+    let sender = RawSender::open(addrs::NS_ONPREM).expect("a raw socket on-prem");
+    let entries: fn() -> anyhow::Result<usize> = match options.datapath {
+        Datapath::Ebpf => stack_flow_entries,
+        _ => || Ok(0),
+    };
+    let report = syn_flood_watching(
+        &sender,
+        addrs::ONPREM_ADDR,
+        FLOOD_PORTS..FLOOD_PORTS + FLOOD,
+        node_port,
+        None,
+        entries,
+    )
+    .expect("the flood");
+    let mut outcomes = Vec::new();
+    if options.datapath == Datapath::Ebpf {
+        println!(
+            "{FLOOD} SYNs at the node port in {:.1} s: the stack flows map ({STACK_FLOW_ENTRIES} entries) held at most {}; early drops {}, flows not remembered {}",
+            report.elapsed.as_secs_f64(),
+            report.max_flows,
+            lab_counter(Counter::StackFlowEarlyDrop),
+            lab_counter(Counter::StackFlowUntracked),
+        );
+        outcomes.push((
+            "the flood's flows made room".to_owned(),
+            (lab_counter(Counter::StackFlowEarlyDrop) > 0)
+                .then_some(())
+                .ok_or_else(|| "no early drop".to_owned()),
+        ));
+    }
+    for connection in &mut established {
+        outcomes.push((
+            format!("{}, established before", connection.name),
+            connection.exchange("after the flood"),
+        ));
+    }
+    for ((name, ns, to), backend) in services.iter().zip(&backends) {
+        let mut fresh = IdleConnection::open(name, ns, *to, backend);
+        outcomes.push((format!("{name}, new"), fresh.exchange("new")));
+    }
+    drop(established);
+    lab.down().expect("taking the lab down");
+    outcomes
 }

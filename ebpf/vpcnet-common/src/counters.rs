@@ -127,6 +127,7 @@ counters! {
     DropPolicyIngress => "drop_policy_ingress", "dropped: network policy: the receiving pod's ingress rules do not allow it";
     DropPolicyRevoked => "drop_policy_revoked", "dropped: network policy: a packet of a connection that a policy change denies";
     PolicyEventLost => "policy_event_lost", "policy: a verdict not logged, the event ring buffer full (ENABLE_POLICY_EVENT_LOGS)";
+    StackFlowEarlyDrop => "stack_flow_early_drop", "stack flows: the table was full, an unanswered flow through the node's stack created shortly before was dropped to make room for a new one (conntrack's early drop)";
 
 }
 

@@ -87,6 +87,11 @@ pub static PORT_SEARCH: PerCpuArray<ClaimSearch> = PerCpuArray::with_max_entries
 #[map(name = "VPCNET_RECENT_FLOWS")]
 pub static RECENT_FLOWS: Array<RecentFlows> = Array::with_max_entries(1, 0);
 
+/// The stack flows created last, for their early drop: their pod-side
+/// tuples (see `stack::remember`). Not pinned, as [`RECENT_FLOWS`].
+#[map(name = "VPCNET_RECENT_STACK")]
+pub static RECENT_STACK_FLOWS: Array<RecentFlows> = Array::with_max_entries(1, 0);
+
 #[map(name = "VPCNET_COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
 

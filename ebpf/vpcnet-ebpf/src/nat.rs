@@ -6,7 +6,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
-    maps::HashMap,
+    maps::{Array, HashMap},
 };
 use vpcnet_common::{
     config::{Config, RandomizeMode},
@@ -28,7 +28,7 @@ use crate::{
 /// 1e-10 at 70 %, 0.1 % at 90 %.
 const ALLOC_TRIES: u32 = 64;
 
-const E2BIG: i32 = 7;
+pub(crate) const E2BIG: i32 = 7;
 const EEXIST: i32 = 17;
 
 #[inline(always)]
@@ -171,7 +171,7 @@ pub struct ClaimSearch {
     /// The reply tuple of the candidate being tried, and the forward tuple
     /// of the flow holding it.
     rev_key: FlowKey,
-    holder_key: FlowKey,
+    pub(crate) holder_key: FlowKey,
     rev_value: NatEntry,
     nat_addr: u32,
     now: u64,
@@ -179,7 +179,7 @@ pub struct ClaimSearch {
     port: u16,
     outcome: u8,
     /// Set by [`drop_step`] when it dropped a flow to make room.
-    room_made: u8,
+    pub(crate) room_made: u8,
     /// The candidate held by the closed TCP flow that ended longest ago
     /// (0: none seen), and when that flow saw its last packet.
     oldest_closed_port: u16,
@@ -402,18 +402,19 @@ fn remove_pair(rev_key: &FlowKey, fwd_key: &FlowKey) -> bool {
 /// and is skipped, a lost increment overwrites one slot twice. What the
 /// search for a victim needs besides is per CPU, in [`ClaimSearch`].
 pub struct RecentFlows {
-    next: u32,
+    pub(crate) next: u32,
     _pad: u32,
-    keys: [FlowKey; RECENT_FLOWS_LEN as usize],
+    pub(crate) keys: [FlowKey; RECENT_FLOWS_LEN as usize],
 }
 
-const RING_MASK: u32 = RECENT_FLOWS_LEN - 1;
+pub(crate) const RING_MASK: u32 = RECENT_FLOWS_LEN - 1;
 const _: () = assert!(RECENT_FLOWS_LEN.is_power_of_two());
 
-/// Adds a new flow's claim to the ring.
+/// Adds a new flow's key (a NAT flow's claim, a stack flow's pod-side
+/// tuple) to the ring `ring`.
 #[inline(always)]
-fn remember_recent(rev_key: &FlowKey) {
-    let Some(recent) = RECENT_FLOWS.get_ptr_mut(0) else {
+pub(crate) fn remember_recent(ring: &Array<RecentFlows>, rev_key: &FlowKey) {
+    let Some(recent) = ring.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: the map's one value; see `RecentFlows` for concurrent writers.
@@ -425,10 +426,21 @@ fn remember_recent(rev_key: &FlowKey) {
     }
 }
 
-/// Drops one unanswered flow among the recent ones, oldest first, to make
-/// room in a full table. Returns whether it did.
+/// Drops one unanswered NAT flow among the recent ones, oldest first, to
+/// make room in a full table. Returns whether it did.
 #[inline(always)]
 fn make_room() -> bool {
+    make_room_with(drop_step, Counter::NatEarlyDrop)
+}
+
+/// Runs `step` over a ring of recent flows, oldest first, until it drops
+/// one (it sets the search slot's `room_made`), counted as `counter`.
+/// Returns whether one was dropped.
+#[inline(always)]
+pub(crate) fn make_room_with(
+    step: extern "C" fn(u32, *mut c_void) -> i64,
+    counter: Counter,
+) -> bool {
     let Some(search) = PORT_SEARCH.get_ptr_mut(0) else {
         return false;
     };
@@ -438,7 +450,7 @@ fn make_room() -> bool {
     unsafe {
         bpf_loop(
             RECENT_FLOWS_LEN,
-            drop_step as *mut c_void,
+            step as *mut c_void,
             core::ptr::null_mut(),
             0,
         );
@@ -446,7 +458,7 @@ fn make_room() -> bool {
     // SAFETY: as above.
     let dropped = unsafe { (*search).room_made } != 0;
     if dropped {
-        count(Counter::NatEarlyDrop);
+        count(counter);
     }
     dropped
 }
@@ -544,7 +556,7 @@ pub fn create_flow(
             Ok(existing)
         }
         Ok(existing) => {
-            remember_recent(&ours);
+            remember_recent(&RECENT_FLOWS, &ours);
             Ok(existing)
         }
         Err(reason) => {
@@ -594,7 +606,7 @@ pub fn track_untranslated(
     }
     match insert_forward(fwd, &search.rev_value) {
         Ok(forward) => {
-            remember_recent(&search.rev_key);
+            remember_recent(&RECENT_FLOWS, &search.rev_key);
             Ok(forward)
         }
         Err(reason) => {

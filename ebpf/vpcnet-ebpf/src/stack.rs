@@ -6,14 +6,16 @@
 //! half, so the agent's collector removes it when conntrack would, never
 //! while it lives, however many newer flows came since.
 
+use core::ffi::c_void;
+
 use vpcnet_common::{
     counters::Counter,
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_TCP, SEEN_ANY, SEEN_SYN},
+    nat::{FlowKey, FlowKind, NatEntry, PROTO_TCP, SEEN_ANY, SEEN_SYN, flags_view},
 };
 
 use crate::{
-    maps::{STACK_FLOWS, count},
-    nat::{first_packet, now_ns, touch},
+    maps::{PORT_SEARCH, RECENT_STACK_FLOWS, STACK_FLOWS, count},
+    nat::{E2BIG, RING_MASK, first_packet, make_room_with, now_ns, remember_recent, touch},
     packet::L4,
 };
 
@@ -75,9 +77,10 @@ fn reopen(key: &FlowKey, half: *mut NatEntry, l4: &L4, now: u64) {
 }
 
 /// Remembers a new stack flow whose pod-side tuple is `pod_tuple`, opened
-/// by `kind`'s side with the packet `l4`. A flow the table
-/// has no room for is counted; its packets still take the stack's path
-/// whenever the destination alone sends them there.
+/// by `kind`'s side with the packet `l4`, the oldest unanswered recent one
+/// dropped when the table is full. A flow it has no room for even then (a
+/// table full of answered flows) is counted; its packets still take the
+/// stack's path whenever the destination alone sends them there.
 #[inline(always)]
 pub fn remember(pod_tuple: &FlowKey, kind: FlowKind, l4: &L4) {
     let now = now_ns();
@@ -87,7 +90,7 @@ pub fn remember(pod_tuple: &FlowKey, kind: FlowKind, l4: &L4) {
         first_packet(&mut half, l4);
     }
     let reverse = pod_tuple.reversed();
-    if STACK_FLOWS.insert(reverse, half, 0).is_err() {
+    if !insert_making_room(&reverse, &half) {
         count(Counter::StackFlowUntracked);
         return;
     }
@@ -96,8 +99,66 @@ pub fn remember(pod_tuple: &FlowKey, kind: FlowKind, l4: &L4) {
     if !toward_pod {
         first_packet(&mut half, l4);
     }
-    if STACK_FLOWS.insert(pod_tuple, half, 0).is_err() {
+    if !insert_making_room(pod_tuple, &half) {
         let _ = STACK_FLOWS.remove(reverse);
         count(Counter::StackFlowUntracked);
+        return;
     }
+    remember_recent(&RECENT_STACK_FLOWS, pod_tuple);
+}
+
+/// Inserts a half, making room by early drop when the table is full, as
+/// the NAT does (a flood of flows nobody answers, at a node port say, makes
+/// way for new flows; answered ones are never touched). Whether it is in.
+#[inline(always)]
+fn insert_making_room(key: &FlowKey, half: &NatEntry) -> bool {
+    match STACK_FLOWS.insert(key, half, 0) {
+        Ok(()) => true,
+        Err(e) if e == -E2BIG && make_room_with(drop_step, Counter::StackFlowEarlyDrop) => {
+            STACK_FLOWS.insert(key, half, 0).is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
+/// One recent stack flow for the early drop: both halves dropped if the
+/// flow is unanswered (the opener's answer not acknowledged counts, as
+/// conntrack's `SYN_RECV` is not assured). Returns 1 to stop.
+#[allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys are passed as pointers into map values: by value they would be copied to the stack"
+)]
+#[inline(never)]
+extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
+    let (Some(recent), Some(search)) = (
+        RECENT_STACK_FLOWS.get_ptr_mut(0),
+        PORT_SEARCH.get_ptr_mut(0),
+    ) else {
+        return 1;
+    };
+    // SAFETY: the ring's one value, and this CPU's search slot, whose
+    // holder key is free while no candidate port is judged.
+    let (recent, search) = unsafe { (&mut *recent, &mut *search) };
+    let slot = recent.next.wrapping_add(index) & RING_MASK;
+    let Some(pod_tuple) = recent.keys.get_mut(slot as usize) else {
+        return 1;
+    };
+    // SAFETY: a map value, valid for the program's run even if deleted.
+    let Some(from_pod) = (unsafe { STACK_FLOWS.get(&*pod_tuple) }) else {
+        return 0;
+    };
+    search.holder_key = pod_tuple.reversed();
+    // SAFETY: as above.
+    let toward_pod = unsafe { STACK_FLOWS.get(&search.holder_key) }.unwrap_or(from_pod);
+    if !flags_view(pod_tuple.proto, from_pod, toward_pod).unanswered {
+        return 0;
+    }
+    if STACK_FLOWS.remove(&*pod_tuple).is_err() {
+        return 0;
+    }
+    let _ = STACK_FLOWS.remove(&search.holder_key);
+    // Taken: the slot no longer names a flow.
+    pod_tuple.proto = 0;
+    search.room_made = 1;
+    1
 }
