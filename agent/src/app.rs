@@ -158,6 +158,9 @@ pub fn run(pin_dir: &Path, args: &RunArgs, env: &Env) -> Result<()> {
         args.metrics_address.as_deref(),
     )?;
     info!(settings = %settings.view(env)?, "settings in force");
+    settings
+        .snat
+        .check_node_marks(&vpcnet_agent::takeover::iptables::node_mark_uses())?;
     // Before anything changes on the node.
     let aws_policy = if args.ipam {
         network_policy::check(settings.policy.is_some(), &args.network_policy_pins)?

@@ -188,6 +188,14 @@ impl Settings {
             json!(format!("{}-{}", s.port_min, s.port_max)),
         );
         put(
+            snat::ENV_MARK_DECIDED,
+            json!(format!("{:#x}", s.mark_decided)),
+        );
+        put(
+            snat::ENV_MARK_VIA_SERVICE,
+            json!(format!("{:#x}", s.mark_via_service)),
+        );
+        put(
             service_cidrs::ENV_SERVICE_CIDRS,
             json!(cidr_texts(&self.service_cidrs)),
         );

@@ -7,6 +7,7 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
+use vpcnet_api::iptables_marks::{MarkUse, overlapping};
 use vpcnet_common::{
     addr_to_raw,
     config::{self, Config, FLAG_EXTERNAL_SNAT, RandomizeMode},
@@ -26,6 +27,11 @@ pub const ENV_EXTERNAL_SERVICE_CIDRS: &str = "AWS_EXTERNAL_SERVICE_CIDRS";
 pub const ENV_CONNMARK: &str = "AWS_VPC_K8S_CNI_CONNMARK";
 /// vpcnet's own: the SNAT source port range, `MIN-MAX`.
 pub const ENV_SNAT_PORT_RANGE: &str = "VPCNET_SNAT_PORT_RANGE";
+/// vpcnet's own: the skb mark bit of a packet its programs decided, and
+/// the one of a pod's packet to a service (see `vpcnet_common::config`),
+/// each one bit; set them where the node's other rules use the defaults.
+pub const ENV_MARK_DECIDED: &str = "VPCNET_MARK_DECIDED";
+pub const ENV_MARK_VIA_SERVICE: &str = "VPCNET_MARK_VIA_SERVICE";
 /// aws-node's `NodePort` rules, which vpcnet needs not (a `NodePort`
 /// connection's replies always leave by the primary ENI here): read only to
 /// show it as aws-node does (`/v1/networkutils-env-settings`).
@@ -44,6 +50,9 @@ pub struct SnatSettings {
     pub port_max: u16,
     /// `AWS_VPC_K8S_CNI_CONNMARK`.
     pub connmark: u32,
+    /// `VPCNET_MARK_DECIDED`, `VPCNET_MARK_VIA_SERVICE`.
+    pub mark_decided: u32,
+    pub mark_via_service: u32,
 }
 
 impl Default for SnatSettings {
@@ -56,6 +65,8 @@ impl Default for SnatSettings {
             port_min: config::DEFAULT_PORT_MIN,
             port_max: config::DEFAULT_PORT_MAX,
             connmark: vpcnet_api::vpc_cni::DEFAULT_CONNMARK,
+            mark_decided: config::MARK_DECIDED,
+            mark_via_service: config::MARK_VIA_SERVICE,
         }
     }
 }
@@ -100,7 +111,51 @@ impl SnatSettings {
         if let Some(value) = env.get(ENV_SNAT_PORT_RANGE) {
             (settings.port_min, settings.port_max) = parse_port_range(ENV_SNAT_PORT_RANGE, value)?;
         }
+        if let Some(value) = env.get(ENV_MARK_DECIDED) {
+            settings.mark_decided = parse_mark_bit(ENV_MARK_DECIDED, value)?;
+        }
+        if let Some(value) = env.get(ENV_MARK_VIA_SERVICE) {
+            settings.mark_via_service = parse_mark_bit(ENV_MARK_VIA_SERVICE, value)?;
+        }
+        if settings.mark_decided == settings.mark_via_service {
+            return Err(ConfigError {
+                variable: ENV_MARK_VIA_SERVICE,
+                value: format!("{:#x}", settings.mark_via_service),
+                allowed: "a bit other than VPCNET_MARK_DECIDED's",
+            });
+        }
         Ok(settings)
+    }
+
+    /// vpcnet's mark bits.
+    #[must_use]
+    pub const fn mark_bits(&self) -> u32 {
+        self.mark_decided | self.mark_via_service
+    }
+
+    /// Refuses mark bits another component's rules use (`uses`: the
+    /// node's iptables rules that touch marks), naming whose each rule is.
+    ///
+    /// # Errors
+    /// A rule sets, clears or tests one of vpcnet's bits.
+    pub fn check_node_marks(&self, uses: &[MarkUse]) -> Result<(), MarkOverlap> {
+        let mut overlaps = Vec::new();
+        for (variable, bit) in [
+            (ENV_MARK_DECIDED, self.mark_decided),
+            (ENV_MARK_VIA_SERVICE, self.mark_via_service),
+        ] {
+            for rule in overlapping(uses, bit) {
+                overlaps.push(format!(
+                    "{variable}={bit:#x} is a bit {}'s rule uses: {}",
+                    rule.owner, rule.rule
+                ));
+            }
+        }
+        if overlaps.is_empty() {
+            Ok(())
+        } else {
+            Err(MarkOverlap(overlaps))
+        }
     }
 
     /// The datapath's configuration for a node whose primary address is
@@ -119,8 +174,30 @@ impl SnatSettings {
             hash_seed,
             // Set when the primary ENI's entry is written.
             primary_ifindex: 0,
+            mark_decided_bit: self.mark_decided,
+            mark_via_service_bit: self.mark_via_service,
         }
     }
+}
+
+/// vpcnet's mark bits meet the node's other rules.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "vpcnet's mark bits are used by the node's other rules; set VPCNET_MARK_DECIDED and VPCNET_MARK_VIA_SERVICE to bits no rule uses:\n{}",
+    .0.join("\n")
+)]
+pub struct MarkOverlap(pub Vec<String>);
+
+/// One mark bit, as `go_int` reads numbers (`0x200000`, `2097152`).
+fn parse_mark_bit(variable: &'static str, value: &str) -> Result<u32, ConfigError> {
+    go_int(value.trim())
+        .and_then(|mark| u32::try_from(mark).ok())
+        .filter(|mark| mark.is_power_of_two())
+        .ok_or_else(|| ConfigError {
+            variable,
+            value: value.to_owned(),
+            allowed: "one mark bit, e.g. 0x200000",
+        })
 }
 
 fn parse_port_range(variable: &'static str, value: &str) -> Result<(u16, u16), ConfigError> {
@@ -247,5 +324,61 @@ mod tests {
             assert_eq!(err.variable, ENV_SNAT_PORT_RANGE);
             assert!(err.to_string().contains(value), "{err}");
         }
+    }
+
+    #[test]
+    fn vpcnet_mark_bits_are_single_distinct_bits() {
+        let s = settings(&[]).0.unwrap();
+        assert_eq!(
+            (s.mark_decided, s.mark_via_service),
+            (config::MARK_DECIDED, config::MARK_VIA_SERVICE)
+        );
+        let s = settings(&[(ENV_MARK_DECIDED, "0x1000"), (ENV_MARK_VIA_SERVICE, "8192")])
+            .0
+            .unwrap();
+        assert_eq!((s.mark_decided, s.mark_via_service), (0x1000, 0x2000));
+        let config = s.datapath_config(Ipv4Addr::new(10, 0, 0, 1), 7);
+        assert_eq!(
+            (config.mark_decided(), config.mark_via_service()),
+            (0x1000, 0x2000)
+        );
+        for (variable, value) in [
+            (ENV_MARK_DECIDED, "0x3000"),
+            (ENV_MARK_DECIDED, "0"),
+            (ENV_MARK_VIA_SERVICE, "lots"),
+            (ENV_MARK_VIA_SERVICE, "0x200000"),
+        ] {
+            let err = settings(&[(variable, value)]).0.unwrap_err();
+            assert_eq!(err.variable, variable, "{value}: {err}");
+        }
+    }
+
+    #[test]
+    fn mark_bits_another_components_rules_use_are_refused_by_name() {
+        let calico = vpcnet_api::iptables_marks::mark_uses(
+            "-A cali-fw-eni1 -m comment --comment \"cali:x\" -j MARK --set-xmark 0x0/0xffff0000\n\
+             -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n",
+        );
+        let defaults = settings(&[]).0.unwrap();
+        let err = defaults.check_node_marks(&calico).unwrap_err();
+        let said = err.to_string();
+        assert!(
+            said.contains("VPCNET_MARK_DECIDED=0x200000 is a bit Calico's rule uses"),
+            "{said}"
+        );
+        assert!(said.contains("VPCNET_MARK_VIA_SERVICE=0x400000"), "{said}");
+        let moved = settings(&[
+            (ENV_MARK_DECIDED, "0x1000"),
+            (ENV_MARK_VIA_SERVICE, "0x2000"),
+        ])
+        .0
+        .unwrap();
+        moved.check_node_marks(&calico).unwrap();
+        let on_kube_proxy = settings(&[(ENV_MARK_DECIDED, "0x4000")]).0.unwrap();
+        let said = on_kube_proxy
+            .check_node_marks(&calico)
+            .unwrap_err()
+            .to_string();
+        assert!(said.contains("kube-proxy"), "{said}");
     }
 }

@@ -6,6 +6,7 @@ pub mod aws_network_policy;
 pub mod cluster_policy;
 pub mod conflist;
 pub mod iptables;
+pub mod iptables_marks;
 pub mod kube_proxy;
 pub mod layout;
 pub mod log_files;

@@ -96,14 +96,11 @@ fn an_untranslated_icmp_message_from_a_pod_leaves_by_its_own_eni() {
     // Port unreachable about a datagram no flow of the node's knows.
     let quoted = packets::udp(INET, 5353, POD, 9, b"q");
     let unreachable = from_pod(packets::icmp_error(POD, INET, 3, 3, &quoted, 28));
-    let mut timestamp = vec![13u8, 0, 0, 0, 0, 1, 0, 1];
-    timestamp.extend_from_slice(&[0u8; 12]);
-    let csum = packets::internet_checksum(&[&timestamp]);
-    timestamp[2..4].copy_from_slice(&csum.to_be_bytes());
-    let timestamp = from_pod(packets::ipv4_frame(POD, INET, 1, &timestamp, &[]));
+    // A router solicitation: no query conntrack tracks.
+    let solicitation = from_pod(packets::icmp_query(POD, INET, 10, 1, 0));
     for (sent, decision) in [
         (&unreachable, Counter::EgressIcmpErrorPass),
-        (&timestamp, Counter::EgressIcmpOther),
+        (&solicitation, Counter::EgressIcmpOther),
     ] {
         // Routed by the stack out of the primary ENI.
         let steered = h.counter(Counter::EgressSteered);
@@ -288,11 +285,18 @@ fn replies_of_flows_that_came_through_the_stack_go_back_through_it() {
 #[test]
 fn stack_flows_are_pairs_that_live_as_long_as_their_connection() {
     let mut h = harness();
-    let to_pod = |flags| packets::tcp(PEER, 51000, POD, 8080, flags, b"");
-    let from_pod_with = |flags| from_pod(packets::tcp(POD, 8080, PEER, 51000, flags, b""));
-    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_SYN));
-    h.run(maps::PROG_POD_EGRESS, &from_pod_with(TCP_SYN | TCP_ACK));
-    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_ACK));
+    let to_pod = |flags, numbers| packets::tcp_seq(PEER, 51000, POD, 8080, flags, numbers, b"");
+    let from_pod_with = |flags, numbers| {
+        from_pod(packets::tcp_seq(
+            POD, 8080, PEER, 51000, flags, numbers, b"",
+        ))
+    };
+    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_SYN, (100, 0)));
+    h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod_with(TCP_SYN | TCP_ACK, (500, 101)),
+    );
+    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_ACK, (101, 501)));
     let pairs: Vec<_> = h.datapath.maps.stack_flows.iter().flatten().collect();
     assert_eq!(pairs.len(), 2, "one flow, two halves: {pairs:?}");
     let collect_after = |h: &mut Harness, seconds: u64| {
@@ -306,11 +310,18 @@ fn stack_flows_are_pairs_that_live_as_long_as_their_connection() {
     let stats = collect_after(&mut h, 3600);
     assert_eq!((stats.flows, stats.expired), (1, 0), "{stats:?}");
     // Closed by both sides: gone after TIME_WAIT, both halves.
-    h.run(maps::PROG_POD_EGRESS, &from_pod_with(TCP_FIN | TCP_ACK));
-    h.run(maps::PROG_POD_INGRESS, &to_pod(TCP_FIN | TCP_ACK));
+    h.run(
+        maps::PROG_POD_EGRESS,
+        &from_pod_with(TCP_FIN | TCP_ACK, (501, 101)),
+    );
+    h.run(
+        maps::PROG_POD_INGRESS,
+        &to_pod(TCP_FIN | TCP_ACK, (101, 502)),
+    );
+    h.run(maps::PROG_POD_EGRESS, &from_pod_with(TCP_ACK, (502, 102)));
     let stats = collect_after(&mut h, 60);
     assert_eq!(stats.expired, 0, "still in TIME_WAIT: {stats:?}");
-    let stats = collect_after(&mut h, 121);
+    let stats = collect_after(&mut h, 122);
     assert_eq!(stats.expired, 1, "{stats:?}");
     assert_eq!(h.datapath.maps.stack_flows.keys().count(), 0);
 }

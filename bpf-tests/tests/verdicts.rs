@@ -1015,3 +1015,69 @@ fn a_connection_closes_through_netfilters_states_by_its_numbers() {
     pod(TCP_ACK, (112, 522), b"");
     assert_eq!(state(&h), (FlowState::TimeWait, 120));
 }
+
+/// Another component's mark bit (Calico's mask covers vpcnet's default
+/// bits) on a pod's packet for the internet never makes it leave
+/// un-NATed: a decided mark is trusted as it is only for a translated
+/// packet or one that needs no NAT; such a packet is decided again.
+#[test]
+fn a_foreign_decided_mark_never_lets_a_pods_packet_leave_un_natted() {
+    let h = Harness::lab_default();
+    let decided = vpcnet_common::config::MARK_DECIDED;
+    let to_inet = packets::tcp(POD, 40000, INET, 443, TCP_SYN, b"");
+    let (out, mark) = h.run_with_mark(maps::PROG_ENI_EGRESS, &to_inet, decided | 0x1_0000);
+    let left = parse(&out.packet);
+    assert_eq!((left.src, out.action), (NODE, TC_ACT_UNSPEC), "SNATed");
+    assert_eq!(mark, 0x1_0000, "vpcnet's bit cleared, the other kept");
+    assert_eq!(h.counter(Counter::EgressDecidedRechecked), 1);
+    // What needs no NAT, or got it, passes on the mark as it is.
+    for (packet, what) in [
+        (
+            packets::tcp(POD, 40001, PEER, 443, TCP_SYN, b""),
+            "to the VPC",
+        ),
+        (
+            packets::tcp(NODE, 30000, INET, 443, TCP_SYN, b""),
+            "translated",
+        ),
+    ] {
+        let (out, _) = h.run_with_mark(maps::PROG_ENI_EGRESS, &packet, decided);
+        assert_eq!(out.packet, packet, "{what}: untouched");
+    }
+    assert_eq!(h.counter(Counter::EgressDecided), 2);
+    assert_eq!(h.counter(Counter::EgressDecidedRechecked), 1);
+}
+
+/// `VPCNET_MARK_DECIDED` and `VPCNET_MARK_VIA_SERVICE` move vpcnet's bits:
+/// the defaults then mean nothing to it, its own bits what they meant.
+#[test]
+fn the_mark_bits_are_the_configured_ones() {
+    let h = Harness::new(
+        &settings(|s| {
+            s.mark_decided = 0x1000;
+            s.mark_via_service = 0x2000;
+        }),
+        maps::NAT_DEFAULT_ENTRIES,
+    );
+    let to_inet = packets::tcp(NODE, 30000, INET, 443, TCP_SYN, b"");
+    let (_, mark) = h.run_with_mark(maps::PROG_ENI_EGRESS, &to_inet, 0x1000);
+    assert_eq!(mark, 0, "the configured decided bit cleared");
+    assert_eq!(h.counter(Counter::EgressDecided), 1);
+    let default_bits =
+        vpcnet_common::config::MARK_DECIDED | vpcnet_common::config::MARK_VIA_SERVICE;
+    let (_, mark) = h.run_with_mark(maps::PROG_ENI_EGRESS, &to_inet, default_bits);
+    assert_eq!(mark, default_bits, "another component's bits now, kept");
+    assert_eq!(
+        h.counter(Counter::EgressDecided),
+        1,
+        "not taken for decided"
+    );
+    // A pod's packet to a service, after kube-proxy's DNAT: the
+    // configured service bit is vpcnet's, cleared as it leaves.
+    let (_, mark) = h.run_with_mark(
+        maps::PROG_ENI_EGRESS,
+        &packets::tcp(POD, 40000, PEER, 8080, TCP_SYN, b""),
+        0x2000,
+    );
+    assert_eq!(mark, 0, "the configured service bit cleared");
+}

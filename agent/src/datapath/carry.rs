@@ -18,7 +18,7 @@ use aya::{
 };
 use vpcnet_common::{
     cidr::{CidrValue, ExternalServiceCidr},
-    config::Config,
+    config::{CONFIG_LAYOUT1_SIZE, Config},
     counters::Counter,
     endpoint::{Endpoint, Eni},
     maps::{self as names, PinnedMap},
@@ -42,10 +42,10 @@ pub struct Carry {
 }
 
 enum Source {
-    Config(Array<MapData, Config>),
-    Timeouts(Array<MapData, Timeouts>),
-    /// Layout 1's: the first ten timeouts.
-    NarrowTimeouts(Array<MapData, [u8; TIMEOUTS_LAYOUT1_SIZE]>),
+    /// Layout 1's is narrower: before the mark bits.
+    Config(OneValue<Config, CONFIG_LAYOUT1_SIZE>),
+    /// Layout 1's is narrower: the first ten timeouts.
+    Timeouts(OneValue<Timeouts, TIMEOUTS_LAYOUT1_SIZE>),
     Cidrs(LpmTrie<MapData, [u8; 4], CidrValue>),
     ExternalServiceCidrs(LpmTrie<MapData, [u8; 4], ExternalServiceCidr>),
     /// NAT and stack flows, and what the first pass copied of them.
@@ -70,11 +70,8 @@ impl Carry {
         let narrow = names::widened_from(map.name)
             .is_some_and(|size| u32::try_from(size).ok() == Some(from.shape.value_size));
         let source = match map.name {
-            names::CONFIG => Source::Config(Array::try_from(opened).map_err(typed)?),
-            names::CT_TIMEOUTS if narrow => {
-                Source::NarrowTimeouts(Array::try_from(opened).map_err(typed)?)
-            }
-            names::CT_TIMEOUTS => Source::Timeouts(Array::try_from(opened).map_err(typed)?),
+            names::CONFIG => Source::Config(OneValue::open(opened, narrow).map_err(typed)?),
+            names::CT_TIMEOUTS => Source::Timeouts(OneValue::open(opened, narrow).map_err(typed)?),
             names::CIDRS => Source::Cidrs(LpmTrie::try_from(opened).map_err(typed)?),
             names::EXTERNAL_SERVICE_CIDRS => {
                 Source::ExternalServiceCidrs(LpmTrie::try_from(opened).map_err(typed)?)
@@ -115,17 +112,14 @@ impl Carry {
         let from_layout = self.from_layout;
         let tally = match (pass, &mut self.source) {
             (Pass::BeforeSwap, Source::Config(from)) => {
-                maps.set_config(&from.get(&0, 0).map_err(err)?)?;
+                maps.set_config(&from.value().map_err(err)?)?;
                 Tally::one()
             }
             (Pass::BeforeSwap, Source::Timeouts(from)) => {
-                maps.set_timeouts(&from.get(&0, 0).map_err(err)?)?;
+                maps.set_timeouts(&from.value().map_err(err)?)?;
                 Tally::one()
             }
-            (Pass::BeforeSwap, Source::NarrowTimeouts(from)) => {
-                maps.set_timeouts(&widen(&from.get(&0, 0).map_err(err)?))?;
-                Tally::one()
-            }
+
             (Pass::BeforeSwap, Source::Cidrs(from)) => {
                 let mut tally = Tally::default();
                 for entry in from.iter() {
@@ -204,7 +198,6 @@ impl Carry {
                 Pass::AfterSwap,
                 Source::Config(_)
                 | Source::Timeouts(_)
-                | Source::NarrowTimeouts(_)
                 | Source::Cidrs(_)
                 | Source::ExternalServiceCidrs(_)
                 | Source::Endpoints(_)
@@ -213,6 +206,31 @@ impl Carry {
         };
         self.tally.merge(tally);
         Ok(())
+    }
+}
+
+/// A pinned array of one value (the configuration, the timeouts), of
+/// today's layout or of an earlier, narrower one (`N` bytes, a prefix).
+enum OneValue<T: Pod, const N: usize> {
+    Current(Array<MapData, T>),
+    Narrow(Array<MapData, [u8; N]>),
+}
+
+impl<T: Pod + Default, const N: usize> OneValue<T, N> {
+    fn open(map: Map, narrow: bool) -> Result<Self, MapError> {
+        Ok(if narrow {
+            Self::Narrow(Array::try_from(map)?)
+        } else {
+            Self::Current(Array::try_from(map)?)
+        })
+    }
+
+    /// Its value, widened to today's with the appended fields zero.
+    fn value(&self) -> Result<T, MapError> {
+        match self {
+            Self::Current(map) => map.get(&0, 0),
+            Self::Narrow(map) => Ok(widen(&map.get(&0, 0)?)),
+        }
     }
 }
 

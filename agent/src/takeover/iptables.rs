@@ -5,7 +5,10 @@
 use std::{process::Command, sync::OnceLock};
 
 use tracing::info;
-use vpcnet_api::iptables::{self, IptablesBackend};
+use vpcnet_api::{
+    iptables::{self, IptablesBackend},
+    iptables_marks::{MarkUse, mark_uses},
+};
 
 /// The node's backend, told once: it does not change under a running
 /// agent.
@@ -22,6 +25,22 @@ pub fn backend() -> IptablesBackend {
         info!(%backend, iptables = backend.iptables(), "the node's iptables backend");
         backend
     })
+}
+
+/// The rules of the node's iptables, in both backends (a backend whose
+/// `iptables-save` is missing or fails has none), that use mark bits.
+pub fn node_mark_uses() -> Vec<MarkUse> {
+    IptablesBackend::ALL
+        .into_iter()
+        .filter_map(|backend| {
+            let output = Command::new(backend.save()).output().ok()?;
+            output
+                .status
+                .success()
+                .then(|| mark_uses(&String::from_utf8_lossy(&output.stdout)))
+        })
+        .flatten()
+        .collect()
 }
 
 /// The `iptables` program of the node's backend.

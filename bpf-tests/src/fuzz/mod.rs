@@ -256,6 +256,9 @@ fn world(rng: &mut fastrand::Rng) -> World {
         port_max,
         hash_seed: rng.u32(..),
         primary_ifindex: if rng.u32(0..10) == 0 { 0 } else { PRIMARY_ENI },
+        // vpcnet's default bits, the ones the generator marks with.
+        mark_decided_bit: 0,
+        mark_via_service_bit: 0,
     };
     let mut prefixes = vec![];
     for cidr in VPC_CIDRS {

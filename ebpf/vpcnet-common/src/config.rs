@@ -17,14 +17,17 @@ pub const FLAG_POLICY_EVENTS: u32 = 1 << 2;
 /// The skb mark bit `pod_egress` sets on a pod's packet to a service CIDR
 /// before handing it to the stack, so that `eni_egress`, after kube-proxy's
 /// DNAT, knows the flow's replies must go back through the stack to be
-/// un-DNATed. A bit no kube-proxy (0x4000, 0x8000), VPC CNI (0x80) or
-/// common CNI mark uses; it is cleared before the packet leaves the node.
+/// un-DNATed; cleared before the packet leaves the node. By default this
+/// bit (`VPCNET_MARK_VIA_SERVICE` sets another, [`Config::mark_via_service`]):
+/// one no kube-proxy (0x4000, 0x8000) or VPC CNI (0x80) mark uses.
 pub const MARK_VIA_SERVICE: u32 = 0x0040_0000;
 
 /// The skb mark bit a vpcnet program sets on a packet whose fate it has
 /// already decided (translated, or left un-NATed) before it leaves by an
 /// ENI: `eni_egress` clears it and passes the packet, so no packet is
 /// decided twice (a translated source would look like a node socket's).
+/// By default this bit (`VPCNET_MARK_DECIDED` sets another,
+/// [`Config::mark_decided`]).
 pub const MARK_DECIDED: u32 = 0x0020_0000;
 
 /// `AWS_VPC_K8S_CNI_RANDOMIZESNAT`: how the NAT picks a source port.
@@ -95,7 +98,14 @@ pub struct Config {
     /// the packets then go through the stack to `eni_egress`, which makes
     /// the same decision.
     pub primary_ifindex: u32,
+    /// The mark bits of [`MARK_DECIDED`] and [`MARK_VIA_SERVICE`]'s roles;
+    /// zero: those defaults. Appended: layout 1's fields are a prefix.
+    pub mark_decided_bit: u32,
+    pub mark_via_service_bit: u32,
 }
+
+/// Size of [`Config`] in layout 1 (before the mark bits).
+pub const CONFIG_LAYOUT1_SIZE: usize = 24;
 
 impl Config {
     #[must_use]
@@ -116,6 +126,26 @@ impl Config {
     #[must_use]
     pub const fn randomize_mode(&self) -> RandomizeMode {
         RandomizeMode::from_raw(self.randomize)
+    }
+
+    /// The mark bit of a packet a vpcnet program decided.
+    #[must_use]
+    pub const fn mark_decided(&self) -> u32 {
+        if self.mark_decided_bit == 0 {
+            MARK_DECIDED
+        } else {
+            self.mark_decided_bit
+        }
+    }
+
+    /// The mark bit of a pod's packet to a service.
+    #[must_use]
+    pub const fn mark_via_service(&self) -> u32 {
+        if self.mark_via_service_bit == 0 {
+            MARK_VIA_SERVICE
+        } else {
+            self.mark_via_service_bit
+        }
     }
 }
 

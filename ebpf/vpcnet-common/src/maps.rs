@@ -80,7 +80,8 @@ const fn pinned(name: &'static str, layout: u16) -> PinnedMap {
 /// Every pinned map with its layout, for loading, clean-up and the object
 /// check.
 pub const ALL: [PinnedMap; 16] = [
-    pinned(CONFIG, 1),
+    // 2: the mark bits appended.
+    pinned(CONFIG, 2),
     // 2: netfilter's other TCP timeouts appended.
     pinned(CT_TIMEOUTS, 2),
     pinned(CIDRS, 1),
@@ -107,7 +108,8 @@ pub const ALL: [PinnedMap; 16] = [
 /// Maps whose values grew by appended fields: the size of their values in
 /// the layouts before, a prefix of today's, which the agent carries with
 /// the new fields zero (TCP numbers unknown, netfilter's default timeouts).
-pub const WIDENED: [(&str, usize); 4] = [
+pub const WIDENED: [(&str, usize); 5] = [
+    (CONFIG, crate::config::CONFIG_LAYOUT1_SIZE),
     (NAT_FWD, crate::nat::NAT_ENTRY_UNTRACKED_SIZE),
     (NAT_REV, crate::nat::NAT_ENTRY_UNTRACKED_SIZE),
     (STACK_FLOWS, crate::nat::NAT_ENTRY_UNTRACKED_SIZE),

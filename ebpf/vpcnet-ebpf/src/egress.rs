@@ -24,21 +24,35 @@ use crate::{
 };
 
 /// `Ok(verdict)`: what to do and how it counts. `Err(reason)`: drop.
+/// Inlined into the program: a `Result` returned through memory would
+/// carry the undefined payload of its other variant, which the verifier
+/// refuses to see stored.
+#[inline(always)]
 pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
     // SAFETY: the context's skb is valid for the program's run.
-    let mark = unsafe { (*ctx.skb.skb).mark };
-    if mark & MARK_DECIDED != 0 {
-        ctx.set_mark(mark & !MARK_DECIDED);
-        return Ok(Counter::EgressDecided.into());
-    }
+    let mut mark = unsafe { (*ctx.skb.skb).mark };
+    let cfg = config();
+    let decided = cfg.map_or(MARK_DECIDED, Config::mark_decided);
     let ipv4 = is_ipv4(ctx);
-    if mark & MARK_VIA_SERVICE != 0 {
-        ctx.set_mark(mark & !MARK_VIA_SERVICE);
+    if mark & decided != 0 {
+        mark &= !decided;
+        ctx.set_mark(mark);
+        if !ipv4 || decided_here(ctx, cfg)? {
+            return Ok(Counter::EgressDecided.into());
+        }
+        // Leaving un-NATed for outside the VPC on a decided mark alone:
+        // decided again, so that another component's mark bit never
+        // sends a pod's packet to the internet untranslated.
+        count(Counter::EgressDecidedRechecked);
+    }
+    let via_service = cfg.map_or(MARK_VIA_SERVICE, Config::mark_via_service);
+    if mark & via_service != 0 {
+        ctx.set_mark(mark & !via_service);
         // The mark is ours only on IPv4 (`pod_egress` sets it there); on
         // anything else it is another's bit, and says nothing.
         if ipv4 {
             // A pod's egress rules judge the backend kube-proxy chose.
-            if let Some(cfg) = config() {
+            if let Some(cfg) = cfg {
                 policy::admit_in(ctx, cfg)?;
             }
             remember_service_flow(ctx)?;
@@ -47,7 +61,7 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
     if !ipv4 {
         return Ok(Counter::EgressNotIpv4.into());
     }
-    let Some(cfg) = config() else {
+    let Some(cfg) = cfg else {
         return Ok(Counter::EgressUnconfigured.into());
     };
     if cfg.node_addr == 0 {
@@ -76,6 +90,24 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         frag::remember(ctx, &ip, FragHook::EniEgress, &verdict);
     }
     Ok(verdict)
+}
+
+/// Whether a packet marked decided may pass as it is: translated (the
+/// node's address), or untranslated where no NAT applies (a destination
+/// in the VPC, excluded, node-local or a service's; EXTERNALSNAT); only a
+/// pod's packet leaving un-NATed for outside the VPC is decided again (a
+/// flow tracked untranslated passes as it was), whoever marked it.
+#[inline(always)]
+fn decided_here(ctx: &TcContext, cfg: Option<&Config>) -> Result<bool, Counter> {
+    let Some(cfg) = cfg.filter(|cfg| cfg.node_addr != 0 && !cfg.external_snat()) else {
+        return Ok(true);
+    };
+    let saddr: u32 = load(ctx, IP_SADDR_OFF)?;
+    if saddr == cfg.node_addr {
+        return Ok(true);
+    }
+    let daddr: u32 = load(ctx, IP_DADDR_OFF)?;
+    Ok(cidr::lookup(daddr).is_some())
 }
 
 /// Whether a decision leaves the packet with its pod's address, which

@@ -13,14 +13,14 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use vpcnet_common::{
-    config::MARK_DECIDED,
+    config::{Config, MARK_DECIDED},
     counters::Counter,
     endpoint::Endpoint,
     nat::{FRAG_VIA_ENI_FORWARDED, FRAG_VIA_ENI_ROUTED, FRAG_VIA_PASS, FRAG_VIA_POD},
 };
 
 use crate::{
-    maps::ENIS,
+    maps::{ENIS, config},
     packet::{IP_CSUM_OFF, IP_TTL_OFF, load},
 };
 
@@ -66,7 +66,7 @@ pub fn ttl_expires(ctx: &TcContext) -> Result<bool, Counter> {
 pub fn mark_decided(ctx: &TcContext) {
     // SAFETY: the context's skb is valid for the program's run.
     let mark = unsafe { (*ctx.skb.skb).mark };
-    ctx.set_mark(mark | MARK_DECIDED);
+    ctx.set_mark(mark | config().map_or(MARK_DECIDED, Config::mark_decided));
 }
 
 /// Decrements the TTL as a router does. `false`: it would expire, and the

@@ -30,7 +30,9 @@ use crate::{
     policy, stack,
 };
 
-/// `pod_egress`: a packet from a pod.
+/// `pod_egress`: a packet from a pod. Inlined into the program, as
+/// `egress::handle` is.
+#[inline(always)]
 pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
     if !is_ipv4(ctx) {
         return Ok(Counter::PodNotIpv4.into());
@@ -177,7 +179,7 @@ fn outside_vpc(
 fn to_stack_and_back(ctx: &TcContext, counter: Counter) -> Verdict {
     // SAFETY: the context's skb is valid for the program's run.
     let mark = unsafe { (*ctx.skb.skb).mark };
-    ctx.set_mark(mark | MARK_VIA_SERVICE);
+    ctx.set_mark(mark | config().map_or(MARK_VIA_SERVICE, Config::mark_via_service));
     counter.into()
 }
 

@@ -22,7 +22,10 @@ impl Model {
     pub(super) fn eni_egress(&mut self, run: &mut Run) -> Decided {
         if run.mark & MARK_DECIDED != 0 {
             run.mark &= !MARK_DECIDED;
-            return Ok(Out::pass(Counter::EgressDecided));
+            if !Self::ipv4(&run.p) || self.decided_here(run)? {
+                return Ok(Out::pass(Counter::EgressDecided));
+            }
+            run.count(Counter::EgressDecidedRechecked);
         }
         if run.mark & MARK_VIA_SERVICE != 0 {
             run.mark &= !MARK_VIA_SERVICE;
@@ -182,6 +185,21 @@ impl Model {
         }
         self.claim(run, ip, flow, FlowKind::Snat, l4)?;
         Ok(self.translate(run, ip, flow, true))
+    }
+
+    /// Whether a packet marked decided passes as it is: translated, or
+    /// needing no NAT; a pod's packet for outside the VPC is decided again.
+    fn decided_here(&self, run: &Run) -> Result<bool, Counter> {
+        let config = &self.world.config;
+        if config.node_addr == 0 || config.external_snat() {
+            return Ok(true);
+        }
+        let saddr = raw32(&run.p, IP + 12).ok_or(Counter::DropTruncated)?;
+        if saddr == config.node_addr {
+            return Ok(true);
+        }
+        let daddr = raw32(&run.p, IP + 16).ok_or(Counter::DropTruncated)?;
+        Ok(self.world.prefix_kind(daddr).is_some())
     }
 
     /// A port for a new translated flow: the one the program chose, read
