@@ -121,12 +121,13 @@ const POLICY_TARGETS: [&str; 1] = ["network_policy_matrix"];
 const VLAN_DIFFERENTIAL_TARGETS: [&str; 1] = ["routing_differential"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 15] = [
+const DATAPATH_TARGETS: [&str; 16] = [
     "differential",
     "external_snat",
     "external_service_cidrs",
     "time_wait",
     "tcp_states",
+    "marks",
     "anti_spoofing",
     "gc",
     "routing_differential",
