@@ -82,6 +82,33 @@ impl RawSender {
     }
 }
 
+/// Makes on-prem drop what answers a flood: TCP from `answered_port` to
+/// `flood_ports` (the flood's source ports). A flood's sources never
+/// complete a handshake, as spoofed ones would not.
+///
+/// # Errors
+/// The rule could not be written.
+pub fn drop_answers_on_prem(answered_port: u16, flood_ports: Range<u16>) -> Result<()> {
+    let ports = format!("{}:{}", flood_ports.start, flood_ports.end);
+    vpcnet_lab::exec_ok(
+        vpcnet_lab::addrs::NS_ONPREM,
+        &[
+            "iptables",
+            "-A",
+            "INPUT",
+            "-p",
+            "tcp",
+            "--sport",
+            &answered_port.to_string(),
+            "--dport",
+            &ports,
+            "-j",
+            "DROP",
+        ],
+    )?;
+    Ok(())
+}
+
 /// What a flood did to the table it watched.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FloodReport {

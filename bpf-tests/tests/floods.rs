@@ -17,14 +17,16 @@ use std::{net::SocketAddrV4, time::Duration};
 use vpcnet_bpf_tests::{
     agent_binary, agent_cli,
     echo::EchoStream,
-    flood::{FloodReport, RawSender, nat_flows, syn_flood, wait_for_timeouts},
+    flood::{
+        FloodReport, RawSender, drop_answers_on_prem, nat_flows, syn_flood, wait_for_timeouts,
+    },
     idle::{IdleConnection, listen},
     lab_counter,
 };
 use vpcnet_common::{counters::Counter, nat::Timeouts};
 use vpcnet_lab::{
-    Lab, LabOptions, WhoamiServer, addrs, exec_ok, netns::set_sysctls, probe::tcp_whoami_closed,
-    serial, tcp_whoami,
+    Lab, LabOptions, WhoamiServer, addrs, netns::set_sysctls, probe::tcp_whoami_closed, serial,
+    tcp_whoami,
 };
 
 /// A table small enough to flood in seconds.
@@ -141,26 +143,9 @@ fn a_syn_flood_from_outside_the_vpc_never_keeps_flows_out() {
     // and one on-prem opened to the pod.
     let snat = EchoStream::open(&client.netns, inet.addr());
     let inbound = EchoStream::open(addrs::NS_ONPREM, target);
-    // The flood's sources never complete a handshake (as spoofed ones
-    // would not): on-prem drops what the pod answers to those ports.
-    let flood_ports = format!("{FLOOD_PORTS}:{}", FLOOD_PORTS + 2 * FLOOD);
-    exec_ok(
-        addrs::NS_ONPREM,
-        &[
-            "iptables",
-            "-A",
-            "INPUT",
-            "-p",
-            "tcp",
-            "--sport",
-            &PORT.to_string(),
-            "--dport",
-            &flood_ports,
-            "-j",
-            "DROP",
-        ],
-    )
-    .expect("on-prem drops the flood's answers");
+    // On-prem drops what the pod answers to the flood's ports.
+    drop_answers_on_prem(PORT, FLOOD_PORTS..FLOOD_PORTS + 2 * FLOOD)
+        .expect("on-prem drops the flood's answers");
     let sender = RawSender::open(addrs::NS_ONPREM).expect("a raw socket on-prem");
 
     // Paced, with unanswered flows timing out after 2 s: they expire as

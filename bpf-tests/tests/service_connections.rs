@@ -24,14 +24,14 @@ use std::{
 
 use vpcnet_bpf_tests::{
     agent_binary,
-    flood::{RawSender, stack_flow_entries, syn_flood_watching},
+    flood::{RawSender, drop_answers_on_prem, stack_flow_entries, syn_flood_watching},
     idle::{IdleConnection, listen},
     lab_counter,
 };
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
     ClusterIpService, Datapath, Lab, LabOptions, NodePortService, ServiceBackend, WhoamiServer,
-    addrs, exec_ok, probe::tcp_whoami_closed, serial,
+    addrs, probe::tcp_whoami_closed, serial,
 };
 
 const PORT: u16 = 8080;
@@ -184,24 +184,8 @@ fn flooded(options: &LabOptions) -> Vec<(String, Result<(), String>)> {
         .zip(&backends)
         .map(|((name, ns, to), backend)| IdleConnection::open(name, ns, *to, backend))
         .collect();
-    let flood_ports = format!("{FLOOD_PORTS}:{}", FLOOD_PORTS + FLOOD);
-    exec_ok(
-        addrs::NS_ONPREM,
-        &[
-            "iptables",
-            "-A",
-            "INPUT",
-            "-p",
-            "tcp",
-            "--sport",
-            &addrs::NODE_PORT.to_string(),
-            "--dport",
-            &flood_ports,
-            "-j",
-            "DROP",
-        ],
-    )
-    .expect("on-prem drops the flood's answers");
+    drop_answers_on_prem(addrs::NODE_PORT, FLOOD_PORTS..FLOOD_PORTS + FLOOD)
+        .expect("on-prem drops the flood's answers");
     let sender = RawSender::open(addrs::NS_ONPREM).expect("a raw socket on-prem");
     let entries: fn() -> anyhow::Result<usize> = match options.datapath {
         Datapath::Ebpf => stack_flow_entries,
