@@ -23,12 +23,13 @@
 //! When the maps are full of answered flows, new flows are dropped with
 //! `drop_nat_table_full`, and every flow that has its entries keeps working.
 //!
-//! Each direction writes only its own entry (flags seen, last seen), so the
-//! two CPUs handling the two directions of a flow never write the same cache
-//! line. The state of the flow is derived from both entries by [`pair_state`],
-//! and its lifetime by [`flow_expired`] with the node's conntrack
-//! [`Timeouts`]: the one definition the datapath and the garbage collector
-//! share.
+//! Each direction writes only its own entry (flags and sequence numbers
+//! seen, last seen), so the two CPUs handling the two directions of a flow
+//! never write the same cache line. The state of the flow is derived from
+//! both entries by [`pair_state`] as netfilter's TCP tracking names it, and
+//! its lifetime by [`flow_expired`] with the node's conntrack [`Timeouts`];
+//! the programs, judging a port's holder, take the longest lifetime its
+//! flags allow ([`FlagsView`]), never ending a flow before the collector.
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
