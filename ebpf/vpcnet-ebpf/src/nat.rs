@@ -354,7 +354,7 @@ fn take_over(rev_key: &FlowKey, fwd_key: &mut FlowKey, now: u64, force: bool) ->
     let view = flags_view(rev_key.proto, fwd, rev);
     let timeout = view.longest_timeout_ns(rev_key.proto, fwd, rev, timeouts);
     if !idle_past(fwd, rev, now, timeout) {
-        let closed = view.closed;
+        let closed = view.closed();
         if !(closed && force) {
             return if closed {
                 Holder::Closed(flow_last_seen_ns(fwd, rev))
@@ -490,7 +490,7 @@ extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
     search.holder_key = forward_key(rev_key, rev);
     // SAFETY: as above.
     let fwd = unsafe { NAT_FWD.get(&search.holder_key) }.unwrap_or(rev);
-    if !flags_view(rev_key.proto, fwd, rev).unanswered {
+    if !flags_view(rev_key.proto, fwd, rev).unanswered() {
         return 0;
     }
     if !remove_pair(rev_key, &search.holder_key) {

@@ -150,7 +150,7 @@ extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
     search.holder_key = pod_tuple.reversed();
     // SAFETY: as above.
     let toward_pod = unsafe { STACK_FLOWS.get(&search.holder_key) }.unwrap_or(from_pod);
-    if !flags_view(pod_tuple.proto, from_pod, toward_pod).unanswered {
+    if !flags_view(pod_tuple.proto, from_pod, toward_pod).unanswered() {
         return 0;
     }
     if STACK_FLOWS.remove(&*pod_tuple).is_err() {

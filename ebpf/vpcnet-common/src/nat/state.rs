@@ -303,10 +303,6 @@ pub struct FlagsView {
     /// apart (`FIN_WAIT` or `CLOSE_WAIT`, `LAST_ACK` or `TIME_WAIT`); the
     /// same one twice when the flags say it.
     pub states: (FlowState, FlowState),
-    /// Both sides sent FIN, or one RST.
-    pub closed: bool,
-    /// Nothing answered yet, or the answer not acknowledged (`SYN_RECV`).
-    pub unanswered: bool,
 }
 
 /// [`FlagsView`] of the flow of `proto` whose entries are `fwd` and `rev`.
@@ -336,14 +332,26 @@ pub const fn flags_view(proto: u8, fwd: &NatEntry, rev: &NatEntry) -> FlagsView 
     } else {
         (FlowState::Established, FlowState::Established)
     };
-    FlagsView {
-        states,
-        closed: reset || (opener_fin && answer_fin),
-        unanswered: matches!(states.0, FlowState::New | FlowState::SynRecv),
-    }
+    FlagsView { states }
 }
 
 impl FlagsView {
+    /// Both sides sent FIN, or one RST.
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    #[must_use]
+    pub const fn closed(&self) -> bool {
+        self.states.0.is_closed()
+    }
+
+    /// Nothing answered yet, or the answer not acknowledged (`SYN_RECV`).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
+    #[must_use]
+    pub const fn unanswered(&self) -> bool {
+        matches!(self.states.0, FlowState::New | FlowState::SynRecv)
+    }
+
     /// The longest timeout of its states for the flow whose entries are
     /// `fwd` and `rev`: the programs never end a flow before
     /// [`flow_expired`] does; the collector ends it at its own time.
