@@ -23,8 +23,8 @@ use vpcnet_common::{
     endpoint::{Endpoint, Eni},
     maps::{self as names, PinnedMap},
     nat::{
-        FlowKey, FlowKind, FragKey, FragPath, NAT_ENTRY_UNTRACKED_SIZE, NatEntry,
-        TIMEOUTS_LAYOUT1_SIZE, Timeouts,
+        FlowKey, FlowKind, FragKey, FragPath, NAT_ENTRY_UNTRACKED_SIZE, NatEntry, TCP_ACK_KNOWN,
+        TCP_END_KNOWN, TCP_OWES_FIN_ACK, TIMEOUTS_LAYOUT1_SIZE, Timeouts, seq_after,
     },
 };
 
@@ -400,9 +400,30 @@ fn merge_seen(
         // The new programs made another flow of this tuple meanwhile.
         return Ok(());
     }
+    merge_into(&mut entry, old);
+    to.insert(key, entry, 0)
+}
+
+/// What an old program recorded after the first pass (`old`), added to
+/// the new map's copy (`entry`), which the new programs may have moved on
+/// since: the flags, the later last packet, and the TCP numbers further
+/// along in sequence space (a copy left behind would show data as
+/// unacknowledged, and a flow idle after the upgrade would end at the
+/// unacknowledged timeout).
+fn merge_into(entry: &mut NatEntry, old: &NatEntry) {
     entry.seen |= old.seen;
     entry.last_seen_ns = entry.last_seen_ns.max(old.last_seen_ns);
-    to.insert(key, entry, 0)
+    let further = |known: u8, old_value: u32, tcp: u8, value: u32| {
+        old.tcp & known != 0 && (tcp & known == 0 || seq_after(old_value, value))
+    };
+    if further(TCP_END_KNOWN, old.seq_end, entry.tcp, entry.seq_end) {
+        entry.seq_end = old.seq_end;
+        entry.tcp |= TCP_END_KNOWN;
+    }
+    if further(TCP_ACK_KNOWN, old.ack, entry.tcp, entry.ack) {
+        entry.ack = old.ack;
+        entry.tcp = (entry.tcp | TCP_ACK_KNOWN) & !TCP_OWES_FIN_ACK;
+    }
 }
 
 /// Adds the old counters to the new ones, index by index, except those
@@ -447,4 +468,35 @@ fn counter_carries(from_layout: u16, index: u32) -> bool {
     // Layout 1 counted at this index the inbound flows it passed untracked
     // (`ingress_inbound_untracked`); they are dropped now.
     !(from_layout < 2 && index == Counter::DropInboundUntracked as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use vpcnet_common::nat::{SEEN_ACK, SEEN_ANY};
+
+    use super::*;
+
+    #[test]
+    fn numbers_the_old_programs_moved_on_are_carried_and_newer_ones_kept() {
+        let tracked = |seq_end, ack| NatEntry {
+            seen: SEEN_ANY | SEEN_ACK,
+            seq_end,
+            ack,
+            tcp: TCP_END_KNOWN | TCP_ACK_KNOWN,
+            ..NatEntry::default()
+        };
+        // The old programs saw data and its acknowledgement after the copy.
+        let mut copy = tracked(100, 50);
+        merge_into(&mut copy, &tracked(600, 70));
+        assert_eq!((copy.seq_end, copy.ack), (600, 70));
+        // The new programs are further along already: theirs stay.
+        let mut copy = tracked(900, 80);
+        merge_into(&mut copy, &tracked(600, 70));
+        assert_eq!((copy.seq_end, copy.ack), (900, 80));
+        // A copy from before sequence tracking takes the old numbers.
+        let mut untracked = NatEntry::default();
+        merge_into(&mut untracked, &tracked(u32::MAX, 3));
+        assert_eq!((untracked.seq_end, untracked.ack), (u32::MAX, 3));
+        assert_eq!(untracked.tcp, TCP_END_KNOWN | TCP_ACK_KNOWN);
+    }
 }
