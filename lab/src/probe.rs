@@ -671,6 +671,9 @@ pub struct IcmpErrorReport {
     pub from: Ipv4Addr,
     pub icmp_type: u8,
     pub icmp_code: u8,
+    /// The error's extra word (`ee_info`): for "fragmentation needed", the
+    /// MTU of the hop that refused.
+    pub info: u32,
 }
 
 impl IcmpErrorReport {
@@ -683,10 +686,32 @@ impl IcmpErrorReport {
     pub fn is_time_exceeded(&self) -> bool {
         self.icmp_type == ICMP_TIME_EXCEEDED && self.icmp_code == 0
     }
+
+    /// Destination unreachable, fragmentation needed and "don't fragment"
+    /// set: path MTU discovery's message.
+    pub fn is_fragmentation_needed(&self) -> bool {
+        self.icmp_type == ICMP_DEST_UNREACH && self.icmp_code == ICMP_FRAG_NEEDED
+    }
+}
+
+/// What came of one datagram sent with "don't fragment" set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DontFragmentOutcome {
+    /// An answer came back: the datagram crossed whole.
+    Answered,
+    /// The socket failed with `EMSGSIZE`: an ICMP error said the datagram
+    /// was too big; `path_mtu` is what the socket then knows (`IP_MTU`).
+    TooBig {
+        error: IcmpErrorReport,
+        path_mtu: u32,
+    },
+    /// Nothing came back within the timeout: dropped without a word.
+    Lost,
 }
 
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_PORT_UNREACH: u8 = 3;
+const ICMP_FRAG_NEEDED: u8 = 4;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 /// `SO_EE_ORIGIN_ICMP`: the queued error came from an ICMP message.
 const SO_EE_ORIGIN_ICMP: u8 = 2;
@@ -734,6 +759,92 @@ pub fn udp_icmp_error(
         }
     })?
 }
+
+/// Sends one `size`-byte UDP datagram with "don't fragment" set
+/// (`IP_PMTUDISC_DO`) from namespace `ns` to `target`, an echo server, and
+/// waits for its answer or for the socket to fail with `EMSGSIZE`, as
+/// path MTU discovery makes it when a hop answers "fragmentation needed".
+pub fn udp_dont_fragment(
+    ns: &str,
+    target: SocketAddrV4,
+    size: usize,
+    timeout: Duration,
+) -> Result<DontFragmentOutcome> {
+    run_in(ns, || {
+        let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))
+            .context(|| format!("UDP bind in {ns}"))?;
+        socket
+            .connect(target)
+            .context(|| format!("UDP connect to {target} in {ns}"))?;
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv4RecvErr, &true)
+            .context(|| "setting IP_RECVERR".into())?;
+        set_int_option(&socket, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+            .context(|| "setting IP_MTU_DISCOVER".into())?;
+        socket
+            .set_read_timeout(Some(timeout))
+            .context(|| "setting a read timeout".into())?;
+        socket
+            .send(&vec![0x5a; size])
+            .context(|| format!("UDP send of {size} bytes from {ns} to {target}"))?;
+        let mut buf = vec![0u8; size + 1];
+        match socket.recv(&mut buf) {
+            Ok(_) => Ok(DontFragmentOutcome::Answered),
+            Err(err) if timed_out(&err) => Ok(DontFragmentOutcome::Lost),
+            Err(err) if err.raw_os_error() == Some(libc::EMSGSIZE) => {
+                let error = queued_icmp_error(&socket, target)?;
+                let path_mtu =
+                    int_option(&socket, libc::IP_MTU).context(|| "reading IP_MTU".into())?;
+                Ok(DontFragmentOutcome::TooBig { error, path_mtu })
+            }
+            Err(err) => Err(err).context(|| format!("UDP receive from {target} in {ns}")),
+        }
+    })?
+}
+
+/// Sets an `int` socket option of `IPPROTO_IP`.
+fn set_int_option(socket: &UdpSocket, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket and an int option of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            option,
+            (&raw const value).cast(),
+            INT_LEN,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reads an `int` socket option of `IPPROTO_IP`, as a count.
+fn int_option(socket: &UdpSocket, option: libc::c_int) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut value: libc::c_int = 0;
+    let mut len = INT_LEN;
+    // SAFETY: a valid socket, an int and its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            option,
+            (&raw mut value).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(value).map_err(|_| io::Error::other(format!("a negative value {value}")))
+}
+
+/// The size of an `int` option.
+#[allow(clippy::cast_possible_truncation)] // 4
+const INT_LEN: libc::socklen_t = size_of::<libc::c_int>() as libc::socklen_t;
 
 /// A UDP socket in the calling thread's namespace `ns`, connected to
 /// `target`, with a receive timeout, that has sent one query. With
@@ -809,6 +920,7 @@ fn queued_icmp_error(socket: &UdpSocket, target: SocketAddrV4) -> Result<IcmpErr
                 from,
                 icmp_type: err.ee_type,
                 icmp_code: err.ee_code,
+                info: err.ee_info,
             });
         }
     }

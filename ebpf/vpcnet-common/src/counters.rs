@@ -129,6 +129,7 @@ counters! {
     PolicyEventLost => "policy_event_lost", "policy: a verdict not logged, the event ring buffer full (ENABLE_POLICY_EVENT_LOGS)";
     StackFlowEarlyDrop => "stack_flow_early_drop", "stack flows: the table was full, an unanswered flow through the node's stack created shortly before was dropped to make room for a new one (conntrack's early drop)";
     EgressDecidedRechecked => "egress_decided_rechecked", "egress: a pod's packet marked decided leaving un-NATed for outside the VPC, decided again (a flow tracked untranslated passes as it was; another component's mark bit no longer skips the NAT)";
+    ForwardTooBig => "forward_pass_too_big", "forwarding: bigger than the link it would leave by (a GSO packet: its segments), passed to the stack, which fragments it or answers fragmentation needed";
 
 }
 

@@ -8,8 +8,11 @@
 //! and the kernel still resolves and caches the gateway's MAC.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_UNSPEC, bpf_redir_neigh, bpf_redir_neigh__bindgen_ty_1},
-    helpers::{bpf_redirect_neigh, bpf_redirect_peer},
+    bindings::{
+        TC_ACT_UNSPEC, bpf_check_mtu_flags::BPF_MTU_CHK_SEGS, bpf_check_mtu_ret, bpf_redir_neigh,
+        bpf_redir_neigh__bindgen_ty_1,
+    },
+    helpers::{bpf_check_mtu, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
 };
 use vpcnet_common::{
@@ -61,6 +64,33 @@ pub fn ttl_expires(ctx: &TcContext) -> Result<bool, Counter> {
     Ok(ttl <= 1)
 }
 
+/// Whether the packet fits the MTU of link `ifindex`, each of its segments
+/// for a GSO packet, as the stack checks before it forwards. One that does
+/// not goes to the stack, which answers "fragmentation needed" if it may
+/// not be fragmented and fragments it if it may: the link would drop it
+/// without a word (a veth lets a GSO packet by whole, a NIC does not).
+#[inline(always)]
+pub fn fits(ctx: &TcContext, ifindex: u32) -> bool {
+    // In: 0, the skb's own length. Out: the link's MTU, unused.
+    let mut mtu_len: u32 = 0;
+    // SAFETY: the context's skb and a local the helper writes.
+    let ret = unsafe {
+        bpf_check_mtu(
+            ctx.skb.skb.cast(),
+            ifindex,
+            &raw mut mtu_len,
+            0,
+            u64::from(BPF_MTU_CHK_SEGS),
+        )
+    };
+    // An error (no such link) is not a size: the redirect tells.
+    !matches!(
+        u32::try_from(ret),
+        Ok(bpf_check_mtu_ret::BPF_MTU_CHK_RET_FRAG_NEEDED
+            | bpf_check_mtu_ret::BPF_MTU_CHK_RET_SEGS_TOOBIG)
+    )
+}
+
 /// Marks the packet as decided: `eni_egress` passes it as it is.
 #[inline(always)]
 pub fn mark_decided(ctx: &TcContext) {
@@ -89,6 +119,10 @@ fn decrement_ttl(ctx: &TcContext) -> Result<bool, Counter> {
 
 /// Delivers the packet into a local pod, straight into its namespace: the
 /// frame is addressed from the pod's gateway (the host veth) to the pod.
+/// Unlike a link's transmit, the pod's receive path takes any size, so
+/// nothing is checked against the pod's MTU (a smaller `POD_MTU` bounds
+/// what the pod sends): a bigger packet is delivered where the stack would
+/// have fragmented it or answered "fragmentation needed".
 #[inline(always)]
 pub fn to_pod(ctx: &TcContext, ep: &Endpoint, counter: Counter) -> Result<Verdict, Counter> {
     if !decrement_ttl(ctx)? {

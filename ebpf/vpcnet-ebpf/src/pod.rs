@@ -85,7 +85,7 @@ pub fn egress(ctx: &TcContext) -> Result<Verdict, Counter> {
         if cidr::lookup(ip.daddr) == Some(CidrKind::Service) {
             return Ok(to_stack_and_back(ctx, Counter::PodToService));
         }
-        return via_eni(ctx, ep.eni_ifindex, true, Counter::PodStrict);
+        return route_via_eni(ctx, ep.eni_ifindex, Counter::PodStrict);
     }
     if ip.fragment == Fragment::Later {
         return frag::follow(ctx, &ip, FragHook::PodEgress, Counter::PodFragment)
@@ -130,7 +130,7 @@ fn whole_or_first(
             Ok(to_stack_and_back(ctx, Counter::PodExternalService))
         }
         Some(CidrKind::Vpc | CidrKind::Excluded) => {
-            via_eni(ctx, ep.eni_ifindex, true, Counter::PodSteered)
+            route_via_eni(ctx, ep.eni_ifindex, Counter::PodSteered)
         }
         None => outside_vpc(ctx, cfg, ip, l4, ep),
     }
@@ -152,6 +152,14 @@ fn outside_vpc(
     if cfg.primary_ifindex == 0 || forward::ttl_expires(ctx)? {
         return Ok(Counter::PodToSnat.into());
     }
+    // Sizes too are checked before the NAT, against either ENI it may
+    // leave by: the stack answers the pod, or fragments the packet and
+    // `eni_egress` translates each fragment.
+    if !forward::fits(ctx, cfg.primary_ifindex)
+        || (ep.eni_ifindex != cfg.primary_ifindex && !forward::fits(ctx, ep.eni_ifindex))
+    {
+        return Ok(Counter::ForwardTooBig.into());
+    }
     let decision = egress::decide_ipv4(ctx, cfg, ip, l4)?;
     count(decision);
     let leave_by = match decision {
@@ -169,6 +177,16 @@ fn outside_vpc(
         }
     };
     via_eni(ctx, leave_by, true, Counter::PodOutsideVpc)
+}
+
+/// Out of the ENI on link `eni_ifindex`, routed here: one too big for it
+/// goes to the stack, see [`forward::fits`].
+#[inline(always)]
+fn route_via_eni(ctx: &TcContext, eni_ifindex: u32, counter: Counter) -> Result<Verdict, Counter> {
+    if !forward::fits(ctx, eni_ifindex) {
+        return Ok(Counter::ForwardTooBig.into());
+    }
+    via_eni(ctx, eni_ifindex, true, counter)
 }
 
 /// A packet the stack must route (a service, for kube-proxy's DNAT; an
