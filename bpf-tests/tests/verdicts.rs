@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use vpcnet_agent::snat::SnatSettings;
 use vpcnet_bpf_tests::{
-    Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, TC_ACT_UNSPEC,
+    Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, TC_ACT_REDIRECT, TC_ACT_UNSPEC,
     packets::{self, Parsed, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse, parse_quoted},
 };
 use vpcnet_common::{
@@ -863,6 +863,105 @@ fn fragments_follow_their_first_fragment() {
         &fragment(POD2, PEER, 17, &[0u8; 16], 24, false),
         Counter::EgressNoSnatCidr,
     );
+}
+
+/// The stack's reassembly address (192.0.0.8).
+const REASSEMBLY: Ipv4Addr = Ipv4Addr::new(192, 0, 0, 8);
+
+/// Whether a datagram's fragments (IP payloads, in order) reassemble with
+/// a valid UDP checksum from `src` to `dst`.
+fn udp_checksum_holds(src: Ipv4Addr, dst: Ipv4Addr, fragments: &[&[u8]]) -> bool {
+    let datagram: Vec<u8> = fragments
+        .iter()
+        .flat_map(|f| f[14 + 20..].to_vec())
+        .collect();
+    let len = u16::try_from(datagram.len()).unwrap().to_be_bytes();
+    let pseudo = [&src.octets()[..], &dst.octets(), &[0, 17], &len].concat();
+    packets::internet_checksum(&[&pseudo, &datagram]) == 0
+}
+
+#[test]
+fn a_datagram_whose_first_fragment_comes_last_goes_round_the_stacks_reassembly() {
+    let h = Harness::lab_default();
+    let port = egress_pass(&h, &packets::udp(POD, 7000, INET, 7001, b"query")).sport;
+    // The answer: 40 bytes of UDP in two fragments, the later one first.
+    let whole = packets::udp(INET, 7001, NODE, port, &[0xcd; 32]);
+    let datagram = &whole[14 + 20..];
+    let first = fragment(INET, NODE, 17, &datagram[..24], 0, true);
+    let later = fragment(INET, NODE, 17, &datagram[24..], 24, false);
+    // Both go to the stack readdressed, the first too: the stack holds the
+    // later one until then.
+    let later_in = h.ingress(&later);
+    let first_in = h.ingress(&first);
+    for out in [&later_in, &first_in] {
+        assert_eq!(out.action, TC_ACT_UNSPEC);
+        assert_eq!(&out.packet[14 + 16..14 + 20], &REASSEMBLY.octets());
+        assert_eq!(packets::internet_checksum(&[&out.packet[14..34]]), 0);
+    }
+    assert!(udp_checksum_holds(
+        INET,
+        REASSEMBLY,
+        &[&first_in.packet, &later_in.packet]
+    ));
+    assert_eq!(h.counter(Counter::IngressFragmentReordered), 2);
+
+    // Reassembled, routed (one hop off) and cut again in order, each
+    // fragment leaves for the ENI's ingress with its address back.
+    let routed = |packet: &[u8]| {
+        let mut packet = packet.to_vec();
+        packet[14 + 8] -= 1;
+        packet[14 + 10..14 + 12].fill(0);
+        let csum = packets::internet_checksum(&[&packet[14..34]]);
+        packet[14 + 10..14 + 12].copy_from_slice(&csum.to_be_bytes());
+        packet
+    };
+    let first_back = h.egress(&routed(&first_in.packet));
+    let later_back = h.egress(&routed(&later_in.packet));
+    for out in [&first_back, &later_back] {
+        assert_eq!(out.action, TC_ACT_REDIRECT);
+        assert_eq!(&out.packet[14 + 16..14 + 20], &NODE.octets());
+        assert_eq!(out.packet[14 + 8], first[14 + 8], "the hop given back");
+        assert_eq!(
+            out.packet[..6],
+            out.packet[6..12],
+            "framed for the ENI itself"
+        );
+        assert_eq!(packets::internet_checksum(&[&out.packet[14..34]]), 0);
+    }
+    assert!(udp_checksum_holds(
+        INET,
+        NODE,
+        &[&first_back.packet, &later_back.packet]
+    ));
+    assert_eq!(h.counter(Counter::EgressReassembled), 2);
+    // Back at the ingress, in order: the reply goes to the pod.
+    let first_to_pod = h.ingress(&first_back.packet);
+    let reply = parse(&first_to_pod.packet);
+    assert_eq!((reply.dst, reply.dport), (POD, 7000));
+    let later_to_pod = h.ingress(&later_back.packet);
+    assert_eq!(&later_to_pod.packet[14 + 16..14 + 20], &POD.octets());
+    assert!(udp_checksum_holds(
+        INET,
+        POD,
+        &[&first_to_pod.packet, &later_to_pod.packet]
+    ));
+    assert_eq!(h.counter(Counter::IngressFragment), 1);
+
+    // A later fragment that comes back before its first was never
+    // reassembled: dropped, or it would go round again.
+    let elsewhere = Ipv4Addr::new(203, 0, 113, 77);
+    let stray_in = h.ingress(&fragment(elsewhere, NODE, 17, &[0u8; 16], 24, false));
+    assert_eq!(&stray_in.packet[14 + 16..14 + 20], &REASSEMBLY.octets());
+    h.assert_dropped(
+        maps::PROG_ENI_EGRESS,
+        &routed(&stray_in.packet),
+        Counter::DropFragmentNotReassembled,
+    );
+    // Fragments sent to the reassembly address from outside pass as they
+    // came.
+    let addressed = fragment(INET, REASSEMBLY, 17, &[0u8; 16], 24, false);
+    let out = h.ingress(&addressed);
+    assert_eq!((out.action, &out.packet), (TC_ACT_UNSPEC, &addressed));
 }
 
 #[test]

@@ -130,6 +130,9 @@ counters! {
     StackFlowEarlyDrop => "stack_flow_early_drop", "stack flows: the table was full, an unanswered flow through the node's stack created shortly before was dropped to make room for a new one (conntrack's early drop)";
     EgressDecidedRechecked => "egress_decided_rechecked", "egress: a pod's packet marked decided leaving un-NATed for outside the VPC, decided again (a flow tracked untranslated passes as it was; another component's mark bit no longer skips the NAT)";
     ForwardTooBig => "forward_pass_too_big", "forwarding: bigger than the link it would leave by (a GSO packet: its segments), passed to the stack, which fragments it or answers fragmentation needed";
+    IngressFragmentReordered => "ingress_fragment_reordered", "ingress: a later fragment before its first: its datagram goes through the stack's reassembly, and comes back in order";
+    EgressReassembled => "egress_reassembled", "egress: a fragment of a datagram the stack reassembled and cut again in order, given its address back and returned to the ingress it arrived at";
+    DropFragmentNotReassembled => "drop_fragment_not_reassembled", "dropped: a later fragment sent to the stack's reassembly came back before its first (the node's stack did not reassemble: conntrack not loaded)";
 
 }
 

@@ -7,7 +7,10 @@ use vpcnet_common::{
     config::{Config, MARK_DECIDED, MARK_VIA_SERVICE},
     counters::Counter,
     endpoint::ENI_BRANCH,
-    nat::{FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, SEEN_ANY, SEEN_SYN},
+    nat::{
+        FlowKey, FlowKind, FragHook, NatEntry, PROTO_ICMP, PROTO_TCP, REASSEMBLY_ADDR, SEEN_ANY,
+        SEEN_SYN,
+    },
 };
 
 use crate::{
@@ -68,6 +71,11 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         return Ok(Counter::EgressUnconfigured.into());
     }
     let ip = parse_ipv4(ctx, ETH_HLEN)?;
+    if ip.daddr == REASSEMBLY_ADDR
+        && let Some(verdict) = frag::reassembled(ctx, &ip)
+    {
+        return verdict;
+    }
     if ip.fragment == Fragment::Later {
         if let Some(verdict) = frag::follow(ctx, &ip, FragHook::EniEgress, Counter::EgressFragment)
         {

@@ -117,6 +117,18 @@ fn decrement_ttl(ctx: &TcContext) -> Result<bool, Counter> {
     Ok(true)
 }
 
+/// Gives back the hop the stack's forwarding took off (TTL up by one).
+#[inline(always)]
+pub fn restore_ttl(ctx: &TcContext) -> Result<(), Counter> {
+    let word: u16 = load(ctx, IP_TTL_OFF)?;
+    let bytes = word.to_ne_bytes();
+    let new = u16::from_ne_bytes([bytes[0].saturating_add(1), bytes[1]]);
+    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(word), u64::from(new), 2)
+        .map_err(|_| Counter::DropRewrite)?;
+    ctx.store(IP_TTL_OFF, &new, 0)
+        .map_err(|_| Counter::DropRewrite)
+}
+
 /// Delivers the packet into a local pod, straight into its namespace: the
 /// frame is addressed from the pod's gateway (the host veth) to the pod.
 /// Unlike a link's transmit, the pod's receive path takes any size, so

@@ -40,14 +40,14 @@ pub fn handle(ctx: &TcContext) -> Result<Verdict, Counter> {
         {
             return verdict;
         }
-        // No first fragment seen here: the stack reassembles it, for a
-        // node socket or kube-proxy's DNAT.
-        return Ok(if ip.daddr == cfg.node_addr {
-            Counter::IngressNoEntry
-        } else {
-            Counter::IngressNotNode
-        }
-        .into());
+        // No first fragment seen here: the datagram goes through the
+        // stack's reassembly and comes back in order.
+        return frag::reorder(ctx, &ip);
+    }
+    if ip.fragment == Fragment::First
+        && let Some(verdict) = frag::follow_reordered(ctx, &ip)
+    {
+        return verdict;
     }
     let decision = decide(ctx, cfg, &ip)?;
     let verdict = match decision {

@@ -6,7 +6,7 @@ use vpcnet_common::{
     config::{MARK_DECIDED, MARK_VIA_SERVICE, RandomizeMode},
     counters::Counter,
     endpoint::{ENI_BRANCH, Endpoint},
-    nat::{FlowKey, FlowKind, FragHook, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    nat::{FlowKey, FlowKind, FragHook, PROTO_ICMP, PROTO_TCP, PROTO_UDP, REASSEMBLY_ADDR},
 };
 
 use super::{
@@ -42,6 +42,11 @@ impl Model {
             return Ok(Out::pass(Counter::EgressUnconfigured));
         }
         let ip = ip_at(&run.p, IP)?;
+        if ip.daddr == REASSEMBLY_ADDR
+            && let Some(decided) = self.reassembled(run, &ip)
+        {
+            return decided;
+        }
         if ip.frag == Frag::Later {
             if let Some(first) = self.first_fragment(&ip, FragHook::EniEgress) {
                 return self.like_first(

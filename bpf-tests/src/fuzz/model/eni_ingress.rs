@@ -3,7 +3,7 @@
 
 use vpcnet_common::{
     counters::Counter,
-    nat::{FlowKind, FragHook, PROTO_ICMP, PROTO_TCP},
+    nat::{FRAG_VIA_REASSEMBLY, FlowKind, FragHook, PROTO_ICMP, PROTO_TCP},
 };
 
 use super::{
@@ -33,11 +33,19 @@ impl Model {
                     Counter::IngressFragment,
                 );
             }
-            return Ok(Out::pass(if ip.daddr == node {
-                Counter::IngressNoEntry
-            } else {
-                Counter::IngressNotNode
-            }));
+            return Ok(self.reorder(run, &ip));
+        }
+        if ip.frag == Frag::First
+            && let Some(first) = self.first_fragment(&ip, FragHook::EniIngress)
+            && first.via == FRAG_VIA_REASSEMBLY
+        {
+            return self.like_first(
+                run,
+                &ip,
+                FragHook::EniIngress,
+                first,
+                Counter::IngressFragmentReordered,
+            );
         }
         let decision = if ip.daddr == node {
             self.for_node(run, &ip)?

@@ -103,6 +103,13 @@ impl Run<'_> {
         }
     }
 
+    /// Whether the TCP or UDP checksum of `ip` lies past the packet's end
+    /// (a first fragment cut short): the program cannot move it.
+    pub(super) fn l4_csum_cut(&self, ip: &Ip) -> bool {
+        matches!(ip.proto, PROTO_TCP | PROTO_UDP)
+            && Self::l4_csum(ip).is_some_and(|(at, _)| at + 2 > self.p.len())
+    }
+
     /// Rewrites the source (`source`) or destination address of the outer
     /// header; `with_l4`: TCP and UDP checksums cover it.
     pub(super) fn set_addr(&mut self, ip: &Ip, source: bool, new: u32, with_l4: bool) {
