@@ -26,7 +26,9 @@ use vpcnet_common::{
     counters::{COUNTER_SLOTS, Counter},
     endpoint::Endpoint,
     maps::{self as names, PinnedMap},
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_TCP, SEEN_ACK, SEEN_ANY, SEEN_SYN, reply_key},
+    nat::{
+        FlowKey, FlowKind, NatEntry, PROTO_TCP, SEEN_ACK, SEEN_ANY, SEEN_FIN, SEEN_SYN, reply_key,
+    },
     port_to_raw,
 };
 
@@ -214,6 +216,107 @@ fn an_unversioned_release_s_maps_are_carried_into_versioned_ones() {
     assert_eq!((reply.dst, reply.dport), (POD, 40_000));
     assert!(reply.ip_csum_ok && reply.l4_csum_ok);
     assert_eq!(h.counter(Counter::IngressRevSnat), 1);
+}
+
+/// The NAT maps pinned at `pin_name`'s paths, the forward one and the
+/// reverse one.
+fn pinned_nat_maps(
+    pin_name: impl Fn(&str) -> PathBuf,
+) -> [HashMap<aya::maps::MapData, FlowKey, NatEntry>; 2] {
+    [names::NAT_FWD, names::NAT_REV].map(|name| {
+        let data = aya::maps::MapData::from_pin(pin_name(name)).unwrap();
+        HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap()
+    })
+}
+
+/// An upgrade stopped after it pinned its own maps and copied the running
+/// ones in (its first pass), before its second pass: the release's
+/// programs ran on meanwhile, and the next start must lose none of what
+/// either set of maps holds.
+#[test]
+fn an_upgrade_stopped_half_way_loses_no_flow_of_either_set_of_maps() {
+    let pin_dir = Harness::new_pin_dir();
+    let _cleanup = Unpin(pin_dir.clone());
+    let now = monotonic_now_ns();
+    pin_as_the_release_did(&pin_dir, now);
+    let [(snat_key, snat), _] = release_flows(now);
+
+    // The stopped agent's maps, at its own pins: the release's SNATed flow
+    // copied, and a flow its programs made.
+    let mut loader = EbpfLoader::new();
+    for map in names::ALL {
+        loader.map_pin_path(map.name, pins::pin_path(&pin_dir, &map));
+    }
+    let ours = loader
+        .map_max_entries(names::NAT_FWD, 4096)
+        .map_max_entries(names::NAT_REV, 4096)
+        .map_max_entries(names::STACK_FLOWS, names::STACK_FLOWS_DEFAULT_ENTRIES)
+        .load(PROGRAMS)
+        .expect("the stopped agent's maps");
+    drop(ours);
+    let [mut new_fwd, mut new_rev] =
+        pinned_nat_maps(|name| pins::pin_path(&pin_dir, &layout_of(name)));
+    new_fwd.insert(snat_key, snat, 0).unwrap();
+    let new_flow = tcp_key(POD, 40_010, INET, 443);
+    let new_snat = established(NODE, SNAT_PORT + 1, FlowKind::Snat, now);
+    new_fwd.insert(new_flow, new_snat, 0).unwrap();
+    new_rev
+        .insert(
+            reply_key(&new_flow, new_snat.addr, new_snat.port),
+            established(POD, 40_010, FlowKind::Snat, now),
+            0,
+        )
+        .unwrap();
+
+    // The release's programs after the copy: the SNATed flow closes, and a
+    // new flow begins.
+    let [mut old_fwd, mut old_rev] = pinned_nat_maps(|name| pin_dir.join(name));
+    let closing = NatEntry {
+        seen: snat.seen | SEEN_FIN,
+        last_seen_ns: now + 1_000,
+        ..snat
+    };
+    old_fwd.insert(snat_key, closing, 0).unwrap();
+    let late_flow = tcp_key(POD, 40_020, INET, 443);
+    let late_snat = established(NODE, SNAT_PORT + 2, FlowKind::Snat, now + 2_000);
+    old_fwd.insert(late_flow, late_snat, 0).unwrap();
+    old_rev
+        .insert(
+            reply_key(&late_flow, late_snat.addr, late_snat.port),
+            established(POD, 40_020, FlowKind::Snat, now + 2_000),
+            0,
+        )
+        .unwrap();
+    drop((new_fwd, new_rev, old_fwd, old_rev));
+
+    let mut h = Harness::load_in(pin_dir.clone(), 4096).expect("starting again");
+    h.configure(&vpcnet_agent::snat::SnatSettings::default());
+    let maps = &h.datapath.maps;
+    assert_eq!(
+        maps.nat_fwd.get(&snat_key, 0).unwrap(),
+        closing,
+        "what the release's programs saw of a copied flow is added"
+    );
+    assert_eq!(
+        maps.nat_fwd.get(&new_flow, 0).unwrap(),
+        new_snat,
+        "our flow"
+    );
+    assert_eq!(
+        maps.nat_fwd.get(&late_flow, 0).ok(),
+        Some(late_snat),
+        "the release's flow made after the copy"
+    );
+    let late_reply = h.ingress(&packets::tcp(INET, 443, NODE, SNAT_PORT + 2, TCP_ACK, b""));
+    let late_reply = packets::parse(&late_reply.packet);
+    assert_eq!((late_reply.dst, late_reply.dport), (POD, 40_020));
+    assert!(
+        !pin_names(&pin_dir)
+            .iter()
+            .any(|name| names::ALL.iter().any(|map| map.name == name.as_str())),
+        "the release's pins are gone once merged: {:?}",
+        pin_names(&pin_dir)
+    );
 }
 
 #[test]

@@ -38,7 +38,19 @@ pub struct Carry {
     /// of a layout this agent reads).
     from_layout: u16,
     source: Source,
+    /// Whether its entries are merged into a map that holds entries of its
+    /// own (see [`merges`]), rather than copied into a new one.
+    merging: bool,
     pub tally: Tally,
+}
+
+/// Whether a superseded pin of map `name` has its entries merged into the
+/// map the new programs use before it is removed: the flows, which an
+/// upgrade stopped half-way may have left on either set of maps. (The
+/// other maps are the agent's to fill again, or counted once already.)
+#[must_use]
+pub fn merges(name: &str) -> bool {
+    matches!(name, names::NAT_FWD | names::NAT_REV | names::STACK_FLOWS)
 }
 
 enum Source {
@@ -95,7 +107,17 @@ impl Carry {
             from_layout: from.layout.unwrap_or(1),
             from,
             source,
+            merging: false,
             tally: Tally::default(),
+        })
+    }
+
+    /// Opens the superseded pin at `from`, a flow map (see [`merges`]), to
+    /// merge its entries into `map`'s.
+    pub fn open_merging(map: PinnedMap, from: Found) -> Result<Self, DatapathError> {
+        Ok(Self {
+            merging: true,
+            ..Self::open(map, from)?
         })
     }
 
@@ -149,9 +171,12 @@ impl Carry {
                 let entries = from.read_all().map_err(err)?;
                 let mut tally = Tally::default();
                 for (key, entry) in &entries {
-                    tally
-                        .count(batch::put_if_absent(to, key, entry))
-                        .map_err(err)?;
+                    let put = if self.merging {
+                        merge_newest(to, key, entry)
+                    } else {
+                        batch::put_if_absent(to, key, entry)
+                    };
+                    tally.count(put).map_err(err)?;
                 }
                 if name == names::NAT_FWD && from_layout < 2 {
                     let paired = pair_untranslated_flows(&maps.nat_rev, &entries);
@@ -169,7 +194,7 @@ impl Carry {
                 for (key, entry) in from.read_all().map_err(err)? {
                     match copied.get(&key) {
                         Some(first) if *first == entry => {}
-                        Some(_) => merge_seen(to, &key, &entry).map_err(err)?,
+                        Some(first) => after_first_pass(to, &key, first, &entry).map_err(err)?,
                         None => {
                             tally
                                 .count(batch::put_if_absent(to, &key, &entry))
@@ -385,23 +410,66 @@ fn pair_untranslated_flows(
     Ok(tally)
 }
 
-/// Adds the TCP flags an old program saw after the first pass to the new
-/// map's copy (flags only ever accumulate until a flow reopens), with its
-/// later time.
-fn merge_seen(
+/// Merges `entry` of a superseded map into the entry of its key in `to`:
+/// the flow begun last stays (`created_ns`), what each saw of one same
+/// flow is added up. `Ok(true)` when `to` changed.
+fn merge_newest(
     to: &mut HashMap<MapData, FlowKey, NatEntry>,
     key: &FlowKey,
+    entry: &NatEntry,
+) -> Result<bool, MapError> {
+    let merged = match batch::get(to, key)? {
+        None => *entry,
+        Some(current) if entry.created_ns > current.created_ns => *entry,
+        Some(mut current) if entry.created_ns == current.created_ns => {
+            merge_into(&mut current, entry);
+            current
+        }
+        Some(_) => return Ok(false),
+    };
+    to.insert(key, merged, 0)?;
+    Ok(true)
+}
+
+/// An entry the old programs changed after the first pass (`first` then,
+/// `old` now), into the new map's entry of its key.
+fn after_first_pass(
+    to: &mut HashMap<MapData, FlowKey, NatEntry>,
+    key: &FlowKey,
+    first: &NatEntry,
     old: &NatEntry,
 ) -> Result<(), MapError> {
-    let Some(mut entry) = batch::get(to, key)? else {
-        return Ok(());
-    };
-    if entry.addr != old.addr || entry.port != old.port {
+    match second_pass(batch::get(to, key)?, first, old) {
+        Some(entry) => to.insert(key, entry, 0),
+        None => Ok(()),
+    }
+}
+
+/// What the new map's entry (`current`, `None` if there is none) becomes,
+/// given what the first pass copied (`first`) and what the old programs
+/// hold now (`old`); `None`: it stays as it is.
+///
+/// The old programs may have made another flow of the tuple meanwhile: a
+/// port taken over re-points its claim, a tuple reopened starts afresh.
+/// Each starts a new `created_ns`, and a reopen empties `seen`, whose
+/// flags otherwise only accumulate (releases before this one left the
+/// reverse half's `created_ns` as it was). That flow is the live one
+/// unless the new programs made a newer one since.
+fn second_pass(current: Option<NatEntry>, first: &NatEntry, old: &NatEntry) -> Option<NatEntry> {
+    let started_afresh = old.created_ns != first.created_ns || old.seen & first.seen != first.seen;
+    if started_afresh {
+        return match current {
+            Some(current) if current.created_ns > old.created_ns => None,
+            _ => Some(*old),
+        };
+    }
+    let mut entry = current?;
+    if entry.created_ns != first.created_ns {
         // The new programs made another flow of this tuple meanwhile.
-        return Ok(());
+        return None;
     }
     merge_into(&mut entry, old);
-    to.insert(key, entry, 0)
+    Some(entry)
 }
 
 /// What an old program recorded after the first pass (`old`), added to
@@ -472,9 +540,65 @@ fn counter_carries(from_layout: u16, index: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use vpcnet_common::nat::{SEEN_ACK, SEEN_ANY};
+    use vpcnet_common::nat::{SEEN_ACK, SEEN_ANY, SEEN_FIN};
 
     use super::*;
+
+    fn flow(created_ns: u64, seen: u8, port: u16) -> NatEntry {
+        NatEntry {
+            created_ns,
+            last_seen_ns: created_ns,
+            seen,
+            port,
+            ..NatEntry::default()
+        }
+    }
+
+    #[test]
+    fn a_flow_the_old_programs_made_after_the_copy_replaces_the_copy() {
+        let copied = flow(100, SEEN_ANY | SEEN_ACK | SEEN_FIN, 1000);
+        // A port taken over: the claim points at another flow now.
+        let taken_over = flow(200, SEEN_ANY, 2000);
+        assert_eq!(
+            second_pass(Some(copied), &copied, &taken_over),
+            Some(taken_over)
+        );
+        // A tuple reopened by a release that kept the reverse half's time:
+        // its flags start again.
+        let reopened = NatEntry {
+            last_seen_ns: 300,
+            ..flow(100, SEEN_ANY, 1000)
+        };
+        assert_eq!(
+            second_pass(Some(copied), &copied, &reopened),
+            Some(reopened)
+        );
+        // Removed by the new programs meanwhile: the old programs' flow is
+        // put back.
+        assert_eq!(second_pass(None, &copied, &taken_over), Some(taken_over));
+        // The new programs made a newer flow still: theirs stays.
+        let newer = flow(400, SEEN_ANY, 3000);
+        assert_eq!(second_pass(Some(newer), &copied, &taken_over), None);
+    }
+
+    #[test]
+    fn what_the_old_programs_saw_of_the_same_flow_is_added_to_the_copy() {
+        let copied = flow(100, SEEN_ANY, 1000);
+        let answered = NatEntry {
+            last_seen_ns: 150,
+            ..flow(100, SEEN_ANY | SEEN_ACK, 1000)
+        };
+        let merged = second_pass(Some(copied), &copied, &answered).unwrap();
+        assert_eq!(
+            (merged.seen, merged.last_seen_ns),
+            (SEEN_ANY | SEEN_ACK, 150)
+        );
+        // Another flow of the tuple the new programs made meanwhile stays.
+        let theirs = flow(120, SEEN_ANY, 4000);
+        assert_eq!(second_pass(Some(theirs), &copied, &answered), None);
+        // Gone from the new map (closed and collected): it stays gone.
+        assert_eq!(second_pass(None, &copied, &answered), None);
+    }
 
     #[test]
     fn numbers_the_old_programs_moved_on_are_carried_and_newer_ones_kept() {

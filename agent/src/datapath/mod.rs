@@ -520,8 +520,8 @@ pub fn embedded_object() -> Result<String, DatapathError> {
 /// takes is freed, the maps whose entries are carried are opened.
 struct MapPlans {
     carries: Vec<carry::Carry>,
-    /// Pins of readable layouts nothing uses: removed once the new
-    /// programs run.
+    /// Pins of readable layouts whose entries are not merged: removed once
+    /// the new programs run.
     superseded: Vec<PathBuf>,
 }
 
@@ -578,7 +578,10 @@ fn plan_maps(opts: &LoadOptions) -> Result<MapPlans, DatapathError> {
                     rename_pin(&own, &aside)?;
                     from.path = aside;
                 }
-                _ if resolution.superseded.contains(&own) => remove_pin(&own),
+                _ if resolution.superseded.iter().any(|pin| pin.path == own) => {
+                    // A copy an earlier start left behind, stale.
+                    remove_pin(&own);
+                }
                 _ => {
                     // Our own name, but not a map of our layout's key and
                     // value: never deleted, set aside.
@@ -590,14 +593,19 @@ fn plan_maps(opts: &LoadOptions) -> Result<MapPlans, DatapathError> {
                 }
             }
         }
-        plans.superseded.extend(
-            resolution
-                .superseded
-                .into_iter()
-                .filter(|path| *path != own),
-        );
         if let pins::Plan::Carry(from) = plan {
             plans.carries.push(carry::Carry::open(map, from)?);
+        }
+        for pin in resolution.superseded {
+            if pin.path == own {
+                continue;
+            }
+            if carry::merges(map.name) {
+                // Removed once merged, as a carried map is.
+                plans.carries.push(carry::Carry::open_merging(map, pin)?);
+            } else {
+                plans.superseded.push(pin.path);
+            }
         }
     }
     Ok(plans)

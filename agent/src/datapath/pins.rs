@@ -95,9 +95,12 @@ pub struct Resolution {
     /// The running datapath's map, when it is of a layout this agent does
     /// not read.
     pub unreadable_live: Option<Found>,
-    /// Pins of layouts this agent reads that nothing uses: removed once
-    /// the new programs run.
-    pub superseded: Vec<PathBuf>,
+    /// The other pins of layouts this agent reads: removed once the new
+    /// programs run. Some programs may still use one (an upgrade stopped
+    /// while it swapped links one by one), or it may hold flows made after
+    /// the last copy (stopped before its second pass): a flow map's
+    /// entries are merged in first.
+    pub superseded: Vec<Found>,
     /// Pins this agent does not read (a newer layout, a size its layout
     /// never had): never touched.
     pub foreign: Vec<Found>,
@@ -125,9 +128,13 @@ pub fn resolve(
                 || (Some(pin.shape.value_size) == widened
                     && pin.layout.is_some_and(|layout| layout < map.layout)))
     };
+    // Our own pin first: with links on two sets of maps (an upgrade
+    // stopped half-way), the newer programs' maps stay and the others'
+    // entries are merged into them.
     let live = found
         .iter()
-        .position(|pin| live_ids.contains(&pin.id))
+        .position(|pin| pin.path == own && live_ids.contains(&pin.id))
+        .or_else(|| found.iter().position(|pin| live_ids.contains(&pin.id)))
         .or_else(|| found.iter().position(|pin| pin.path == own))
         .or_else(|| {
             found
@@ -148,7 +155,7 @@ pub fn resolve(
             }
             foreign.push(pin);
         } else if !is_live {
-            superseded.push(pin.path);
+            superseded.push(pin);
         } else if pin.path == own && pin.shape.max_entries == wanted.max_entries {
             plan = Plan::Reuse;
         } else {
@@ -388,7 +395,22 @@ mod tests {
         ];
         let resolved = resolve(NAT, WANTED, &own(), found.clone(), &live(&[3]));
         assert_eq!(resolved.plan, Plan::Carry(found[0].clone()));
-        assert_eq!(resolved.superseded, vec![found[1].path.clone()]);
+        assert_eq!(resolved.superseded, vec![found[1].clone()]);
+    }
+
+    #[test]
+    fn with_links_on_two_sets_of_maps_our_own_stays_and_the_other_is_merged() {
+        // An upgrade stopped while it swapped links one by one: some run
+        // the release's programs on its maps, some ours.
+        let found = vec![
+            pin("VPCNET_NAT_FWD", 3, WANTED),
+            pin("VPCNET_NAT_FWD_v2", 7, WANTED),
+        ];
+        for order in [found.clone(), found.iter().rev().cloned().collect()] {
+            let resolved = resolve(NAT, WANTED, &own(), order, &live(&[3, 7]));
+            assert_eq!(resolved.plan, Plan::Reuse);
+            assert_eq!(resolved.superseded, vec![found[0].clone()]);
+        }
     }
 
     #[test]

@@ -644,9 +644,12 @@ pub fn reopen(fwd: &FlowKey, entry: *mut NatEntry, l4: &L4, now: u64) -> bool {
             (*rev).kind = FlowKind::NoSnat as u8;
             (*entry).kind = FlowKind::NoSnat as u8;
         }
+        // Both halves say when this flow began: an upgrade's second pass
+        // tells it from the one before by that.
         (*rev).seen = 0;
         (*rev).forget_segments();
         (*rev).last_seen_ns = now;
+        (*rev).created_ns = now;
         (*entry).forget_segments();
         first_packet(&mut *entry, l4);
         (*entry).last_seen_ns = now;
@@ -672,6 +675,7 @@ pub fn reopen_inbound(rev_key: &FlowKey, rev: *mut NatEntry, l4: &L4, now: u64) 
         (*rev).forget_segments();
         first_packet(&mut *rev, l4);
         (*rev).last_seen_ns = now;
+        (*rev).created_ns = now;
         (*fwd).kind = FlowKind::Inbound as u8;
         (*fwd).seen = 0;
         (*fwd).forget_segments();
