@@ -300,10 +300,12 @@ async fn run_node(
     )
     .await;
     let _ = shutdown_tx.send(true);
+    vpcnet_agent::crash_points::step("shutdown: serving stopped");
     if args.ipam {
         drain_cni(&args.cni_socket, &in_flight).await;
     }
     parts.tasks.abort_all();
+    vpcnet_agent::crash_points::step("shutdown: requests drained, tasks stopped");
     result
 }
 

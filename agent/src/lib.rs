@@ -6,6 +6,7 @@ pub mod bring_up;
 pub mod cloud;
 pub mod cni_server;
 pub mod cni_waiting;
+pub mod crash_points;
 pub mod datapath;
 pub mod env;
 pub mod install;

@@ -39,6 +39,8 @@ pub use tc::AttachMode;
 use tracing::{info, warn};
 use vpcnet_common::{maps as names, nat::FlowKey};
 
+use crate::crash_points;
+
 /// The compiled programs (see build.rs); empty when built without bpf-linker.
 pub static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vpcnet.bpf.o"));
 
@@ -213,23 +215,34 @@ impl Datapath {
             attach_mode: opts.attach_mode,
             stats,
         };
-        let mut carries = plans.carries;
-        for carry in &mut carries {
-            carry.pass(Pass::BeforeSwap, &mut datapath.maps, &mut datapath.ebpf)?;
-        }
-        datapath.adopt_pinned_links()?;
-        for carry in &mut carries {
-            carry.pass(Pass::AfterSwap, &mut datapath.maps, &mut datapath.ebpf)?;
-            report_carried(carry);
-            remove_pin(&carry.from.path);
-        }
-        for path in &plans.superseded {
-            remove_pin(path);
-        }
+        datapath.take_over_running(plans)?;
         if let Some(retired) = retired_stack_flows {
             datapath.carry_retired_stack_flows(retired);
         }
         Ok(datapath)
+    }
+
+    /// Takes over from the running datapath, as `plans` says: its entries
+    /// copied, its links swapped to this agent's programs one by one, what
+    /// its programs did meanwhile carried, its superseded pins removed.
+    fn take_over_running(&mut self, plans: MapPlans) -> Result<(), DatapathError> {
+        let mut carries = plans.carries;
+        for carry in &mut carries {
+            carry.pass(Pass::BeforeSwap, &mut self.maps, &mut self.ebpf)?;
+            crash_points::step("a map's entries copied before the swap");
+        }
+        self.adopt_pinned_links()?;
+        for carry in &mut carries {
+            carry.pass(Pass::AfterSwap, &mut self.maps, &mut self.ebpf)?;
+            report_carried(carry);
+            crash_points::step("a map's entries carried after the swap");
+            remove_pin(&carry.from.path);
+            crash_points::step("a carried map's pin removed");
+        }
+        for path in &plans.superseded {
+            remove_pin(path);
+        }
+        Ok(())
     }
 
     /// Carries the flows of an earlier version's stack flows map (single
@@ -306,7 +319,10 @@ impl Datapath {
                     AttachMode::Clsact => swap_filter(&mut self.ebpf, program, &iface, &path),
                 };
                 match swapped {
-                    Ok(()) => adopted += 1,
+                    Ok(()) => {
+                        adopted += 1;
+                        crash_points::step("a pinned link's program swapped");
+                    }
                     Err(e) => {
                         warn!(pin = %path.display(), error = %e, "pinned link not taken over: dropped");
                         let _ = std::fs::remove_file(&path);
@@ -404,20 +420,22 @@ impl Datapath {
             if self.attach_mode == AttachMode::Clsact {
                 let classifier = classifier_mut(&mut self.ebpf, program)?;
                 tc::attach(classifier, program, iface, direction)?;
-                return tc::pin_program(classifier, program, &path);
+                tc::pin_program(classifier, program, &path)?;
+            } else {
+                let link = attach_tcx(&mut self.ebpf, program, iface, direction)?;
+                FdLink::try_from(link)
+                    .map_err(|e| DatapathError::PinnedLink {
+                        path: path.clone(),
+                        source: e,
+                    })?
+                    .pin(&path)
+                    .map_err(|e| DatapathError::LinkPin {
+                        path,
+                        source: std::io::Error::other(e),
+                    })?;
             }
-            let link = attach_tcx(&mut self.ebpf, program, iface, direction)?;
-            FdLink::try_from(link)
-                .map_err(|e| DatapathError::PinnedLink {
-                    path: path.clone(),
-                    source: e,
-                })?
-                .pin(&path)
-                .map_err(|e| DatapathError::LinkPin {
-                    path,
-                    source: std::io::Error::other(e),
-                })
-                .map(drop)
+            crash_points::step("a program attached and pinned");
+            Ok(())
         });
         if let Err(e) = pinned {
             remove_link_dir(&dir);

@@ -153,27 +153,34 @@ pub fn detach(iface: &str) {
 }
 
 /// Pins `program` at `path` (the clsact mode's record of a filter),
-/// replacing what was pinned there.
+/// replacing what was pinned there in one step: pinned beside it, then
+/// renamed over it, so that an agent killed meanwhile leaves the old
+/// record or the new one, never none (a link directory short of a record
+/// is attached again from scratch, its filters deleted first).
 pub fn pin_program(
     program: &mut SchedClassifier,
     name: &'static str,
     path: &Path,
 ) -> Result<(), DatapathError> {
-    match std::fs::remove_file(path) {
+    let pin_err = |source| DatapathError::LinkPin {
+        path: path.to_owned(),
+        source,
+    };
+    // bpffs refuses dots in names.
+    let beside = path.with_file_name(format!(
+        "{}_new",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    match std::fs::remove_file(&beside) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(DatapathError::LinkPin {
-                path: path.to_owned(),
-                source,
-            });
-        }
+        Err(source) => return Err(pin_err(source)),
     }
     program
-        .pin(path)
-        .map_err(|e| DatapathError::LinkPin {
-            path: path.to_owned(),
-            source: std::io::Error::other(e),
-        })
+        .pin(&beside)
+        .map_err(|e| pin_err(std::io::Error::other(e)))?;
+    crate::crash_points::step("a filter's record pinned beside the old one");
+    std::fs::rename(&beside, path)
+        .map_err(pin_err)
         .map(|()| debug!(program = name, pin = %path.display(), "filter recorded"))
 }
