@@ -7,7 +7,6 @@
 use std::{
     io::{ErrorKind, Read, Write},
     net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
-    os::fd::AsRawFd,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -25,22 +24,7 @@ const SERVER_LIFETIME: Duration = Duration::from_mins(10);
 
 /// Lets datagrams leave without "don't fragment": the path fragments them.
 fn allow_fragmentation(socket: &UdpSocket) -> std::io::Result<()> {
-    let value: libc::c_int = libc::IP_PMTUDISC_DONT;
-    // SAFETY: a valid socket and an int option of the right size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            (&raw const value).cast(),
-            libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    vpcnet_lab::probe::set_int_option(socket, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DONT)
 }
 
 /// A server thread that stops when its owner drops it.

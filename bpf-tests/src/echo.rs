@@ -52,6 +52,54 @@ impl FarEnds {
     }
 }
 
+/// A node's three kinds of long connections, open: SNAT (`pods[0]` to
+/// `inet`), to the VPC (`pods[1]` to `peer`) and pod to pod (`pods[2]` to
+/// `pods[0]`). The streams stop before their far ends.
+pub struct NodeConnections {
+    pub snat: EchoStream,
+    pub vpc: EchoStream,
+    pub pod_to_pod: EchoStream,
+    _far_ends: FarEnds,
+}
+
+impl NodeConnections {
+    /// Opens them from `pods` (three at least), the far ends serving on
+    /// `port`.
+    #[must_use]
+    pub fn open(pods: &[PodInfo], port: u16) -> Self {
+        let far_ends = FarEnds::start(&pods[0], port);
+        Self {
+            snat: EchoStream::open(&pods[0].netns, far_ends.inet.addr()),
+            vpc: EchoStream::open(&pods[1].netns, far_ends.peer.addr()),
+            pod_to_pod: EchoStream::open(&pods[2].netns, far_ends.pod.addr()),
+            _far_ends: far_ends,
+        }
+    }
+
+    /// Each connection, with its name.
+    #[must_use]
+    pub fn named(&self) -> [(&'static str, &EchoStream); 3] {
+        [
+            ("SNAT", &self.snat),
+            ("VPC", &self.vpc),
+            ("pod to pod", &self.pod_to_pod),
+        ]
+    }
+
+    /// Waits until each has `more` further echoes; panics, naming it and
+    /// `phase`, if one broke or stalled.
+    pub fn wait_for_more_echoes(&self, more: u64, phase: &str) {
+        for (name, stream) in self.named() {
+            stream.wait_for_more_echoes(more, &format!("({name}) {phase}"));
+        }
+    }
+
+    /// Closes each cleanly; how many messages each echoed.
+    pub fn close(self) -> [u64; 3] {
+        [self.snat, self.vpc, self.pod_to_pod].map(EchoStream::close)
+    }
+}
+
 /// A TCP connection from a pod to a [`WhoamiServer`] (which echoes what it
 /// gets after its first line) that sends a numbered message every few
 /// milliseconds on its own thread and checks each comes back whole and in

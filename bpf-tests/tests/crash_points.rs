@@ -14,17 +14,12 @@
 //!
 //! It runs with the kernel's attach mode and with clsact filters forced.
 
-use std::collections::BTreeSet;
-
 use vpcnet_agent::{
     crash_points::{ENV_CRASH_AT, KILLED_HERE},
     datapath::{AttachMode, tc::ENV_TC_ATTACH},
 };
 use vpcnet_bpf_tests::{
-    agent_binary,
-    echo::{EchoStream, FarEnds},
-    hooks::hook_programs,
-    pinned_nat_table,
+    agent_binary, echo::NodeConnections, hooks::hook_programs, pinned_nat_table,
 };
 use vpcnet_common::maps as names;
 use vpcnet_lab::{Lab, LabOptions, addrs, agent_log_file, serial};
@@ -97,19 +92,9 @@ fn killed_at_every_step_keeps_every_flow(forced: Option<AttachMode>) {
     }
     let mut lab = Lab::up(&opts).expect("the lab");
     let pods = lab.pods().to_vec();
-    let FarEnds {
-        inet,
-        peer,
-        pod: pod_server,
-    } = FarEnds::start(&pods[0], PORT);
-    let snat = EchoStream::open(&pods[0].netns, inet.addr());
-    let vpc = EchoStream::open(&pods[1].netns, peer.addr());
-    let pod_to_pod = EchoStream::open(&pods[2].netns, pod_server.addr());
-    let streams = [("SNAT", &snat), ("VPC", &vpc), ("pod to pod", &pod_to_pod)];
-    for (name, stream) in streams {
-        stream.wait_for_more_echoes(ECHOES, &format!("({name}) at start"));
-    }
-    let nat_before: BTreeSet<_> = pinned_nat_table().into_iter().collect();
+    let connections = NodeConnections::open(&pods, PORT);
+    connections.wait_for_more_echoes(ECHOES, "at start");
+    let nat_before = pinned_nat_table();
     assert!(!nat_before.is_empty(), "the SNAT flow is in the NAT table");
 
     let (mut in_start, mut in_shutdown) = (0, 0);
@@ -141,11 +126,9 @@ fn killed_at_every_step_keeps_every_flow(forced: Option<AttachMode>) {
         lab.set_agent_env(ENV_CRASH_AT, "0").unwrap();
         lab.start_agent()
             .unwrap_or_else(|e| panic!("round {round}: starting again: {e}"));
-        for (name, stream) in streams {
-            stream.wait_for_more_echoes(ECHOES, &format!("({name}) after a kill at step {round}"));
-        }
+        connections.wait_for_more_echoes(ECHOES, &format!("after a kill at step {round}"));
         one_program_per_hook(&lab, round);
-        let nat_after: BTreeSet<_> = pinned_nat_table().into_iter().collect();
+        let nat_after = pinned_nat_table();
         let lost: Vec<_> = nat_before.difference(&nat_after).collect();
         assert!(
             lost.is_empty(),
@@ -157,7 +140,7 @@ fn killed_at_every_step_keeps_every_flow(forced: Option<AttachMode>) {
         in_start > 0 && in_shutdown > 0,
         "kills in the start {in_start}, in the shutdown {in_shutdown}: the hook tests nothing"
     );
-    let echoes: Vec<u64> = [snat, vpc, pod_to_pod].map(EchoStream::close).into();
+    let echoes = connections.close();
     println!(
         "killed at each of {in_start} steps of a migrating start and {in_shutdown} of the \
          shutdown, started again each time: {echoes:?} echoes, 0 broken, one program per hook, \

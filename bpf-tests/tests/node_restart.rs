@@ -27,7 +27,7 @@ use std::{
 use vpcnet_agent::datapath::{AttachMode, remove_pins, tc::ENV_TC_ATTACH};
 use vpcnet_bpf_tests::{
     agent_binary,
-    echo::{EchoStream, FarEnds},
+    echo::NodeConnections,
     hooks::{HookProgram, hook_programs},
     pinned_nat_table,
 };
@@ -123,29 +123,23 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
     let pods = lab.pods().to_vec();
     assert_eq!(pods[1].eni, "eth1", "pod-1's address is eth1's");
 
-    let FarEnds {
-        inet,
-        peer,
-        pod: pod_server,
-    } = FarEnds::start(&pods[0], PORT);
-    let snat = EchoStream::open(&pods[0].netns, inet.addr());
-    assert_eq!(*snat.seen_as.ip(), addrs::NODE_PRIMARY_ADDR, "SNATed");
-    let vpc = EchoStream::open(&pods[1].netns, peer.addr());
+    let connections = NodeConnections::open(&pods, PORT);
     assert_eq!(
-        *vpc.seen_as.ip(),
+        *connections.snat.seen_as.ip(),
+        addrs::NODE_PRIMARY_ADDR,
+        "SNATed"
+    );
+    assert_eq!(
+        *connections.vpc.seen_as.ip(),
         pods[1].addr,
         "to the VPC, un-NATed, by eth1"
     );
-    let pod_to_pod = EchoStream::open(&pods[2].netns, pod_server.addr());
     assert_eq!(
-        *pod_to_pod.seen_as.ip(),
+        *connections.pod_to_pod.seen_as.ip(),
         pods[2].addr,
         "pod to pod, un-NATed"
     );
-    let streams = [("SNAT", &snat), ("VPC", &vpc), ("pod to pod", &pod_to_pod)];
-    for (name, stream) in streams {
-        stream.wait_for_more_echoes(ECHOES, &format!("({name}) before the restarts"));
-    }
+    connections.wait_for_more_echoes(ECHOES, "before the restarts");
     let nat_before = pinned_nat_table();
     assert!(!nat_before.is_empty(), "the SNAT flow is in the NAT table");
     let mut programs = one_program_per_hook(&lab, attach, "at start");
@@ -156,9 +150,7 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
         } else {
             lab.stop_agent().expect("stopping the agent");
         }
-        for (name, stream) in streams {
-            stream.wait_for_more_echoes(ECHOES, &format!("({name}) with the agent down ({how})"));
-        }
+        connections.wait_for_more_echoes(ECHOES, &format!("with the agent down ({how})"));
         let down = one_program_per_hook(&lab, attach, &format!("agent down ({how})"));
         assert_eq!(
             down, programs,
@@ -166,9 +158,7 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
         );
 
         lab.start_agent().expect("restarting the agent");
-        for (name, stream) in streams {
-            stream.wait_for_more_echoes(ECHOES, &format!("({name}) after the restart ({how})"));
-        }
+        connections.wait_for_more_echoes(ECHOES, &format!("after the restart ({how})"));
         let after = one_program_per_hook(&lab, attach, &format!("after the restart ({how})"));
         for (hook, program) in &after {
             assert_ne!(
@@ -185,7 +175,7 @@ fn restarts_keep_every_flow(forced: Option<AttachMode>) {
         );
     }
 
-    let echoes: Vec<u64> = [snat, vpc, pod_to_pod].map(EchoStream::close).into();
+    let echoes = connections.close();
     lab.stop_agent().expect("stopping the agent");
     // In the node, as `uninstall` runs: filters are found by interface.
     run_in(addrs::NS_NODE, || remove_pins(Path::new(PIN_DIR)))

@@ -801,8 +801,15 @@ pub fn udp_dont_fragment(
     })?
 }
 
-/// Sets an `int` socket option of `IPPROTO_IP`.
-fn set_int_option(socket: &UdpSocket, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
+/// Sets an `int` socket option of `IPPROTO_IP` (`IP_MTU_DISCOVER`, ...).
+///
+/// # Errors
+/// The kernel refused it.
+pub fn set_int_option(
+    socket: &UdpSocket,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: a valid socket and an int option of the right size.
     let rc = unsafe {

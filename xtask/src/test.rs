@@ -80,8 +80,8 @@ pub enum Suite {
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
     /// protocols without ports, floods of unanswered flows, idle service
-    /// connections, simulated days, packets bigger than an ENI and the
-    /// agent killed at every step of a migrating start, with the above.
+    /// connections, simulated days and packets bigger than an ENI, with the
+    /// above.
     Datapath,
 }
 
@@ -122,7 +122,7 @@ const POLICY_TARGETS: [&str; 1] = ["network_policy_matrix"];
 const VLAN_DIFFERENTIAL_TARGETS: [&str; 1] = ["routing_differential"];
 
 /// The rest of the datapath's lab suite.
-const DATAPATH_TARGETS: [&str; 18] = [
+const DATAPATH_TARGETS: [&str; 17] = [
     "differential",
     "external_snat",
     "external_service_cidrs",
@@ -140,7 +140,6 @@ const DATAPATH_TARGETS: [&str; 18] = [
     "service_connections",
     "simulated_days",
     "oversize",
-    "crash_points",
 ];
 
 impl Suite {

@@ -11,11 +11,12 @@ use std::{
     io,
     mem::MaybeUninit,
     os::fd::{AsFd as _, AsRawFd},
+    sync::OnceLock,
 };
 
 use aya::{
     Pod,
-    maps::{HashMap, IterableMap, MapData, MapError},
+    maps::{HashMap, IterableMap, MapData, MapError, PerCpuArray},
     sys::SyscallError,
 };
 
@@ -239,4 +240,62 @@ pub fn remove<T: Borrow<MapData>, K: Pod, V: Pod>(
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(e) => Err(syscall_error("BPF_MAP_DELETE_ELEM", e)),
     }
+}
+
+/// Each of the first `len` slots of per-CPU array `map`, summed over the
+/// CPUs, in one call where the kernel has batches (a counter scrape, or a
+/// test reading them after every packet).
+///
+/// # Errors
+/// The kernel refused the read.
+pub fn per_cpu_sums<T: Borrow<MapData>>(
+    map: &PerCpuArray<T, u64>,
+    len: u32,
+) -> Result<Vec<u64>, MapError> {
+    // Read from sysfs once: a scrape, or a test after every packet, reads
+    // the counters often.
+    static POSSIBLE_CPUS: OnceLock<usize> = OnceLock::new();
+    let cpus = if let Some(cpus) = POSSIBLE_CPUS.get() {
+        *cpus
+    } else {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| syscall_error("possible CPUs", e))?;
+        *POSSIBLE_CPUS.get_or_init(|| cpus)
+    };
+    let slots = usize::try_from(len).expect("u32 fits usize");
+    let mut keys = vec![0_u32; slots];
+    // Per-CPU values come one per possible CPU, each 8-byte aligned.
+    let mut values = vec![0_u64; slots * cpus];
+    let mut next = 0_u32;
+    let mut attr = BatchAttr {
+        in_batch: 0,
+        out_batch: std::ptr::from_mut(&mut next) as u64,
+        keys: keys.as_mut_ptr() as u64,
+        values: values.as_mut_ptr() as u64,
+        count: len,
+        map_fd: u32::try_from(map.map().fd().as_fd().as_raw_fd())
+            .expect("descriptors are not negative"),
+        elem_flags: 0,
+        flags: 0,
+    };
+    match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        // ENOENT: the array ended within the batch, all of it read.
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) if unsupported(&e) => {
+            return (0..len)
+                .map(|index| map.get(&index, 0).map(|per_cpu| per_cpu.iter().sum()))
+                .collect();
+        }
+        Err(e) => return Err(syscall_error("BPF_MAP_LOOKUP_BATCH", e)),
+    }
+    let read = usize::try_from(attr.count)
+        .expect("u32 fits usize")
+        .min(slots);
+    let mut sums = vec![0_u64; slots];
+    for (key, per_cpu) in keys[..read].iter().zip(values.chunks(cpus)) {
+        if let Some(sum) = sums.get_mut(usize::try_from(*key).expect("u32 fits usize")) {
+            *sum = per_cpu.iter().sum();
+        }
+    }
+    Ok(sums)
 }

@@ -17,7 +17,7 @@ use vpcnet_common::{
     raw_to_addr,
 };
 
-use super::DatapathError;
+use super::{DatapathError, batch};
 
 pub struct DatapathMaps {
     pub config: Array<MapData, Config>,
@@ -330,15 +330,10 @@ impl DatapathMaps {
 
     /// Every counter summed over the CPUs.
     pub fn counters(&self) -> Result<Vec<(Counter, u64)>, DatapathError> {
-        Counter::ALL
-            .iter()
-            .map(|&counter| {
-                self.counters
-                    .get(&(counter as u32), 0)
-                    .map(|per_cpu| (counter, per_cpu.iter().sum()))
-                    .map_err(DatapathError::map(maps::COUNTERS))
-            })
-            .collect()
+        let len = u32::try_from(Counter::ALL.len()).expect("a few counters");
+        let sums =
+            batch::per_cpu_sums(&self.counters, len).map_err(DatapathError::map(maps::COUNTERS))?;
+        Ok(Counter::ALL.iter().copied().zip(sums).collect())
     }
 
     /// One counter summed over the CPUs.

@@ -478,14 +478,35 @@ fn install(bench: &mut Bench, world: &World) {
     policy::install(&mut bench.enforcer, maps, &world.policy);
 }
 
-fn counters(h: &Harness) -> HashMap<&'static str, u64> {
-    h.datapath
-        .maps
-        .counters()
-        .expect("counters")
-        .into_iter()
-        .map(|(c, n)| (c.name(), n))
-        .collect()
+/// Every counter, summed over the CPUs (one batch read).
+fn counters(h: &Harness) -> Vec<(Counter, u64)> {
+    h.datapath.maps.counters().expect("counters")
+}
+
+/// How the counters moved from `before` to `after` against what the model
+/// counted for the packet; `None` when they agree. How many candidates a
+/// port search tried depends on its random candidates (the port it settled
+/// on is what is checked): `AllocRetry` is left out.
+fn counters_disagree(
+    before: &[(Counter, u64)],
+    after: &[(Counter, u64)],
+    counted: &[Counter],
+) -> Option<String> {
+    let mut wrong = Vec::new();
+    for ((counter, was), (_, is)) in before.iter().zip(after) {
+        if *counter == Counter::AllocRetry {
+            continue;
+        }
+        let moved = is - was;
+        let predicted = counted.iter().filter(|c| *c == counter).count() as u64;
+        if moved != predicted {
+            wrong.push(format!(
+                "{} moved by {moved}, model {predicted}",
+                counter.name()
+            ));
+        }
+    }
+    (!wrong.is_empty()).then(|| format!("counters: {}", wrong.join(", ")))
 }
 
 /// Whether the IP header checksum and the L4 one (TCP, UDP, ICMP) hold, for
@@ -620,15 +641,16 @@ pub fn run(opts: &Options) -> Report {
 }
 
 /// One episode: `packets` packets per program from a world and tables of
-/// its own, then the counters and tables compared.
+/// its own, the counters compared after each packet, the tables at the
+/// end.
 fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report: &mut Report) {
     let mut rng = fastrand::Rng::with_seed(seed ^ episode.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let world = world(&mut rng);
     install(bench, &world);
     let mut model = Model::new(world);
     let mut generator = Generator::new(rng.u64(..), cast());
-    let before = counters(&bench.h);
-    let mut counted: HashMap<&'static str, u64> = HashMap::new();
+    // Compared packet by packet: a counter off shows at its packet.
+    let mut before = counters(&bench.h);
     // Each program runs `packets` packets; frames the kernel refuses do not
     // count.
     let mut ran = [0u64; 4];
@@ -670,18 +692,18 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
         *report.categories.entry(generated.category).or_default() += 1;
         let expected = model.run(program, &generated.packet, generated.mark, &outcome.packet);
         for c in &expected.counted {
-            *counted.entry(c.name()).or_default() += 1;
-        }
-        for c in &expected.counted {
             *report.counted.entry(c.name()).or_default() += 1;
         }
-        let found = compare(
+        let mut found = compare(
             &expected,
             outcome.action,
             &outcome.packet,
             mark,
             checksums_hold(&generated.packet),
         );
+        let after = counters(&bench.h);
+        found.extend(counters_disagree(&before, &after, &expected.counted));
+        before = after;
         if !found.is_empty() {
             report.disagree(format!(
                 "{place}, mark {:#x}, model counted {:?}: {}\n  in:    {}\n  out:   {}\n  model: {}",
@@ -691,22 +713,6 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
                 hex(&generated.packet),
                 hex(&outcome.packet),
                 hex(&expected.packet),
-            ));
-        }
-    }
-    let after = counters(&bench.h);
-    for counter in Counter::ALL {
-        // How many candidates a port search tried depends on the random
-        // candidates; the port it settled on is what is checked.
-        if *counter == Counter::AllocRetry {
-            continue;
-        }
-        let name = counter.name();
-        let moved = after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-        let predicted = counted.get(name).copied().unwrap_or(0);
-        if moved != predicted {
-            report.disagree(format!(
-                "episode {episode}: counter {name} moved by {moved}, model {predicted}"
             ));
         }
     }

@@ -49,7 +49,7 @@ pub(super) struct Sizes {
 
 impl Sizes {
     const CI: Self = Self {
-        host_fuzz_packets: Some(400_000),
+        host_fuzz_packets: Some(300_000),
         vm_fuzz_packets: 10_000,
         cri_churn_ops: Some(200),
         simulated_days: Some(2),
