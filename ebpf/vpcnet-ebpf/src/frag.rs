@@ -4,7 +4,9 @@
 //! fragment of the datagram the same way: rewritten alike, into the same
 //! pod or out of the same ENI, or passed on as it was. Never half one way
 //! and half another: the node's stack, where conntrack reassembles, would
-//! wait for fragments that went elsewhere.
+//! wait for fragments that went elsewhere. A datagram whose later fragment
+//! reaches an ENI first goes round the stack's reassembly whole
+//! ([`FRAG_VIA_REASSEMBLY`]) and comes back in order.
 
 use aya_ebpf::{
     bindings::{BPF_F_INGRESS, TC_ACT_UNSPEC},
