@@ -28,7 +28,7 @@ use vpcnet_bpf_tests::{
 };
 use vpcnet_common::counters::Counter;
 use vpcnet_lab::{
-    Lab, LabOptions, NetnsThread, addrs, exec_ok,
+    Lab, LabOptions, NetnsThread, addrs,
     probe::{FragmentOrder, send_udp_fragments},
     run_in, serial, spawn_in,
 };
@@ -36,7 +36,7 @@ use vpcnet_lab::{
 /// The datagram, and its answer.
 const SIZE: usize = 8192;
 /// The MTU of the hops the datagrams cross.
-const MTU: &str = "1500";
+const MTU: u32 = 1500;
 const PORT: u16 = 7007;
 /// An answer that comes takes milliseconds.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -82,8 +82,7 @@ impl Case {
 /// Sets the MTU of both ends of a veth.
 fn set_mtu(ns: &str, link: &str, peer_ns: &str, peer_link: &str) {
     for (ns, link) in [(ns, link), (peer_ns, peer_link)] {
-        exec_ok(ns, &["ip", "link", "set", link, "mtu", MTU])
-            .unwrap_or_else(|e| panic!("MTU of {link} in {ns}: {e}"));
+        vpcnet_lab::set_mtu(ns, link, MTU).unwrap_or_else(|e| panic!("MTU of {link} in {ns}: {e}"));
     }
 }
 

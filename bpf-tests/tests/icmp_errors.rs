@@ -51,7 +51,7 @@ fn put_inet_behind_a_small_hop() {
         (addrs::NS_INET, "eth0"),
         (addrs::NS_VPC, addrs::VPC_IGW_LINK),
     ] {
-        exec_ok(ns, &["ip", "link", "set", link, "mtu", "9001"])
+        vpcnet_lab::set_mtu(ns, link, 9001)
             .unwrap_or_else(|e| panic!("MTU of {link} in {ns}: {e}"));
     }
     let inet = format!("{}/32", addrs::INET_ADDR);

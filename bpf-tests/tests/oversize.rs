@@ -61,8 +61,7 @@ struct Outcomes {
 }
 
 fn set_mtu(ns: &str, link: &str, mtu: u32) {
-    exec_ok(ns, &["ip", "link", "set", link, "mtu", &mtu.to_string()])
-        .unwrap_or_else(|e| panic!("MTU of {link} in {ns}: {e}"));
+    vpcnet_lab::set_mtu(ns, link, mtu).unwrap_or_else(|e| panic!("MTU of {link} in {ns}: {e}"));
 }
 
 /// The node's primary ENI at [`ENI_MTU`], without segmentation offloads;

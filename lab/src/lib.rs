@@ -56,7 +56,7 @@ pub mod vpc_cni;
 
 pub use error::{LabError, Result};
 pub use lab::{Lab, LabLock, down_all, exists, serial};
-pub use netns::{NetnsThread, exec, exec_ok, run_in, spawn_in};
+pub use netns::{NetnsThread, exec, exec_ok, run_in, set_mtu, spawn_in};
 pub use options::{
     AgentImage, ClusterIpService, CriLabOptions, Datapath, EnforcingMode, IpamLabOptions,
     LabOptions, Manifests, NamedPod, NodePortService, RandomizeSnat, ServiceBackend,

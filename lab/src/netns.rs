@@ -150,6 +150,11 @@ pub fn exec_ok(ns: &str, argv: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Sets the MTU of link `link` in namespace `ns`.
+pub fn set_mtu(ns: &str, link: &str, mtu: u32) -> Result<()> {
+    exec_ok(ns, &["ip", "link", "set", link, "mtu", &mtu.to_string()]).map(drop)
+}
+
 /// Runs a list of `ip` commands in one process (`ip [-n NS] -batch -`): the
 /// first failure stops it and names the failing line.
 pub fn ip_batch(ns: Option<&str>, lines: &[String]) -> Result<()> {

@@ -103,17 +103,12 @@ pub fn mark_decided(ctx: &TcContext) {
 /// packet is better left to the stack, which answers time exceeded.
 #[inline(always)]
 fn decrement_ttl(ctx: &TcContext) -> Result<bool, Counter> {
-    // TTL and protocol form one 16-bit word of the header checksum.
     let word: u16 = load(ctx, IP_TTL_OFF)?;
-    let bytes = word.to_ne_bytes();
-    if bytes[0] <= 1 {
+    let ttl = word.to_ne_bytes()[0];
+    if ttl <= 1 {
         return Ok(false);
     }
-    let new = u16::from_ne_bytes([bytes[0] - 1, bytes[1]]);
-    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(word), u64::from(new), 2)
-        .map_err(|_| Counter::DropRewrite)?;
-    ctx.store(IP_TTL_OFF, &new, 0)
-        .map_err(|_| Counter::DropRewrite)?;
+    store_ttl(ctx, word, ttl - 1)?;
     Ok(true)
 }
 
@@ -121,8 +116,14 @@ fn decrement_ttl(ctx: &TcContext) -> Result<bool, Counter> {
 #[inline(always)]
 pub fn restore_ttl(ctx: &TcContext) -> Result<(), Counter> {
     let word: u16 = load(ctx, IP_TTL_OFF)?;
-    let bytes = word.to_ne_bytes();
-    let new = u16::from_ne_bytes([bytes[0].saturating_add(1), bytes[1]]);
+    store_ttl(ctx, word, word.to_ne_bytes()[0].saturating_add(1))
+}
+
+/// Sets the TTL to `ttl`; `word` is the TTL and protocol as they are,
+/// one 16-bit word of the header checksum.
+#[inline(always)]
+fn store_ttl(ctx: &TcContext, word: u16, ttl: u8) -> Result<(), Counter> {
+    let new = u16::from_ne_bytes([ttl, word.to_ne_bytes()[1]]);
     ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(word), u64::from(new), 2)
         .map_err(|_| Counter::DropRewrite)?;
     ctx.store(IP_TTL_OFF, &new, 0)
