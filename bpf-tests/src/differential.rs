@@ -6,6 +6,9 @@
 //! A test keeps its own cases, outcomes and far ends; it tells this module
 //! how to print and check them by implementing [`Row`] for its case type
 //! (and [`FarEnd`] for the ends its whoami servers stand at).
+//!
+//! Where a run leaves the reference out ([`reference_half`]), the eBPF
+//! table is checked against what the VPC CNI does alone.
 
 use std::{
     fmt::{self, Debug},
@@ -13,7 +16,10 @@ use std::{
 };
 
 use vpcnet_common::counters::Counter;
-use vpcnet_lab::WhoamiServer;
+use vpcnet_lab::{
+    WhoamiServer,
+    test_sizes::{REFERENCE_LABS_VAR, reference_labs},
+};
 
 use crate::lab_counter;
 
@@ -38,12 +44,29 @@ pub trait Row: Debug + PartialEq {
     fn expected(&self) -> Self::Outcome;
 }
 
+/// The iptables reference's half of a differential test: what `run`
+/// returns, or `None` where this run leaves the reference out
+/// ([`REFERENCE_LABS_VAR`]); then vpcnet's half is held to the expectations
+/// the reference meets where it runs.
+pub fn reference_half<T>(run: impl FnOnce() -> T) -> Option<T> {
+    if reference_labs() {
+        Some(run())
+    } else {
+        println!(
+            "the iptables reference is not run here ({REFERENCE_LABS_VAR}=0): vpcnet is held to \
+             what the reference does where it runs"
+        );
+        None
+    }
+}
+
 /// Every case of a run in the order it ran, with what it did.
 pub type Table<C> = [(C, <C as Row>::Outcome)];
 
-/// The two tables side by side, with a mark where they differ.
+/// The two tables side by side, with a mark where they differ; without
+/// the reference's, the eBPF one beside what the VPC CNI does.
 pub struct SideBySide<'a, C: Row> {
-    pub iptables: &'a Table<C>,
+    pub iptables: Option<&'a Table<C>>,
     pub ebpf: &'a Table<C>,
 }
 
@@ -53,9 +76,25 @@ impl<C: Row> fmt::Display for SideBySide<'_, C> {
         for (header, column) in C::COLUMNS {
             write!(f, "{header:<column$} ")?;
         }
-        writeln!(f, "{:<width$} ebpf (vpcnet)", "iptables (VPC CNI)")?;
-        for ((case, iptables), (ebpf_case, ebpf)) in self.iptables.iter().zip(self.ebpf) {
-            assert_eq!(case, ebpf_case, "both runs probe the same cases in order");
+        let reference_header = if self.iptables.is_some() {
+            "iptables (VPC CNI)"
+        } else {
+            "expected (VPC CNI)"
+        };
+        writeln!(f, "{reference_header:<width$} ebpf (vpcnet)")?;
+        for (index, (case, ebpf)) in self.ebpf.iter().enumerate() {
+            let expected;
+            let iptables = if let Some(table) = self.iptables {
+                let (iptables_case, outcome) = &table[index];
+                assert_eq!(
+                    case, iptables_case,
+                    "both runs probe the same cases in order"
+                );
+                outcome
+            } else {
+                expected = case.expected();
+                &expected
+            };
             let cells = case.cells();
             assert_eq!(cells.len(), C::COLUMNS.len(), "a cell per key column");
             for (cell, (_, column)) in cells.iter().zip(C::COLUMNS) {
@@ -74,8 +113,9 @@ impl<C: Row> fmt::Display for SideBySide<'_, C> {
 }
 
 /// The rows where the two datapaths did not do the same.
-pub fn differences<C: Row>(iptables: &Table<C>, ebpf: &Table<C>) -> Vec<String> {
+pub fn differences<C: Row>(iptables: Option<&Table<C>>, ebpf: &Table<C>) -> Vec<String> {
     iptables
+        .unwrap_or_default()
         .iter()
         .zip(ebpf)
         .filter(|((_, a), (_, b))| a != b)
@@ -85,9 +125,11 @@ pub fn differences<C: Row>(iptables: &Table<C>, ebpf: &Table<C>) -> Vec<String> 
 
 /// The rows of either datapath that are not what the VPC CNI does,
 /// iptables' first.
-pub fn wrong_rows<C: Row>(iptables: &Table<C>, ebpf: &Table<C>) -> Vec<String> {
-    [("iptables", iptables), ("ebpf", ebpf)]
+pub fn wrong_rows<C: Row>(iptables: Option<&Table<C>>, ebpf: &Table<C>) -> Vec<String> {
+    iptables
+        .map(|table| ("iptables", table))
         .into_iter()
+        .chain([("ebpf", ebpf)])
         .flat_map(|(datapath, table)| {
             table.iter().filter_map(move |(case, outcome)| {
                 let want = case.expected();
@@ -103,7 +145,7 @@ pub fn wrong_rows<C: Row>(iptables: &Table<C>, ebpf: &Table<C>) -> Vec<String> {
 /// # Panics
 ///
 /// Listing the rows that differ and the wrong ones, when there are any.
-pub fn assert_same_and_expected<C: Row>(iptables: &Table<C>, ebpf: &Table<C>) {
+pub fn assert_same_and_expected<C: Row>(iptables: Option<&Table<C>>, ebpf: &Table<C>) {
     let differences = differences(iptables, ebpf);
     let wrong = wrong_rows(iptables, ebpf);
     assert!(

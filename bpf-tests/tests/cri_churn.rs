@@ -663,19 +663,12 @@ fn plugin_gc(valid: &[&LivePod]) -> String {
         .map_or_else(|| stderr.clone(), |said| format!("removed {said}"))
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-    })
-}
-
 #[test]
 #[allow(clippy::too_many_lines)]
 fn churn_with_the_agent_killed_never_double_assigns_leaks_nothing_and_gc_converges() {
     let _lock = lab_lock();
-    let seed = env_or(SEED_VAR, fastrand::u64(..));
-    let ops = env_or(test_sizes::CRI_CHURN_OPS_VAR, DEFAULT_OPS);
+    let seed = test_sizes::size_or(SEED_VAR, fastrand::u64(..));
+    let ops = test_sizes::size_or(test_sizes::CRI_CHURN_OPS_VAR, DEFAULT_OPS);
     println!("seed {seed} (replay the choices: {SEED_VAR}={seed}); {ops} operations");
     let mut rng = fastrand::Rng::with_seed(seed);
     let lab = cri::up(0, INSTANCE_TYPE);

@@ -11,7 +11,11 @@ use std::{
     time::Duration,
 };
 
-use vpcnet_bpf_tests::{agent_binary, differential::lab_drops, packets::internet_checksum};
+use vpcnet_bpf_tests::{
+    agent_binary,
+    differential::{self, lab_drops},
+    packets::internet_checksum,
+};
 use vpcnet_lab::{Datapath, Lab, LabOptions, addrs, run_in, serial};
 
 const IPPROTO_GRE: i32 = 47;
@@ -162,23 +166,24 @@ fn run(options: &LabOptions) -> (Exchange, Vec<(u8, Exchange)>) {
 #[test]
 fn a_pods_gre_and_icmp_queries_reach_inet_from_the_node_address_and_are_answered() {
     let _lab_slot = serial();
-    let reference = run(&LabOptions::iptables(1));
+    let reference = differential::reference_half(|| run(&LabOptions::iptables(1)));
     let ebpf = run(&LabOptions::ebpf(1, agent_binary()));
     println!("from pod-0 to inet: (source inet saw, answer came from)");
-    println!(
-        "iptables: GRE {:?}, ICMP queries {:?}",
-        reference.0, reference.1
-    );
+    if let Some((gre, icmp)) = &reference {
+        println!("iptables: GRE {gre:?}, ICMP queries {icmp:?}");
+    }
     println!("vpcnet:   GRE {:?}, ICMP queries {:?}", ebpf.0, ebpf.1);
     let expected = (Some(addrs::NODE_PRIMARY_ADDR), Some(addrs::INET_ADDR));
     let queries: Vec<(u8, Exchange)> = ICMP_QUERIES
         .iter()
         .map(|(request, _)| (*request, expected))
         .collect();
-    assert_eq!(
-        reference,
-        (expected, queries.clone()),
-        "the iptables reference"
-    );
+    if let Some(reference) = reference {
+        assert_eq!(
+            reference,
+            (expected, queries.clone()),
+            "the iptables reference"
+        );
+    }
     assert_eq!(ebpf, (expected, queries), "vpcnet");
 }

@@ -636,10 +636,7 @@ fn bad_branch_enis_fail_the_add_naming_the_pod_and_leave_nothing(lab: &Lab) {
 /// How many branch pods the churn test makes: 50, or
 /// [`test_sizes::BRANCH_POD_CHURN_VAR`] (`cargo xtask test` runs fewer).
 fn churn_pods() -> usize {
-    std::env::var(test_sizes::BRANCH_POD_CHURN_VAR)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(50)
+    test_sizes::size_or(test_sizes::BRANCH_POD_CHURN_VAR, 50)
 }
 
 /// Branch pods come and go: each reachable by its own branch ENI, and

@@ -110,13 +110,6 @@ const LONG_LIVED_STACK_ENTRIES: usize = 6;
 /// timeouts, a collection, and slack.
 const DRAIN_WITHIN: Duration = Duration::from_secs(15);
 
-fn env_or(name: &str, default: u32) -> u32 {
-    std::env::var(name).map_or(default, |v| {
-        v.parse()
-            .unwrap_or_else(|e| panic!("{name}={v:?}: not a whole number: {e}"))
-    })
-}
-
 /// The node's conntrack timeouts divided by `scale` (at least
 /// [`MIN_TIMEOUT_SECS`]), set with sysctl; returns them as the datapath
 /// must take them.
@@ -296,8 +289,8 @@ fn churn_udp(ns: &str, server: SocketAddrV4, expected_source: Ipv4Addr, when: Wh
 #[allow(clippy::too_many_lines)] // one simulation, hour by hour
 fn three_simulated_days_keep_every_flow_until_its_timeout_and_the_tables_bounded() {
     let _lab_slot = serial();
-    let day_secs = env_or("VPCNET_SIMULATED_DAY_SECS", DEFAULT_DAY_SECS);
-    let days = env_or(test_sizes::SIMULATED_DAYS_VAR, DEFAULT_DAYS);
+    let day_secs = test_sizes::size_or("VPCNET_SIMULATED_DAY_SECS", DEFAULT_DAY_SECS);
+    let days = test_sizes::size_or(test_sizes::SIMULATED_DAYS_VAR, DEFAULT_DAYS);
     let hour = Duration::from_secs(day_secs.into()) / HOURS_PER_DAY;
     let options = LabOptions {
         node_port: Some(NodePortService {

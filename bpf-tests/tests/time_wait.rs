@@ -20,12 +20,20 @@ use std::{
 
 use vpcnet_bpf_tests::{agent_binary, lab_counter};
 use vpcnet_common::counters::Counter;
-use vpcnet_lab::{Lab, LabOptions, RandomizeSnat, addrs, run_in, spawn_in};
+use vpcnet_lab::{Lab, LabOptions, RandomizeSnat, addrs, run_in, spawn_in, test_sizes};
 
 const SERVER_PORT: u16 = 8080;
 const REQUEST: &[u8] = b"GET / HTTP/1.0\r\n\r\n";
 const RESPONSE: &[u8] = b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok";
 const IO_TIMEOUT: Duration = Duration::from_secs(3);
+/// The burst's connections, unless [`test_sizes::TIME_WAIT_CONNECTIONS_VAR`]
+/// says: a third of the SNAT range held in TIME_WAIT by the server.
+const BURST: u64 = 20_000;
+/// Each pod of the paced run makes an eighth of the burst's connections.
+const PACED_PER_BURST: u64 = 8;
+/// The paced run's interval between one pod's connections: four pods make
+/// 500 a second together.
+const PACED_INTERVAL: Duration = Duration::from_millis(8);
 
 fn server_addr() -> SocketAddr {
     SocketAddr::from((addrs::INET_ADDR, SERVER_PORT))
@@ -221,9 +229,11 @@ fn server_never_refuses_a_syn(randomize_snat: RandomizeSnat) {
         .collect();
     let before: Vec<(u64, u64)> = watched_ns.iter().map(|ns| watched(ns)).collect();
 
-    // 20k connections from one pod, as fast as it goes.
+    let burst_count = test_sizes::size_or(test_sizes::TIME_WAIT_CONNECTIONS_VAR, BURST);
+    let paced_count = burst_count / PACED_PER_BURST;
+    // The burst from one pod, as fast as it goes.
     let started = Instant::now();
-    let burst = client(&pods[0], 20_000, None, Duration::from_mins(2))
+    let burst = client(&pods[0], burst_count, None, Duration::from_mins(2))
         .join()
         .unwrap();
     let burst_secs = started.elapsed().as_secs_f64();
@@ -240,15 +250,15 @@ fn server_never_refuses_a_syn(randomize_snat: RandomizeSnat) {
         lab_counter(Counter::EgressSnatNew)
     );
 
-    // Then four pods together at 500 per second for 20 s, while the server
-    // still holds the first pod's connections in TIME_WAIT.
+    // Then four pods together at 500 per second, while the server still
+    // holds the first pod's connections in TIME_WAIT.
     let paced: Vec<_> = pods
         .iter()
         .map(|ns| {
             client(
                 ns,
-                2_500,
-                Some(Duration::from_millis(8)),
+                paced_count,
+                Some(PACED_INTERVAL),
                 Duration::from_mins(1),
             )
         })
@@ -277,13 +287,13 @@ fn server_never_refuses_a_syn(randomize_snat: RandomizeSnat) {
     );
 
     assert_eq!(
-        burst.ok, 20_000,
+        burst.ok, burst_count,
         "every connection of the burst succeeded: {burst:?}"
     );
     for run in &paced {
         assert_eq!(
             (run.ok, run.failed),
-            (2_500, 0),
+            (paced_count, 0),
             "every paced connection succeeded: {run:?}"
         );
     }
