@@ -337,7 +337,7 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path) -> Result<Run> {
     loop {
         match received.recv_timeout(Duration::from_secs(1)) {
             Ok(text) => {
-                print!("{}| {text}", kernel.name);
+                print!("{text}");
                 if let Some(release) = text
                     .trim()
                     .strip_prefix(&format!("vm: kernel {} is ", kernel.name))

@@ -22,16 +22,22 @@ pub fn send_spoofed_udp(
 ) -> Result<()> {
     let packet = udp_packet(source, destination, payload)?;
     run_in(ns, || {
-        let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
-            .context(|| format!("raw socket in {ns}"))?;
-        socket
-            .set_header_included_v4(true)
-            .context(|| "IP_HDRINCL".into())?;
-        socket
+        raw_udp_socket(ns)?
             .send_to(&packet, &SockAddr::from(destination))
             .context(|| format!("sending {source} -> {destination} from {ns}"))?;
         Ok(())
     })?
+}
+
+/// A raw UDP socket whose writes carry their own IP header, opened in the
+/// current namespace (`ns` names it for errors).
+fn raw_udp_socket(ns: &str) -> Result<Socket> {
+    let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
+        .context(|| format!("raw socket in {ns}"))?;
+    socket
+        .set_header_included_v4(true)
+        .context(|| "IP_HDRINCL".into())?;
+    Ok(socket)
 }
 
 /// In what order, and how, [`send_udp_fragments`] sends a datagram's
@@ -62,11 +68,7 @@ pub fn send_udp_fragments(
 ) -> Result<()> {
     let fragments = udp_fragments(source, destination, payload, fragment_len, order, id)?;
     run_in(ns, || {
-        let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
-            .context(|| format!("raw socket in {ns}"))?;
-        socket
-            .set_header_included_v4(true)
-            .context(|| "IP_HDRINCL".into())?;
+        let socket = raw_udp_socket(ns)?;
         for fragment in &fragments {
             socket
                 .send_to(fragment, &SockAddr::from(destination))

@@ -35,6 +35,9 @@ pub(super) struct Sizes {
     /// `simulated_days`' days in a VM: one still restarts the agent and
     /// flips EXTERNALSNAT twice.
     vm_simulated_days: u32,
+    /// `time_wait`'s burst here (`None`: its 20,000): 10,000 still hold a
+    /// sixth of the range in TIME_WAIT.
+    time_wait_connections: Option<u64>,
     /// `time_wait`'s burst in a VM (its own 20,000 take a minute a test
     /// under TCG): 4,000 still hold a sixteenth of the range in TIME_WAIT
     /// for the paced pods' ports to meet.
@@ -67,6 +70,7 @@ impl Sizes {
         cri_churn_ops: Some(200),
         simulated_days: Some(2),
         vm_simulated_days: 1,
+        time_wait_connections: Some(10_000),
         vm_time_wait_connections: 4_000,
         vm_reference_labs: false,
         vm_branch_pods: 4,
@@ -81,6 +85,7 @@ impl Sizes {
         cri_churn_ops: None,
         simulated_days: None,
         vm_simulated_days: 3,
+        time_wait_connections: None,
         vm_time_wait_connections: 20_000,
         vm_reference_labs: true,
         vm_branch_pods: 50,
@@ -121,6 +126,9 @@ impl Sizes {
         }
         if let Some(days) = self.simulated_days {
             env.push((SIMULATED_DAYS_VAR, days.to_string()));
+        }
+        if let Some(connections) = self.time_wait_connections {
+            env.push((TIME_WAIT_CONNECTIONS_VAR, connections.to_string()));
         }
         self.settle(env, user)
     }
@@ -305,6 +313,11 @@ mod tests {
         let host = Sizes::new(false, None).host_env_over(user);
         assert_eq!(value(&host, fuzz_settings::PACKETS_VAR), Some("5"));
         assert_eq!(value(&host, SIMULATED_DAYS_VAR), Some("2"));
+        assert_eq!(value(&host, TIME_WAIT_CONNECTIONS_VAR), Some("10000"));
+        assert_eq!(value(&host, REFERENCE_LABS_VAR), None);
+        assert_eq!(value(&vm, REFERENCE_LABS_VAR), Some("0"));
+        let full = Sizes::new(true, None).vm_env_over(user);
+        assert_eq!(value(&full, REFERENCE_LABS_VAR), Some("1"));
 
         let flagged = Sizes::new(true, Some(7));
         for env in [flagged.vm_env_over(user), flagged.host_env_over(user)] {
