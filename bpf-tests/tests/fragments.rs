@@ -23,7 +23,7 @@ use std::{
 use vpcnet_bpf_tests::{
     agent_binary,
     bulk::{UdpEcho, UdpOutcome, udp_exchange},
-    differential::{self, lab_drops},
+    differential::{self, Row, SideBySide, lab_drops},
     lab_counter,
 };
 use vpcnet_common::counters::Counter;
@@ -122,52 +122,33 @@ fn every_fragment_follows_its_first_in_both_datapaths() {
     let reference = differential::reference_half(|| run(&LabOptions::iptables(2)));
     let ebpf = run(&LabOptions::ebpf(2, agent_binary()));
     println!("{SIZE}-byte UDP datagram and answer over {MTU}-byte hops, node conntrack active:");
-    let named = |table: &[(Case, UdpOutcome)]| {
-        table
-            .iter()
-            .map(|(case, outcome)| (case.name().to_owned(), *outcome))
-            .collect::<Vec<_>>()
-    };
-    let expected = Case::ALL.map(|case| (case.name().to_owned(), UdpOutcome::Whole));
-    assert_as_expected(
-        &expected,
-        reference.as_deref().map(named).as_deref(),
-        &named(&ebpf),
+    println!(
+        "{}",
+        SideBySide {
+            iptables: reference.as_deref(),
+            ebpf: &ebpf,
+        }
     );
+    differential::assert_same_and_expected(reference.as_deref(), &ebpf);
 }
 
-/// Prints each case's outcome through each datapath that ran and what it
-/// should be, and fails on any outcome that is not what it should be.
-fn assert_as_expected(
-    expected: &[(String, UdpOutcome)],
-    reference: Option<&[(String, UdpOutcome)]>,
-    ebpf: &[(String, UdpOutcome)],
-) {
-    println!(
-        "{:<44} {:<12} {:<12} {:<12}",
-        "case", "expected", "iptables", "vpcnet"
-    );
-    let mut wrong = Vec::new();
-    for (index, (case, want)) in expected.iter().enumerate() {
-        let iptables = reference.map(|table| table[index].1);
-        let vpcnet = ebpf[index].1;
-        println!(
-            "{case:<44} {:<12} {:<12} {:<12}",
-            format!("{want:?}"),
-            iptables.map_or_else(|| "(not run)".to_owned(), |o| format!("{o:?}")),
-            format!("{vpcnet:?}")
-        );
-        for (datapath, outcome) in [("iptables", iptables), ("vpcnet", Some(vpcnet))] {
-            if let Some(outcome) = outcome.filter(|outcome| outcome != want) {
-                wrong.push(format!("{datapath}: {case}: {outcome:?}, not {want:?}"));
-            }
-        }
+impl Row for Case {
+    type Outcome = UdpOutcome;
+    const COLUMNS: &'static [(&'static str, usize)] = &[("case", 24)];
+    const OUTCOME_WIDTH: usize = 20;
+
+    fn cells(&self) -> Vec<String> {
+        vec![self.name().to_owned()]
     }
-    assert!(
-        wrong.is_empty(),
-        "datagrams not delivered as they should be:\n{}",
-        wrong.join("\n")
-    );
+
+    fn describe(&self, outcome: &UdpOutcome) -> String {
+        format!("{outcome:?}")
+    }
+
+    /// Every datagram and its answer arrive whole.
+    fn expected(&self) -> UdpOutcome {
+        UdpOutcome::Whole
+    }
 }
 
 /// A datagram whose fragments come in another order than they were cut.
@@ -193,10 +174,24 @@ impl Reordered {
             Self::OnpremToPod(order) => format!("onprem -> pod-1 {order:?}"),
         }
     }
+}
+
+impl Row for Reordered {
+    type Outcome = UdpOutcome;
+    const COLUMNS: &'static [(&'static str, usize)] = &[("case", 44)];
+    const OUTCOME_WIDTH: usize = 20;
+
+    fn cells(&self) -> Vec<String> {
+        vec![self.name()]
+    }
+
+    fn describe(&self, outcome: &UdpOutcome) -> String {
+        format!("{outcome:?}")
+    }
 
     /// What the node's stack makes of it, reassembling: whole fragments
     /// give the datagram, overlapping ones make the kernel discard it.
-    fn expected(self) -> UdpOutcome {
+    fn expected(&self) -> UdpOutcome {
         let (Self::InetAnswer(order) | Self::OnpremToPod(order)) = self;
         match order {
             FragmentOrder::InOrder | FragmentOrder::Reversed => UdpOutcome::Whole,
@@ -338,16 +333,12 @@ fn fragments_in_any_order_arrive_as_through_the_iptables_reference() {
     println!(
         "{REORDERED_SIZE}-byte UDP datagram in {REORDERED_FRAGMENT}-byte fragments, node conntrack active:"
     );
-    let named = |table: &[(Reordered, UdpOutcome)]| {
-        table
-            .iter()
-            .map(|(case, outcome)| (case.name(), *outcome))
-            .collect::<Vec<_>>()
-    };
-    let expected = Reordered::ALL.map(|case| (case.name(), case.expected()));
-    assert_as_expected(
-        &expected,
-        reference.as_deref().map(named).as_deref(),
-        &named(&ebpf),
+    println!(
+        "{}",
+        SideBySide {
+            iptables: reference.as_deref(),
+            ebpf: &ebpf,
+        }
     );
+    differential::assert_same_and_expected(reference.as_deref(), &ebpf);
 }
