@@ -323,6 +323,39 @@ pub fn jump_rules() -> Vec<JumpRule> {
         .collect()
 }
 
+/// The jumps as `iptables-restore --noflush` input for a node that has
+/// none of them yet: the same inserts in the same order, a table block
+/// each, so they land where `-I` one by one puts them.
+#[must_use]
+pub fn jumps_restore_input() -> String {
+    let mut input = String::new();
+    let jumps = jump_rules();
+    for table in ["filter", "nat"] {
+        let lines: Vec<String> = jumps
+            .iter()
+            .filter(|jump| jump.table == table)
+            .map(|jump| {
+                let args: Vec<String> = jump
+                    .args
+                    .iter()
+                    .map(|arg| {
+                        if arg.contains(' ') {
+                            format!("\"{arg}\"")
+                        } else {
+                            arg.clone()
+                        }
+                    })
+                    .collect();
+                format!("-I {} {}\n", jump.chain, args.join(" "))
+            })
+            .collect();
+        if !lines.is_empty() {
+            let _ = write!(input, "*{table}\n{}COMMIT\n", lines.concat());
+        }
+    }
+    input
+}
+
 /// Rules of one table being assembled: chain declarations first, then the
 /// rules, as kube-proxy's `utilproxy.LineBuffer`s come out.
 #[derive(Default)]
@@ -756,5 +789,18 @@ mod tests {
             "-m comment --comment kubernetes forwarding rules -j KUBE-FORWARD"
         );
         assert_eq!(jumps[13].args, ["-j", "KUBE-FIREWALL"]);
+    }
+
+    #[test]
+    fn the_jumps_restore_as_the_inserts_one_by_one() {
+        let input = jumps_restore_input();
+        let inserts: Vec<&str> = input.lines().filter(|l| l.starts_with("-I ")).collect();
+        assert_eq!(inserts.len(), jump_rules().len());
+        assert!(input.starts_with(
+            "*filter\n-I INPUT -m conntrack --ctstate NEW -m comment --comment \
+             \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n"
+        ));
+        assert!(input.ends_with("-I POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\nCOMMIT\n"));
+        assert_eq!(input.matches("COMMIT").count(), 2);
     }
 }

@@ -156,6 +156,17 @@ pub fn assert_same_and_expected<C: Row>(iptables: Option<&Table<C>>, ebpf: &Tabl
     );
 }
 
+/// Prints `title` over the two tables side by side, then asserts as
+/// [`assert_same_and_expected`].
+///
+/// # Panics
+///
+/// As [`assert_same_and_expected`].
+pub fn show_and_assert<C: Row>(title: &str, iptables: Option<&Table<C>>, ebpf: &Table<C>) {
+    println!("{title}\n{}", SideBySide { iptables, ebpf });
+    assert_same_and_expected(iptables, ebpf);
+}
+
 /// The lab's agent's drop counters that are not zero, as `name = value`.
 pub fn lab_drops() -> Vec<String> {
     Counter::ALL

@@ -6,7 +6,7 @@
 use std::{
     io::{BufRead, BufReader, Write},
     net::{SocketAddrV4, TcpListener, TcpStream},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use vpcnet_lab::run_in;
@@ -32,6 +32,8 @@ pub struct IdleConnection {
     pub seen_as: SocketAddrV4,
     client: BufReader<TcpStream>,
     server: BufReader<TcpStream>,
+    /// When its last exchange (or its opening) ended.
+    last_used: Instant,
 }
 
 impl IdleConnection {
@@ -68,6 +70,7 @@ impl IdleConnection {
             seen_as,
             client: BufReader::new(client),
             server: BufReader::new(server),
+            last_used: Instant::now(),
         }
     }
 
@@ -93,7 +96,15 @@ impl IdleConnection {
         send_and_receive(&mut self.server, &mut self.client, line)
             .map_err(|e| format!("server to client: {e}"))?;
         send_and_receive(&mut self.client, &mut self.server, line)
-            .map_err(|e| format!("client to server: {e}"))
+            .map_err(|e| format!("client to server: {e}"))?;
+        self.last_used = Instant::now();
+        Ok(())
+    }
+
+    /// How long it has been idle, in real time.
+    #[must_use]
+    pub fn idle_for(&self) -> Duration {
+        self.last_used.elapsed()
     }
 }
 

@@ -106,9 +106,24 @@ impl Harness {
     /// pinned in `pin_dir` (as a starting agent does), nothing configured;
     /// `pin_dir` is removed on drop, also when loading fails.
     pub fn load_in(pin_dir: PathBuf, nat_entries: u32) -> Result<Self, DatapathError> {
+        Self::load_sized(
+            pin_dir,
+            nat_entries,
+            LoadOptions::default().stack_flow_entries,
+        )
+    }
+
+    /// As [`Harness::load_in`], the stack flows map holding
+    /// `stack_flow_entries` halves.
+    pub fn load_sized(
+        pin_dir: PathBuf,
+        nat_entries: u32,
+        stack_flow_entries: u32,
+    ) -> Result<Self, DatapathError> {
         let loaded = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             nat_entries,
+            stack_flow_entries,
             ..LoadOptions::default()
         });
         match loaded {
@@ -445,5 +460,20 @@ pub fn pinned_nat_table() -> std::collections::BTreeSet<NatTuple> {
                 k.saddr, k.daddr, k.sport, k.dport, k.proto, f.fwd.addr, f.fwd.port,
             )
         })
+        .collect()
+}
+
+/// The lab agent's NAT flows toward `server`: those of a test's long
+/// connections, which a restart must keep whatever it takes. (The node's
+/// own short ones, the agent's to IMDS, end by their timeouts meanwhile
+/// when a restart is slow.)
+pub fn pinned_nat_flows_to(server: std::net::SocketAddrV4) -> std::collections::BTreeSet<NatTuple> {
+    let (addr, port) = (
+        vpcnet_common::addr_to_raw(server.ip().octets()),
+        vpcnet_common::port_to_raw(server.port()),
+    );
+    pinned_nat_table()
+        .into_iter()
+        .filter(|&(_, daddr, _, dport, ..)| daddr == addr && dport == port)
         .collect()
 }

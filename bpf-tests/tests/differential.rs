@@ -15,7 +15,7 @@ use std::{
 use ipnet::Ipv4Net;
 use vpcnet_bpf_tests::{
     agent_binary,
-    differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
+    differential::{self, FarEnd, WhoamiServers, lab_drops},
     lab_counter,
 };
 use vpcnet_common::counters::Counter;
@@ -397,16 +397,14 @@ fn iptables_and_ebpf_datapaths_look_the_same_from_every_far_end() {
         ));
     }
 
-    println!(
-        "\nfrom pod-0 ({}): what each far end saw as the source, and what came back\n{}",
-        pod_addr(),
-        SideBySide {
-            iptables: iptables.as_deref(),
-            ebpf: &ebpf,
-        }
+    differential::show_and_assert(
+        &format!(
+            "\nfrom pod-0 ({}): what each far end saw as the source, and what came back",
+            pod_addr()
+        ),
+        iptables.as_deref(),
+        &ebpf,
     );
-
-    differential::assert_same_and_expected(iptables.as_deref(), &ebpf);
 }
 
 fn pod_addr() -> Ipv4Addr {

@@ -23,7 +23,7 @@ use std::{
 use vpcnet_bpf_tests::{
     agent_binary,
     bulk::{UdpEcho, UdpOutcome, udp_exchange},
-    differential::{self, Row, SideBySide, lab_drops},
+    differential::{self, Row, lab_drops},
     lab_counter,
 };
 use vpcnet_common::counters::Counter;
@@ -121,15 +121,13 @@ fn every_fragment_follows_its_first_in_both_datapaths() {
     let _lab_slot = serial();
     let reference = differential::reference_half(|| run(&LabOptions::iptables(2)));
     let ebpf = run(&LabOptions::ebpf(2, agent_binary()));
-    println!("{SIZE}-byte UDP datagram and answer over {MTU}-byte hops, node conntrack active:");
-    println!(
-        "{}",
-        SideBySide {
-            iptables: reference.as_deref(),
-            ebpf: &ebpf,
-        }
+    differential::show_and_assert(
+        &format!(
+            "{SIZE}-byte UDP datagram and answer over {MTU}-byte hops, node conntrack active:"
+        ),
+        reference.as_deref(),
+        &ebpf,
     );
-    differential::assert_same_and_expected(reference.as_deref(), &ebpf);
 }
 
 impl Row for Case {
@@ -330,15 +328,11 @@ fn fragments_in_any_order_arrive_as_through_the_iptables_reference() {
     let _lab_slot = serial();
     let reference = differential::reference_half(|| run_reordered(&LabOptions::iptables(2)));
     let ebpf = run_reordered(&LabOptions::ebpf(2, agent_binary()));
-    println!(
-        "{REORDERED_SIZE}-byte UDP datagram in {REORDERED_FRAGMENT}-byte fragments, node conntrack active:"
+    differential::show_and_assert(
+        &format!(
+            "{REORDERED_SIZE}-byte UDP datagram in {REORDERED_FRAGMENT}-byte fragments, node conntrack active:"
+        ),
+        reference.as_deref(),
+        &ebpf,
     );
-    println!(
-        "{}",
-        SideBySide {
-            iptables: reference.as_deref(),
-            ebpf: &ebpf,
-        }
-    );
-    differential::assert_same_and_expected(reference.as_deref(), &ebpf);
 }

@@ -38,7 +38,7 @@ use std::{
 
 use vpcnet_bpf_tests::{
     KERNEL_RULES, agent_binary, agent_cli,
-    differential::{self, FarEnd, SideBySide, WhoamiServers, lab_drops},
+    differential::{self, FarEnd, WhoamiServers, lab_drops},
     lab_counter,
 };
 use vpcnet_common::counters::Counter;
@@ -698,19 +698,18 @@ fn every_routing_path_looks_the_same_in_both_datapaths() {
         }));
     }
 
-    println!(
-        "\n{PODS} pods: pod-0 on eth0, pods 1 and 4 on eth1, pod-2 on eth2, pods 3 and 5 on branch \
-         ENIs; node port in front of pod-1. Strict lab: no SNAT exclusion; standard lab: onprem \
-         ({}) excluded. What the far end saw as the source, what came back, and by which of the \
-         node's ENIs the packets reached the VPC router (IPv4 packets per router link)\n{}",
-        addrs::ONPREM_NET,
-        SideBySide {
-            iptables: iptables.as_deref(),
-            ebpf: &ebpf,
-        }
+    differential::show_and_assert(
+        &format!(
+            "\n{PODS} pods: pod-0 on eth0, pods 1 and 4 on eth1, pod-2 on eth2, pods 3 and 5 on \
+             branch ENIs; node port in front of pod-1. Strict lab: no SNAT exclusion; standard \
+             lab: onprem ({}) excluded. What the far end saw as the source, what came back, and by \
+             which of the node's ENIs the packets reached the VPC router (IPv4 packets per router \
+             link)",
+            addrs::ONPREM_NET
+        ),
+        iptables.as_deref(),
+        &ebpf,
     );
-
-    differential::assert_same_and_expected(iptables.as_deref(), &ebpf);
 }
 
 /// The rule test's node: 12 pods over 3 ENIs, 3 of them on branch ENIs.

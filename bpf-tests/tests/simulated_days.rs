@@ -289,7 +289,7 @@ fn churn_udp(ns: &str, server: SocketAddrV4, expected_source: Ipv4Addr, when: Wh
 #[allow(clippy::too_many_lines)] // one simulation, hour by hour
 fn three_simulated_days_keep_every_flow_until_its_timeout_and_the_tables_bounded() {
     let _lab_slot = serial();
-    let day_secs = test_sizes::size_or("VPCNET_SIMULATED_DAY_SECS", DEFAULT_DAY_SECS);
+    let day_secs = test_sizes::size_or(test_sizes::SIMULATED_DAY_SECS_VAR, DEFAULT_DAY_SECS);
     let days = test_sizes::size_or(test_sizes::SIMULATED_DAYS_VAR, DEFAULT_DAYS);
     let hour = Duration::from_secs(day_secs.into()) / HOURS_PER_DAY;
     let options = LabOptions {
@@ -425,8 +425,19 @@ fn three_simulated_days_keep_every_flow_until_its_timeout_and_the_tables_bounded
             scans += 1;
         }
         if h % IDLE_HOURS == IDLE_HOURS - 1 {
+            // The hours are real time only while the traffic keeps up: past
+            // the timeout in real time, a flow is rightly gone.
+            let established = Duration::from_secs(timeouts.tcp_established.into());
             for connection in &mut idle {
                 let name = connection.name;
+                let idle_for = connection.idle_for();
+                assert!(
+                    idle_for < established,
+                    "{when}: {name} has been idle {idle_for:?}, past the {established:?} \
+                     established timeout: the hours overran (this machine needs a longer \
+                     day, {})",
+                    test_sizes::SIMULATED_DAY_SECS_VAR,
+                );
                 connection
                     .exchange(&format!("{when}"))
                     .unwrap_or_else(|e| panic!("{when}: {name} after its idle hours: {e}"));

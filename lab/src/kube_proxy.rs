@@ -14,14 +14,14 @@ use vpcnet_api::{
     iptables::IptablesBackend,
     kube_proxy::{
         CONNTRACK_SYSCTLS, Endpoint, KUBE_FORWARD, Options, Protocol, ROUTE_LOCALNET_SYSCTL,
-        ServicePort, TrafficPolicy, jump_rules, restore_input,
+        ServicePort, TrafficPolicy, jumps_restore_input, restore_input,
     },
 };
 
 use crate::{
     addrs::{NODE_PORT, NODE_PORT_CLUSTER_IP, NS_NODE},
     error::Result,
-    netns::{exec, exec_ok, netns_path, run_with_stdin, set_sysctls},
+    netns::{exec_ok, netns_path, run_with_stdin, set_sysctls},
     options::{ClusterIpService, LabOptions, NodePortService, ServiceBackend},
     state::PodInfo,
 };
@@ -97,13 +97,29 @@ pub fn service_ports(opts: &LabOptions, pods: &[PodInfo]) -> Vec<ServicePort> {
     ports
 }
 
-/// Installs kube-proxy's rules in the node: its sysctl, the restore of its
-/// chains, conntrack's timeouts as it sets them, then the jumps from the
-/// built-in chains (each at the head of its chain unless already there, as
-/// `EnsureRule(Prepend)` does).
+/// Installs kube-proxy's rules in the lab's new node: its sysctl, the
+/// restore of its chains, conntrack's timeouts as it sets them, then the
+/// jumps from the built-in chains, each at the head of its chain as
+/// `EnsureRule(Prepend)` puts it. The node has none of them yet, so one
+/// restore inserts them all: a check and an insert each cost a lab half a
+/// minute under TCG.
 pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
     set_sysctls(NS_NODE, &[ROUTE_LOCALNET_SYSCTL])?;
-    let input = restore_input(&service_ports(opts, pods), Options::default());
+    restore(opts, pods, &jumps_restore_input())?;
+    // Once its rules loaded conntrack (a module on some kernels).
+    set_sysctls(NS_NODE, &CONNTRACK_SYSCTLS)
+}
+
+/// kube-proxy's sync after the lab's services changed: the restore of its
+/// chains; the jumps to them are there since [`install`].
+pub fn sync(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
+    restore(opts, pods, "")
+}
+
+/// `iptables-restore --noflush` of kube-proxy's chains for the lab's
+/// services, then `more` input.
+fn restore(opts: &LabOptions, pods: &[PodInfo], more: &str) -> Result<()> {
+    let input = restore_input(&service_ports(opts, pods), Options::default()) + more;
     let mut restore = Command::new("nsenter");
     restore
         .arg(format!("--net={}", netns_path(NS_NODE).display()))
@@ -117,22 +133,7 @@ pub fn install(opts: &LabOptions, pods: &[PodInfo]) -> Result<()> {
     crate::netns::check_output(
         &format!("[{NS_NODE}] iptables-restore (kube-proxy)"),
         &output,
-    )?;
-    // Once its rules loaded conntrack (a module on some kernels).
-    set_sysctls(NS_NODE, &CONNTRACK_SYSCTLS)?;
-    for jump in jump_rules() {
-        let args: Vec<&str> = jump.args.iter().map(String::as_str).collect();
-        let iptables = opts.iptables_backend.iptables();
-        let mut check = vec![iptables, "-w", "-t", jump.table, "-C", jump.chain];
-        check.extend(&args);
-        if exec(NS_NODE, &check)?.status.success() {
-            continue;
-        }
-        let mut insert = vec![iptables, "-w", "-t", jump.table, "-I", jump.chain];
-        insert.extend(&args);
-        exec_ok(NS_NODE, &insert)?;
-    }
-    Ok(())
+    )
 }
 
 /// Packets `KUBE-FORWARD` dropped because conntrack called them INVALID,

@@ -337,7 +337,7 @@ impl Lab {
         let mut pods = self.state.pods.clone();
         pods.retain(|pod| pod.index != backend.index);
         pods.push(backend.clone());
-        kube_proxy::install(&self.state.options, &pods)?;
+        kube_proxy::sync(&self.state.options, &pods)?;
         self.state.save()
     }
 

@@ -33,6 +33,10 @@ pub const CRI_CHURN_OPS_VAR: &str = "VPCNET_CHURN_OPS";
 /// Simulated days `simulated_days` lives through.
 pub const SIMULATED_DAYS_VAR: &str = "VPCNET_SIMULATED_DAYS";
 
+/// The real seconds of one of `simulated_days`' days: its hours must keep
+/// up with real time, agent restarts included.
+pub const SIMULATED_DAY_SECS_VAR: &str = "VPCNET_SIMULATED_DAY_SECS";
+
 /// The enforcing modes `routing_differential`'s paths run in, comma
 /// separated (`strict,standard`, both, unless set).
 pub const ROUTING_DIFFERENTIAL_MODES_VAR: &str = "VPCNET_ROUTING_DIFFERENTIAL_MODES";

@@ -1,7 +1,8 @@
 //! Tests inside a VM: virtme-ng boots one of the matrix's kernels with this
 //! machine's root filesystem (read-only, with /tmp, /var and /run writable
-//! in the guest) and runs test executables built here, one after the
-//! other. Their output comes back on the VM's standard output and is added
+//! in the guest; /usr and the build output through shares of their own
+//! that the guest caches) and runs test executables built here, one after
+//! the other. Their output comes back on the VM's standard output and is added
 //! up like a run on this machine; the VM's exit code is the tests'.
 //!
 //! qemu runs under TCG: guests hang on this machine's KVM.
@@ -36,6 +37,85 @@ const GUEST_MEMORY: &str = "4G";
 /// Modules the datapath and the lab need, loaded before the tests (8021q
 /// for branch ENIs as real VLAN devices).
 const GUEST_MODULES: [&str; 4] = ["veth", "sch_ingress", "cls_bpf", "8021q"];
+
+/// Trees the guest reads through 9p shares of their own with the guest's
+/// page cache on (`cache=loose`). virtme-ng's root share caches nothing, so
+/// every exec read its whole file from the host again: the 100 MB debug
+/// agent took 1.5-2 s to start under TCG, 0.4 s cached, and a lab execs the
+/// agent, `ip`, `nft`, `iptables` and `nsenter` dozens of times. Nothing on
+/// the host changes either tree while a guest runs.
+#[derive(Debug)]
+struct CachedTree {
+    /// The 9p share's tag.
+    tag: &'static str,
+    host: PathBuf,
+    /// Writable in the guest, as virtme-ng's own view of it is: a tmpfs
+    /// overlay over the cached share; otherwise read-only.
+    overlay: bool,
+}
+
+/// The system's programs and libraries, and the workspace's build output
+/// (the test executables and the binaries they start).
+fn cached_trees() -> [CachedTree; 2] {
+    [
+        CachedTree {
+            tag: "vpcnet_usr",
+            host: PathBuf::from("/usr"),
+            overlay: true,
+        },
+        CachedTree {
+            tag: "vpcnet_target",
+            host: workspace_root().join("target"),
+            overlay: false,
+        },
+    ]
+}
+
+/// qemu's options sharing `trees` with the guest, read-only.
+fn cached_tree_options(trees: &[CachedTree]) -> Result<String> {
+    let mut options = Vec::new();
+    for tree in trees {
+        let host = tree.host.to_string_lossy();
+        // qemu's option syntax would split the path at a comma.
+        if host.contains(',') || host.contains(' ') {
+            bail!("cannot share {host} with the guest: its path has a comma or a space");
+        }
+        options.push(format!(
+            "-virtfs local,path={host},mount_tag={},security_model=none,readonly=on",
+            tree.tag
+        ));
+    }
+    Ok(options.join(" "))
+}
+
+/// The guest's commands mounting `trees` over their own paths; a tree that
+/// cannot be mounted stops the guest, as every test would run slower
+/// unnoticed.
+fn mount_cached_trees(trees: &[CachedTree]) -> String {
+    let mut script = String::new();
+    for tree in trees {
+        let path = shell_word(&tree.host.to_string_lossy());
+        let share = format!("/run/vpcnet-vm/{}", tree.tag);
+        let nine_p = "-t 9p -o trans=virtio,version=9p2000.L,cache=loose,msize=512000,ro";
+        let mount = if tree.overlay {
+            format!(
+                "mkdir -p {share}/lower {share}/upper {share}/work && \
+                 mount {nine_p} {tag} {share}/lower && \
+                 mount -t overlay -o lowerdir={share}/lower,upperdir={share}/upper,workdir={share}/work \
+                 {tag} {path}",
+                tag = tree.tag
+            )
+        } else {
+            format!("mount {nine_p} {} {path}", tree.tag)
+        };
+        let _ = writeln!(
+            script,
+            "{{ {mount}; }} || {{ echo \"vm: cannot mount the cached view of {host}\"; exit 1; }}",
+            host = tree.host.display()
+        );
+    }
+    script
+}
 
 /// No VM run may take longer than this: a hung guest fails the run.
 const GUEST_TIMEOUT: Duration = Duration::from_mins(40);
@@ -139,6 +219,7 @@ fn guest_script(
     tests: &[TestBinary],
     test_args: &[String],
     env: &[(&str, String)],
+    trees: &[CachedTree],
 ) -> String {
     let mut script = String::from(
         "#!/bin/bash\n\
@@ -152,6 +233,7 @@ fn guest_script(
         "for module in {}; do modprobe -q \"$module\" || echo \"vm: module $module missing\"; done",
         GUEST_MODULES.join(" ")
     );
+    script.push_str(&mount_cached_trees(trees));
     let _ = writeln!(
         script,
         "echo \"vm: kernel {} is $(uname -r)\"\nstatus=0",
@@ -240,9 +322,11 @@ pub fn run_in_guest(
     let dir = workspace_root().join("target").join("vm").join(kernel.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let script = dir.join("run.sh");
-    std::fs::write(&script, guest_script(kernel, tests, test_args, env))
+    let trees = cached_trees();
+    std::fs::write(&script, guest_script(kernel, tests, test_args, env, &trees))
         .with_context(|| format!("write {}", script.display()))?;
-    let mut run = boot(kernel, installed, &script)?;
+    let qemu_options = cached_tree_options(&trees)?;
+    let mut run = boot(kernel, installed, &script, &qemu_options)?;
     if run.guest_release.is_none() {
         // qemu failed before the guest ran anything (no test ran): once
         // more, as a boot failure is not a test result.
@@ -250,7 +334,7 @@ pub fn run_in_guest(
             "<== kernel {}: the VM did not boot ({}); once more",
             kernel.name, run.status
         );
-        run = boot(kernel, installed, &script)?;
+        run = boot(kernel, installed, &script, &qemu_options)?;
     }
     let Run {
         tally,
@@ -287,8 +371,9 @@ struct Run {
     line: String,
 }
 
-/// Boots `kernel` with `script` as the guest's command, echoing its output.
-fn boot(kernel: &Kernel, installed: &Installed, script: &Path) -> Result<Run> {
+/// Boots `kernel` with `script` as the guest's command and qemu's extra
+/// `qemu_options`, echoing its output.
+fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &str) -> Result<Run> {
     let mut boot = Command::new(vng());
     // vng runs its siblings (virtme-run) from PATH.
     let venv_bin = Path::new(MOTO_VENV).join("bin");
@@ -298,6 +383,7 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path) -> Result<Run> {
     boot.env("PATH", path)
         .args(["--disable-kvm", "--force-9p", "--cpus", GUEST_CPUS])
         .args(["--memory", GUEST_MEMORY])
+        .arg(format!("--qemu-opts={qemu_options}"))
         .arg("-r")
         .arg(&installed.vmlinuz)
         .arg("--exec")
@@ -422,10 +508,16 @@ mod tests {
             &tests,
             &["--test-threads=1".into(), "it's".into()],
             &[("SOME_SETTING", "a b".into())],
+            &cached_trees(),
         );
         assert!(script.contains("export SOME_SETTING='a b'"), "{script}");
         assert!(script.contains("mount -t bpf bpf /sys/fs/bpf"), "{script}");
         assert!(script.contains("modprobe -q \"$module\""), "{script}");
+        assert!(
+            script
+                .contains("cache=loose,msize=512000,ro vpcnet_usr /run/vpcnet-vm/vpcnet_usr/lower"),
+            "{script}"
+        );
         assert!(
             script.contains("TEST_ARGS=('--test-threads=1' 'it'\\''s')"),
             "{script}"

@@ -33,7 +33,7 @@ pub use error::DatapathError;
 pub use maps::DatapathMaps;
 pub use nat::{
     BUSIEST_ENDPOINTS, CollectorReport, EndpointPorts, Flow, GcStats, Judgement, MapFill,
-    NatPressure, monotonic_now_ns,
+    NatPressure, ORPHAN_GRACE_NS, monotonic_now_ns,
 };
 pub use tc::AttachMode;
 use tracing::{info, warn};
@@ -360,6 +360,23 @@ impl Datapath {
     pub fn take_policy_events(&mut self) -> Option<aya::maps::RingBuf<MapData>> {
         let map = self.ebpf.take_map(names::POLICY_EVENTS)?;
         aya::maps::RingBuf::try_from(map).ok()
+    }
+
+    /// The rings of the NAT flows and of the stack flows created last, which
+    /// a full table's early drop chooses from (see
+    /// `vpcnet_common::nat::RecentFlows`), for their one reader (a test
+    /// that checks or resets them); `None` once taken.
+    pub fn take_recent_flows(
+        &mut self,
+    ) -> Option<(
+        aya::maps::Array<MapData, vpcnet_common::nat::RecentFlows>,
+        aya::maps::Array<MapData, vpcnet_common::nat::RecentFlows>,
+    )> {
+        let mut ring = |name| {
+            let map = self.ebpf.take_map(name)?;
+            aya::maps::Array::try_from(map).ok()
+        };
+        Some((ring(names::RECENT_FLOWS)?, ring(names::RECENT_STACK_FLOWS)?))
     }
 
     /// Whether [`Self::take_policy_events`] has taken the ring.

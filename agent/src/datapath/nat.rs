@@ -108,7 +108,7 @@ pub struct GcStats {
 
 /// A claim without its forward entry is normal for the instant a CPU takes
 /// between the two inserts; older than this, its flow is gone.
-const ORPHAN_GRACE_NS: u64 = 10 * vpcnet_common::nat::NS_PER_SEC;
+pub const ORPHAN_GRACE_NS: u64 = 10 * vpcnet_common::nat::NS_PER_SEC;
 
 impl DatapathMaps {
     /// Records a flow translated elsewhere (by iptables, before the agent
@@ -249,6 +249,18 @@ impl DatapathMaps {
         let mut stats = GcStats::default();
         for (key, half) in &halves {
             let other_key = key.reversed();
+            if other_key == *key {
+                // A tuple that is its own reverse (a pod's ICMP to itself
+                // through a service): its one entry is the whole pair.
+                stats.flows += 1;
+                if flow_expired(key.proto, half, half, timeouts, now_ns)
+                    && batch::remove_if_unchanged(&self.stack_flows, key, half)
+                        .map_err(map_error())?
+                {
+                    stats.expired += 1;
+                }
+                continue;
+            }
             let other = halves.get(&other_key);
             let pod_side = key.saddr == half.addr && key.sport == half.port;
             let gone = match other {

@@ -56,6 +56,11 @@ pub struct Cast {
 /// Ports most packets use: few, so flows meet again.
 pub(super) const PORTS: [u16; 10] = [53, 80, 443, 1023, 1024, 8080, 33000, 40000, 40001, 65535];
 const TCP_FLAGS: [u8; 9] = [0x02, 0x10, 0x12, 0x11, 0x04, 0x14, 0x18, 0x01, 0x00];
+/// An internet endpoint many flows go to.
+const BUSY_ENDPOINT: (Ipv4Addr, u16) = (Ipv4Addr::new(203, 0, 113, 77), 443);
+/// How many of the last flows made a packet of a flow is picked from half
+/// the time.
+const RECENT_FLOWS_PICKED: usize = 8;
 /// GRE, ESP, SCTP and one nobody uses.
 const PORTLESS: [u8; 4] = [47, 50, 132, 253];
 
@@ -211,6 +216,15 @@ impl Generator {
             _ => self.pick(&PORTLESS),
         };
         let (sport, dport) = (self.port(), self.port());
+        // Now and then a pod's or the node's connection to one busy
+        // internet endpoint, so that its flows hold every port of a small
+        // range and close while they do.
+        let leaving = matches!(program, Program::EniEgress | Program::PodEgress);
+        let (dst, dport, proto) = if leaving && self.rng.u32(0..6) == 0 {
+            (BUSY_ENDPOINT.0, BUSY_ENDPOINT.1, PROTO_TCP)
+        } else {
+            (dst, dport, proto)
+        };
         let l4 = self.l4(proto, src, dst, sport, dport);
         Fields {
             src_mac,
@@ -317,7 +331,16 @@ impl Generator {
         if flows.is_empty() {
             return None;
         }
-        let picked: FlowKey = flows[self.rng.usize(..flows.len())];
+        // Half the time one of the last flows made, so that flows go on
+        // through their states (and close) rather than each getting a
+        // packet or two among hundreds.
+        let recent = flows.len().min(RECENT_FLOWS_PICKED);
+        let at = if self.rng.bool() {
+            flows.len() - 1 - self.rng.usize(..recent)
+        } else {
+            self.rng.usize(..flows.len())
+        };
+        let picked: FlowKey = flows[at];
         let flow = match program {
             _ if reversed => picked.reversed(),
             Program::EniEgress if picked.daddr == addr_to_raw(self.cast.node.octets()) => {

@@ -12,40 +12,41 @@
 //! is generated from the run's seed and its number alone: a disagreement
 //! is reported with both, and `VPCNET_FUZZ_EPISODE` runs that episode again.
 
+mod clock;
 pub mod generate;
 pub mod model;
 pub mod policy;
+mod tables;
+mod world;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     fmt::Write as _,
     net::Ipv4Addr,
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use ipnet::Ipv4Net;
-use vpcnet_agent::policy::{Enforcer, rules::PodRules};
+use vpcnet_agent::{
+    datapath::{GcStats, ORPHAN_GRACE_NS, monotonic_now_ns},
+    policy::Enforcer,
+};
 use vpcnet_common::{
-    addr_to_raw,
     cidr::CidrKind,
-    config::{Config, FLAG_EXTERNAL_SNAT, FLAG_NETWORK_POLICY, RandomizeMode},
     counters::Counter,
-    endpoint::{ENDPOINT_BRANCH, ENDPOINT_STRICT, ENI_BRANCH, ENI_PRIMARY, Endpoint, Eni},
     maps,
-    nat::{FlowKey, FragKey, FragPath, NatEntry, TCP_ACK_KNOWN, TCP_END_KNOWN, Timeouts},
-    raw_to_addr, raw_to_port,
+    nat::{FragKey, FragPath, NS_PER_SEC, RecentFlows},
+    raw_to_addr,
 };
 use vpcnet_lab::fuzz_settings;
 
 use self::{
-    generate::{Cast, Category, Generator},
-    model::{Datagram, FirstWent, Half, Model, Tables, World, show_end},
+    clock::Clock,
+    generate::{Category, Generator},
+    model::{Collected, Model, World},
 };
-use crate::{
-    Harness, INET, NODE, NODE_LOCAL_DNS, ONPREM, PEER, POD, POD2, SERVICE_CIDR, TC_ACT_SHOT,
-    TEST_RUN_IFINDEX, VPC_CIDRS, packets,
-};
+use crate::{Harness, TC_ACT_SHOT, TEST_RUN_IFINDEX, packets};
 
 /// Packets per episode, all programs together.
 pub const EPISODE_PACKETS: u64 = 4000;
@@ -84,6 +85,26 @@ pub struct Options {
     pub seed: u64,
     /// Only this episode (to replay one a report names).
     pub episode: Option<u64>,
+    /// Entries of each NAT map and of the stack flows map.
+    pub tables: TableSizes,
+}
+
+/// How many entries the flow maps hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSizes {
+    pub nat: u32,
+    pub stack: u32,
+}
+
+impl TableSizes {
+    /// The agent's.
+    pub const AGENT: Self = Self {
+        nat: maps::NAT_DEFAULT_ENTRIES,
+        stack: maps::STACK_FLOWS_DEFAULT_ENTRIES,
+    };
+    /// Small enough that an episode fills them many times over: every new
+    /// flow then makes room by early drop, or finds none.
+    pub const SMALL: Self = Self { nat: 24, stack: 24 };
 }
 
 /// The seed CI runs.
@@ -109,6 +130,18 @@ impl Options {
                 .unwrap_or(DEFAULT_PACKETS_PER_PROGRAM),
             seed: number(fuzz_settings::SEED_VAR).unwrap_or(DEFAULT_SEED),
             episode: number(fuzz_settings::EPISODE_VAR),
+            tables: TableSizes::AGENT,
+        }
+    }
+
+    /// The same run with small tables, over a quarter of the packets (an
+    /// episode at least).
+    #[must_use]
+    pub fn with_small_tables(self) -> Self {
+        Self {
+            packets_per_program: (self.packets_per_program / 4).max(EPISODE_PACKETS / 4),
+            tables: TableSizes::SMALL,
+            ..self
         }
     }
 }
@@ -129,6 +162,13 @@ pub struct Report {
     /// among the packets counted.
     pub refused: u64,
     pub elapsed: Duration,
+    /// Seconds the model's clock moved on, over all episodes, and the
+    /// episodes whose flows had the node's timeouts rather than none.
+    pub simulated_seconds: u64,
+    pub timed_episodes: u64,
+    /// What the collector's passes removed, as the agent counted it.
+    pub collected: GcStats,
+    pub stack_collected: GcStats,
 }
 
 /// Frames at least this long are never refused by `BPF_PROG_TEST_RUN`: an
@@ -170,263 +210,21 @@ impl Report {
             .map(|(c, n)| format!("{c} {n}"))
             .collect();
         let _ = writeln!(s, "  counters moved: {}", counted.join(", "));
+        let _ = writeln!(
+            s,
+            "  time: {} episodes with the node's timeouts, {} simulated seconds; the collector removed {} NAT flows over, {} orphans, paired {}; {} stack flows over, {} orphans",
+            self.timed_episodes,
+            self.simulated_seconds,
+            self.collected.expired,
+            self.collected.orphans,
+            self.collected.paired,
+            self.stack_collected.expired,
+            self.stack_collected.orphans
+        );
         for d in &self.details {
             let _ = writeln!(s, "{d}");
         }
         s
-    }
-}
-
-/// A local pod of the world: address, link, ENI link, flags.
-struct PodSpec {
-    addr: Ipv4Addr,
-    ifindex: u32,
-    eni_ifindex: u32,
-    flags: u32,
-}
-
-const PRIMARY_ENI: u32 = 2;
-const SECONDARY_ENI: u32 = 3;
-const BRANCH_ENI: u32 = 4;
-/// An ENI link no ENI map entry names.
-const MISSING_ENI: u32 = 9;
-const STRICT_POD: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 30);
-const ORPHAN_POD: Ipv4Addr = Ipv4Addr::new(10, 20, 11, 40);
-
-fn pod_specs() -> [PodSpec; 4] {
-    [
-        PodSpec {
-            addr: POD,
-            ifindex: TEST_RUN_IFINDEX,
-            eni_ifindex: PRIMARY_ENI,
-            flags: 0,
-        },
-        PodSpec {
-            addr: STRICT_POD,
-            ifindex: TEST_RUN_IFINDEX,
-            eni_ifindex: BRANCH_ENI,
-            flags: ENDPOINT_BRANCH | ENDPOINT_STRICT,
-        },
-        PodSpec {
-            addr: ORPHAN_POD,
-            ifindex: TEST_RUN_IFINDEX,
-            eni_ifindex: MISSING_ENI,
-            flags: 0,
-        },
-        PodSpec {
-            addr: POD2,
-            ifindex: 5,
-            eni_ifindex: SECONDARY_ENI,
-            flags: 0,
-        },
-    ]
-}
-
-fn mac(kind: u8, addr: Ipv4Addr) -> [u8; 6] {
-    let o = addr.octets();
-    [0x02, kind, o[0], o[1], o[2], o[3]]
-}
-
-fn raw(addr: Ipv4Addr) -> u32 {
-    addr_to_raw(addr.octets())
-}
-
-/// The episode's node: the same pods and ENIs always; SNAT settings, the
-/// primary ENI and the test run link's role drawn from `rng`.
-fn world(rng: &mut fastrand::Rng) -> World {
-    let randomize = [
-        RandomizeMode::Prng,
-        RandomizeMode::HashRandom,
-        RandomizeMode::None,
-    ][rng.usize(0..3)];
-    // Ranges no episode's flows to one remote endpoint can fill: which
-    // closed flow a full range gives its port up from is `port_allocation`'s
-    // to test, not the model's to predict.
-    let (port_min, port_max) =
-        [(1024, 65535), (1024, 65535), (30000, 30999), (0, 0)][rng.usize(0..4)];
-    let config = Config {
-        node_addr: raw(NODE),
-        flags: if rng.u32(0..5) == 0 {
-            FLAG_EXTERNAL_SNAT
-        } else {
-            0
-        },
-        randomize: randomize as u32,
-        port_min,
-        port_max,
-        hash_seed: rng.u32(..),
-        primary_ifindex: if rng.u32(0..10) == 0 { 0 } else { PRIMARY_ENI },
-        // vpcnet's default bits, the ones the generator marks with.
-        mark_decided_bit: 0,
-        mark_via_service_bit: 0,
-    };
-    let mut prefixes = vec![];
-    for cidr in VPC_CIDRS {
-        let net: Ipv4Net = cidr.parse().expect("VPC CIDR");
-        prefixes.push((raw(net.network()), net.prefix_len(), CidrKind::Vpc));
-    }
-    if rng.bool() {
-        prefixes.push((raw(Ipv4Addr::new(192, 0, 2, 0)), 24, CidrKind::Excluded));
-    }
-    prefixes.push((raw(NODE), 32, CidrKind::Local));
-    prefixes.push((raw(NODE_LOCAL_DNS), 32, CidrKind::Local));
-    let service: Ipv4Net = SERVICE_CIDR.parse().expect("service CIDR");
-    prefixes.push((
-        raw(service.network()),
-        service.prefix_len(),
-        CidrKind::Service,
-    ));
-    let endpoints = pod_specs()
-        .iter()
-        .map(|p| {
-            let ep = Endpoint {
-                ifindex: p.ifindex,
-                eni_ifindex: p.eni_ifindex,
-                mac: mac(1, p.addr),
-                host_mac: mac(2, p.addr),
-                flags: p.flags,
-            };
-            (raw(p.addr), ep)
-        })
-        .collect();
-    let gateway = raw(Ipv4Addr::new(10, 20, 11, 1));
-    let mut enis: HashMap<u32, Eni> = [
-        (
-            PRIMARY_ENI,
-            Eni {
-                gateway,
-                flags: ENI_PRIMARY,
-            },
-        ),
-        (SECONDARY_ENI, Eni { gateway, flags: 0 }),
-        (
-            BRANCH_ENI,
-            Eni {
-                gateway,
-                flags: ENI_BRANCH,
-            },
-        ),
-    ]
-    .into();
-    if rng.u32(0..10) == 0 {
-        enis.insert(
-            TEST_RUN_IFINDEX,
-            Eni {
-                gateway,
-                flags: ENI_BRANCH,
-            },
-        );
-    }
-    let mut config = config;
-    let policy = episode_policy(rng, &mut config);
-    World {
-        config,
-        prefixes,
-        endpoints,
-        enis,
-        ifindex: TEST_RUN_IFINDEX,
-        policy,
-    }
-}
-
-/// A third of the episodes judge policy: policy on, and rules for some
-/// pods, over the addresses and ports the generator sends to.
-fn episode_policy(rng: &mut fastrand::Rng, config: &mut Config) -> BTreeMap<u32, PodRules> {
-    if rng.u32(0..3) != 0 {
-        return BTreeMap::new();
-    }
-    config.flags |= FLAG_NETWORK_POLICY;
-    let cast = cast();
-    let addresses: Vec<Ipv4Addr> = cast
-        .others
-        .iter()
-        .chain(&cast.pods)
-        .chain([&NODE])
-        .copied()
-        .collect();
-    policy::pod_rules(rng, &cast.pods, &addresses, &generate::PORTS)
-        .into_iter()
-        .map(|(addr, rules)| (raw(addr), rules))
-        .collect()
-}
-
-fn cast() -> Cast {
-    let specs = pod_specs();
-    Cast {
-        node: NODE,
-        senders: specs
-            .iter()
-            .filter(|p| p.ifindex == TEST_RUN_IFINDEX)
-            .map(|p| (p.addr, mac(1, p.addr)))
-            .collect(),
-        pods: specs.iter().map(|p| p.addr).collect(),
-        others: vec![
-            PEER,
-            Ipv4Addr::new(100, 64, 3, 4),
-            Ipv4Addr::new(10, 20, 11, 99),
-            INET,
-            Ipv4Addr::new(203, 0, 113, 77),
-            ONPREM,
-            NODE_LOCAL_DNS,
-            Ipv4Addr::new(10, 100, 0, 10),
-        ],
-    }
-}
-
-/// The real tables, as the model keeps them.
-fn real_tables(h: &Harness, frags: &BpfHashMap<MapData, FragKey, FragPath>) -> Tables {
-    let halves = |map: &aya::maps::HashMap<MapData, FlowKey, NatEntry>| -> HashMap<FlowKey, Half> {
-        map.iter()
-            .filter_map(Result::ok)
-            .map(|(k, e)| {
-                (
-                    k,
-                    Half {
-                        addr: e.addr,
-                        port: e.port,
-                        kind: e.kind,
-                        seen: e.seen,
-                        // Numbers without their bit mean nothing.
-                        seq_end: if e.tcp & TCP_END_KNOWN == 0 {
-                            0
-                        } else {
-                            e.seq_end
-                        },
-                        ack: if e.tcp & TCP_ACK_KNOWN == 0 { 0 } else { e.ack },
-                        tcp: e.tcp,
-                        retrans: e.retrans,
-                    },
-                )
-            })
-            .collect()
-    };
-    let maps = &h.datapath.maps;
-    Tables {
-        nat_fwd: halves(&maps.nat_fwd),
-        nat_rev: halves(&maps.nat_rev),
-        stack: halves(&maps.stack_flows),
-        policy_flows: policy::real_flows(maps),
-        frags: frags
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, p)| {
-                let d = Datagram {
-                    saddr: k.saddr,
-                    daddr: k.daddr,
-                    id: k.id,
-                    proto: k.proto,
-                    hook: k.hook,
-                };
-                (
-                    d,
-                    FirstWent {
-                        addr: p.addr,
-                        ifindex: p.ifindex,
-                        via: p.via,
-                    },
-                )
-            })
-            .collect(),
     }
 }
 
@@ -463,18 +261,15 @@ fn install(bench: &mut Bench, world: &World) {
     // configuration, which some episodes leave unset (a node whose primary
     // ENI is not known yet).
     maps.set_config(&world.config).expect("config");
-    // Nothing expires within a run: which flow a port goes to stays the
-    // model's to know, not the clock's.
-    let forever = 1_000_000_000;
-    let mut timeouts = Timeouts::default();
-    for (_, field) in Timeouts::SYSCTLS {
-        *field(&mut timeouts) = forever;
-    }
-    maps.set_timeouts(&timeouts).expect("timeouts");
+    maps.set_timeouts(&world.timeouts).expect("timeouts");
     clear(&mut maps.nat_fwd);
     clear(&mut maps.nat_rev);
     clear(&mut maps.stack_flows);
     clear(&mut bench.frags);
+    for ring in [&mut bench.recent.0, &mut bench.recent.1] {
+        ring.set(0, RecentFlows::EMPTY, 0)
+            .expect("emptying a ring of recent flows");
+    }
     policy::install(&mut bench.enforcer, maps, &world.policy);
 }
 
@@ -607,21 +402,34 @@ fn compare(
 struct Bench {
     h: Harness,
     frags: BpfHashMap<MapData, FragKey, FragPath>,
+    /// The rings of recent NAT flows and stack flows.
+    recent: (Array<MapData, RecentFlows>, Array<MapData, RecentFlows>),
     /// The agent's writer of policy rules, over the run's maps.
     enforcer: Enforcer,
+    tables: TableSizes,
 }
 
 /// Runs the fuzzer as `opts` says.
 pub fn run(opts: &Options) -> Report {
     let started = Instant::now();
     let mut report = Report::default();
-    let h =
-        Harness::load_in(Harness::new_pin_dir(), maps::NAT_DEFAULT_ENTRIES).unwrap_or_else(|e| {
+    let mut h = Harness::load_sized(Harness::new_pin_dir(), opts.tables.nat, opts.tables.stack)
+        .unwrap_or_else(|e| {
             panic!("loading the programs (as root, after `cargo xtask setup`): {e:?}")
         });
     let frags = crate::loaded::frag_paths(&h.datapath).expect("the fragment map");
+    let recent = h
+        .datapath
+        .take_recent_flows()
+        .expect("the rings of recent flows");
     let enforcer = Enforcer::new(&h.datapath.maps).expect("the policy maps");
-    let mut bench = Bench { h, frags, enforcer };
+    let mut bench = Bench {
+        h,
+        frags,
+        recent,
+        enforcer,
+        tables: opts.tables,
+    };
 
     let per_episode = EPISODE_PACKETS / 4;
     if let Some(episode) = opts.episode {
@@ -640,15 +448,22 @@ pub fn run(opts: &Options) -> Report {
     report
 }
 
+/// Clock jumps, in seconds: most within a short timeout, some past the
+/// longer defaults.
+const JUMPS: [u64; 14] = [0, 1, 1, 2, 2, 3, 4, 6, 8, 11, 31, 61, 121, 301];
+
 /// One episode: `packets` packets per program from a world and tables of
-/// its own, the counters compared after each packet, the tables at the
-/// end.
+/// its own, the counters compared after each packet, the tables after
+/// each collector's pass and at the end. An episode with timeouts moves
+/// the clock on now and then, and runs the collector after some jumps.
 fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report: &mut Report) {
     let mut rng = fastrand::Rng::with_seed(seed ^ episode.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let world = world(&mut rng);
+    let world = world::world(&mut rng, bench.tables);
+    let timed = world::timed(&world.timeouts);
     install(bench, &world);
     let mut model = Model::new(world);
-    let mut generator = Generator::new(rng.u64(..), cast());
+    let mut generator = Generator::new(rng.u64(..), world::cast());
+    let mut clock = Clock::start();
     // Compared packet by packet: a counter off shows at its packet.
     let mut before = counters(&bench.h);
     // Each program runs `packets` packets; frames the kernel refuses do not
@@ -661,6 +476,16 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
         let program = Program::ALL[usize::try_from(seq % 4).unwrap_or(0)];
         if ran[program as usize] >= packets {
             continue;
+        }
+        let jump = (timed && rng.u32(0..48) == 0).then(|| JUMPS[rng.usize(..JUMPS.len())]);
+        if jump.is_some() || clock.due() {
+            let place = format!("episode {episode} before packet {seq}");
+            let step = Step {
+                seconds: jump.unwrap_or(0),
+                collect: jump.is_some() && rng.u32(0..3) == 0,
+                seq,
+            };
+            step.run(bench, &mut clock, &mut model, &place, report);
         }
         let generated = generator.next(program, &model);
         let place = format!(
@@ -690,7 +515,13 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
         ran[program as usize] += 1;
         *report.packets.entry(program).or_default() += 1;
         *report.categories.entry(generated.category).or_default() += 1;
-        let expected = model.run(program, &generated.packet, generated.mark, &outcome.packet);
+        let expected = model.run(
+            program,
+            &generated.packet,
+            generated.mark,
+            &outcome.packet,
+            seq,
+        );
         for c in &expected.counted {
             *report.counted.entry(c.name()).or_default() += 1;
         }
@@ -716,87 +547,80 @@ fn run_episode(bench: &mut Bench, seed: u64, episode: u64, packets: u64, report:
             ));
         }
     }
-    compare_tables(
-        &real_tables(&bench.h, &bench.frags),
+    tables::compare_tables(
+        &tables::real_tables(bench),
         &model.tables,
-        episode,
+        &format!("episode {episode}"),
         report,
     );
     report.episodes += 1;
+    report.timed_episodes += u64::from(timed);
 }
 
-/// A flow key as `source:port > destination:port/protocol`, ports in host
-/// order.
-fn show(k: &FlowKey) -> String {
-    format!(
-        "{}:{} > {}:{}/{}",
-        Ipv4Addr::from(raw_to_addr(k.saddr)),
-        raw_to_port(k.sport),
-        Ipv4Addr::from(raw_to_addr(k.daddr)),
-        raw_to_port(k.dport),
-        k.proto
-    )
+/// A step of the clock before a packet: the model's clock moved on (or
+/// only the entries' times written again), and maybe a collector's pass.
+struct Step {
+    seconds: u64,
+    collect: bool,
+    /// The next packet.
+    seq: u64,
 }
 
-fn compare_tables(real: &Tables, model: &Tables, episode: u64, report: &mut Report) {
-    for (name, ours, theirs) in [
-        ("NAT forward", &real.nat_fwd, &model.nat_fwd),
-        ("NAT reverse", &real.nat_rev, &model.nat_rev),
-        ("stack flows", &real.stack, &model.stack),
-    ] {
-        let wrong: Vec<String> = ours
-            .iter()
-            .filter(|(k, v)| theirs.get(k) != Some(v))
-            .map(|(k, v)| format!("{} = {v:?}, model {:?}", show(k), theirs.get(k)))
-            .chain(
-                theirs
-                    .iter()
-                    .filter(|(k, _)| !ours.contains_key(k))
-                    .map(|(k, v)| format!("{} missing, model {v:?}", show(k))),
-            )
-            .take(3)
-            .collect();
+impl Step {
+    fn run(
+        &self,
+        bench: &mut Bench,
+        clock: &mut Clock,
+        model: &mut Model,
+        place: &str,
+        report: &mut Report,
+    ) {
+        let was = model.now.tick;
+        let wrong = clock.advance(self.seconds, self.seq, &mut bench.h.datapath.maps, model);
+        report.simulated_seconds += model.now.tick - was;
         if !wrong.is_empty() {
             report.disagree(format!(
-                "episode {episode}: {name} table: {}",
-                wrong.join("; ")
+                "{place}: times: {}",
+                wrong.into_iter().take(3).collect::<Vec<_>>().join("; ")
             ));
         }
+        if self.collect {
+            collect(bench, model, place, report);
+        }
     }
-    let wrong: Vec<String> = real
-        .policy_flows
-        .iter()
-        .filter(|(c, opener)| model.policy_flows.get(c) != Some(opener))
-        .map(|(c, opener)| {
-            format!(
-                "{c} opened by {}, model {}",
-                show_end(*opener),
-                model
-                    .policy_flows
-                    .get(c)
-                    .map_or_else(|| "none".to_owned(), |o| show_end(*o))
-            )
-        })
-        .chain(
-            model
-                .policy_flows
-                .iter()
-                .filter(|(c, _)| !real.policy_flows.contains_key(c))
-                .map(|(c, opener)| format!("{c} missing, model opened by {}", show_end(*opener))),
-        )
-        .take(3)
-        .collect();
-    if !wrong.is_empty() {
-        report.disagree(format!(
-            "episode {episode}: policy flows table: {}",
-            wrong.join("; ")
-        ));
+}
+
+/// The agent's collector's pass over the maps, and the model's: what each
+/// removed, and the tables after.
+fn collect(bench: &mut Bench, model: &mut Model, place: &str, report: &mut Report) {
+    let maps = &bench.h.datapath.maps;
+    let now = monotonic_now_ns();
+    let timeouts = &model.world.timeouts;
+    let nat = maps
+        .collect_garbage(timeouts, now)
+        .expect("collecting NAT flows");
+    let stack = maps
+        .collect_stack_flows(timeouts, now)
+        .expect("collecting stack flows");
+    let ours = Collected {
+        expired: nat.expired,
+        orphans: nat.orphans,
+        paired: nat.paired,
+        stack_expired: stack.expired,
+        stack_orphans: stack.orphans,
+    };
+    let theirs = model.collect(ORPHAN_GRACE_NS / NS_PER_SEC);
+    let place = format!("{place}, the collector");
+    if ours != theirs {
+        report.disagree(format!("{place}: removed {ours:?}, model {theirs:?}"));
     }
-    if real.frags != model.frags {
-        report.disagree(format!(
-            "episode {episode}: fragment table has {} entries, model {}",
-            real.frags.len(),
-            model.frags.len()
-        ));
+    for (total, pass) in [
+        (&mut report.collected, nat),
+        (&mut report.stack_collected, stack),
+    ] {
+        total.expired += pass.expired;
+        total.orphans += pass.orphans;
+        total.paired += pass.paired;
     }
+    tables::compare_tables(&tables::real_tables(bench), &model.tables, &place, report);
 }

@@ -61,6 +61,13 @@ pub const POLICY_FLOWS: &str = "VPCNET_POLICY_FLOWS";
 /// `RingBuf` of `PolicyEvent`s, for `ENABLE_POLICY_EVENT_LOGS`. Not
 /// pinned: each agent reads the one its programs write.
 pub const POLICY_EVENTS: &str = "VPCNET_POLICY_EVENTS";
+/// `Array<RecentFlows>` of one: the NAT flows created last, which a full
+/// NAT map's early drop chooses from (see `nat::RecentFlows`). Not pinned:
+/// a restarted agent's programs start a ring of their own.
+pub const RECENT_FLOWS: &str = "VPCNET_RECENT_FLOWS";
+/// `Array<RecentFlows>` of one: the stack flows created last, as
+/// [`RECENT_FLOWS`] for the stack flows map.
+pub const RECENT_STACK_FLOWS: &str = "VPCNET_RECENT_STACK";
 /// A pinned map and the layout of its entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PinnedMap {

@@ -32,13 +32,14 @@
 //! flags allow ([`FlagsView`]), never ending a flow before the collector.
 
 mod frag;
+mod recent;
 mod state;
 mod tcp;
 #[cfg(test)]
 mod tests;
 mod timeouts;
 
-pub use self::{frag::*, state::*, tcp::*, timeouts::*};
+pub use self::{frag::*, recent::*, state::*, tcp::*, timeouts::*};
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;

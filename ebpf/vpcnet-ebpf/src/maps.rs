@@ -17,11 +17,11 @@ use vpcnet_common::{
         POLICY_CIDRS_MAX_ENTRIES, POLICY_FLOWS_DEFAULT_ENTRIES, POLICY_PODS_MAX_ENTRIES,
         POLICY_PORTS_MAX_ENTRIES, STACK_FLOWS_DEFAULT_ENTRIES,
     },
-    nat::{FlowKey, FragKey, FragPath, NatEntry, Timeouts},
+    nat::{FlowKey, FragKey, FragPath, NatEntry, RecentFlows, Timeouts},
     policy::{POLICY_EVENTS_BYTES, PodPolicy, PodVerdicts, PolicyFlow, PortSet, PortVerdict},
 };
 
-use crate::nat::{ClaimSearch, RecentFlows};
+use crate::nat::ClaimSearch;
 
 #[map(name = "VPCNET_CONFIG")]
 pub static CONFIG: Array<Config> = Array::pinned(1, 0);
@@ -82,7 +82,7 @@ pub static POLICY_EVENTS: RingBuf = RingBuf::with_byte_size(POLICY_EVENTS_BYTES,
 #[map(name = "VPCNET_PORT_SEARCH")]
 pub static PORT_SEARCH: PerCpuArray<ClaimSearch> = PerCpuArray::with_max_entries(1, 0);
 
-/// The flows created last, for early drop (see `nat::RecentFlows`). Not
+/// The flows created last, for early drop (see `vpcnet_common::nat::RecentFlows`). Not
 /// pinned: a hint, nothing is lost with it.
 #[map(name = "VPCNET_RECENT_FLOWS")]
 pub static RECENT_FLOWS: Array<RecentFlows> = Array::with_max_entries(1, 0);

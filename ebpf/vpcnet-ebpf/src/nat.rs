@@ -13,8 +13,8 @@ use vpcnet_common::{
     counters::Counter,
     maps::RECENT_FLOWS_LEN,
     nat::{
-        FlowKey, FlowKind, NatEntry, TOUCH_INTERVAL_NS, flags_view, flow_last_seen_ns, forward_key,
-        idle_past, is_portless, reply_key,
+        FlowKey, FlowKind, NatEntry, RecentFlows, TOUCH_INTERVAL_NS, flags_view, flow_last_seen_ns,
+        forward_key, idle_past, is_portless, reply_key,
     },
 };
 
@@ -390,26 +390,6 @@ fn remove_pair(rev_key: &FlowKey, fwd_key: &FlowKey) -> bool {
     true
 }
 
-/// The flows created last, whichever CPU created them: a ring of their
-/// claims (reverse-entry keys), `next` the slot the next one takes, which
-/// holds the oldest. When a NAT map is full, [`make_room`] drops the oldest
-/// of them still unanswered, as conntrack's early drop does: a flood of
-/// flows nobody answers (a SYN flood through an NLB, a pod retrying a
-/// black-holed endpoint) fills the ring, so its own flows make way and
-/// established flows are never touched.
-///
-/// Two CPUs may write the same slot at once: a torn key matches no flow
-/// and is skipped, a lost increment overwrites one slot twice. What the
-/// search for a victim needs besides is per CPU, in [`ClaimSearch`].
-pub struct RecentFlows {
-    pub(crate) next: u32,
-    _pad: u32,
-    pub(crate) keys: [FlowKey; RECENT_FLOWS_LEN as usize],
-}
-
-pub(crate) const RING_MASK: u32 = RECENT_FLOWS_LEN - 1;
-const _: () = assert!(RECENT_FLOWS_LEN.is_power_of_two());
-
 /// Adds a new flow's key (a NAT flow's claim, a stack flow's pod-side
 /// tuple) to the ring `ring`.
 #[inline(always)]
@@ -419,9 +399,9 @@ pub(crate) fn remember_recent(ring: &Array<RecentFlows>, rev_key: &FlowKey) {
     };
     // SAFETY: the map's one value; see `RecentFlows` for concurrent writers.
     let recent = unsafe { &mut *recent };
-    let slot = recent.next & RING_MASK;
+    let slot = RecentFlows::slot(recent.next);
     recent.next = recent.next.wrapping_add(1);
-    if let Some(key) = recent.keys.get_mut(slot as usize) {
+    if let Some(key) = recent.keys.get_mut(slot) {
         *key = *rev_key;
     }
 }
@@ -479,8 +459,8 @@ extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
     // SAFETY: the ring's one value, and this CPU's search slot, whose
     // holder key is free while no candidate port is judged.
     let (recent, search) = unsafe { (&mut *recent, &mut *search) };
-    let slot = recent.next.wrapping_add(index) & RING_MASK;
-    let Some(rev_key) = recent.keys.get_mut(slot as usize) else {
+    let slot = RecentFlows::slot(recent.next.wrapping_add(index));
+    let Some(rev_key) = recent.keys.get_mut(slot) else {
         return 1;
     };
     // SAFETY: a map value, valid for the program's run even if deleted.

@@ -10,12 +10,12 @@ use core::ffi::c_void;
 
 use vpcnet_common::{
     counters::Counter,
-    nat::{FlowKey, FlowKind, NatEntry, PROTO_TCP, SEEN_ANY, SEEN_SYN, flags_view},
+    nat::{FlowKey, FlowKind, NatEntry, PROTO_TCP, RecentFlows, SEEN_ANY, SEEN_SYN, flags_view},
 };
 
 use crate::{
     maps::{PORT_SEARCH, RECENT_STACK_FLOWS, STACK_FLOWS, count},
-    nat::{E2BIG, RING_MASK, first_packet, make_room_with, now_ns, remember_recent, touch},
+    nat::{E2BIG, first_packet, make_room_with, now_ns, remember_recent, touch},
     packet::L4,
 };
 
@@ -139,8 +139,8 @@ extern "C" fn drop_step(index: u32, _ctx: *mut c_void) -> i64 {
     // SAFETY: the ring's one value, and this CPU's search slot, whose
     // holder key is free while no candidate port is judged.
     let (recent, search) = unsafe { (&mut *recent, &mut *search) };
-    let slot = recent.next.wrapping_add(index) & RING_MASK;
-    let Some(pod_tuple) = recent.keys.get_mut(slot as usize) else {
+    let slot = RecentFlows::slot(recent.next.wrapping_add(index));
+    let Some(pod_tuple) = recent.keys.get_mut(slot) else {
         return 1;
     };
     // SAFETY: a map value, valid for the program's run even if deleted.

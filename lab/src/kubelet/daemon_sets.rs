@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use vpcnet_deploy::node_selection;
 
 use super::{
+    host_paths,
     pod_spec::{NodeContext, plan},
     runner::{PodRunner, PodStatus, RunError},
 };
@@ -235,6 +236,9 @@ impl NodeDaemonSets {
                     "host path {} ({kind}) is not one of the lab node's own paths",
                     path.display()
                 )));
+            }
+            if kind == host_paths::FILE_OR_CREATE {
+                host_paths::ensure_file(path).map_err(invalid)?;
             }
         }
         pod_plan

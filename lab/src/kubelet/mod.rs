@@ -6,6 +6,7 @@
 //! environment, security context and probes.
 
 pub mod daemon_sets;
+pub mod host_paths;
 pub mod pod_spec;
 pub mod runner;
 

@@ -5,7 +5,8 @@ use vpcnet_lab::{
     fuzz_settings,
     test_sizes::{
         BRANCH_POD_CHURN_VAR, CRI_CHURN_OPS_VAR, REFERENCE_LABS_VAR,
-        ROUTING_DIFFERENTIAL_MODES_VAR, SIMULATED_DAYS_VAR, TIME_WAIT_CONNECTIONS_VAR,
+        ROUTING_DIFFERENTIAL_MODES_VAR, SIMULATED_DAY_SECS_VAR, SIMULATED_DAYS_VAR,
+        TIME_WAIT_CONNECTIONS_VAR,
     },
 };
 
@@ -35,6 +36,11 @@ pub(super) struct Sizes {
     /// `simulated_days`' days in a VM: one still restarts the agent and
     /// flips EXTERNALSNAT twice.
     vm_simulated_days: u32,
+    /// The real seconds of a simulated day in a VM (its own 60 here): an
+    /// agent restart under TCG takes up to 40 s, sixteen of a 60-second
+    /// day's hours, and the idle flows' margin is four; with 5-second
+    /// hours the day has caught up again well before they are used.
+    vm_simulated_day_secs: u32,
     /// `time_wait`'s burst here (`None`: its 20,000): 10,000 still hold a
     /// sixth of the range in TIME_WAIT.
     time_wait_connections: Option<u64>,
@@ -65,11 +71,12 @@ pub(super) struct Sizes {
 
 impl Sizes {
     const CI: Self = Self {
-        host_fuzz_packets: Some(300_000),
-        vm_fuzz_packets: 10_000,
+        host_fuzz_packets: Some(150_000),
+        vm_fuzz_packets: 5_000,
         cri_churn_ops: Some(200),
         simulated_days: Some(2),
         vm_simulated_days: 1,
+        vm_simulated_day_secs: 120,
         time_wait_connections: Some(10_000),
         vm_time_wait_connections: 4_000,
         vm_reference_labs: false,
@@ -85,6 +92,7 @@ impl Sizes {
         cri_churn_ops: None,
         simulated_days: None,
         vm_simulated_days: 3,
+        vm_simulated_day_secs: 120,
         time_wait_connections: None,
         vm_time_wait_connections: 20_000,
         vm_reference_labs: true,
@@ -142,6 +150,10 @@ impl Sizes {
                 self.vm_routing_modes.to_owned(),
             ),
             (SIMULATED_DAYS_VAR, self.vm_simulated_days.to_string()),
+            (
+                SIMULATED_DAY_SECS_VAR,
+                self.vm_simulated_day_secs.to_string(),
+            ),
             (
                 TIME_WAIT_CONNECTIONS_VAR,
                 self.vm_time_wait_connections.to_string(),
@@ -310,9 +322,11 @@ mod tests {
         assert_eq!(value(&vm, ROUTING_DIFFERENTIAL_MODES_VAR), Some("strict"));
         assert_eq!(value(&vm, fuzz_settings::PACKETS_VAR), Some("5"));
         assert_eq!(value(&vm, BRANCH_POD_CHURN_VAR), Some("4"));
+        assert_eq!(value(&vm, SIMULATED_DAY_SECS_VAR), Some("120"));
         let host = Sizes::new(false, None).host_env_over(user);
         assert_eq!(value(&host, fuzz_settings::PACKETS_VAR), Some("5"));
         assert_eq!(value(&host, SIMULATED_DAYS_VAR), Some("2"));
+        assert_eq!(value(&host, SIMULATED_DAY_SECS_VAR), None);
         assert_eq!(value(&host, TIME_WAIT_CONNECTIONS_VAR), Some("10000"));
         assert_eq!(value(&host, REFERENCE_LABS_VAR), None);
         assert_eq!(value(&vm, REFERENCE_LABS_VAR), Some("0"));

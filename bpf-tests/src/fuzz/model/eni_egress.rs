@@ -15,7 +15,9 @@ use super::{
         ip_at, is_icmp_error, is_icmp_reply, is_icmp_request, key, l4_at, may_open, progressed,
         quoted, raw16, raw32, untranslated,
     },
+    lifetime::Holder,
     rewrite::{moved, ones_sum_without},
+    tables::Map,
 };
 
 impl Model {
@@ -84,7 +86,7 @@ impl Model {
         if let Some(l4) = l4_at(&run.p, &ip)? {
             let pod_side = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
             if !self.stack_packet(&pod_side, l4) {
-                self.stack_new(&pod_side, FlowKind::StackFromPod, l4);
+                self.stack_new(run, &pod_side, FlowKind::StackFromPod, l4);
             }
             run.count(Counter::EgressServiceFlow);
         }
@@ -116,17 +118,18 @@ impl Model {
             return Ok(Counter::EgressIcmpOther);
         }
         let flow = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+        let now = self.now;
         if let Some(half) = self.tables.nat_fwd.get(&flow).copied() {
             if ip.proto == PROTO_TCP && l4.syn_only() && progressed(half.seen) {
                 let claim = key(flow.daddr, half.addr, flow.dport, half.port, flow.proto);
                 match self.tables.nat_rev.get_mut(&claim) {
                     Some(rev) if rev.addr == flow.saddr && rev.port == flow.sport => {
-                        rev.restart(None);
+                        rev.restart(None, now);
                         if untranslated(half.kind) {
                             rev.kind = FlowKind::NoSnat as u8;
                         }
                         let fwd = self.tables.nat_fwd.get_mut(&flow).expect("looked up");
-                        fwd.restart(Some(l4));
+                        fwd.restart(Some(l4), now);
                         if untranslated(half.kind) {
                             fwd.kind = FlowKind::NoSnat as u8;
                         }
@@ -143,7 +146,7 @@ impl Model {
                 .nat_fwd
                 .get_mut(&flow)
                 .expect("looked up")
-                .record(l4);
+                .record(l4, now);
             return Ok(self.translate(run, ip, &flow, false));
         }
         self.new_flow(run, ip, l4, &flow)
@@ -185,7 +188,9 @@ impl Model {
             });
         }
         if self.world.config.external_snat() {
-            self.track_untranslated(flow, FlowKind::NoSnat, l4);
+            if !self.track_untranslated(run, flow, FlowKind::NoSnat, l4) {
+                return Err(Counter::DropNatTableFull);
+            }
             return Ok(Counter::EgressExternalSnatNew);
         }
         self.claim(run, ip, flow, FlowKind::Snat, l4)?;
@@ -208,7 +213,10 @@ impl Model {
     }
 
     /// A port for a new translated flow: the one the program chose, read
-    /// from its output and checked against the rules.
+    /// from its output and checked against the rules ([`Model::chosen_port`]).
+    /// A full table makes room by early drop; a port whose flow is over, or
+    /// closed longest ago when every port of a small range is held, is
+    /// taken over.
     pub(super) fn claim(
         &mut self,
         run: &mut Run,
@@ -219,71 +227,178 @@ impl Model {
     ) -> Result<(), Counter> {
         let node = self.world.config.node_addr;
         let claim_of = |port: u16| key(flow.daddr, node, flow.dport, port, flow.proto);
-        let portless = !matches!(ip.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP);
-        let port = if portless {
-            if self.tables.nat_rev.contains_key(&claim_of(0)) {
-                return Err(Counter::DropNatNoPort);
-            }
-            0
-        } else {
-            let at = ip.l4 + if ip.proto == PROTO_ICMP { 4 } else { 0 };
-            let chosen = raw16(run.actual, at).unwrap_or_default();
-            let (min, max) = self.world.port_range();
-            let own = u16::from_be(flow.sport);
-            let first = match kind {
-                FlowKind::Host => Some(own),
-                _ if self.world.config.randomize_mode() == RandomizeMode::None
-                    && (min..=max).contains(&own) =>
-                {
-                    Some(own)
+        let (chosen, held) = self.chosen_port(run, ip, flow, kind)?;
+        let table_full = self.tables.nat_rev.len() >= self.world.nat_capacity;
+        match held {
+            Holder::Free => {
+                if table_full {
+                    if self.early_drop_nat() {
+                        run.count(Counter::NatEarlyDrop);
+                    } else {
+                        run.bad_choice = Some(format!("port {chosen} in a full table"));
+                    }
                 }
-                _ => None,
-            };
-            let host_order = u16::from_be(chosen);
-            if self.tables.nat_rev.contains_key(&claim_of(chosen)) {
-                run.bad_choice = Some(format!(
-                    "port {host_order} is held by another flow to the same endpoint"
-                ));
-            } else if let Some(first) =
-                first.filter(|f| !self.tables.nat_rev.contains_key(&claim_of(f.to_be())))
-            {
-                if host_order != first {
-                    run.bad_choice = Some(format!(
-                        "port {host_order}, not {first}, which was free and is tried first"
-                    ));
-                }
-            } else if !(min..=max).contains(&host_order) {
-                run.bad_choice = Some(format!("port {host_order} outside {min}-{max}"));
             }
-            chosen
-        };
+            Holder::Over => {
+                self.remove_nat_pair(&claim_of(chosen.to_be()));
+                run.count(Counter::EgressTakeover);
+            }
+            Holder::Closed(_) | Holder::Live => {
+                self.remove_nat_pair(&claim_of(chosen.to_be()));
+                run.count(Counter::AllocOldestClosed);
+                run.count(Counter::EgressTakeover);
+            }
+        }
+        let claim = claim_of(chosen.to_be());
+        let now = self.now;
         self.tables
             .nat_rev
-            .insert(claim_of(port), Half::new(flow.saddr, flow.sport, kind));
-        let mut fwd = Half::new(node, port, kind);
-        fwd.record(l4);
-        self.tables.nat_fwd.insert(*flow, fwd);
-        self.answerable.push(claim_of(port));
+            .insert(claim, Half::new(flow.saddr, flow.sport, kind, now));
+        let mut fwd = Half::new(node, chosen.to_be(), kind, now);
+        fwd.record(l4, now);
+        if !self.insert_making_room(run, Map::NatFwd, *flow, fwd) {
+            self.tables.nat_rev.remove(&claim);
+            return Err(Counter::DropNatTableFull);
+        }
+        Self::remember_recent(&mut self.tables.recent, claim);
+        self.answerable.push(claim);
         self.ongoing.push(*flow);
         Ok(())
     }
 
+    /// The port the program chose for a new flow (host order) and who held
+    /// it, checked against the rules: a port nobody holds or whose flow is
+    /// over, the pod's or node socket's own first when it is one of those;
+    /// when every port of a small range is held, the one whose flow closed
+    /// longest ago, or none. `Err`: the flow gets none, and why.
+    fn chosen_port(
+        &self,
+        run: &mut Run,
+        ip: &Ip,
+        flow: &FlowKey,
+        kind: FlowKind,
+    ) -> Result<(u16, Holder), Counter> {
+        let node = self.world.config.node_addr;
+        let claim_of = |port: u16| key(flow.daddr, node, flow.dport, port, flow.proto);
+        let portless = !matches!(ip.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP);
+        let (min, max) = self.world.port_range();
+        let own = u16::from_be(flow.sport);
+        let first = match kind {
+            _ if portless => Some(0),
+            FlowKind::Host => Some(own),
+            _ if self.world.config.randomize_mode() == RandomizeMode::None
+                && (min..=max).contains(&own) =>
+            {
+                Some(own)
+            }
+            _ => None,
+        };
+        // Ports in host order, with who holds each.
+        let class = |port: u16| self.holder(&claim_of(port.to_be()));
+        let takeable = |h: Holder| matches!(h, Holder::Free | Holder::Over);
+        // Small enough that the search surely tries every port.
+        let every_port_tried = portless || max - min < SMALL_RANGE;
+        let candidates: Vec<u16> = if portless {
+            vec![0]
+        } else if every_port_tried {
+            first.into_iter().chain(min..=max).collect()
+        } else {
+            first.into_iter().collect()
+        };
+        let oldest_closed = candidates
+            .iter()
+            .filter_map(|&p| match class(p) {
+                Holder::Closed(last) => Some((last, p)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, p)| p);
+        let any_takeable = candidates.iter().any(|&p| takeable(class(p)));
+        let any_free = candidates.iter().any(|&p| class(p) == Holder::Free);
+        // What the program did: the port it left in the packet, or none.
+        let at = ip.l4 + if ip.proto == PROTO_ICMP { 4 } else { 0 };
+        let chosen = if portless {
+            0
+        } else {
+            u16::from_be(raw16(run.actual, at).unwrap_or_default())
+        };
+        let table_full = self.tables.nat_rev.len() >= self.world.nat_capacity;
+        let claimed = match kind {
+            // A node socket's packet leaves with its own port either way:
+            // claimed if the port moved, or if its own was to be had.
+            FlowKind::Host if chosen == own => match class(own) {
+                Holder::Free => !table_full || self.nat_victim().is_some(),
+                Holder::Over => true,
+                Holder::Closed(_) | Holder::Live => {
+                    every_port_tried && !any_takeable && oldest_closed == Some(own)
+                }
+            },
+            FlowKind::Host => true,
+            _ => raw32(run.actual, IP + 12) == Some(node),
+        };
+        if !claimed {
+            // Only a full table with nothing to drop, met at a free port
+            // (a take-over frees its own room), or a small range held
+            // through and through with nothing closed, leaves a flow
+            // without a port.
+            if table_full && (any_free || !every_port_tried) && self.nat_victim().is_none() {
+                return Err(Counter::DropNatTableFull);
+            }
+            if every_port_tried && !any_takeable && oldest_closed.is_none() {
+                return Err(Counter::DropNatNoPort);
+            }
+            run.bad_choice = Some("no port, where one was to be had".to_owned());
+            return Err(Counter::DropNatNoPort);
+        }
+        let held = class(chosen);
+        let must = match first {
+            Some(f) if takeable(class(f)) => Some(f),
+            _ if any_takeable => None,
+            _ if every_port_tried => oldest_closed,
+            _ => None,
+        };
+        if let Some(must) = must.filter(|&m| m != chosen) {
+            run.bad_choice = Some(format!("port {chosen}, not {must}, which the rules give"));
+        } else if must.is_none() && !takeable(held) {
+            run.bad_choice = Some(format!("port {chosen}, held by a flow not over ({held:?})"));
+        } else if !portless && first != Some(chosen) && !(min..=max).contains(&chosen) {
+            run.bad_choice = Some(format!("port {chosen} outside {min}-{max}"));
+        }
+        Ok((chosen, held))
+    }
+
     /// A pair for an untranslated flow whose pod side is `flow`, opened by
     /// `l4` (the pod's for `NoSnat`, toward the pod for `Inbound`); an
-    /// entry already there stays as it is.
-    pub(super) fn track_untranslated(&mut self, flow: &FlowKey, kind: FlowKind, l4: Ports) {
+    /// entry already there stays as it is. A full map makes room by early
+    /// drop; `false` when it could not.
+    pub(super) fn track_untranslated(
+        &mut self,
+        run: &mut Run,
+        flow: &FlowKey,
+        kind: FlowKind,
+        l4: Ports,
+    ) -> bool {
+        let now = self.now;
         let (mut fwd, mut rev) = (
-            Half::new(flow.saddr, flow.sport, kind),
-            Half::new(flow.saddr, flow.sport, kind),
+            Half::new(flow.saddr, flow.sport, kind, now),
+            Half::new(flow.saddr, flow.sport, kind, now),
         );
         if kind == FlowKind::Inbound {
-            rev.record(l4);
+            rev.record(l4, now);
         } else {
-            fwd.record(l4);
+            fwd.record(l4, now);
         }
-        self.tables.nat_rev.entry(flow.reversed()).or_insert(rev);
-        self.tables.nat_fwd.entry(*flow).or_insert(fwd);
-        self.answerable.push(flow.reversed());
+        let reverse = flow.reversed();
+        if !self.insert_making_room(run, Map::NatRev, reverse, rev) {
+            return false;
+        }
+        if !self.insert_making_room(run, Map::NatFwd, *flow, fwd) {
+            self.tables.nat_rev.remove(&reverse);
+            return false;
+        }
+        Self::remember_recent(&mut self.tables.recent, reverse);
+        self.answerable.push(reverse);
+        true
     }
 
     /// Rewrites a packet of a translated flow; the counter says what it was.
@@ -368,6 +483,11 @@ impl Model {
         run.set_addr(outer, !source, addr, false);
     }
 }
+
+/// Port ranges narrower than this are searched through: the programs try
+/// 64 candidates, random or in a row, and a range of three ports is
+/// missed by 64 random ones once in 10^11 searches.
+const SMALL_RANGE: u16 = 3;
 
 /// Decisions that leave a packet with its pod's own address (the list the
 /// programs keep, written here again: the model shares no logic with them).

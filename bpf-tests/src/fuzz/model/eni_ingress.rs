@@ -76,10 +76,11 @@ impl Model {
             return Ok(Counter::IngressNoEntry);
         }
         let claim = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+        let now = self.now;
         let Some(rev) = self.tables.nat_rev.get_mut(&claim) else {
             return Ok(Counter::IngressNoEntry);
         };
-        rev.record(l4);
+        rev.record(l4, now);
         let rev = *rev;
         if rev.addr != self.world.config.node_addr {
             run.set_addr(ip, false, rev.addr, true);
@@ -120,6 +121,7 @@ impl Model {
         }
         let l4 = l4_at(&run.p, ip)?.unwrap_or(Ports::NONE);
         let arriving = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
+        let now = self.now;
         if let Some(rev) = self.tables.nat_rev.get(&arriving).copied() {
             if ip.proto == PROTO_TCP && l4.syn_only() && progressed(rev.seen) {
                 let pod_side = key(
@@ -131,24 +133,26 @@ impl Model {
                 );
                 if let Some(fwd) = self.tables.nat_fwd.get_mut(&pod_side) {
                     fwd.kind = FlowKind::Inbound as u8;
-                    fwd.restart(None);
+                    fwd.restart(None, now);
                     let rev = self.tables.nat_rev.get_mut(&arriving).expect("looked up");
                     rev.kind = FlowKind::Inbound as u8;
-                    rev.restart(Some(l4));
+                    rev.restart(Some(l4), now);
                 }
             } else {
                 self.tables
                     .nat_rev
                     .get_mut(&arriving)
                     .expect("looked up")
-                    .record(l4);
+                    .record(l4, now);
             }
             return Ok(Counter::IngressNotNode);
         }
         if !may_open(ip.proto, l4) {
             return Ok(Counter::IngressNotNode);
         }
-        self.track_untranslated(&arriving.reversed(), FlowKind::Inbound, l4);
+        if !self.track_untranslated(run, &arriving.reversed(), FlowKind::Inbound, l4) {
+            return Err(Counter::DropInboundUntracked);
+        }
         Ok(Counter::IngressInboundTracked)
     }
 

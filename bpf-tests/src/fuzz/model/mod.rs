@@ -21,10 +21,12 @@ mod eni_ingress;
 mod forward;
 mod frag;
 mod headers;
+mod lifetime;
 mod pod;
 mod policy;
 mod rewrite;
 mod stack;
+mod tables;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -35,12 +37,15 @@ use vpcnet_common::{
     counters::Counter,
     endpoint::{Endpoint, Eni},
     nat::{
-        FRAG_VIA_PASS, FlowKey, FlowKind, SEEN_ANY, TCP_ACK_KNOWN, TCP_END_KNOWN, TCP_OWES_FIN_ACK,
-        TCP_ZERO_WINDOW,
+        FRAG_VIA_PASS, FlowKey, FlowKind, RecentFlows, SEEN_ANY, TCP_ACK_KNOWN, TCP_END_KNOWN,
+        TCP_OWES_FIN_ACK, TCP_ZERO_WINDOW, Timeouts,
     },
 };
 
-pub use self::policy::{Connection, End, show_end};
+pub use self::{
+    lifetime::Collected,
+    policy::{Connection, End, PolicyTrack, show_end},
+};
 use super::Program;
 use crate::{
     TC_ACT_SHOT, TC_ACT_UNSPEC,
@@ -50,7 +55,25 @@ use crate::{
 const ETH_P_IP: u16 = 0x0800;
 const IP: usize = 14;
 
-/// One half of a flow, as far as behaviour goes (times left out).
+/// A moment on the model's clock: whole seconds (`tick`), and within a
+/// second the packet's number (`seq`), which orders what happened in it.
+/// The fuzz's clock keeps the entries' real times so that a program's
+/// comparison of two times comes out as the model's of the whole seconds
+/// (see `fuzz::clock`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp {
+    pub tick: u64,
+    pub seq: u64,
+}
+
+impl Stamp {
+    /// Whole seconds from `earlier` to `self`.
+    pub fn seconds_since(self, earlier: Self) -> u64 {
+        self.tick.saturating_sub(earlier.tick)
+    }
+}
+
+/// One half of a flow: its behaviour, and its two times.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Half {
     pub addr: u32,
@@ -64,21 +87,42 @@ pub struct Half {
     pub ack: u32,
     pub tcp: u8,
     pub retrans: u8,
+    /// When this direction's last packet was recorded (a packet within a
+    /// second of the one before and changing no flag leaves it as it was)
+    /// and when the flow began.
+    pub last: Stamp,
+    pub created: Stamp,
 }
 
 impl Half {
-    fn new(addr: u32, port: u16, kind: FlowKind) -> Self {
+    fn new(addr: u32, port: u16, kind: FlowKind, now: Stamp) -> Self {
         Self {
             addr,
             port,
             kind: kind as u8,
+            last: now,
+            created: now,
             ..Self::default()
         }
     }
 
-    /// The packet `l4` sent in this half's direction.
-    fn record(&mut self, l4: Ports) {
-        self.seen |= l4.seen();
+    /// The half without its times, which the clock checks on its own.
+    #[must_use]
+    pub fn behaviour(self) -> Self {
+        Self {
+            last: Stamp::default(),
+            created: Stamp::default(),
+            ..self
+        }
+    }
+
+    /// The packet `l4` sent in this half's direction at `now`.
+    fn record(&mut self, l4: Ports, now: Stamp) {
+        let seen = self.seen | l4.seen();
+        if seen != self.seen || now.seconds_since(self.last) >= 1 {
+            self.last = now;
+        }
+        self.seen = seen;
         if !l4.is_tcp {
             return;
         }
@@ -105,17 +149,19 @@ impl Half {
         }
     }
 
-    /// The half of a connection that starts afresh on its tuple: nothing
-    /// seen, its numbers forgotten (`l4`: the packet that starts it, in
-    /// this half's direction).
-    fn restart(&mut self, l4: Option<Ports>) {
+    /// The half of a connection that starts afresh on its tuple at `now`:
+    /// nothing seen, its numbers forgotten (`l4`: the packet that starts
+    /// it, in this half's direction).
+    fn restart(&mut self, l4: Option<Ports>, now: Stamp) {
         self.seen = 0;
         self.seq_end = 0;
         self.ack = 0;
         self.tcp = 0;
         self.retrans = 0;
+        self.last = now;
+        self.created = now;
         if let Some(l4) = l4 {
-            self.record(l4);
+            self.record(l4, now);
         }
     }
 }
@@ -152,6 +198,11 @@ pub struct World {
     /// The rules of the local pods policy judges (by address, network
     /// order), when the configuration turns policy on.
     pub policy: BTreeMap<u32, PodRules>,
+    /// The flow timeouts the programs are given.
+    pub timeouts: Timeouts,
+    /// Entries each NAT map holds, and the stack flows map.
+    pub nat_capacity: usize,
+    pub stack_capacity: usize,
 }
 
 impl World {
@@ -178,14 +229,33 @@ impl World {
 }
 
 /// Every table the programs keep, as the model keeps it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tables {
     pub nat_fwd: HashMap<FlowKey, Half>,
     pub nat_rev: HashMap<FlowKey, Half>,
     pub stack: HashMap<FlowKey, Half>,
     pub frags: HashMap<Datagram, FirstWent>,
-    /// The connections policy let through, and the end that opened each.
-    pub policy_flows: HashMap<Connection, End>,
+    /// The connections policy let through: the end that opened each, and
+    /// when it was last refreshed.
+    pub policy_flows: HashMap<Connection, PolicyTrack>,
+    /// The NAT flows' claims and the stack flows' pod-side tuples, in the
+    /// order they were made, for a full table's early drop.
+    pub recent: RecentFlows,
+    pub recent_stack: RecentFlows,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Self {
+            nat_fwd: HashMap::new(),
+            nat_rev: HashMap::new(),
+            stack: HashMap::new(),
+            frags: HashMap::new(),
+            policy_flows: HashMap::new(),
+            recent: RecentFlows::EMPTY,
+            recent_stack: RecentFlows::EMPTY,
+        }
+    }
 }
 
 /// What a program should have done with one packet.
@@ -214,6 +284,8 @@ pub struct Model {
     /// key).
     pub answerable: Vec<FlowKey>,
     pub ongoing: Vec<FlowKey>,
+    /// The model's clock: the packet being run, in the current second.
+    pub now: Stamp,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -317,12 +389,22 @@ impl Model {
             tables: Tables::default(),
             answerable: Vec::new(),
             ongoing: Vec::new(),
+            now: Stamp::default(),
         }
     }
 
-    /// Runs `program` on `packet` arriving with skb mark `mark`; `actual`
-    /// is what the real program left, read only for a port it chose.
-    pub fn run(&mut self, program: Program, packet: &[u8], mark: u32, actual: &[u8]) -> Expected {
+    /// Runs `program` on `packet`, the packet numbered `seq` of the
+    /// current second, arriving with skb mark `mark`; `actual` is what the
+    /// real program left, read only for a port it chose.
+    pub fn run(
+        &mut self,
+        program: Program,
+        packet: &[u8],
+        mark: u32,
+        actual: &[u8],
+        seq: u64,
+    ) -> Expected {
+        self.now.seq = seq;
         let mut run = Run {
             p: packet.to_vec(),
             mark,

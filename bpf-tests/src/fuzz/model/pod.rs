@@ -125,7 +125,7 @@ impl Model {
         };
         let arriving = key(ip.saddr, ip.daddr, l4.sport, l4.dport, ip.proto);
         if !self.stack_packet(&arriving, l4) {
-            self.stack_new(&arriving.reversed(), FlowKind::StackToPod, l4);
+            self.stack_new(run, &arriving.reversed(), FlowKind::StackToPod, l4);
         }
         Ok(Out::pass(Counter::PodIngressStack))
     }

@@ -16,7 +16,7 @@ use vpcnet_common::{
 };
 
 use super::{
-    Frag, IP, Model, Run,
+    Frag, IP, Model, Run, Stamp,
     headers::{ip_at, is_icmp_error, l4_at, quoted},
 };
 
@@ -25,6 +25,14 @@ const PROTO_SCTP: u8 = 132;
 /// One end of a connection: address and port (ICMP: the echo identifier,
 /// or zero), network order.
 pub type End = (u32, u16);
+
+/// What is known of a connection policy let through: the end that opened
+/// it, and when its entry was last refreshed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyTrack {
+    pub opener: End,
+    pub last: Stamp,
+}
 
 /// A connection policy let through: its two ends, the lower first, and its
 /// protocol.
@@ -166,11 +174,7 @@ impl Model {
         // An error about a connection let through belongs to it.
         if ip.proto == PROTO_ICMP
             && is_icmp_error(icmp_type)
-            && quoted(&run.p, &ip).is_some_and(|(_, about)| {
-                self.tables
-                    .policy_flows
-                    .contains_key(&Connection::of(&about))
-            })
+            && quoted(&run.p, &ip).is_some_and(|(_, about)| self.fresh(&Connection::of(&about)))
         {
             return Ok(());
         }
@@ -181,7 +185,14 @@ impl Model {
             return Ok(());
         }
         let connection = Connection::of(&key);
-        if !syn && self.tables.policy_flows.contains_key(&connection) {
+        let now = self.now;
+        if !syn && self.fresh(&connection) {
+            // Refreshed at most once a second.
+            if let Some(track) = self.tables.policy_flows.get_mut(&connection)
+                && now.seconds_since(track.last) >= 1
+            {
+                track.last = now;
+            }
             return Ok(());
         }
         let opener = match self.judge(&key, sender, receiver) {
@@ -200,8 +211,21 @@ impl Model {
             }
             Err(reason) => return Err(reason),
         };
-        self.tables.policy_flows.insert(connection, opener);
+        self.tables
+            .policy_flows
+            .insert(connection, PolicyTrack { opener, last: now });
         Ok(())
+    }
+
+    /// Whether `connection` is tracked and has not been idle as long as an
+    /// established connection of its protocol lives.
+    fn fresh(&self, connection: &Connection) -> bool {
+        self.tables
+            .policy_flows
+            .get(connection)
+            .is_some_and(|track| {
+                self.now.seconds_since(track.last) < self.established_timeout(connection.proto)
+            })
     }
 
     /// `key` as a connection's first packet from `sender`'s pod to
