@@ -131,6 +131,8 @@ fn status_of(e: &PodError) -> Status {
     };
     match cause {
         PodError::Manager(ManagerError::NoAddress(_)) => Status::resource_exhausted(message),
+        // The pool is still growing: kubelet's next try may get one.
+        PodError::Manager(ManagerError::NoAddressYet(_)) => Status::aborted(message),
         // Nothing was done: kubelet's next try may succeed.
         PodError::BranchEniPending { .. }
         | PodError::PodUnknown { .. }

@@ -43,6 +43,8 @@ pub struct IpamLab {
     pub lab: Lab,
     runtime: tokio::runtime::Runtime,
     client: Option<CniBackendClient<Channel>>,
+    /// ADDs told to try again (`ABORTED`) and tried again.
+    pub tried_again: usize,
 }
 
 /// The lab for this test alone: root checked, the lab lock taken, a lab
@@ -120,6 +122,7 @@ impl IpamLab {
             lab,
             runtime,
             client: None,
+            tried_again: 0,
         };
         lab.connect();
         lab
@@ -235,24 +238,47 @@ impl IpamLab {
 
     /// ADDs pods `from..` until the node is full (`RESOURCE_EXHAUSTED`), with
     /// no other error; returns the addresses in order and the time the last
-    /// one took to arrive.
+    /// one took to arrive. An ADD told to try again (`ABORTED`: the pool did
+    /// not grow within the agent's wait) is tried again, as kubelet does,
+    /// for [`ADD_RETRIES_FOR`] at most.
     pub fn fill(&mut self, from: usize, limit: usize) -> (Vec<Ipv4Addr>, Duration) {
         let started = Instant::now();
         let mut addrs = Vec::new();
         let mut last = Duration::ZERO;
         for id in from..from + limit {
-            match self.add(id) {
+            match self.add_retrying(id) {
                 Ok(reply) => {
                     addrs.push(reply.ipv4_addr.parse().expect("an address"));
                     last = started.elapsed();
                 }
                 Err(status) if status.code() == Code::ResourceExhausted => break,
-                Err(status) => panic!("ADD of pod {id} failed: {status}"),
+                Err(status) => panic!(
+                    "ADD of pod {id} failed: {status}\nagent log (tail):\n{}",
+                    agent_log_tail()
+                ),
             }
         }
         (addrs, last)
     }
+
+    /// CNI ADD of pod `id`, tried again while the agent says the pool is
+    /// still growing (`ABORTED`), for [`ADD_RETRIES_FOR`] at most.
+    pub fn add_retrying(&mut self, id: usize) -> Result<AddNetworkReply, tonic::Status> {
+        let deadline = Instant::now() + ADD_RETRIES_FOR;
+        loop {
+            match self.add(id) {
+                Err(status) if status.code() == Code::Aborted && Instant::now() < deadline => {
+                    self.tried_again += 1;
+                }
+                other => return other,
+            }
+        }
+    }
 }
+
+/// How long a pod's ADD is tried again while the pool grows: kubelet has
+/// no bound, but a test does.
+pub const ADD_RETRIES_FOR: Duration = Duration::from_mins(2);
 
 /// Runs `call` with an EC2 client such as the agent's, from the node (where
 /// the lab's EC2 endpoint answers): what an operator's tooling does to the

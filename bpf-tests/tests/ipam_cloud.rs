@@ -802,3 +802,63 @@ fn without_subnet_discovery_new_enis_go_to_the_primary_enis_subnet() {
     );
     drop(lab);
 }
+
+/// EC2 failing every call: pods get the warm pool's addresses, the next
+/// ADD waits for the pool, then is told to try again (`ABORTED`, the
+/// plugin's `TRY_AGAIN_LATER`), not that the node is full; once EC2 answers
+/// again, the same pod's next try gets an address from a new ENI.
+#[test]
+fn an_add_while_ec2_fails_is_told_to_try_again_and_a_later_try_gets_an_address() {
+    use tonic::Code;
+    use vpcnet_lab::ec2::config::FaultRule;
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    // WARM_ENI_TARGET=1: the primary ENI's nine secondary addresses.
+    let warm = 9;
+    lab.wait_status("the warm pool", Duration::from_secs(30), |s| {
+        s.total_addrs == warm
+    });
+    lab.emulator()
+        .admin()
+        .set_faults(&[FaultRule {
+            action: "*".into(),
+            unavailable: 1.0,
+            ..FaultRule::default()
+        }])
+        .expect("failing every EC2 call");
+    for id in 0..warm as usize {
+        lab.add(id).expect("an address of the warm pool");
+    }
+    let refused = lab
+        .add(warm as usize)
+        .expect_err("no address while EC2 fails");
+    assert_eq!(refused.code(), Code::Aborted, "{refused}");
+    assert!(
+        refused.message().contains("could not grow in time"),
+        "{refused}"
+    );
+    let status = lab.status();
+    assert_eq!(
+        (status.assigned_addrs, status.enis),
+        (warm, 1),
+        "nothing held for the refused pod, no ENI made"
+    );
+
+    lab.emulator()
+        .admin()
+        .set_faults(&[])
+        .expect("EC2 answering again");
+    let reply = lab
+        .add_retrying(warm as usize)
+        .expect("an address once EC2 answers");
+    let status = lab.status();
+    assert_eq!(status.assigned_addrs, warm + 1);
+    assert_eq!(status.enis, 2, "the address is on a new ENI");
+    println!(
+        "refused while EC2 failed: {:?} {}; later: {}",
+        refused.code(),
+        refused.message(),
+        reply.ipv4_addr
+    );
+    drop(lab);
+}

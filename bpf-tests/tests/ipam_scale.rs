@@ -242,13 +242,14 @@ fn scale(instance_type: &str, max_enis: usize, ips_per_eni: usize, faults: bool,
             assert!(injected > 0, "faults were injected");
         }
         println!(
-            "{instance_type:<12} {:<6} faults {:<3} round {} max pods {:>4} ({max_enis} ENIs): empty -> max {:>6.2} s, back to warm pool {:>6.2} s; EC2 calls {total_calls}, injected faults {injected}, leaked ENIs 0, leaked addresses 0, double assignments 0; counters {counters:?}",
+            "{instance_type:<12} {:<6} faults {:<3} round {} max pods {:>4} ({max_enis} ENIs): empty -> max {:>6.2} s, back to warm pool {:>6.2} s; EC2 calls {total_calls}, injected faults {injected}, ADDs told to try again {}, leaked ENIs 0, leaked addresses 0, double assignments 0; counters {counters:?}",
             if custom { "custom" } else { "node" },
             if faults { "30%" } else { "no" },
             round + 1,
             node.capacity(),
             to_max_pods.as_secs_f64(),
             to_warm_pool.as_secs_f64(),
+            lab.tried_again,
         );
     }
     lab.lab.down().expect("taking the lab down");

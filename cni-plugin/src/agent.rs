@@ -95,6 +95,13 @@ impl AgentError {
                     details,
                 )
             }
+            // The node's pool did not grow within the agent's wait (EC2
+            // slow or failing): nothing is held, kubelet tries again.
+            Self::Status { status, .. } if status.code() == Code::Aborted => CniError::new(
+                code::TRY_AGAIN_LATER,
+                "no address for the pod yet: the node's address pool is still growing",
+                details,
+            ),
             Self::Status { status, .. } if status.code() == Code::ResourceExhausted => {
                 CniError::new(
                     code::NO_ADDRESS,
@@ -238,6 +245,9 @@ mod tests {
             status(Code::ResourceExhausted).to_cni().code,
             code::NO_ADDRESS
         );
+        let growing = status(Code::Aborted);
+        assert_eq!(growing.to_cni().code, code::TRY_AGAIN_LATER);
+        assert!(!growing.outcome_unknown() && !growing.unavailable());
         let not_yet = status(Code::FailedPrecondition);
         assert_eq!(not_yet.to_cni().code, code::TRY_AGAIN_LATER);
         assert!(!not_yet.outcome_unknown() && !not_yet.unavailable());

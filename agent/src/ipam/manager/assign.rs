@@ -25,7 +25,9 @@ const COOLDOWN_RECHECK: Duration = Duration::from_millis(100);
 impl Manager {
     /// Hands the pod an address (the one it holds if the ADD is retried),
     /// written to the checkpoint before it is returned. With the pool empty
-    /// it waits up to `assign_wait` for the pool to grow.
+    /// it waits up to `assign_wait` for the pool to grow, then says
+    /// [`ManagerError::NoAddressYet`] (or [`ManagerError::NoAddress`] at
+    /// once when the pool cannot grow).
     pub async fn assign(
         &self,
         key: &IpamKey,
@@ -103,7 +105,7 @@ impl Manager {
                 && tokio::time::Instant::now() >= deadline
             {
                 bump(&me.counters.assign_failures, 1);
-                return Err(ManagerError::NoAddress(
+                return Err(ManagerError::NoAddressYet(
                     "no free address on the node and the pool could not grow in time",
                 ));
             }

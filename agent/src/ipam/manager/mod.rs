@@ -116,6 +116,11 @@ pub enum ManagerError {
     /// The VPC CNI's words, which operators search for.
     #[error("failed to assign an IP address to container: {0}")]
     NoAddress(&'static str),
+    /// No address within the ADD's wait, but the pool can still grow (it
+    /// is growing, backing off EC2's errors, or its free addresses are
+    /// cooling down): the runtime's next try may get one.
+    #[error("failed to assign an IP address to container: {0}")]
+    NoAddressYet(&'static str),
     #[error("setting up ENI {eni}: {reason}")]
     Network { eni: String, reason: String },
     #[error("no subnet for a new ENI: {0}")]
