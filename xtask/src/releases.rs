@@ -50,9 +50,12 @@ fn build(release: &Release) -> Result<()> {
         );
     }
     let releases = Path::new(RELEASES_DIR);
-    // One target directory for every release: their dependencies are
-    // mostly the same.
+    // The releases' binaries in a target directory of their own, their
+    // dependencies compiled in the workspace's build directory: a
+    // release's lockfile pins no version the tree's does not, so one
+    // compilation of each serves the tree and every release.
     let target = releases.join("target");
+    let build_dir = crate::build::target_dir()?;
     worktree::build_in(
         release.commit,
         &releases.join(format!("src-{}", release.short())),
@@ -61,11 +64,17 @@ fn build(release: &Release) -> Result<()> {
                 vpcnet_lab::cargo_env::cargo()
                     .current_dir(source)
                     .env("CARGO_TARGET_DIR", &target)
-                    // Binaries to run, not to debug: no debug info builds faster.
+                    .env("CARGO_BUILD_BUILD_DIR", &build_dir)
+                    // Binaries to run, not to debug: no debug info builds
+                    // faster (the dependencies have none in the tree either).
                     .env("CARGO_PROFILE_DEV_DEBUG", "0")
                     .env("CARGO_INCREMENTAL", "0")
                     .env_remove("VPCNET_EBPF")
-                    .args(["build", "--bins", "-p", "vpcnet-agent", "-p", "vpcnet-cni"]),
+                    // Every binary of its workspace, not the two it needs:
+                    // cargo unifies the dependencies' features over what it
+                    // builds, and the workspace's set is the tree's (`-p`
+                    // alone made other variants of most of them).
+                    .args(["build", "--locked", "--workspace", "--bins"]),
             )
         },
     )?;
