@@ -862,3 +862,74 @@ fn an_add_while_ec2_fails_is_told_to_try_again_and_a_later_try_gets_an_address()
     );
     drop(lab);
 }
+
+/// A node at its ENI limit whose freed ENIs EC2 has not let it delete yet
+/// (`DeleteNetworkInterface` failing): it is not full, an ENI slot is
+/// coming free, so an ADD past the warm pool is told to try again
+/// (`ABORTED`), not that the node is at its limit; once EC2 deletes the
+/// freed ENIs, the same pod's next try gets an address on a new ENI.
+#[test]
+fn an_add_while_freed_enis_await_deletion_is_told_to_try_again() {
+    use tonic::Code;
+    use vpcnet_lab::ec2::config::FaultRule;
+    let _lock = lab_lock();
+    let mut lab = IpamLab::up("m5.large", &[]);
+    let instance = lab.emulator().instance_id().to_owned();
+    // m5.large: three ENIs of nine pod addresses each.
+    let (max_enis, per_eni) = (3, 9);
+    let (addrs, _) = lab.fill(0, max_enis * per_eni + 1);
+    assert_eq!(addrs.len(), max_enis * per_eni, "max pods");
+    lab.emulator()
+        .admin()
+        .set_faults(&[FaultRule {
+            action: "DeleteNetworkInterface".into(),
+            unavailable: 1.0,
+            ..FaultRule::default()
+        }])
+        .expect("failing every ENI deletion");
+    for id in 0..addrs.len() {
+        lab.del(id).expect("DEL");
+    }
+    // WARM_ENI_TARGET=1: the pool gives an ENI back, which EC2 then keeps,
+    // detached (the pool frees the next once that one is deleted).
+    let settled = lab.wait_status("an ENI given back", Duration::from_mins(1), |s| {
+        (s.enis as usize) < max_enis && s.assigned_addrs == 0
+    });
+    let (kept, freed) = (settled.enis as usize, max_enis - settled.enis as usize);
+    lab.wait_ec2(
+        "the freed ENIs detached, not deleted",
+        Duration::from_mins(1),
+        |state| holdings(state, &instance).detached_enis.len() == freed,
+    );
+    let in_pool = kept * per_eni;
+    for id in 100..100 + in_pool {
+        lab.add(id).expect("an address of the pool");
+    }
+    let refused = lab
+        .add(100 + in_pool)
+        .expect_err("no address while the freed ENIs await deletion");
+    assert_eq!(refused.code(), Code::Aborted, "{refused}");
+
+    lab.emulator()
+        .admin()
+        .set_faults(&[])
+        .expect("EC2 deleting again");
+    let reply = lab
+        .add_retrying(100 + in_pool)
+        .expect("an address once the freed ENIs are deleted");
+    let status = lab.status();
+    assert_eq!(status.enis as usize, kept + 1, "the address is on a new ENI");
+    let ec2 = lab.wait_ec2(
+        "the freed ENIs deleted",
+        Duration::from_mins(1),
+        |state| holdings(state, &instance).detached_enis.is_empty(),
+    );
+    assert_eq!(holdings(&ec2, &instance).attached_enis, kept + 1);
+    println!(
+        "refused while the freed ENIs awaited deletion: {:?} {}; later: {}",
+        refused.code(),
+        refused.message(),
+        reply.ipv4_addr
+    );
+    drop(lab);
+}

@@ -27,7 +27,8 @@ impl Manager {
     /// written to the checkpoint before it is returned. With the pool empty
     /// it waits up to `assign_wait` for the pool to grow, then says
     /// [`ManagerError::NoAddressYet`] (or [`ManagerError::NoAddress`] at
-    /// once when the pool cannot grow).
+    /// once when the pool cannot grow: no address cooling down, no ENI
+    /// slot coming free, and nothing more to ask EC2 for).
     pub async fn assign(
         &self,
         key: &IpamKey,
@@ -40,6 +41,9 @@ impl Manager {
             changed.as_mut().enable();
             // Free addresses ADD could not take are cooling down.
             let cooling;
+            // An ENI the pool gave back still holds its slot until EC2
+            // deletes it: the node is not full.
+            let slot_coming_free;
             {
                 let mut st = me.state.lock().await;
                 match st
@@ -77,6 +81,7 @@ impl Manager {
                     }
                     Err(DatastoreError::NoFreeAddress) => {
                         cooling = st.datastore.stats(Instant::now()).available() > 0;
+                        slot_coming_free = !st.draining.is_empty();
                     }
                     Err(e) => return Err(e.into()),
                 }
@@ -87,7 +92,7 @@ impl Manager {
                     "no free address, and DISABLE_NETWORK_RESOURCE_PROVISIONING leaves adding any to others",
                 ));
             }
-            if !cooling && self.plan_growth().await.is_none() {
+            if !cooling && !slot_coming_free && self.plan_growth().await.is_none() {
                 // Full: every ENI slot and address in use, or max pods.
                 bump(&me.counters.assign_failures, 1);
                 return Err(ManagerError::NoAddress(

@@ -117,8 +117,9 @@ pub enum ManagerError {
     #[error("failed to assign an IP address to container: {0}")]
     NoAddress(&'static str),
     /// No address within the ADD's wait, but the pool can still grow (it
-    /// is growing, backing off EC2's errors, or its free addresses are
-    /// cooling down): the runtime's next try may get one.
+    /// is growing, backing off EC2's errors, its free addresses are
+    /// cooling down, or an ENI it gave back awaits deletion): the runtime's
+    /// next try may get one.
     #[error("failed to assign an IP address to container: {0}")]
     NoAddressYet(&'static str),
     #[error("setting up ENI {eni}: {reason}")]
