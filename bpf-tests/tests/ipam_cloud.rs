@@ -918,12 +918,14 @@ fn an_add_while_freed_enis_await_deletion_is_told_to_try_again() {
         .add_retrying(100 + in_pool)
         .expect("an address once the freed ENIs are deleted");
     let status = lab.status();
-    assert_eq!(status.enis as usize, kept + 1, "the address is on a new ENI");
-    let ec2 = lab.wait_ec2(
-        "the freed ENIs deleted",
-        Duration::from_mins(1),
-        |state| holdings(state, &instance).detached_enis.is_empty(),
+    assert_eq!(
+        status.enis as usize,
+        kept + 1,
+        "the address is on a new ENI"
     );
+    let ec2 = lab.wait_ec2("the freed ENIs deleted", Duration::from_mins(1), |state| {
+        holdings(state, &instance).detached_enis.is_empty()
+    });
     assert_eq!(holdings(&ec2, &instance).attached_enis, kept + 1);
     println!(
         "refused while the freed ENIs awaited deletion: {:?} {}; later: {}",

@@ -114,10 +114,7 @@ const VLAN_TARGETS: [&str; 1] = ["security_groups"];
 
 /// The image's agent as the DaemonSet's pod, not privileged (four
 /// capabilities), through containerd: what a kernel lets such a container
-/// do is the kernel's, so in the datapath suite's VMs. CI's run of it is
-/// this machine's (TCX links; the VMs' `node_restart` and `upgrade` restart
-/// the same agent with clsact): under TCG containerd alone takes three
-/// minutes to import the image, and CI's hour does not hold it.
+/// do is the kernel's, so in the datapath suite's VMs.
 const IMAGE_TARGETS: [&str; 1] = ["agent_image"];
 
 /// Network policy against its specification, in every VM (this machine
@@ -339,17 +336,16 @@ fn run_everywhere(
         let guests: Vec<_> = guests
             .into_iter()
             .filter_map(|(place, _, binaries)| match (place, binaries) {
-                (Place::Vm(kernel), Some(binaries)) => Some(scope.spawn(move || {
-                    (place, run_in_vm(kernel, &binaries, args, sizes, cpus))
-                })),
+                (Place::Vm(kernel), Some(binaries)) => Some(
+                    scope.spawn(move || (place, run_in_vm(kernel, &binaries, args, sizes, cpus))),
+                ),
                 _ => None,
             })
             .collect();
         let mut outcomes: Vec<(Place, Result<TestTally>)> = host
             .into_iter()
             .map(|(place, selection, _)| {
-                let mut command =
-                    test_command(&selection, args.filter.as_deref(), args.nocapture);
+                let mut command = test_command(&selection, args.filter.as_deref(), args.nocapture);
                 for test in sizes.skipped_on_host() {
                     command.args(["--skip", test]);
                 }
@@ -563,10 +559,7 @@ fn run_tests(mut cargo_test: Command) -> Result<TestTally> {
     }
     let status = child.wait().context("wait for cargo test")?;
     if !status.success() {
-        bail!(
-            "`{line}` failed ({status}); {}",
-            tally.summary_line()
-        );
+        bail!("`{line}` failed ({status}); {}", tally.summary_line());
     }
     Ok(tally)
 }
