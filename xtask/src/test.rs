@@ -74,11 +74,10 @@ pub enum Suite {
     /// On every kernel: the programs load within their budgets, and the
     /// `BPF_PROG_TEST_RUN` verdict tests; in a VM, security groups for pods
     /// over 802.1Q, the network policy matrix and the labs whose outcome is
-    /// most the kernel's
-    /// (fragments, ICMP errors, path MTU, TCP states, marks, the
-    /// collector); on 6.1, also the lab with traffic, agent restarts and an
-    /// upgrade under long-lived flows; on 6.12, the routing differential
-    /// over 802.1Q.
+    /// most the kernel's (fragments, ICMP errors, path MTU, TCP states,
+    /// marks, the collector); on 6.1, also the lab with traffic, agent
+    /// restarts and an upgrade under long-lived flows; on 6.12, the routing
+    /// differential over 802.1Q.
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
