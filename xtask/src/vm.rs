@@ -22,7 +22,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use vpcnet_lab::{cri::CONTAINERD_ROOT_DIR, moto::MOTO_VENV};
+use vpcnet_lab::{cri::CONTAINERD_ROOT_ENV, moto::MOTO_VENV};
 
 use crate::{
     build::workspace_root,
@@ -47,23 +47,29 @@ pub fn guest_cpus(guests_at_once: usize) -> u32 {
 }
 
 /// The directories of this machine's file system a lab writes outside its
-/// state directory (under /run, the guest's own tmpfs): the lab's
-/// containerd root, libcni's cache and containerd's defaults, and the
-/// parents of the node paths a lab makes as mount points when the machine
-/// lacks them (`/etc/cni/net.d`, `/opt/cni/bin`). virtme-ng's writable
-/// views of /etc, /opt and /var are overlays over this machine's live
-/// tree, so a lab running here while a guest runs would show the guest its
-/// containerd database, its CNI files and its mount points coming and
-/// going: the guest mounts an empty tmpfs of its own on each, with its
-/// mode. (/var/log is already one; temporary files go to
-/// [`GUEST_TMPDIR`].)
+/// state directory (under /run, the guest's own tmpfs): the parent of the
+/// guest's containerd root ([`GUEST_CONTAINERD_ROOT`]), libcni's cache and
+/// containerd's defaults, and the parents of the node paths a lab makes as
+/// mount points when the machine lacks them (`/etc/cni/net.d`,
+/// `/opt/cni/bin`). virtme-ng's writable views of /etc, /opt and /var are
+/// overlays over this machine's live tree, so a lab running here while a
+/// guest runs would show the guest its containerd database, its CNI files
+/// and its mount points coming and going: the guest mounts an empty tmpfs
+/// of its own on each, with its mode. (/var/log is already one; temporary
+/// files go to [`GUEST_TMPDIR`].)
 const GUEST_PRIVATE_DIRS: [(&str, &str); 5] = [
-    (CONTAINERD_ROOT_DIR, "0711"),
+    (GUEST_CONTAINERD_PARENT, "0711"),
     ("/var/lib/cni", "0755"),
     ("/var/lib/containerd", "0711"),
     ("/etc/cni", "0755"),
     ("/opt/cni", "0755"),
 ];
+
+/// The guest's containerd root (`CONTAINERD_ROOT_ENV`), in a private
+/// directory beside this machine's: not a mount point itself, as a lab's
+/// teardown unmounts whatever is mounted at or under its root.
+const GUEST_CONTAINERD_PARENT: &str = "/var/lib/vpcnet-lab/vm";
+const GUEST_CONTAINERD_ROOT: &str = "/var/lib/vpcnet-lab/vm/containerd";
 
 /// The guest's `TMPDIR`, on its own /run: its /tmp is an overlay over this
 /// machine's, which may hold the workspace (a clone in /tmp), so no tmpfs
@@ -295,7 +301,8 @@ fn guest_script(
     script.push_str(&mount_private_dirs());
     let _ = writeln!(
         script,
-        "mkdir -p {GUEST_TMPDIR} && chmod 1777 {GUEST_TMPDIR} && export TMPDIR={GUEST_TMPDIR}"
+        "mkdir -p {GUEST_TMPDIR} && chmod 1777 {GUEST_TMPDIR} && export TMPDIR={GUEST_TMPDIR}\n\
+         export {CONTAINERD_ROOT_ENV}={GUEST_CONTAINERD_ROOT}"
     );
     let _ = writeln!(
         script,
@@ -590,7 +597,7 @@ mod tests {
                 .contains("cache=loose,msize=512000,ro vpcnet_usr /run/vpcnet-vm/vpcnet_usr/lower"),
             "{script}"
         );
-        for dir in [CONTAINERD_ROOT_DIR, "/etc/cni", "/var/lib/cni"] {
+        for dir in [GUEST_CONTAINERD_PARENT, "/etc/cni", "/var/lib/cni"] {
             assert!(
                 script.contains(&format!("vpcnet_private '{dir}'; }}")),
                 "{dir}: {script}"
@@ -599,6 +606,19 @@ mod tests {
         assert!(
             script.contains("export TMPDIR=/run/vpcnet-vm/tmp"),
             "{script}"
+        );
+        assert!(
+            script.contains(&format!(
+                "export {CONTAINERD_ROOT_ENV}={GUEST_CONTAINERD_ROOT}"
+            )),
+            "{script}"
+        );
+        // Inside the private directory, beside this machine's root (where
+        // the lab takes one).
+        assert!(Path::new(GUEST_CONTAINERD_ROOT).starts_with(GUEST_CONTAINERD_PARENT));
+        assert_eq!(
+            Path::new(GUEST_CONTAINERD_PARENT).parent(),
+            Path::new(vpcnet_lab::cri::CONTAINERD_ROOT_DIR).parent()
         );
         assert!(
             script.contains("TEST_ARGS=('--test-threads=1' 'it'\\''s')"),
