@@ -2,13 +2,8 @@
 //! machine's root filesystem (read-only, with /tmp, /var and /run writable
 //! in the guest; /usr and the build output through shares of their own
 //! that the guest caches) and runs test executables built here, one after
-//! the other. Their output comes back on the VM's standard output, each
-//! line marked with the kernel's name, and is added up like a run on this
-//! machine; the VM's exit code is the tests'.
-//!
-//! A guest may run while this machine's tests do: the directories both
-//! sides' labs write are the guest's own ([`GUEST_PRIVATE_DIRS`]), and
-//! qemu runs at a lower priority ([`GUEST_NICENESS`]).
+//! the other. Their output comes back on the VM's standard output and is added
+//! up like a run on this machine; the VM's exit code is the tests'.
 //!
 //! qemu runs under TCG: guests hang on this machine's KVM.
 
@@ -22,7 +17,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use vpcnet_lab::{cri::CONTAINERD_ROOT_ENV, moto::MOTO_VENV};
+use vpcnet_lab::moto::MOTO_VENV;
 
 use crate::{
     build::workspace_root,
@@ -34,53 +29,10 @@ use crate::{
 /// virtme-ng, from `PyPI`, in the project's virtualenv.
 pub const VIRTME_NG_REQUIREMENT: &str = "virtme-ng==1.42";
 
-/// Guest memory: enough for a lab with containerd.
+/// Guest resources: both of the machine's cores, and memory for a lab
+/// with containerd.
+const GUEST_CPUS: &str = "2";
 const GUEST_MEMORY: &str = "4G";
-
-/// A guest's vCPUs when `guests_at_once` guests run side by side: both of
-/// the machine's cores for one; one each for more. Under TCG two guests
-/// of one vCPU each get through 1.4 times the work of one guest of two
-/// after the other (each test 1.3-1.6 times slower), where two of two
-/// vCPUs each gain nothing (each 1.8 times slower).
-pub fn guest_cpus(guests_at_once: usize) -> u32 {
-    if guests_at_once > 1 { 1 } else { 2 }
-}
-
-/// The directories of this machine's file system a lab writes outside its
-/// state directory (under /run, the guest's own tmpfs): the parent of the
-/// guest's containerd root ([`GUEST_CONTAINERD_ROOT`]), libcni's cache and
-/// containerd's defaults, and the parents of the node paths a lab makes as
-/// mount points when the machine lacks them (`/etc/cni/net.d`,
-/// `/opt/cni/bin`). virtme-ng's writable views of /etc, /opt and /var are
-/// overlays over this machine's live tree, so a lab running here while a
-/// guest runs would show the guest its containerd database, its CNI files
-/// and its mount points coming and going: the guest mounts an empty tmpfs
-/// of its own on each, with its mode. (/var/log is already one; temporary
-/// files go to [`GUEST_TMPDIR`].)
-const GUEST_PRIVATE_DIRS: [(&str, &str); 5] = [
-    (GUEST_CONTAINERD_PARENT, "0711"),
-    ("/var/lib/cni", "0755"),
-    ("/var/lib/containerd", "0711"),
-    ("/etc/cni", "0755"),
-    ("/opt/cni", "0755"),
-];
-
-/// The guest's containerd root (`CONTAINERD_ROOT_ENV`), in a private
-/// directory beside this machine's: not a mount point itself, as a lab's
-/// teardown unmounts whatever is mounted at or under its root.
-const GUEST_CONTAINERD_PARENT: &str = "/var/lib/vpcnet-lab/vm";
-const GUEST_CONTAINERD_ROOT: &str = "/var/lib/vpcnet-lab/vm/containerd";
-
-/// The guest's `TMPDIR`, on its own /run: its /tmp is an overlay over this
-/// machine's, which may hold the workspace (a clone in /tmp), so no tmpfs
-/// can go over it.
-const GUEST_TMPDIR: &str = "/run/vpcnet-vm/tmp";
-
-/// qemu's niceness: a guest running beside this machine's tests takes the
-/// CPU they leave idle (most of it: labs wait on timers and on each
-/// other) without slowing them, whose bounds were set on an idle machine;
-/// the guests' bounds were set under TCG, many times slower.
-const GUEST_NICENESS: &str = "10";
 
 /// Modules the datapath and the lab need, loaded before the tests (8021q
 /// for branch ENIs as real VLAN devices).
@@ -160,22 +112,6 @@ fn mount_cached_trees(trees: &[CachedTree]) -> String {
             script,
             "{{ {mount}; }} || {{ echo \"vm: cannot mount the cached view of {host}\"; exit 1; }}",
             host = tree.host.display()
-        );
-    }
-    script
-}
-
-/// The guest's commands mounting a tmpfs on each of [`GUEST_PRIVATE_DIRS`];
-/// one that cannot be mounted stops the guest, as its labs would share
-/// this machine's.
-fn mount_private_dirs() -> String {
-    let mut script = String::new();
-    for (dir, mode) in GUEST_PRIVATE_DIRS {
-        let path = shell_word(dir);
-        let _ = writeln!(
-            script,
-            "{{ mkdir -p {path} && mount -t tmpfs -o mode={mode} vpcnet_private {path}; }} || \
-             {{ echo \"vm: cannot give the guest its own {dir}\"; exit 1; }}"
         );
     }
     script
@@ -298,12 +234,6 @@ fn guest_script(
         GUEST_MODULES.join(" ")
     );
     script.push_str(&mount_cached_trees(trees));
-    script.push_str(&mount_private_dirs());
-    let _ = writeln!(
-        script,
-        "mkdir -p {GUEST_TMPDIR} && chmod 1777 {GUEST_TMPDIR} && export TMPDIR={GUEST_TMPDIR}\n\
-         export {CONTAINERD_ROOT_ENV}={GUEST_CONTAINERD_ROOT}"
-    );
     let _ = writeln!(
         script,
         "echo \"vm: kernel {} is $(uname -r)\"\nstatus=0",
@@ -388,7 +318,6 @@ pub fn run_in_guest(
     tests: &[TestBinary],
     test_args: &[String],
     env: &[(&str, String)],
-    cpus: u32,
 ) -> Result<TestTally> {
     let dir = workspace_root().join("target").join("vm").join(kernel.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -397,7 +326,7 @@ pub fn run_in_guest(
     std::fs::write(&script, guest_script(kernel, tests, test_args, env, &trees))
         .with_context(|| format!("write {}", script.display()))?;
     let qemu_options = cached_tree_options(&trees)?;
-    let mut run = boot(kernel, installed, &script, &qemu_options, cpus)?;
+    let mut run = boot(kernel, installed, &script, &qemu_options)?;
     if run.guest_release.is_none() {
         // qemu failed before the guest ran anything (no test ran): once
         // more, as a boot failure is not a test result.
@@ -405,7 +334,7 @@ pub fn run_in_guest(
             "<== kernel {}: the VM did not boot ({}); once more",
             kernel.name, run.status
         );
-        run = boot(kernel, installed, &script, &qemu_options, cpus)?;
+        run = boot(kernel, installed, &script, &qemu_options)?;
     }
     let Run {
         tally,
@@ -443,23 +372,16 @@ struct Run {
 }
 
 /// Boots `kernel` with `script` as the guest's command and qemu's extra
-/// `qemu_options` and `cpus` vCPUs, echoing its output.
-fn boot(
-    kernel: &Kernel,
-    installed: &Installed,
-    script: &Path,
-    qemu_options: &str,
-    cpus: u32,
-) -> Result<Run> {
-    let mut boot = Command::new("nice");
-    boot.args(["-n", GUEST_NICENESS]).arg(vng());
+/// `qemu_options`, echoing its output.
+fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &str) -> Result<Run> {
+    let mut boot = Command::new(vng());
     // vng runs its siblings (virtme-run) from PATH.
     let venv_bin = Path::new(MOTO_VENV).join("bin");
     let path = std::env::var_os("PATH").unwrap_or_default();
     let path = std::env::join_paths(std::iter::once(venv_bin).chain(std::env::split_paths(&path)))
         .context("PATH with the virtualenv's bin")?;
     boot.env("PATH", path)
-        .args(["--disable-kvm", "--force-9p", "--cpus", &cpus.to_string()])
+        .args(["--disable-kvm", "--force-9p", "--cpus", GUEST_CPUS])
         .args(["--memory", GUEST_MEMORY])
         .arg(format!("--qemu-opts={qemu_options}"))
         .arg("-r")
@@ -501,8 +423,7 @@ fn boot(
     loop {
         match received.recv_timeout(Duration::from_secs(1)) {
             Ok(text) => {
-                // Beside this machine's tests' output: each line says whose.
-                print!("[{}] {text}", kernel.name);
+                print!("{text}");
                 if let Some(release) = text
                     .trim()
                     .strip_prefix(&format!("vm: kernel {} is ", kernel.name))
@@ -596,29 +517,6 @@ mod tests {
             script
                 .contains("cache=loose,msize=512000,ro vpcnet_usr /run/vpcnet-vm/vpcnet_usr/lower"),
             "{script}"
-        );
-        for dir in [GUEST_CONTAINERD_PARENT, "/etc/cni", "/var/lib/cni"] {
-            assert!(
-                script.contains(&format!("vpcnet_private '{dir}'; }}")),
-                "{dir}: {script}"
-            );
-        }
-        assert!(
-            script.contains("export TMPDIR=/run/vpcnet-vm/tmp"),
-            "{script}"
-        );
-        assert!(
-            script.contains(&format!(
-                "export {CONTAINERD_ROOT_ENV}={GUEST_CONTAINERD_ROOT}"
-            )),
-            "{script}"
-        );
-        // Inside the private directory, beside this machine's root (where
-        // the lab takes one).
-        assert!(Path::new(GUEST_CONTAINERD_ROOT).starts_with(GUEST_CONTAINERD_PARENT));
-        assert_eq!(
-            Path::new(GUEST_CONTAINERD_PARENT).parent(),
-            Path::new(vpcnet_lab::cri::CONTAINERD_ROOT_DIR).parent()
         );
         assert!(
             script.contains("TEST_ARGS=('--test-threads=1' 'it'\\''s')"),

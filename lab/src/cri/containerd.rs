@@ -43,11 +43,6 @@ use crate::{addrs::NS_PREFIX, netns::netns_path};
 
 /// containerd's root: images, snapshots, sandbox metadata.
 pub const CONTAINERD_ROOT_DIR: &str = "/var/lib/vpcnet-lab/containerd";
-/// Another root for the default dirs, under the same parent: a VM's guest,
-/// whose /var is an overlay over this machine's, names one on a tmpfs of
-/// its own, so that its labs and this machine's never see each other's
-/// (a tmpfs over the root itself would go with the teardown's unmounts).
-pub const CONTAINERD_ROOT_ENV: &str = "VPCNET_LAB_CONTAINERD_ROOT";
 /// containerd's state: socket, configuration, log, pid file, runc's state,
 /// shim bundles, the pods' network namespaces.
 pub const CONTAINERD_STATE_DIR: &str = "/run/vpcnet-lab/containerd";
@@ -105,8 +100,7 @@ pub struct ContainerdDirs {
 impl Default for ContainerdDirs {
     fn default() -> Self {
         Self {
-            root: std::env::var_os(CONTAINERD_ROOT_ENV)
-                .map_or_else(|| PathBuf::from(CONTAINERD_ROOT_DIR), PathBuf::from),
+            root: PathBuf::from(CONTAINERD_ROOT_DIR),
             state: PathBuf::from(CONTAINERD_STATE_DIR),
         }
     }
