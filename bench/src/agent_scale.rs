@@ -5,6 +5,7 @@
 
 use std::{
     fs,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -13,8 +14,9 @@ use vpcnet_api::{
     cni::{AddNetworkRequest, DelNetworkRequest, PodKey},
     pod::{DEFAULT_VETH_PREFIX, host_veth_name},
 };
+use vpcnet_common::maps::{LINKS_DIR, PIN_DIR, PROGRAMS_DIR};
 use vpcnet_lab::{
-    Datapath,
+    Datapath, Lab,
     addrs::NS_NODE,
     cni_socket_file,
     ec2::config::LAB_CUSTOM_SUBNET_ID,
@@ -34,6 +36,8 @@ const PODS_NS: &str = "vpcnet-bench-pods";
 const K8S_NAMESPACE: &str = "bench";
 /// How long the agent is watched with all its pods and nothing to do.
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
+/// Restarts of each kind ([`restarts`]).
+const RESTARTS: usize = 5;
 
 /// Custom networking (the node subnet, a /24, holds too few addresses) with
 /// /28 prefixes, and the pool filled for every pod beforehand.
@@ -121,7 +125,7 @@ pub fn run(opts: &BenchOptions) -> Result<Measurement> {
     let pods = opts.agent_pods;
     let env = env(pods);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let lab = lab_up(&ipam_lab_options(opts, "m5.4xlarge", &env, false))?;
+    let mut lab = lab_up(&ipam_lab_options(opts, "m5.4xlarge", &env, false))?;
     let pid = lab.state().agent.as_ref().context("the agent's pid")?.pid;
     wait_warm_pool(pods)?;
     let _pods_ns = PodsNamespace::create()?;
@@ -143,9 +147,7 @@ pub fn run(opts: &BenchOptions) -> Result<Measurement> {
         .block_on(vpcnet_api::connect_cni(cni_socket_file()))
         .context("connecting to the agent")?;
     let before = Usage::of(pid)?;
-    let mut adds = Vec::with_capacity(pods);
-    for index in 0..pods {
-        let started = Instant::now();
+    let adds = timed(pods, |index| {
         runtime
             .block_on(client.add_network(AddNetworkRequest {
                 pod: Some(pod_key(index)),
@@ -154,32 +156,38 @@ pub fn run(opts: &BenchOptions) -> Result<Measurement> {
                 pod_mac: format!("02:be:00:00:{:02x}:{:02x}", index >> 8, index & 0xff),
                 ..AddNetworkRequest::default()
             }))
-            .with_context(|| format!("AddNetwork of pod {index}"))?;
-        adds.push(started.elapsed());
-    }
+            .with_context(|| format!("AddNetwork of pod {index}"))
+    })?;
     let loaded = Usage::of(pid)?;
     std::thread::sleep(IDLE_WINDOW);
     let idle = Usage::of(pid)?;
-    let mut dels = Vec::with_capacity(pods);
-    for index in 0..pods {
-        let started = Instant::now();
+    drop(client);
+    let (kept, verified) = restarts(&mut lab)?;
+    let pid = lab.state().agent.as_ref().context("the agent's pid")?.pid;
+    let mut client = runtime
+        .block_on(vpcnet_api::connect_cni(cni_socket_file()))
+        .context("connecting to the restarted agent")?;
+    let before_dels = Usage::of(pid)?;
+    let dels = timed(pods, |index| {
         runtime
             .block_on(client.del_network(DelNetworkRequest {
                 pod: Some(pod_key(index)),
                 host_veth: veth(index),
                 reason: vpcnet_api::del_reason::POD_DELETED.to_owned(),
             }))
-            .with_context(|| format!("DelNetwork of pod {index}"))?;
-        dels.push(started.elapsed());
-    }
-    // The same process throughout: a restarted agent has another pid, and
-    // reading this one's usage would have failed.
+            .with_context(|| format!("DelNetwork of pod {index}"))
+    })?;
+    // The same process since `before_dels`: a restarted agent has another
+    // pid, and reading this one's usage would have failed.
     let after = Usage::of(pid)?;
     drop(client);
     lab.down().context("taking the lab down")?;
 
     let add = Measurement::of_durations(0, Datapath::Ebpf, "agent_add", &adds);
     let del = Measurement::of_durations(0, Datapath::Ebpf, "agent_del", &dels);
+    let kept = Measurement::of_durations(0, Datapath::Ebpf, "agent_restart_kept", &kept);
+    let verified =
+        Measurement::of_durations(0, Datapath::Ebpf, "agent_restart_verified", &verified);
     let per_pod =
         |a: Usage, b: Usage| b.cpu.saturating_sub(a.cpu).as_secs_f64() * 1e3 / pods as f64;
     Ok(Measurement::new(0, Datapath::Ebpf, "agent_footprint")
@@ -188,7 +196,7 @@ pub fn run(opts: &BenchOptions) -> Result<Measurement> {
         .with("rss_mib", loaded.rss_mib)
         .with("rss_mib_after", after.rss_mib)
         .with("add_cpu_ms_per_pod", per_pod(before, loaded))
-        .with("del_cpu_ms_per_pod", per_pod(idle, after))
+        .with("del_cpu_ms_per_pod", per_pod(before_dels, after))
         .with(
             "idle_cpu_percent",
             idle.cpu.saturating_sub(loaded.cpu).as_secs_f64() / IDLE_WINDOW.as_secs_f64() * 100.0,
@@ -196,5 +204,55 @@ pub fn run(opts: &BenchOptions) -> Result<Measurement> {
         .with("add_p50_ms", add.value("p50_ms").unwrap_or_default())
         .with("add_p99_ms", add.value("p99_ms").unwrap_or_default())
         .with("del_p50_ms", del.value("p50_ms").unwrap_or_default())
-        .with("del_p99_ms", del.value("p99_ms").unwrap_or_default()))
+        .with("del_p99_ms", del.value("p99_ms").unwrap_or_default())
+        .with(
+            "restart_kept_p50_ms",
+            kept.value("p50_ms").unwrap_or_default(),
+        )
+        .with(
+            "restart_kept_p99_ms",
+            kept.value("p99_ms").unwrap_or_default(),
+        )
+        .with(
+            "restart_verified_p50_ms",
+            verified.value("p50_ms").unwrap_or_default(),
+        )
+        .with(
+            "restart_verified_p99_ms",
+            verified.value("p99_ms").unwrap_or_default(),
+        ))
+}
+
+/// How long each of `count` calls of `call` (given its index) took.
+fn timed<T>(count: usize, mut call: impl FnMut(usize) -> Result<T>) -> Result<Vec<Duration>> {
+    (0..count)
+        .map(|index| {
+            let started = Instant::now();
+            call(index)?;
+            Ok(started.elapsed())
+        })
+        .collect()
+}
+
+/// Restarts of the agent with all its pods, start to READY: as a rolling
+/// update with the same eBPF object does (the programs running are kept),
+/// and with the pinned programs removed first, as an upgrade whose
+/// programs changed must load its own (through the verifier).
+fn restarts(lab: &mut Lab) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let mut kept = Vec::with_capacity(RESTARTS);
+    let mut verified = Vec::with_capacity(RESTARTS);
+    let programs = Path::new(PIN_DIR).join(LINKS_DIR).join(PROGRAMS_DIR);
+    for _ in 0..RESTARTS {
+        for (times, verify) in [(&mut kept, false), (&mut verified, true)] {
+            lab.stop_agent().context("stopping the agent")?;
+            if verify {
+                fs::remove_dir_all(&programs)
+                    .with_context(|| format!("removing {}", programs.display()))?;
+            }
+            let started = Instant::now();
+            lab.start_agent().context("restarting the agent")?;
+            times.push(started.elapsed());
+        }
+    }
+    Ok((kept, verified))
 }

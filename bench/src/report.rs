@@ -301,6 +301,26 @@ pub fn sections(results: &Results) -> Vec<Section> {
             "ms p50",
             Lower,
         ),
+        Figure::new(
+            format!(
+                "agent restart to READY at {} pods, programs kept",
+                opts.agent_pods
+            ),
+            "agent_footprint",
+            "restart_kept_p50_ms",
+            "ms p50",
+            Lower,
+        ),
+        Figure::new(
+            format!(
+                "agent restart to READY at {} pods, programs verified",
+                opts.agent_pods
+            ),
+            "agent_footprint",
+            "restart_verified_p50_ms",
+            "ms p50",
+            Lower,
+        ),
     ];
 
     let mut profile = Vec::new();

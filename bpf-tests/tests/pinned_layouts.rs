@@ -15,7 +15,7 @@ use aya::{
     EbpfLoader,
     maps::{Array, HashMap, MapInfo, PerCpuArray, PerCpuValues},
 };
-use vpcnet_agent::datapath::{PROGRAMS, monotonic_now_ns, pins};
+use vpcnet_agent::datapath::{PROGRAMS, ProgramsOrigin, monotonic_now_ns, pins};
 use vpcnet_bpf_tests::{
     Harness, INET, NODE, ONPREM, POD,
     packets::{self, TCP_ACK},
@@ -317,6 +317,104 @@ fn an_upgrade_stopped_half_way_loses_no_flow_of_either_set_of_maps() {
         "the release's pins are gone once merged: {:?}",
         pin_names(&pin_dir)
     );
+}
+
+/// The kernel's ids of the loaded programs, in load order.
+fn program_ids(h: &Harness) -> Vec<u32> {
+    [
+        names::PROG_ENI_EGRESS,
+        names::PROG_ENI_INGRESS,
+        names::PROG_POD_EGRESS,
+        names::PROG_POD_INGRESS,
+    ]
+    .into_iter()
+    .map(|name| h.datapath.program(name).unwrap().info().unwrap().id())
+    .collect()
+}
+
+#[test]
+fn a_start_over_its_own_object_and_maps_keeps_the_loaded_programs() {
+    let pin_dir = Harness::new_pin_dir();
+    let _cleanup = Unpin(pin_dir.clone());
+    let syn = packets::tcp(POD, 41_000, INET, 443, 0x02, b"");
+    let (first_ids, port) = {
+        let mut h = Harness::load_in(pin_dir.clone(), 1024).unwrap();
+        assert_eq!(h.datapath.programs_origin(), ProgramsOrigin::Verified);
+        h.configure(&vpcnet_agent::snat::SnatSettings::default());
+        let port = packets::parse(&h.egress(&syn).packet).sport;
+        let ids = program_ids(&h);
+        // The agent exits; its pins stay.
+        std::mem::forget(h);
+        (ids, port)
+    };
+    // What an earlier object pinned: nothing uses it once this one runs.
+    let programs_dir = pin_dir.join(names::LINKS_DIR).join(names::PROGRAMS_DIR);
+    let earlier_object = programs_dir.join("0123456789abcdef01234567");
+    std::fs::create_dir(&earlier_object).unwrap();
+
+    let mut h = Harness::load_in(pin_dir.clone(), 1024).unwrap();
+    assert_eq!(
+        h.datapath.programs_origin(),
+        ProgramsOrigin::Kept,
+        "the same object over the same maps: the loaded programs are kept"
+    );
+    // The maps that are not pinned are the kept programs' own: the ring
+    // of recent flows still holds the flow the first start's programs
+    // made (this start's own, fresh, would be empty).
+    let (recent, _) = h.datapath.take_recent_flows().expect("the rings");
+    let ring = recent.get(&0, 0).unwrap();
+    assert_eq!(
+        ring.next, 1,
+        "the kept programs' ring of recent flows, with the one flow in it"
+    );
+    assert_eq!(
+        program_ids(&h),
+        first_ids,
+        "the very programs, not loaded again"
+    );
+    assert!(
+        h.datapath
+            .program_stats()
+            .iter()
+            .all(|stats| stats.load_time.is_zero() && stats.processed_insns.is_some()),
+        "{:?}",
+        h.datapath.program_stats()
+    );
+    assert!(
+        !earlier_object.exists(),
+        "the earlier object's programs removed"
+    );
+    let ack = packets::tcp(POD, 41_000, INET, 443, TCP_ACK, b"");
+    assert_eq!(
+        packets::parse(&h.egress(&ack).packet).sport,
+        port,
+        "the flow kept"
+    );
+    std::mem::forget(h);
+
+    // Another size: the maps are new, and programs that used the old ones
+    // cannot be kept.
+    let h = Harness::load_in(pin_dir.clone(), 2048).unwrap();
+    assert_eq!(h.datapath.programs_origin(), ProgramsOrigin::Verified);
+    let resized_ids = program_ids(&h);
+    assert!(
+        resized_ids.iter().all(|id| !first_ids.contains(id)),
+        "{resized_ids:?} against {first_ids:?}"
+    );
+    assert_eq!(
+        packets::parse(&h.egress(&ack).packet).sport,
+        port,
+        "the flow carried"
+    );
+    std::mem::forget(h);
+    let h = Harness::load_in(pin_dir.clone(), 2048).unwrap();
+    assert_eq!(h.datapath.programs_origin(), ProgramsOrigin::Kept);
+    assert_eq!(
+        program_ids(&h),
+        resized_ids,
+        "the programs pinned are the resized maps' ones"
+    );
+    assert_eq!(std::fs::read_dir(&programs_dir).unwrap().count(), 1);
 }
 
 #[test]

@@ -57,6 +57,15 @@ fn snat_ports(pin: &Path, pod: Ipv4Addr) -> BTreeSet<u16> {
         .collect()
 }
 
+/// The eBPF objects whose loaded programs are pinned (a later start of
+/// the same object keeps them).
+fn pinned_program_objects() -> usize {
+    let dir = Path::new(PIN_DIR)
+        .join(names::LINKS_DIR)
+        .join(names::PROGRAMS_DIR);
+    std::fs::read_dir(dir).map_or(0, Iterator::count)
+}
+
 fn pin_names() -> BTreeSet<String> {
     std::fs::read_dir(PIN_DIR)
         .unwrap()
@@ -142,6 +151,11 @@ fn an_upgrade_from_the_release_nodes_run_breaks_no_flow_and_keeps_each_snat_port
         expected,
         "the release's pins were carried and removed"
     );
+    assert_eq!(
+        pinned_program_objects(),
+        1,
+        "the new agent's programs are pinned for its next start"
+    );
     let fresh = EchoStream::open(&pods[1].netns, inet.addr());
     fresh.wait_for_more_echoes(ECHOES, "a new SNAT connection after the upgrade");
     println!(
@@ -175,6 +189,12 @@ fn an_upgrade_from_the_release_nodes_run_breaks_no_flow_and_keeps_each_snat_port
         "the downgraded agent left the new pins alone: {:?}",
         pin_names()
     );
+    assert_eq!(
+        pinned_program_objects(),
+        0,
+        "the release, which pins no programs, removed the newer agent's rather than leave them \
+         loaded for nothing"
+    );
     let again = [
         ("SNAT", EchoStream::open(&pods[1].netns, inet.addr())),
         ("to the VPC", EchoStream::open(&pods[1].netns, peer.addr())),
@@ -201,6 +221,7 @@ fn an_upgrade_from_the_release_nodes_run_breaks_no_flow_and_keeps_each_snat_port
         "the SNATed flow of the downgraded agent kept its port"
     );
     assert_eq!(pin_names(), expected);
+    assert_eq!(pinned_program_objects(), 1);
     println!(
         "upgrade again: SNAT (port {snat_again} kept), to the VPC and pod to pod, opened after the \
          downgrade: {ECHOES} echoes each, 0 broken; the pins the downgrade left were replaced"

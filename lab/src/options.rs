@@ -505,11 +505,12 @@ impl Default for LabOptions {
             exclude_snat_cidrs: Vec::new(),
             randomize_snat: RandomizeSnat::default(),
             agent_bin: None,
-            // An agent is ready within a second or two here; in the VMs,
-            // whose CPU is emulated, an earlier release takes 17 s on 6.12
-            // only to have its programs verified, and its start-up
-            // (`iptables -S` and all) more than 30 s in all.
-            agent_ready_timeout: Duration::from_secs(90),
+            // An agent is ready within a second or two here; the VMs set
+            // more (see the variable).
+            agent_ready_timeout: Duration::from_secs(crate::test_sizes::size_or(
+                crate::test_sizes::AGENT_READY_SECS_VAR,
+                90,
+            )),
             enis: 1,
             branch_pods: Vec::new(),
             sg_enforcing_mode: EnforcingMode::Strict,

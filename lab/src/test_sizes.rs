@@ -24,6 +24,12 @@ pub fn size_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// run then makes an eighth as many).
 pub const TIME_WAIT_CONNECTIONS_VAR: &str = "VPCNET_TIME_WAIT_CONNECTIONS";
 
+/// The seconds a lab's agent may take to print `READY` (90 unless set):
+/// `cargo xtask test` sets more in the VMs, whose emulated CPU can take a
+/// minute to verify the programs of a first start when the machine is
+/// busy, and whose earlier releases wait for `iptables -S` besides.
+pub const AGENT_READY_SECS_VAR: &str = "VPCNET_LAB_AGENT_READY_SECS";
+
 /// Branch pods the branch-pod churn of `security_groups` makes.
 pub const BRANCH_POD_CHURN_VAR: &str = "VPCNET_SGP_CHURN_PODS";
 

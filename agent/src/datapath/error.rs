@@ -83,6 +83,12 @@ pub enum DatapathError {
         #[source]
         source: aya::programs::tc::TcError,
     },
+    #[error("program pin {path}")]
+    ProgramPin {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("link pin {path}")]
     LinkPin {
         path: PathBuf,

@@ -9,6 +9,7 @@ mod maps;
 pub mod metrics;
 mod nat;
 pub mod pins;
+mod programs;
 pub mod tc;
 pub mod timeouts;
 pub mod verifier;
@@ -35,6 +36,7 @@ pub use nat::{
     BUSIEST_ENDPOINTS, CollectorReport, EndpointPorts, Flow, GcStats, Judgement, MapFill,
     NatPressure, ORPHAN_GRACE_NS, monotonic_now_ns,
 };
+pub use programs::ProgramsOrigin;
 pub use tc::AttachMode;
 use tracing::{info, warn};
 use vpcnet_common::{maps as names, nat::FlowKey};
@@ -123,6 +125,10 @@ pub struct Datapath {
     attach_mode: AttachMode,
     /// What loading each program cost, in load order.
     stats: Vec<verifier::ProgramStats>,
+    origin: ProgramsOrigin,
+    /// The maps the programs use that are not pinned, by name: this load's,
+    /// or the kept programs' own; each taken by its one reader.
+    unpinned: BTreeMap<String, aya::maps::Map>,
 }
 
 impl Datapath {
@@ -156,56 +162,22 @@ impl Datapath {
             .map_max_entries(names::NAT_REV, opts.nat_entries)
             .map_max_entries(names::STACK_FLOWS, opts.stack_flow_entries)
             .load(PROGRAMS)?;
-        // The verifier takes about a second for each of the two large
-        // programs; an agent restarting under running pods waits for it,
-        // so they are verified side by side.
-        let started = std::time::Instant::now();
-        let mut classifiers = Vec::new();
-        for (name, program) in ebpf.programs_mut() {
-            let Some(name) = PROGRAMS_BY_NAME.into_iter().find(|known| *known == name) else {
-                continue;
-            };
-            let classifier: &mut SchedClassifier = program
-                .try_into()
-                .map_err(|source| DatapathError::Program { name, source })?;
-            classifiers.push((name, classifier));
-        }
-        classifiers
-            .sort_by_key(|(name, _)| PROGRAMS_BY_NAME.iter().position(|known| known == name));
-        let stats = std::thread::scope(|scope| {
-            let loads: Vec<_> = classifiers
-                .into_iter()
-                .map(|(name, classifier)| {
-                    scope.spawn(move || {
-                        let started = std::time::Instant::now();
-                        classifier.load().map_err(|source| refused(name, source))?;
-                        let load_time = started.elapsed();
-                        let processed_insns = classifier
-                            .info()
-                            .ok()
-                            .and_then(|info| info.verified_instruction_count());
-                        Ok(verifier::ProgramStats {
-                            name,
-                            processed_insns,
-                            load_time,
-                        })
-                    })
-                })
-                .collect();
-            loads
-                .into_iter()
-                .map(|load| load.join().expect("a program load panicked"))
-                .collect::<Result<Vec<_>, DatapathError>>()
-        })?;
-        for program in &stats {
-            tracing::debug!(
-                program = program.name,
-                processed_insns = program.processed_insns,
-                load_time = ?program.load_time,
-                "program verified"
-            );
-        }
-        tracing::info!(elapsed = ?started.elapsed(), "programs verified and loaded");
+        let object_dir = programs::object_dir(&opts.pin_dir, PROGRAMS);
+        let kept = if plans.reuse_every_map() {
+            programs::keep_pinned(&mut ebpf, &opts.pin_dir, &object_dir)
+        } else {
+            None
+        };
+        let mut unpinned = programs::take_unpinned(&mut ebpf);
+        let (stats, origin) = if let Some(kept) = kept {
+            info!("the programs already loaded are this agent's, over the same maps: kept");
+            unpinned.extend(kept.unpinned);
+            (kept.stats, ProgramsOrigin::Kept)
+        } else {
+            let stats = programs::verify(&mut ebpf)?;
+            programs::pin(&mut ebpf, &object_dir)?;
+            (stats, ProgramsOrigin::Verified)
+        };
         let maps = DatapathMaps::from_ebpf(&mut ebpf)?;
         let mut datapath = Self {
             ebpf,
@@ -214,8 +186,11 @@ impl Datapath {
             attached: BTreeMap::new(),
             attach_mode: opts.attach_mode,
             stats,
+            origin,
+            unpinned,
         };
         datapath.take_over_running(plans)?;
+        programs::remove_other_objects(&opts.pin_dir, &object_dir);
         if let Some(retired) = retired_stack_flows {
             datapath.carry_retired_stack_flows(retired);
         }
@@ -294,6 +269,9 @@ impl Datapath {
         };
         for entry in entries.flatten() {
             let dir = entry.path();
+            if entry.file_name() == names::PROGRAMS_DIR {
+                continue;
+            }
             let Some((ifindex, iface)) = parse_link_dir(&entry.file_name().to_string_lossy())
             else {
                 remove_link_dir(&dir);
@@ -350,15 +328,21 @@ impl Datapath {
         self.attach_mode
     }
 
-    /// What loading each program cost on this kernel, in load order.
+    /// What loading each program cost on this kernel, in load order (no
+    /// time when the programs were kept).
     pub fn program_stats(&self) -> &[verifier::ProgramStats] {
         &self.stats
+    }
+
+    /// Whether this start verified the programs or kept those loaded.
+    pub fn programs_origin(&self) -> ProgramsOrigin {
+        self.origin
     }
 
     /// The ring buffer of policy's verdicts (`ENABLE_POLICY_EVENT_LOGS`),
     /// for its one reader; `None` once taken.
     pub fn take_policy_events(&mut self) -> Option<aya::maps::RingBuf<MapData>> {
-        let map = self.ebpf.take_map(names::POLICY_EVENTS)?;
+        let map = self.unpinned.remove(names::POLICY_EVENTS)?;
         aya::maps::RingBuf::try_from(map).ok()
     }
 
@@ -373,7 +357,7 @@ impl Datapath {
         aya::maps::Array<MapData, vpcnet_common::nat::RecentFlows>,
     )> {
         let mut ring = |name| {
-            let map = self.ebpf.take_map(name)?;
+            let map = self.unpinned.remove(name)?;
             aya::maps::Array::try_from(map).ok()
         };
         Some((ring(names::RECENT_FLOWS)?, ring(names::RECENT_STACK_FLOWS)?))
@@ -382,7 +366,7 @@ impl Datapath {
     /// Whether [`Self::take_policy_events`] has taken the ring.
     #[must_use]
     pub fn policy_events_taken(&self) -> bool {
-        self.ebpf.map(names::POLICY_EVENTS).is_none()
+        !self.unpinned.contains_key(names::POLICY_EVENTS)
     }
 
     /// A loaded program, e.g. to run it on a crafted packet.
@@ -558,6 +542,14 @@ struct MapPlans {
     /// Pins of readable layouts whose entries are not merged: removed once
     /// the new programs run.
     superseded: Vec<PathBuf>,
+}
+
+impl MapPlans {
+    /// Whether every map is the pinned one as it is: programs loaded over
+    /// them may be kept.
+    fn reuse_every_map(&self) -> bool {
+        self.carries.is_empty() && self.superseded.is_empty()
+    }
 }
 
 fn plan_maps(opts: &LoadOptions) -> Result<MapPlans, DatapathError> {

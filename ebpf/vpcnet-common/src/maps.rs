@@ -10,6 +10,11 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/vpcnet";
 /// `<ifindex>-<ifname>/<program>`. A pinned link keeps its program attached
 /// while no agent runs, and the next agent swaps its own program in.
 pub const LINKS_DIR: &str = "links";
+/// The subdirectory of [`LINKS_DIR`] holding the loaded programs of each
+/// object: `programs/<digest>/<program>`, which a restart with the same
+/// object keeps rather than verifying them again. Not an
+/// `<ifindex>-<ifname>`, so an earlier version removes it.
+pub const PROGRAMS_DIR: &str = "programs";
 
 /// `Array<Config>`, one entry: the flags read per packet.
 pub const CONFIG: &str = "VPCNET_CONFIG";

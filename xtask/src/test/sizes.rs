@@ -4,7 +4,7 @@
 use vpcnet_lab::{
     fuzz_settings,
     test_sizes::{
-        BRANCH_POD_CHURN_VAR, CRI_CHURN_OPS_VAR, REFERENCE_LABS_VAR,
+        AGENT_READY_SECS_VAR, BRANCH_POD_CHURN_VAR, CRI_CHURN_OPS_VAR, REFERENCE_LABS_VAR,
         ROUTING_DIFFERENTIAL_MODES_VAR, SIMULATED_DAY_SECS_VAR, SIMULATED_DAYS_VAR,
         TIME_WAIT_CONNECTIONS_VAR,
     },
@@ -143,6 +143,7 @@ impl Sizes {
 
     fn vm_env_over(self, user: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
         let env = vec![
+            (AGENT_READY_SECS_VAR, VM_AGENT_READY_SECS.to_string()),
             (fuzz_settings::PACKETS_VAR, self.vm_fuzz_packets.to_string()),
             (BRANCH_POD_CHURN_VAR, self.vm_branch_pods.to_string()),
             (
@@ -217,6 +218,11 @@ impl Sizes {
         skipped
     }
 }
+
+/// How long a lab's agent may take to print `READY` in a VM: there a
+/// first start's verifier took 45 s on 6.12 when this machine was busy,
+/// and release 1421fe5's start, `iptables -S` and all, more than 30 s.
+const VM_AGENT_READY_SECS: u32 = 300;
 
 /// The arm64 image: its cross build and its root filesystem's maintainer
 /// scripts under qemu take some twelve minutes, more than CI's hour
