@@ -7,8 +7,8 @@
 //!
 //! - The agent runs not privileged, with the DaemonSet's four
 //!   capabilities, the demo's paths go through it, and a container that
-//!   dies is restarted by the kubelet with every flow kept (in every VM
-//!   too).
+//!   dies is restarted by the kubelet with every flow kept and the same
+//!   programs on every hook, not verified again (in every VM too).
 //! - A rolling update from the previous commit's image (as that commit
 //!   deployed it) to this one keeps every flow.
 //! - The guide's take-over, command by command, in both iptables
@@ -30,6 +30,7 @@ use vpcnet_bpf_tests::{
     },
     cri::{CriNode, up_with},
     echo::{EchoStream, FarEnds},
+    hooks::hook_programs,
     previous_agent_image,
 };
 use vpcnet_common::maps::PIN_DIR;
@@ -164,6 +165,7 @@ fn the_images_agent_runs_not_privileged_as_the_daemon_sets_pod_and_a_restart_kee
     let to_inet = EchoStream::open(&pods[0].netns, inet.addr());
     let to_peer = EchoStream::open(&pods[0].netns, peer.addr());
     to_inet.wait_for_more_echoes(50, "before the restart");
+    let programs = hook_programs(addrs::NS_NODE);
     let info = client
         .container_status(&agent.id)
         .expect("the agent container's status")
@@ -187,6 +189,14 @@ fn the_images_agent_runs_not_privileged_as_the_daemon_sets_pod_and_a_restart_kee
     for stream in [&to_inet, &to_peer] {
         stream.wait_for_more_echoes(50, "after the restart");
     }
+    // The same image over the same maps: its programs stay on every hook,
+    // not verified again, though the agent may not open a map by its id
+    // (no CAP_SYS_ADMIN).
+    assert_eq!(
+        hook_programs(addrs::NS_NODE),
+        programs,
+        "the restarted agent kept the programs running"
+    );
     assert_eq!(to_inet.seen_as.ip(), &addrs::NODE_PRIMARY_ADDR);
     assert!(to_inet.close() > 100);
     assert!(to_peer.close() > 50);

@@ -166,17 +166,20 @@ impl Datapath {
         let kept = if plans.reuse_every_map() {
             programs::keep_pinned(&mut ebpf, &opts.pin_dir, &object_dir)
         } else {
-            None
+            Err("maps carried or superseded, which the programs must use".to_owned())
         };
-        let mut unpinned = programs::take_unpinned(&mut ebpf);
-        let (stats, origin) = if let Some(kept) = kept {
-            info!("the programs already loaded are this agent's, over the same maps: kept");
-            unpinned.extend(kept.unpinned);
-            (kept.stats, ProgramsOrigin::Kept)
-        } else {
-            let stats = programs::verify(&mut ebpf)?;
-            programs::pin(&mut ebpf, &object_dir)?;
-            (stats, ProgramsOrigin::Verified)
+        let (stats, origin, unpinned) = match kept {
+            Ok(kept) => {
+                info!("the programs already loaded are this agent's, over the same maps: kept");
+                (kept.stats, ProgramsOrigin::Kept, kept.unpinned)
+            }
+            Err(why) => {
+                info!(why, "the programs are loaded through the verifier");
+                let stats = programs::verify(&mut ebpf)?;
+                programs::pin(&mut ebpf, &object_dir)?;
+                let unpinned = programs::take_unpinned(&mut ebpf);
+                (stats, ProgramsOrigin::Verified, unpinned)
+            }
         };
         let maps = DatapathMaps::from_ebpf(&mut ebpf)?;
         let mut datapath = Self {

@@ -8,10 +8,11 @@
 //! (its directory is named after the object's SHA-256), every pinned map
 //! is reused as it is (nothing carried into a new map, nothing superseded),
 //! and each pinned program uses those very maps (by the kernel's map ids)
-//! and no other but its object's data sections.
+//! and no other but those of its own load, pinned beside it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -57,60 +58,60 @@ fn object_digest(object: &[u8]) -> String {
 /// uses in place of its own.
 pub(super) struct Kept {
     pub stats: Vec<ProgramStats>,
-    /// The object's maps that are not pinned (the policy events' ring, the
-    /// rings of recent flows, the port search) and that the kept programs
-    /// use, by their names in the object: those the load that verified
-    /// them made.
+    /// The object's maps that are not pinned with the others (the policy
+    /// events' ring, the rings of recent flows, the port search), by their
+    /// names in the object: those the load that verified the kept programs
+    /// made, pinned beside them.
     pub unpinned: BTreeMap<String, Map>,
 }
 
+/// The subdirectory of an object's directory holding the maps its load
+/// made that are not pinned with the others ([`unpinned_names`]): a kept
+/// program's own, which a start can open only from a pin (opening a map by
+/// its id takes `CAP_SYS_ADMIN`, which the DaemonSet's agent has not).
+const OBJECT_MAPS_DIR: &str = "maps";
+
 /// Puts the programs pinned in `dir` in place of `ebpf`'s unloaded ones
 /// when each is there and uses only the maps pinned in `pin_dir` (which
-/// the caller knows `ebpf` reuses, every one), data sections and the
-/// object's unpinned maps; `None` (and `ebpf` untouched) otherwise.
-pub(super) fn keep_pinned(ebpf: &mut Ebpf, pin_dir: &Path, dir: &Path) -> Option<Kept> {
-    let pinned_maps: BTreeSet<u32> = names::ALL
-        .iter()
-        .map(|map| MapInfo::from_pin(pins::pin_path(pin_dir, map)).map(|info| info.id()))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    let unpinned_names = unpinned_names(ebpf);
+/// the caller knows `ebpf` reuses, every one) and those pinned beside it
+/// in `dir`; otherwise (and `ebpf` untouched) why not.
+pub(super) fn keep_pinned(ebpf: &mut Ebpf, pin_dir: &Path, dir: &Path) -> Result<Kept, String> {
+    if !dir.is_dir() {
+        return Err("no programs of this object are pinned".to_owned());
+    }
+    let mut pinned_maps = BTreeSet::new();
+    for map in names::ALL {
+        let path = pins::pin_path(pin_dir, &map);
+        let info = MapInfo::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        pinned_maps.insert(info.id());
+    }
+    let mut object_maps = BTreeMap::new();
+    for name in unpinned_names(ebpf) {
+        let path = dir.join(OBJECT_MAPS_DIR).join(pin_name(&name));
+        let opened = MapData::from_pin(&path).and_then(|map| Ok((map.info()?.id(), map)));
+        let (id, map) = opened.map_err(|e| format!("{}: {e}", path.display()))?;
+        object_maps.insert(id, (name, map));
+    }
     let mut kept = Vec::new();
-    let mut unpinned = BTreeMap::new();
     for name in PROGRAMS_BY_NAME {
         let path = dir.join(name);
-        let program = SchedClassifier::from_pin(&path).ok()?;
-        let info = program.info().ok()?;
-        let map_ids = info.map_ids().ok()??;
-        for id in map_ids {
-            if pinned_maps.contains(&id) {
-                continue;
-            }
-            let map_name = MapInfo::from_id(id)
-                .ok()
-                .and_then(|map| map.name_as_str().map(str::to_owned))
-                .unwrap_or_default();
-            if map_name.starts_with('.') {
-                // A data section: each load makes it anew with the
-                // object's same contents.
-                continue;
-            }
-            let Some(object_name) = unpinned_names
-                .iter()
-                .find(|object_name| kernel_map_name(object_name) == map_name)
-            else {
-                info!(
-                    program = name,
-                    map_id = id,
-                    map = map_name,
-                    "the pinned program uses a map this start does not: verified again"
-                );
-                return None;
-            };
-            if !unpinned.contains_key(object_name) {
-                let map = MapData::from_id(id).and_then(Map::from_map_data).ok()?;
-                unpinned.insert(object_name.clone(), map);
-            }
+        let program =
+            SchedClassifier::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let info = program
+            .info()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let map_ids = program
+            .fd()
+            .map_err(|e| e.to_string())
+            .and_then(|fd| map_ids_of(fd.as_fd()).map_err(|e| e.to_string()))
+            .map_err(|e| format!("{}: its maps: {e}", path.display()))?;
+        if let Some(stranger) = map_ids
+            .iter()
+            .find(|id| !pinned_maps.contains(id) && !object_maps.contains_key(id))
+        {
+            return Err(format!(
+                "{name} uses a map this start does not (id {stranger})"
+            ));
         }
         let stats = ProgramStats {
             name,
@@ -119,11 +120,11 @@ pub(super) fn keep_pinned(ebpf: &mut Ebpf, pin_dir: &Path, dir: &Path) -> Option
         };
         kept.push((name, program, stats));
     }
-    if PROGRAMS_BY_NAME
+    if let Some(name) = PROGRAMS_BY_NAME
         .iter()
-        .any(|name| ebpf.program(name).is_none())
+        .find(|name| ebpf.program(name).is_none())
     {
-        return None;
+        return Err(format!("the object has no program {name}"));
     }
     let mut stats = Vec::new();
     for (name, program, program_stats) in kept {
@@ -132,32 +133,103 @@ pub(super) fn keep_pinned(ebpf: &mut Ebpf, pin_dir: &Path, dir: &Path) -> Option
         }
         stats.push(program_stats);
     }
-    Some(Kept { stats, unpinned })
+    let unpinned = object_maps
+        .into_values()
+        .filter(|(name, _)| !name.starts_with('.'))
+        .filter_map(|(name, map)| Some((name, Map::from_map_data(map).ok()?)))
+        .collect();
+    Ok(Kept { stats, unpinned })
 }
 
-/// The names of the object's maps that are neither pinned nor data
-/// sections.
+/// The ids of the maps the program `fd` uses, by `BPF_OBJ_GET_INFO_BY_FD`
+/// on the program's own descriptor. (aya's `ProgramInfo::map_ids` opens
+/// the program again by its id, which takes `CAP_SYS_ADMIN`.)
+fn map_ids_of(fd: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
+    /// `struct bpf_prog_info` up to `map_ids`: the kernel fills what fits.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ProgInfoPrefix {
+        type_: u32,
+        id: u32,
+        tag: [u8; 8],
+        jited_prog_len: u32,
+        xlated_prog_len: u32,
+        jited_prog_insns: u64,
+        xlated_prog_insns: u64,
+        load_time: u64,
+        created_by_uid: u32,
+        nr_map_ids: u32,
+        map_ids: u64,
+    }
+    /// `union bpf_attr` for `BPF_OBJ_GET_INFO_BY_FD`.
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let get = |info: &mut ProgInfoPrefix| {
+        let mut attr = InfoAttr {
+            bpf_fd: u32::try_from(fd.as_raw_fd()).map_err(std::io::Error::other)?,
+            info_len: u32::try_from(size_of::<ProgInfoPrefix>()).map_err(std::io::Error::other)?,
+            info: std::ptr::from_mut(info) as u64,
+        };
+        // SAFETY: `attr` is `BPF_OBJ_GET_INFO_BY_FD`'s layout and points at
+        // `info`, whose `map_ids` (if set) points at a buffer of
+        // `nr_map_ids` ids; both outlive the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_OBJ_GET_INFO_BY_FD,
+                std::ptr::from_mut(&mut attr),
+                size_of::<InfoAttr>(),
+            )
+        };
+        if ret < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    let mut info = ProgInfoPrefix::default();
+    get(&mut info)?;
+    let mut ids = vec![0u32; info.nr_map_ids as usize];
+    let mut info = ProgInfoPrefix {
+        nr_map_ids: info.nr_map_ids,
+        map_ids: ids.as_mut_ptr() as u64,
+        ..ProgInfoPrefix::default()
+    };
+    get(&mut info)?;
+    // A map the program took meanwhile is not among the ids asked for.
+    ids.truncate(info.nr_map_ids as usize);
+    Ok(ids)
+}
+
+/// The names of the object's maps that are not pinned with the others:
+/// its data sections (`.rodata`, `.bss`: each load makes them anew) and
+/// the maps that hold nothing between two starts.
 fn unpinned_names(ebpf: &Ebpf) -> Vec<String> {
     ebpf.maps()
         .map(|(name, _)| name)
-        .filter(|name| !name.starts_with('.') && names::ALL.iter().all(|map| map.name != *name))
+        .filter(|name| names::ALL.iter().all(|map| map.name != *name))
         .map(str::to_owned)
         .collect()
 }
 
-/// The object's unpinned maps, taken from `ebpf` (which made them in this
-/// load), by name.
+/// `name` as bpffs takes it: no dots.
+fn pin_name(name: &str) -> String {
+    name.replace('.', "_")
+}
+
+/// The object's unpinned maps but its data sections, taken from `ebpf`
+/// (which made them in this load), by name.
 pub(super) fn take_unpinned(ebpf: &mut Ebpf) -> BTreeMap<String, Map> {
     unpinned_names(ebpf)
         .into_iter()
+        .filter(|name| !name.starts_with('.'))
         .filter_map(|name| ebpf.take_map(&name).map(|map| (name, map)))
         .collect()
-}
-
-/// The name the kernel gives a map named `name` in its object: the
-/// first 15 bytes (`BPF_OBJ_NAME_LEN` with its NUL).
-fn kernel_map_name(name: &str) -> &str {
-    name.get(..name.len().min(15)).unwrap_or(name)
 }
 
 /// Loads `ebpf`'s programs through the verifier, side by side (an agent
@@ -212,9 +284,10 @@ pub(super) fn verify(ebpf: &mut Ebpf) -> Result<Vec<ProgramStats>, DatapathError
     Ok(stats)
 }
 
-/// Pins `ebpf`'s loaded programs in `dir`, for a later start to keep.
+/// Pins `ebpf`'s loaded programs in `dir`, for a later start to keep,
+/// after the maps of the load they use that are not pinned elsewhere.
 /// What an interrupted pinning left there goes first: a start keeps only
-/// a whole set.
+/// a whole set (the programs go last).
 pub(super) fn pin(ebpf: &mut Ebpf, dir: &Path) -> Result<(), DatapathError> {
     let pin_err = |path: &Path, source| DatapathError::ProgramPin {
         path: path.to_owned(),
@@ -225,7 +298,15 @@ pub(super) fn pin(ebpf: &mut Ebpf, dir: &Path) -> Result<(), DatapathError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(source) => return Err(pin_err(dir, source)),
     }
-    std::fs::create_dir_all(dir).map_err(|source| pin_err(dir, source))?;
+    let maps_dir = dir.join(OBJECT_MAPS_DIR);
+    std::fs::create_dir_all(&maps_dir).map_err(|source| pin_err(&maps_dir, source))?;
+    for name in unpinned_names(ebpf) {
+        let path = maps_dir.join(pin_name(&name));
+        ebpf.map(&name)
+            .ok_or(DatapathError::MissingMap("an unpinned map of the object"))?
+            .pin(&path)
+            .map_err(|e| pin_err(&path, std::io::Error::other(e)))?;
+    }
     for name in PROGRAMS_BY_NAME {
         let path = dir.join(name);
         super::classifier_mut(ebpf, name)?
