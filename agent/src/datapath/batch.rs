@@ -54,7 +54,9 @@ struct BatchAttr {
     flags: u64,
 }
 
-fn bpf<T>(cmd: u32, attr: &mut T) -> io::Result<()> {
+/// The `bpf(2)` command `cmd` with `attr`, which must be the `bpf_attr`
+/// layout of that command (also for the datapath's other raw commands).
+pub(super) fn bpf<T>(cmd: u32, attr: &mut T) -> io::Result<()> {
     let size = u32::try_from(size_of::<T>()).expect("a small struct");
     // SAFETY: `attr` is a `bpf_attr` layout for `cmd`, alive for the call;
     // the pointers in it are the caller's, sized as the map says.

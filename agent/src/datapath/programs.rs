@@ -168,29 +168,16 @@ fn map_ids_of(fd: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
         info_len: u32,
         info: u64,
     }
-    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    const BPF_OBJ_GET_INFO_BY_FD: u32 = 15;
     let get = |info: &mut ProgInfoPrefix| {
         let mut attr = InfoAttr {
             bpf_fd: u32::try_from(fd.as_raw_fd()).map_err(std::io::Error::other)?,
             info_len: u32::try_from(size_of::<ProgInfoPrefix>()).map_err(std::io::Error::other)?,
+            // `info`, whose `map_ids` (if set) points at a buffer of
+            // `nr_map_ids` ids: both outlive the call.
             info: std::ptr::from_mut(info) as u64,
         };
-        // SAFETY: `attr` is `BPF_OBJ_GET_INFO_BY_FD`'s layout and points at
-        // `info`, whose `map_ids` (if set) points at a buffer of
-        // `nr_map_ids` ids; both outlive the call.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_OBJ_GET_INFO_BY_FD,
-                std::ptr::from_mut(&mut attr),
-                size_of::<InfoAttr>(),
-            )
-        };
-        if ret < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        super::batch::bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)
     };
     let mut info = ProgInfoPrefix::default();
     get(&mut info)?;
@@ -201,7 +188,7 @@ fn map_ids_of(fd: BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
         ..ProgInfoPrefix::default()
     };
     get(&mut info)?;
-    // A map the program took meanwhile is not among the ids asked for.
+    // The kernel writes no more ids than asked for; fewer, if it has fewer.
     ids.truncate(info.nr_map_ids as usize);
     Ok(ids)
 }
