@@ -158,6 +158,12 @@ pub fn run(pin_dir: &Path, args: &RunArgs, env: &Env) -> Result<()> {
         args.metrics_address.as_deref(),
     )?;
     info!(settings = %settings.view(env)?, "settings in force");
+    if args.ipam {
+        // The take-over asks for the node's iptables backend once the pods
+        // are back: told meanwhile, its listings are not on the way to
+        // READY.
+        std::thread::spawn(vpcnet_agent::takeover::iptables::backend);
+    }
     settings
         .snat
         .check_node_marks(&vpcnet_agent::takeover::iptables::node_mark_uses())?;

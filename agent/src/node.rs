@@ -130,7 +130,7 @@ impl NodeLinks {
     async fn setup(&self, eni: &AttachedEni) -> NetworkResult {
         let config = self.link_config(eni)?;
         let link = self.netlink.wait_for_link(config.mac, LINK_TIMEOUT).await?;
-        let ifindex = self.netlink.setup_eni(&config).await?.ifindex;
+        let ifindex = self.netlink.setup_eni_link(&link, &config).await?.ifindex;
         match self.owners.owner(ifindex) {
             LinkOwner::Unclaimed => {
                 info!(eni = %eni.id, link = %link.name, manager = "vpcnet", "ENI link owner");

@@ -337,6 +337,46 @@ fn links_are_found_by_name_and_mac() {
 }
 
 #[test]
+fn a_link_found_by_mac_is_found_again_when_replaced_or_readdressed() {
+    let _bed = bed();
+    let mac: MacAddr = ENI_MAC.parse().unwrap();
+    let other: MacAddr = "02:ee:0a:14:0b:ca".parse().unwrap();
+    let (first, replaced, moved, readdressed) = in_node(async |nl| {
+        let first = nl.link_by_mac(mac).await.unwrap();
+        // The ENI detached and attached again: a new link, a new index.
+        ip(&["-n", NODE, "link", "del", ENI]);
+        add_eni(ENI, ENI_MAC, GW_LINK);
+        let replaced = nl.link_by_mac(mac).await.unwrap();
+        // Its MAC moves to another link, as when a link is readdressed.
+        ip(&[
+            "-n",
+            NODE,
+            "link",
+            "set",
+            ENI,
+            "address",
+            &other.to_string(),
+        ]);
+        add_eni("eth3", ENI_MAC, "gw3");
+        let moved = nl.link_by_mac(mac).await.unwrap();
+        let readdressed = nl.link_by_mac(other).await.unwrap();
+        (first, replaced, moved, readdressed)
+    });
+    let first = first.expect("eth1 found");
+    let replaced = replaced.expect("the new eth1 found");
+    assert_eq!(replaced.name, ENI);
+    assert_ne!(
+        replaced.index, first.index,
+        "the link made since, not the one gone"
+    );
+    assert_eq!(replaced.index, link_json(ENI)["ifindex"]);
+    let moved = moved.expect("eth3 found by the MAC eth1 had");
+    assert_eq!(moved.name, "eth3");
+    assert_eq!(moved.index, link_json("eth3")["ifindex"]);
+    assert_eq!(readdressed.map(|l| l.index), Some(replaced.index));
+}
+
+#[test]
 fn wait_for_link_sees_a_link_made_after_it_started() {
     let _bed = bed();
     let mac: MacAddr = "02:ee:0a:14:0b:c9".parse().unwrap();

@@ -250,6 +250,8 @@ impl Drop for AbortOnDrop {
 #[derive(Debug)]
 pub struct NetlinkHandle {
     handle: rtnetlink::Handle,
+    /// Where the last dump of links found each MAC ([`link::MacIndex`]).
+    macs: link::MacIndex,
     _connection: AbortOnDrop,
 }
 
@@ -260,6 +262,7 @@ impl NetlinkHandle {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Connect)?;
         Ok(Self {
             handle,
+            macs: link::MacIndex::default(),
             _connection: AbortOnDrop(tokio::spawn(connection)),
         })
     }

@@ -108,6 +108,42 @@ fn pick_by_mac(links: impl IntoIterator<Item = LinkInfo>, mac: MacAddr) -> Optio
         .min_by_key(|link| link.index)
 }
 
+/// The index of each MAC's link (the one [`pick_by_mac`] picks) at the
+/// last dump of the handle's links. Finding a link by MAC is a dump of every
+/// link, some 13 ms on a node of a thousand pods, and a start looks up each
+/// ENI's more than once: a hit is one request for that index, kept only if
+/// the link there still has the MAC, and a link gone or changed is a miss.
+/// Links that share a MAC are a VLAN and its parent, made here in that
+/// order, and a new link gets an index above the last one given: no
+/// lower-indexed link with the MAC comes after a dump.
+#[derive(Debug, Default)]
+pub(crate) struct MacIndex(std::sync::Mutex<std::collections::HashMap<MacAddr, u32>>);
+
+impl MacIndex {
+    fn get(&self, mac: MacAddr) -> Option<u32> {
+        self.lock().get(&mac).copied()
+    }
+
+    /// Remembers `links`, a whole dump, in place of the last.
+    fn remember(&self, links: &[LinkInfo]) {
+        let mut macs = self.lock();
+        macs.clear();
+        for link in links {
+            if let Some(mac) = link.mac {
+                let index = macs.entry(mac).or_insert(link.index);
+                *index = (*index).min(link.index);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<MacAddr, u32>> {
+        // A map of hints: whatever a panic left in it is checked before use.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Every link of `handle`'s namespace.
 async fn dump_links(handle: &rtnetlink::Handle) -> Result<Vec<LinkInfo>, NetlinkError> {
     handle
@@ -123,7 +159,9 @@ async fn dump_links(handle: &rtnetlink::Handle) -> Result<Vec<LinkInfo>, Netlink
 impl NetlinkHandle {
     /// Every link of the namespace, with index, name, MAC, MTU and states.
     pub async fn links(&self) -> Result<Vec<LinkInfo>, NetlinkError> {
-        dump_links(&self.handle).await
+        let links = dump_links(&self.handle).await?;
+        self.macs.remember(&links);
+        Ok(links)
     }
 
     /// The link named `name`, if there is one.
@@ -154,6 +192,14 @@ impl NetlinkHandle {
     /// The link with `mac`, if there is one (see [`NetlinkHandle::wait_for_link`]
     /// for one that is still to come).
     pub async fn link_by_mac(&self, mac: MacAddr) -> Result<Option<LinkInfo>, NetlinkError> {
+        if let Some(index) = self.macs.get(mac)
+            && let Some(link) = self.link_message(LinkKey::Index(index)).await?
+        {
+            let link = LinkInfo::from_message(&link);
+            if link.mac == Some(mac) {
+                return Ok(Some(link));
+            }
+        }
         Ok(pick_by_mac(self.links().await?, mac))
     }
 
@@ -194,7 +240,7 @@ impl NetlinkHandle {
             rtnetlink::new_multicast_connection(&[MulticastGroup::Link])
                 .map_err(NetlinkError::Subscribe)?;
         let connection = AbortOnDrop(tokio::spawn(connection));
-        let present = pick_by_mac(dump_links(&handle).await?, mac);
+        let present = self.link_by_mac(mac).await?;
         Ok(LinkWatch {
             mac,
             present,
