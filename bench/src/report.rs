@@ -619,7 +619,28 @@ pub fn targets(results: &Results) -> Vec<Target> {
             kept.map(|v| v <= 1.1),
         );
     }
-    out
+    out.into_iter().chain(restart_targets(results)).collect()
+}
+
+/// A restart over the same object and maps keeps the programs running;
+/// one that must load them goes through the verifier.
+fn restart_targets(results: &Results) -> Vec<Target> {
+    [
+        ("kept", "restart_kept_p50_ms", 300.0),
+        ("verified", "restart_verified_p50_ms", 1000.0),
+    ]
+    .into_iter()
+    .map(|(programs, value, bound_ms)| {
+        let p50 = results.median(Datapath::Ebpf, "agent_footprint", value);
+        Target {
+            what: format!(
+                "agent restart to READY, programs {programs}, under {bound_ms} ms at p50"
+            ),
+            measured: format!("{} ms", cell(p50)),
+            met: p50.map(|v| v < bound_ms),
+        }
+    })
+    .collect()
 }
 
 /// The report in Markdown.
