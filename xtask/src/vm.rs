@@ -245,15 +245,18 @@ fn guest_script(
     let args: Vec<String> = test_args.iter().map(|a| shell_word(a)).collect();
     let _ = writeln!(script, "TEST_ARGS=({})", args.join(" "));
     script.push_str(&watchdog_function());
+    // Each target's seconds in the guest: what CI's hour is spent on.
     for test in tests {
         let _ = writeln!(
             script,
-            "echo \"==> vm {}: {}\"\nrun_bounded {} {} {} || status=1",
-            kernel.name,
-            test.name,
-            shell_word(&test.name),
-            shell_word(&test.package_dir.to_string_lossy()),
-            shell_word(&test.executable.to_string_lossy()),
+            "echo \"==> vm {kernel}: {name}\"\nstarted=$SECONDS\n\
+             run_bounded {word} {dir} {exe} || status=1\n\
+             echo \"==> vm {kernel}: {name} took $((SECONDS - started)) s\"",
+            kernel = kernel.name,
+            name = test.name,
+            word = shell_word(&test.name),
+            dir = shell_word(&test.package_dir.to_string_lossy()),
+            exe = shell_word(&test.executable.to_string_lossy()),
         );
     }
     script.push_str("exit $status\n");
@@ -527,6 +530,10 @@ mod tests {
                 "run_bounded 'verdicts' '/w/bpf-tests' '/w/target/debug/deps/verdicts-1a2b' \
                  || status=1"
             ),
+            "{script}"
+        );
+        assert!(
+            script.contains("==> vm 6.1: verdicts took $((SECONDS - started)) s"),
             "{script}"
         );
         assert!(script.contains("sleep 1500"), "{script}");
