@@ -159,10 +159,7 @@ pub fn run(pin_dir: &Path, args: &RunArgs, env: &Env) -> Result<()> {
     )?;
     info!(settings = %settings.view(env)?, "settings in force");
     if args.ipam {
-        // The take-over asks for the node's iptables backend once the pods
-        // are back: told meanwhile, its listings are not on the way to
-        // READY.
-        std::thread::spawn(vpcnet_agent::takeover::iptables::backend);
+        vpcnet_agent::takeover::iptables::tell_backend_meanwhile();
     }
     settings
         .snat

@@ -55,9 +55,8 @@ impl NetlinkHandle {
         self.setup_eni_link(&link, config).await
     }
 
-    /// [`NetlinkHandle::setup_eni`] on `link`, as just found (by
-    /// [`NetlinkHandle::wait_for_link`]): finding a link by MAC is a dump
-    /// of every link, some 13 ms on a node of a thousand pods.
+    /// [`NetlinkHandle::setup_eni`] on `link`, which the caller has just
+    /// found (by [`NetlinkHandle::wait_for_link`]), without finding it again.
     pub async fn setup_eni_link(
         &self,
         link: &LinkInfo,

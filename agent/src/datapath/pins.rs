@@ -248,7 +248,7 @@ pub fn live_map_ids(pin_dir: &Path) -> BTreeSet<u32> {
 /// link's info would read the other kind's as its own.
 fn attached_program_id(pin: &Path) -> Option<u32> {
     let fd = object_of_pin(pin).ok()?;
-    // One read of a buffer that holds the whole of it (some 150 bytes):
+    // One read of a buffer that holds the whole of it (a few hundred bytes):
     // `read_to_string` takes six calls, and a node of a thousand pods has
     // two thousand pins to read at each start.
     let mut buffer = [0u8; 1024];

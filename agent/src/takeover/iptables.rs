@@ -27,6 +27,13 @@ pub fn backend() -> IptablesBackend {
     })
 }
 
+/// Tells the node's backend on a thread of its own, for [`backend`] to
+/// have it by the time the take-over asks: its listings are then not on
+/// the way to READY.
+pub fn tell_backend_meanwhile() {
+    std::thread::spawn(backend);
+}
+
 /// The rules of the node's iptables, in both backends (a backend whose
 /// `iptables-save` is missing or fails has none), that use mark bits.
 pub fn node_mark_uses() -> Vec<MarkUse> {
