@@ -344,6 +344,7 @@ pub fn run_in_guest(
         guest_release,
         status,
         line,
+        unfinished,
     } = run;
     if guest_release.as_deref() != Some(installed.release.as_str()) {
         bail!(
@@ -351,6 +352,14 @@ pub fn run_in_guest(
              `{line}` exited with {status}",
             kernel.name,
             installed.release
+        );
+    }
+    if let Some(target) = unfinished {
+        bail!(
+            "kernel {}: the guest stopped while {target} ran ({status}): what its kernel \
+             said (warnings and worse) is above; {}",
+            kernel.name,
+            tally.summary_line()
         );
     }
     if !status.success() {
@@ -372,6 +381,9 @@ struct Run {
     status: std::process::ExitStatus,
     /// The command, to run by hand.
     line: String,
+    /// The test target the guest had started and not finished when it
+    /// stopped (a guest that died: its kernel panicked, or qemu ended).
+    unfinished: Option<String>,
 }
 
 /// Boots `kernel` with `script` as the guest's command and qemu's extra
@@ -385,6 +397,9 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
         .context("PATH with the virtualenv's bin")?;
     boot.env("PATH", path)
         .args(["--disable-kvm", "--force-9p", "--cpus", GUEST_CPUS])
+        // The guest kernel's console on the VM's stderr, warnings and worse
+        // only: a panic, an oops or the OOM killer that ends a run is told.
+        .args(["--verbose", "--append", GUEST_CONSOLE_LOGLEVEL])
         .args(["--memory", GUEST_MEMORY])
         .arg(format!("--qemu-opts={qemu_options}"))
         .arg("-r")
@@ -423,6 +438,7 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
     });
     let mut tally = TestTally::default();
     let mut guest_release = None;
+    let mut unfinished = None;
     loop {
         match received.recv_timeout(Duration::from_secs(1)) {
             Ok(text) => {
@@ -434,6 +450,11 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
                     guest_release = Some(release.to_owned());
                 }
                 tally.add_line(&text);
+                match target_line(kernel, &text) {
+                    Some(TargetLine::Started(name)) => unfinished = Some(name.to_owned()),
+                    Some(TargetLine::Finished) => unfinished = None,
+                    None => {}
+                }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -462,6 +483,30 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
         guest_release,
         status,
         line,
+        unfinished,
+    })
+}
+
+/// The guest's console prints messages below this level: up to
+/// `KERN_WARNING`.
+const GUEST_CONSOLE_LOGLEVEL: &str = "loglevel=5";
+
+/// What a line of the guest script says of its test targets.
+#[derive(Debug, PartialEq, Eq)]
+enum TargetLine<'a> {
+    /// `==> vm KERNEL: NAME`
+    Started(&'a str),
+    /// `==> vm KERNEL: NAME took N s`
+    Finished,
+}
+
+fn target_line<'a>(kernel: &Kernel, line: &'a str) -> Option<TargetLine<'a>> {
+    let prefix = format!("==> vm {}: ", kernel.name);
+    let rest = line.trim().strip_prefix(&prefix)?;
+    Some(if rest.ends_with(" s") && rest.contains(" took ") {
+        TargetLine::Finished
+    } else {
+        TargetLine::Started(rest)
     })
 }
 
@@ -483,6 +528,21 @@ mod tests {
             binaries[0].executable,
             Path::new("/w/target/debug/deps/verdicts-1a2b")
         );
+    }
+
+    #[test]
+    fn a_target_the_guest_started_is_unfinished_until_its_time_is_told() {
+        let kernel = Kernel::by_name("6.12").unwrap();
+        assert_eq!(
+            target_line(kernel, "==> vm 6.12: security_groups\n"),
+            Some(TargetLine::Started("security_groups"))
+        );
+        assert_eq!(
+            target_line(kernel, "==> vm 6.12: security_groups took 343 s\n"),
+            Some(TargetLine::Finished)
+        );
+        assert_eq!(target_line(kernel, "==> vm 6.1: fuzz\n"), None);
+        assert_eq!(target_line(kernel, "test a ... ok\n"), None);
     }
 
     #[test]
