@@ -8,6 +8,7 @@ mod steps;
 
 use std::{
     io::{BufRead, BufReader},
+    path::PathBuf,
     process::{Command, Stdio},
     time::Instant,
 };
@@ -253,6 +254,72 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         build_and_lint(&mut passed)?;
     }
+    let suite_image = if needs_images(args) {
+        Some(build_images()?)
+    } else {
+        println!("==> image: no test of this run uses it");
+        None
+    };
+    passed.push("image");
+    let mut total = TestTally::default();
+    let mut results = Vec::new();
+    let planned = build_guest_tests(plan(args)?)?;
+    let sizes = Sizes::new(args.full, args.fuzz_packets);
+    for (place, selection, binaries) in planned {
+        let tally = if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
+            run_in_vm(kernel, &binaries, args, sizes)?
+        } else {
+            let mut command = test_command(&selection, args.filter.as_deref(), args.nocapture);
+            for test in sizes.skipped_on_host() {
+                command.args(["--skip", test]);
+            }
+            command.envs(sizes.host_env());
+            if let Some(image) = &suite_image {
+                command.env(SUITE_IMAGE_VAR, image);
+            }
+            run_tests(command)?
+        };
+        results.push(format!("{}: {}", place.label(), tally.summary_line()));
+        total.add(&tally);
+    }
+    passed.push("tests");
+    println!(
+        "xtask test: OK: {} passed in {}",
+        passed.join(", "),
+        format_duration(started.elapsed())
+    );
+    for line in &results {
+        println!("  {line}");
+    }
+    println!("{}", total.summary_line());
+    Ok(())
+}
+
+/// Whether a test this run selects uses the images: the agent's image
+/// (`bpf-tests/tests/agent_image.rs`, `xtask/tests/image.rs`) and the
+/// previous commit's, which the rolling update starts from. A run narrowed
+/// to other targets or packages goes without their minutes.
+fn needs_images(args: &Args) -> bool {
+    const USERS: [(&str, &str); 2] = [(SUITE_PACKAGE, "agent_image"), ("xtask", "image")];
+    if !args.tests.is_empty() {
+        return args
+            .tests
+            .iter()
+            .any(|test| USERS.iter().any(|(_, target)| target == test));
+    }
+    if let Some(suite) = args.suite {
+        return suite == Suite::Datapath;
+    }
+    args.packages.is_empty()
+        || args
+            .packages
+            .iter()
+            .any(|package| USERS.iter().any(|(user, _)| user == package))
+}
+
+/// Builds the agent's image from the tests' binaries, and the previous
+/// commit's unless it is there; returns the first's archive.
+fn build_images() -> Result<PathBuf> {
     // The agent's image from those binaries: the lab runs it as the
     // DaemonSet's pod (`bpf-tests/tests/agent_image.rs`).
     let image_started = Instant::now();
@@ -292,37 +359,7 @@ pub fn run(args: &Args) -> Result<()> {
             format_duration(started.elapsed())
         );
     }
-    passed.push("image");
-    let mut total = TestTally::default();
-    let mut results = Vec::new();
-    let planned = build_guest_tests(plan(args)?)?;
-    let sizes = Sizes::new(args.full, args.fuzz_packets);
-    for (place, selection, binaries) in planned {
-        let tally = if let (Place::Vm(kernel), Some(binaries)) = (place, binaries) {
-            run_in_vm(kernel, &binaries, args, sizes)?
-        } else {
-            let mut command = test_command(&selection, args.filter.as_deref(), args.nocapture);
-            for test in sizes.skipped_on_host() {
-                command.args(["--skip", test]);
-            }
-            command.envs(sizes.host_env());
-            command.env(SUITE_IMAGE_VAR, &suite_image);
-            run_tests(command)?
-        };
-        results.push(format!("{}: {}", place.label(), tally.summary_line()));
-        total.add(&tally);
-    }
-    passed.push("tests");
-    println!(
-        "xtask test: OK: {} passed in {}",
-        passed.join(", "),
-        format_duration(started.elapsed())
-    );
-    for line in &results {
-        println!("  {line}");
-    }
-    println!("{}", total.summary_line());
-    Ok(())
+    Ok(suite_image)
 }
 
 /// What to run at one place: cargo's package and target selection.
@@ -674,6 +711,21 @@ mod tests {
         }
         assert!(runs(&plan[2].1, "routing_differential"));
         assert!(!runs(&plan[1].1, "routing_differential"));
+    }
+
+    #[test]
+    fn images_are_built_for_a_run_that_may_use_them_only() {
+        let with_tests = |tests: &[&str]| Args {
+            tests: tests.iter().map(|t| (*t).to_owned()).collect(),
+            ..args(&[], None, &[SUITE_PACKAGE])
+        };
+        assert!(needs_images(&args(&[], None, &[])));
+        assert!(needs_images(&args(&[], None, &["xtask"])));
+        assert!(needs_images(&args(&["6.1"], Some(Suite::Datapath), &[])));
+        assert!(needs_images(&with_tests(&["routing", "agent_image"])));
+        assert!(!needs_images(&with_tests(&["routing", "security_groups"])));
+        assert!(!needs_images(&args(&["all"], Some(Suite::Matrix), &[])));
+        assert!(!needs_images(&args(&[], None, &["vpcnet-common"])));
     }
 
     #[test]
