@@ -26,10 +26,13 @@ pub fn build_missing(present: impl Fn(&str), say: impl Fn(&str, &str)) -> Result
             &what,
             "building it from a git worktree of its commit (a few minutes, once)",
         );
-        build(release).with_context(|| {
+        build(release, |dependencies| {
+            say(&what, &dependencies.to_string());
+        })
+        .with_context(|| {
             format!(
                 "could not build {what}; by hand: git worktree add --detach <dir> {} && cd <dir> \
-                 && cargo build --bins -p vpcnet-agent -p vpcnet-cni, then copy \
+                 && cargo build --locked --workspace --bins, then copy \
                  target/debug/vpcnet-agent and target/debug/vpcnet-cni to {}",
                 release.commit,
                 release.dir().display()
@@ -40,7 +43,7 @@ pub fn build_missing(present: impl Fn(&str), say: impl Fn(&str, &str)) -> Result
     Ok(())
 }
 
-fn build(release: &Release) -> Result<()> {
+fn build(release: &Release, say: impl FnOnce(worktree::Dependencies)) -> Result<()> {
     let kind =
         stdout_of(&mut worktree::git(&["cat-file", "-t", release.commit])).unwrap_or_default();
     if kind.trim() != "commit" {
@@ -51,30 +54,25 @@ fn build(release: &Release) -> Result<()> {
     }
     let releases = Path::new(RELEASES_DIR);
     // The releases' binaries in a target directory of their own, their
-    // dependencies compiled in the workspace's build directory: a
-    // release's lockfile pins no version the tree's does not, so one
-    // compilation of each serves the tree and every release.
+    // dependencies compiled in the workspace's build directory, the same
+    // compilations as the tree's (`worktree::cargo_build`).
     let target = releases.join("target");
     let build_dir = crate::build::target_dir()?;
     worktree::build_in(
         release.commit,
         &releases.join(format!("src-{}", release.short())),
         |source| {
+            let (mut build, dependencies) = worktree::cargo_build(source)?;
+            say(dependencies);
             run_checked(
-                vpcnet_lab::cargo_env::cargo()
-                    .current_dir(source)
+                build
                     .env("CARGO_TARGET_DIR", &target)
                     .env("CARGO_BUILD_BUILD_DIR", &build_dir)
                     // Binaries to run, not to debug: no debug info builds
                     // faster (the dependencies have none in the tree either).
                     .env("CARGO_PROFILE_DEV_DEBUG", "0")
                     .env("CARGO_INCREMENTAL", "0")
-                    .env_remove("VPCNET_EBPF")
-                    // Every binary of its workspace, not the two it needs:
-                    // cargo unifies the dependencies' features over what it
-                    // builds, and the workspace's set is the tree's (`-p`
-                    // alone made other variants of most of them).
-                    .args(["build", "--locked", "--workspace", "--bins"]),
+                    .env_remove("VPCNET_EBPF"),
             )
         },
     )?;

@@ -9,6 +9,10 @@ use anyhow::{Context, Result};
 
 use crate::{build::workspace_root, setup::run_checked};
 
+mod dependencies;
+
+pub use dependencies::Dependencies;
+
 /// `git -C <this checkout> ARGS`.
 pub fn git(args: &[&str]) -> Command {
     let mut command = Command::new("git");
@@ -32,4 +36,23 @@ pub fn build_in(commit: &str, at: &Path, build: impl FnOnce(&Path) -> Result<()>
     let outcome = build(at);
     remove();
     outcome
+}
+
+/// `cargo build --workspace --bins` in `source`, a worktree made by
+/// [`build_in`], with this checkout's compiled dependencies where the
+/// commit's lockfile allows ([`Dependencies`]). Every binary of the
+/// workspace, not the two a caller needs: cargo unifies the features of
+/// the commit's own crates over what it builds, and only the workspace's
+/// set is this checkout's (`-p` alone made other variants of them).
+pub fn cargo_build(source: &Path) -> Result<(Command, Dependencies)> {
+    let dependencies = dependencies::share_with(source)
+        .with_context(|| format!("giving {} this checkout's dependencies", source.display()))?;
+    let mut build = vpcnet_lab::cargo_env::cargo();
+    build
+        .current_dir(source)
+        .args(["build", "--workspace", "--bins"]);
+    if matches!(dependencies, Dependencies::Own(_)) {
+        build.arg("--locked");
+    }
+    Ok((build, dependencies))
 }

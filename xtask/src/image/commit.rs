@@ -49,20 +49,14 @@ impl Commit {
             .join("image")
             .join(format!("commit-{}", self.short()));
         worktree::build_in(&self.id, &own.join("src"), |source| {
-            let mut build = vpcnet_lab::cargo_env::cargo();
+            let (mut build, dependencies) = worktree::cargo_build(source)?;
+            println!("image: commit {}: {dependencies}", self.short());
             build
-                .current_dir(source)
                 // This checkout's build directory: the dependencies compiled
                 // once serve both.
                 .env("CARGO_BUILD_BUILD_DIR", &target)
                 .env("CARGO_TARGET_DIR", own.join("target"))
-                .env_remove("VPCNET_EBPF")
-                // Every binary of the workspace, not the two it needs: cargo
-                // unifies the dependencies' features over what it builds,
-                // and only the workspace's set is this checkout's (`-p`
-                // alone made other variants of the EC2 SDK and its kin:
-                // minutes).
-                .args(["build", "--locked", "--workspace", "--bins"]);
+                .env_remove("VPCNET_EBPF");
             if release {
                 build.arg("--release");
             }
