@@ -29,9 +29,8 @@ use crate::{
 /// virtme-ng, from `PyPI`, in the project's virtualenv.
 pub const VIRTME_NG_REQUIREMENT: &str = "virtme-ng==1.42";
 
-/// Guest resources: both of the machine's cores, and memory for a lab
-/// with containerd.
-const GUEST_CPUS: &str = "2";
+/// Guest memory: enough for a lab with containerd, and for every VM of a
+/// run at once.
 const GUEST_MEMORY: &str = "4G";
 
 /// Modules the datapath and the lab need, loaded before the tests (8021q
@@ -118,7 +117,7 @@ fn mount_cached_trees(trees: &[CachedTree]) -> String {
 }
 
 /// No VM run may take longer than this: a hung guest fails the run.
-const GUEST_TIMEOUT: Duration = Duration::from_mins(40);
+const GUEST_TIMEOUT: Duration = Duration::from_mins(50);
 
 /// No test executable may run longer than this in the guest (the slowest,
 /// `routing_differential`, takes 19 minutes on 6.12 under TCG).
@@ -312,12 +311,14 @@ fn shell_word(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-/// Boots `kernel` and runs `tests` in it with libtest's `test_args` and
-/// the variables `env`, echoing their output; the tally of their
-/// `test result:` lines.
+/// Boots `kernel` with `cpus` virtual CPUs and runs `tests` in it with
+/// libtest's `test_args` and the variables `env`, echoing their output
+/// (each line after the kernel's name: VMs may run at once); the tally of
+/// their `test result:` lines.
 pub fn run_in_guest(
     kernel: &Kernel,
     installed: &Installed,
+    cpus: usize,
     tests: &[TestBinary],
     test_args: &[String],
     env: &[(&str, String)],
@@ -329,7 +330,7 @@ pub fn run_in_guest(
     std::fs::write(&script, guest_script(kernel, tests, test_args, env, &trees))
         .with_context(|| format!("write {}", script.display()))?;
     let qemu_options = cached_tree_options(&trees)?;
-    let mut run = boot(kernel, installed, &script, &qemu_options)?;
+    let mut run = boot(kernel, installed, cpus, &script, &qemu_options)?;
     if run.guest_release.is_none() {
         // qemu failed before the guest ran anything (no test ran): once
         // more, as a boot failure is not a test result.
@@ -337,7 +338,7 @@ pub fn run_in_guest(
             "<== kernel {}: the VM did not boot ({}); once more",
             kernel.name, run.status
         );
-        run = boot(kernel, installed, &script, &qemu_options)?;
+        run = boot(kernel, installed, cpus, &script, &qemu_options)?;
     }
     let Run {
         tally,
@@ -386,9 +387,15 @@ struct Run {
     unfinished: Option<String>,
 }
 
-/// Boots `kernel` with `script` as the guest's command and qemu's extra
-/// `qemu_options`, echoing its output.
-fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &str) -> Result<Run> {
+/// Boots `kernel` with `cpus` CPUs, `script` as the guest's command and
+/// qemu's extra `qemu_options`, echoing its output.
+fn boot(
+    kernel: &Kernel,
+    installed: &Installed,
+    cpus: usize,
+    script: &Path,
+    qemu_options: &str,
+) -> Result<Run> {
     let mut boot = Command::new(vng());
     // vng runs its siblings (virtme-run) from PATH.
     let venv_bin = Path::new(MOTO_VENV).join("bin");
@@ -396,7 +403,7 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
     let path = std::env::join_paths(std::iter::once(venv_bin).chain(std::env::split_paths(&path)))
         .context("PATH with the virtualenv's bin")?;
     boot.env("PATH", path)
-        .args(["--disable-kvm", "--force-9p", "--cpus", GUEST_CPUS])
+        .args(["--disable-kvm", "--force-9p", "--cpus", &cpus.to_string()])
         // The guest kernel's console on the VM's stderr, warnings and worse
         // only: a panic, an oops or the OOM killer that ends a run is told.
         .args(["--verbose", "--append", GUEST_CONSOLE_LOGLEVEL])
@@ -420,9 +427,13 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
         .spawn()
         .with_context(|| format!("cannot start `{line}`"))?;
     let stdout = child.stdout.take().context("the VM's stdout")?;
+    let prefix = format!("[{}] ", kernel.name);
     let mut stderr = child.stderr.take().context("the VM's stderr")?;
+    let stderr_prefix = prefix.clone();
     let forward_stderr = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut stderr, &mut std::io::stderr());
+        for text in BufReader::new(&mut stderr).lines().map_while(Result::ok) {
+            eprintln!("{stderr_prefix}{text}");
+        }
     });
     let (lines, received) = mpsc::channel();
     let reader = std::thread::spawn(move || {
@@ -442,7 +453,7 @@ fn boot(kernel: &Kernel, installed: &Installed, script: &Path, qemu_options: &st
     loop {
         match received.recv_timeout(Duration::from_secs(1)) {
             Ok(text) => {
-                print!("{text}");
+                print!("{prefix}{text}");
                 if let Some(release) = text
                     .trim()
                     .strip_prefix(&format!("vm: kernel {} is ", kernel.name))
