@@ -7,6 +7,8 @@
 //!
 //! qemu runs under TCG: guests hang on this machine's KVM.
 
+mod shares;
+
 use std::{
     fmt::Write as _,
     io::{BufRead, BufReader},
@@ -19,6 +21,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use vpcnet_lab::moto::MOTO_VENV;
 
+pub use self::shares::BuildSnapshot;
+use self::shares::{CachedTree, cached_tree_options, cached_trees, mount_cached_trees};
 use crate::{
     build::workspace_root,
     kernels::{Installed, Kernel},
@@ -36,85 +40,6 @@ const GUEST_MEMORY: &str = "4G";
 /// Modules the datapath and the lab need, loaded before the tests (8021q
 /// for branch ENIs as real VLAN devices).
 const GUEST_MODULES: [&str; 4] = ["veth", "sch_ingress", "cls_bpf", "8021q"];
-
-/// Trees the guest reads through 9p shares of their own with the guest's
-/// page cache on (`cache=loose`). virtme-ng's root share caches nothing, so
-/// every exec read its whole file from the host again: the 100 MB debug
-/// agent took 1.5-2 s to start under TCG, 0.4 s cached, and a lab execs the
-/// agent, `ip`, `nft`, `iptables` and `nsenter` dozens of times. Nothing on
-/// the host changes either tree while a guest runs.
-#[derive(Debug)]
-struct CachedTree {
-    /// The 9p share's tag.
-    tag: &'static str,
-    host: PathBuf,
-    /// Writable in the guest, as virtme-ng's own view of it is: a tmpfs
-    /// overlay over the cached share; otherwise read-only.
-    overlay: bool,
-}
-
-/// The system's programs and libraries, and the workspace's build output
-/// (the test executables and the binaries they start).
-fn cached_trees() -> [CachedTree; 2] {
-    [
-        CachedTree {
-            tag: "vpcnet_usr",
-            host: PathBuf::from("/usr"),
-            overlay: true,
-        },
-        CachedTree {
-            tag: "vpcnet_target",
-            host: workspace_root().join("target"),
-            overlay: false,
-        },
-    ]
-}
-
-/// qemu's options sharing `trees` with the guest, read-only.
-fn cached_tree_options(trees: &[CachedTree]) -> Result<String> {
-    let mut options = Vec::new();
-    for tree in trees {
-        let host = tree.host.to_string_lossy();
-        // qemu's option syntax would split the path at a comma.
-        if host.contains(',') || host.contains(' ') {
-            bail!("cannot share {host} with the guest: its path has a comma or a space");
-        }
-        options.push(format!(
-            "-virtfs local,path={host},mount_tag={},security_model=none,readonly=on",
-            tree.tag
-        ));
-    }
-    Ok(options.join(" "))
-}
-
-/// The guest's commands mounting `trees` over their own paths; a tree that
-/// cannot be mounted stops the guest, as every test would run slower
-/// unnoticed.
-fn mount_cached_trees(trees: &[CachedTree]) -> String {
-    let mut script = String::new();
-    for tree in trees {
-        let path = shell_word(&tree.host.to_string_lossy());
-        let share = format!("/run/vpcnet-vm/{}", tree.tag);
-        let nine_p = "-t 9p -o trans=virtio,version=9p2000.L,cache=loose,msize=512000,ro";
-        let mount = if tree.overlay {
-            format!(
-                "mkdir -p {share}/lower {share}/upper {share}/work && \
-                 mount {nine_p} {tag} {share}/lower && \
-                 mount -t overlay -o lowerdir={share}/lower,upperdir={share}/upper,workdir={share}/work \
-                 {tag} {path}",
-                tag = tree.tag
-            )
-        } else {
-            format!("mount {nine_p} {} {path}", tree.tag)
-        };
-        let _ = writeln!(
-            script,
-            "{{ {mount}; }} || {{ echo \"vm: cannot mount the cached view of {host}\"; exit 1; }}",
-            host = tree.host.display()
-        );
-    }
-    script
-}
 
 /// No VM run may take longer than this: a hung guest fails the run.
 const GUEST_TIMEOUT: Duration = Duration::from_mins(50);
@@ -311,14 +236,16 @@ fn shell_word(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-/// Boots `kernel` with `cpus` virtual CPUs and runs `tests` in it with
-/// libtest's `test_args` and the variables `env`, echoing their output
+/// Boots `kernel` with `cpus` virtual CPUs and runs `tests` of the `build`
+/// snapshot in it with libtest's `test_args` and the variables `env`,
+/// echoing their output
 /// (each line after the kernel's name: VMs may run at once); the tally of
 /// their `test result:` lines.
 pub fn run_in_guest(
     kernel: &Kernel,
     installed: &Installed,
     cpus: usize,
+    build: &BuildSnapshot,
     tests: &[TestBinary],
     test_args: &[String],
     env: &[(&str, String)],
@@ -326,7 +253,7 @@ pub fn run_in_guest(
     let dir = workspace_root().join("target").join("vm").join(kernel.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let script = dir.join("run.sh");
-    let trees = cached_trees();
+    let trees = cached_trees(build);
     std::fs::write(&script, guest_script(kernel, tests, test_args, env, &trees))
         .with_context(|| format!("write {}", script.display()))?;
     let qemu_options = cached_tree_options(&trees)?;
@@ -582,7 +509,7 @@ mod tests {
             &tests,
             &["--test-threads=1".into(), "it's".into()],
             &[("SOME_SETTING", "a b".into())],
-            &cached_trees(),
+            &cached_trees(&BuildSnapshot::at("/w/target/vm/tree".into())),
         );
         assert!(script.contains("export SOME_SETTING='a b'"), "{script}");
         assert!(script.contains("mount -t bpf bpf /sys/fs/bpf"), "{script}");
