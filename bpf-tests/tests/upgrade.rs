@@ -6,16 +6,16 @@
 //! survives printed, and up again under connections opened meanwhile,
 //! past the pins the downgrade left.
 //!
-//! The release is `vpcnet_lab::releases::UNVERSIONED_PINS` on kernels with
-//! TCX, `FIRST_ON_6_1` on those without (the first one that runs there);
-//! `cargo xtask setup` builds them.
+//! The release is `vpcnet_lab::releases::FIRST_ON_6_1` on every kernel (TCX
+//! links where the kernel has them, clsact filters on 6.1); `cargo xtask
+//! setup` builds it.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test upgrade -- --test-threads=1 --nocapture`.
 
 use std::{collections::BTreeSet, net::Ipv4Addr, path::Path, time::Duration};
 
-use vpcnet_agent::datapath::{AttachMode, pins, read_pinned_flows};
+use vpcnet_agent::datapath::{pins, read_pinned_flows};
 use vpcnet_bpf_tests::{
     agent_binary, cni_plugin_binary,
     cri::{self, CriNode, node_traces, remove_all_pods},
@@ -28,7 +28,7 @@ use vpcnet_common::{
 };
 use vpcnet_lab::{
     Lab, addrs,
-    releases::{FIRST_ON_6_1, Release, UNVERSIONED_PINS},
+    releases::{FIRST_ON_6_1, Release},
     serial,
 };
 
@@ -38,13 +38,8 @@ const ECHOES: u64 = 100;
 /// How long a connection may take to show it survived the downgrade.
 const DOWNGRADE_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The release a node of this kernel runs.
-fn release() -> Release {
-    match AttachMode::of_kernel() {
-        AttachMode::Tcx => UNVERSIONED_PINS,
-        AttachMode::Clsact => FIRST_ON_6_1,
-    }
-}
+/// The release a node runs.
+const RELEASE: Release = FIRST_ON_6_1;
 
 /// The SNAT ports of `pod`'s flows in the NAT map pinned at `pin` (of
 /// whichever layout: the release's entries are narrower).
@@ -86,7 +81,7 @@ fn versioned_nat_pin() -> std::path::PathBuf {
 #[allow(clippy::too_many_lines, reason = "one story, told in order")]
 #[test]
 fn an_upgrade_from_the_release_nodes_run_breaks_no_flow_and_keeps_each_snat_port() {
-    let release = release();
+    let release = RELEASE;
     assert!(
         release.agent().is_file() && release.cni_plugin().is_file(),
         "release {} is not built at {}: `cargo xtask setup` builds it",

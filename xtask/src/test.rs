@@ -72,12 +72,11 @@ pub struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Suite {
     /// On every kernel: the programs load within their budgets, the
-    /// `BPF_PROG_TEST_RUN` verdict tests and agent restarts under
-    /// long-lived flows; in a VM, the whole datapath suite but the image's
-    /// agent (security groups for pods over 802.1Q, the network policy
-    /// matrix, every lab of the packet path, the routing differential over
-    /// 802.1Q); on the oldest kernel, an upgrade from the release that runs
-    /// there.
+    /// `BPF_PROG_TEST_RUN` verdict tests, agent restarts under long-lived
+    /// flows and an upgrade from the release nodes run; in a VM, the whole
+    /// datapath suite (security groups for pods over 802.1Q, the network
+    /// policy matrix, every lab of the packet path, the routing
+    /// differential over 802.1Q, the image's agent).
     Matrix,
     /// The datapath's lab suite: routing, SNAT differential, EXTERNALSNAT,
     /// TIME_WAIT, anti-spoofing, GC, agent restarts, fragments, ICMP errors,
@@ -106,11 +105,8 @@ const VERDICT_TARGETS: [&str; 7] = [
 /// through agent SIGKILL and SIGTERM restarts.
 const TRAFFIC_TARGETS: [&str; 1] = ["node_restart"];
 
-/// The same flows through an upgrade from the earlier release a node of
-/// the kernel runs. CI's matrix runs it on the oldest kernel, whose
-/// release (clsact, 06a5ae5) no other place runs; 6.12's is this
-/// machine's (1421fe5, TCX), and under TCG that release's IMDS client (a
-/// one-second timeout) is at the mercy of a loaded guest.
+/// The same flows through an upgrade from the earlier release nodes run,
+/// a downgrade and an upgrade again: on every kernel.
 const UPGRADE_TARGETS: [&str; 1] = ["upgrade"];
 
 /// Security groups for pods over real 802.1Q links: every VM kernel (the
@@ -119,10 +115,9 @@ const VLAN_TARGETS: [&str; 1] = ["security_groups"];
 
 /// The image's agent as the DaemonSet's pod, not privileged (four
 /// capabilities), through containerd: what a kernel lets such a container
-/// do is the kernel's, so in the datapath suite's VMs. CI's run of it is
-/// this machine's (TCX links; the VMs' `node_restart` and `upgrade` restart
-/// the same agent with clsact): under TCG containerd alone takes three
-/// minutes to import the image.
+/// do is the kernel's, so in every VM (under TCG containerd alone takes
+/// three minutes to import the image); this machine's run of it is the
+/// whole run's.
 const IMAGE_TARGETS: [&str; 1] = ["agent_image"];
 
 /// Network policy against its specification, in every VM (this machine
@@ -178,11 +173,8 @@ impl Suite {
             targets.extend(LAB_TARGETS);
         }
         targets.extend(TRAFFIC_TARGETS);
-        let oldest = kernel.is_none_or(|k| k.name == KERNELS[0].name);
-        if oldest || self == Self::Datapath {
-            targets.extend(UPGRADE_TARGETS);
-        }
-        if in_vm && self == Self::Datapath {
+        targets.extend(UPGRADE_TARGETS);
+        if in_vm {
             targets.extend(IMAGE_TARGETS);
         }
         targets
@@ -270,23 +262,22 @@ fn run_everywhere(planned: Vec<PlannedRun>, args: &Args) -> Result<(bool, Vec<St
     let sizes = Sizes::new(args.full, args.fuzz_packets);
     let mut host_runs = Vec::new();
     let mut vms = Vec::new();
+    let mut guests_use_images = false;
     for (place, selection, binaries) in planned {
         match (place, binaries) {
-            (Place::Vm(kernel), Some(binaries)) => vms.push((kernel, binaries)),
+            (Place::Vm(kernel), Some(binaries)) => {
+                guests_use_images |= selection.uses_images();
+                vms.push((kernel, binaries));
+            }
             _ => host_runs.push((place, selection)),
         }
     }
-    // The VMs run beside this machine's tests (and the images' build): the
-    // lab tests here leave the cores idle for seven tenths of their twenty
-    // minutes, waiting on timeouts, agents and servers, and the guests'
-    // TCG takes what is idle. A guest that runs `agent_image` needs the
-    // images in its snapshot, so they come first then.
-    let guests_use_images = vms.iter().any(|(_, binaries)| {
-        binaries
-            .iter()
-            .any(|binary| binary.name == IMAGE_TARGETS[0])
-    });
-    let images_first = if guests_use_images && needs_images(args) {
+    // The VMs run beside this machine's tests: the lab tests here leave
+    // the cores idle for seven tenths of their twenty minutes, waiting on
+    // timeouts, agents and servers, and the guests' TCG takes what is idle.
+    // A guest that runs `agent_image` needs the images in its snapshot, so
+    // they come first then (otherwise they are built beside the VMs).
+    let images_first = if guests_use_images {
         Some(build_images()?)
     } else {
         None
@@ -360,7 +351,7 @@ fn run_here(
         built
     } else if runs.is_empty() {
         None
-    } else if needs_images(args) {
+    } else if runs.iter().any(|(_, selection)| selection.uses_images()) {
         Some(build_images()?)
     } else {
         println!("==> image: no test of this run uses it");
@@ -379,28 +370,6 @@ fn run_here(
         tallies.push((*place, run_tests(command, prefix)?));
     }
     Ok((suite_image.is_some(), tallies))
-}
-
-/// Whether a test this run selects uses the images: the agent's image
-/// (`bpf-tests/tests/agent_image.rs`, `xtask/tests/image.rs`) and the
-/// previous commit's, which the rolling update starts from. A run narrowed
-/// to other targets or packages goes without their minutes.
-fn needs_images(args: &Args) -> bool {
-    const USERS: [(&str, &str); 2] = [(SUITE_PACKAGE, "agent_image"), ("xtask", "image")];
-    if !args.tests.is_empty() {
-        return args
-            .tests
-            .iter()
-            .any(|test| USERS.iter().any(|(_, target)| target == test));
-    }
-    if let Some(suite) = args.suite {
-        return suite == Suite::Datapath;
-    }
-    args.packages.is_empty()
-        || args
-            .packages
-            .iter()
-            .any(|package| USERS.iter().any(|(user, _)| user == package))
 }
 
 /// Builds the agent's image from the tests' binaries, and the previous
@@ -465,6 +434,25 @@ impl Selection {
                 .map(String::from)
                 .collect(),
         }
+    }
+
+    /// Whether a test it selects uses the images: the agent's image
+    /// (`bpf-tests/tests/agent_image.rs`, `xtask/tests/image.rs`) and the
+    /// previous commit's, which the rolling update starts from. A run
+    /// narrowed to other targets or packages goes without their minutes.
+    fn uses_images(&self) -> bool {
+        const USERS: [(&str, &str); 2] = [(SUITE_PACKAGE, IMAGE_TARGETS[0]), ("xtask", "image")];
+        if !self.tests.is_empty() {
+            return self
+                .tests
+                .iter()
+                .any(|test| USERS.iter().any(|(_, target)| target == test));
+        }
+        self.packages.is_empty()
+            || self
+                .packages
+                .iter()
+                .any(|package| USERS.iter().any(|(user, _)| user == package))
     }
 
     fn cargo_args(&self) -> Vec<String> {
@@ -845,14 +833,13 @@ mod tests {
                 .chain(&POLICY_TARGETS)
                 .chain(&KERNEL_LAB_TARGETS)
                 .chain(&LAB_TARGETS)
-                .chain(&TRAFFIC_TARGETS);
+                .chain(&TRAFFIC_TARGETS)
+                .chain(&UPGRADE_TARGETS)
+                .chain(&IMAGE_TARGETS);
             for target in every {
                 assert!(runs(cargo_args, target), "{kernel}: {target} missing");
             }
-            assert!(!runs(cargo_args, IMAGE_TARGETS[0]), "the image in a VM");
         }
-        assert!(runs(&plan[1].1, UPGRADE_TARGETS[0]), "6.1: no upgrade");
-        assert!(!runs(&plan[2].1, UPGRADE_TARGETS[0]), "6.12: an upgrade");
     }
 
     #[test]
@@ -861,13 +848,37 @@ mod tests {
             tests: tests.iter().map(|t| (*t).to_owned()).collect(),
             ..args(&[], None, &[SUITE_PACKAGE])
         };
-        assert!(needs_images(&args(&[], None, &[])));
-        assert!(needs_images(&args(&[], None, &["xtask"])));
-        assert!(needs_images(&args(&["6.1"], Some(Suite::Datapath), &[])));
-        assert!(needs_images(&with_tests(&["routing", "agent_image"])));
-        assert!(!needs_images(&with_tests(&["routing", "security_groups"])));
-        assert!(!needs_images(&args(&["all"], Some(Suite::Matrix), &[])));
-        assert!(!needs_images(&args(&[], None, &["vpcnet-common"])));
+        // Whether each place of the run builds on the images.
+        let images_used = |args: &Args| -> Vec<bool> {
+            plan(args)
+                .unwrap()
+                .iter()
+                .map(|(_, selection)| selection.uses_images())
+                .collect()
+        };
+        assert_eq!(images_used(&args(&[], None, &[])), [true, true, true]);
+        assert_eq!(images_used(&args(&[], None, &["xtask"])), [true]);
+        assert_eq!(
+            images_used(&args(&["6.1"], Some(Suite::Datapath), &[])),
+            [true]
+        );
+        assert_eq!(
+            images_used(&args(&["host"], Some(Suite::Matrix), &[])),
+            [false]
+        );
+        assert_eq!(
+            images_used(&args(&["all"], Some(Suite::Matrix), &[])),
+            [false, true, true]
+        );
+        assert_eq!(
+            images_used(&with_tests(&["routing", "agent_image"])),
+            [true]
+        );
+        assert_eq!(
+            images_used(&with_tests(&["routing", "security_groups"])),
+            [false]
+        );
+        assert_eq!(images_used(&args(&[], None, &["vpcnet-common"])), [false]);
     }
 
     #[test]

@@ -221,7 +221,7 @@ impl Sizes {
 
 /// How long a lab's agent may take to print `READY` in a VM: there a
 /// first start's verifier took 45 s on 6.12 when this machine was busy,
-/// and release 1421fe5's start, `iptables -S` and all, more than 30 s.
+/// and an earlier release's start, `iptables -S` and all, more than 30 s.
 const VM_AGENT_READY_SECS: u32 = 300;
 
 /// The arm64 image: its cross build and its root filesystem's maintainer
