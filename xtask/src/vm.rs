@@ -22,7 +22,9 @@ use anyhow::{Context, Result, bail};
 use vpcnet_lab::moto::MOTO_VENV;
 
 pub use self::shares::BuildSnapshot;
-use self::shares::{CachedTree, cached_tree_options, cached_trees, mount_cached_trees};
+use self::shares::{
+    CachedTree, cached_tree_options, cached_trees, mount_cached_trees, private_lab_state,
+};
 use crate::{
     build::workspace_root,
     kernels::{Installed, Kernel},
@@ -158,6 +160,7 @@ fn guest_script(
         GUEST_MODULES.join(" ")
     );
     script.push_str(&mount_cached_trees(trees));
+    script.push_str(&private_lab_state());
     let _ = writeln!(
         script,
         "echo \"vm: kernel {} is $(uname -r)\"\nstatus=0",

@@ -77,7 +77,9 @@ const RUNC_ROOT: &str = "runc";
 const CRI_NAMESPACE: &str = image::CRI_CONTAINERD_NAMESPACE;
 /// Where containerd 1.6 puts shim sockets, whatever its state directory.
 const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
-/// libcni's cache of ADD results (containerd 1.6 cannot move it).
+/// libcni's cache (containerd 1.6 cannot move it).
+pub const CNI_CACHE_DIR: &str = "/var/lib/cni";
+/// libcni's cache of ADD results.
 const CNI_RESULTS_DIR: &str = "/var/lib/cni/results";
 
 /// How long containerd has to exit after SIGTERM before SIGKILL.
@@ -786,7 +788,7 @@ fn sweep_dirs(dirs: &ContainerdDirs) -> Vec<String> {
         SHIM_SOCKET_DIR,
         "/run/containerd",
         CNI_RESULTS_DIR,
-        "/var/lib/cni",
+        CNI_CACHE_DIR,
     ] {
         sweep::remove_if_empty(Path::new(dir));
     }

@@ -28,9 +28,9 @@ pub use client::{
     SandboxStatus, SandboxSummary,
 };
 pub use containerd::{
-    CONTAINERD_ROOT_DIR, CONTAINERD_SOCKET, CONTAINERD_STATE_DIR, Containerd, ContainerdDirs,
-    ContainerdOptions, DEBIAN_CNI_BIN_DIR, LABEL_NODE_AGENT, POD_CGROUP_PARENT, Snapshotter,
-    link_cni_plugins, teardown_leftovers, teardown_leftovers_in,
+    CNI_CACHE_DIR, CONTAINERD_ROOT_DIR, CONTAINERD_SOCKET, CONTAINERD_STATE_DIR, Containerd,
+    ContainerdDirs, ContainerdOptions, DEBIAN_CNI_BIN_DIR, LABEL_NODE_AGENT, POD_CGROUP_PARENT,
+    Snapshotter, link_cni_plugins, teardown_leftovers, teardown_leftovers_in,
 };
 pub use containers::{
     ContainerSpec, ContainerState, ContainerStatus, ExecResult, LABEL_CONTAINER_NAME, Mount,

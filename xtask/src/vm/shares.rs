@@ -1,6 +1,8 @@
 //! What the guest reads through 9p shares of its own besides virtme-ng's
 //! root share: the system's programs and libraries, and a snapshot of the
-//! workspace's build output, both cached by the guest.
+//! workspace's build output, both cached by the guest; and what of the
+//! root share it must not see: the lab's state this machine's tests write
+//! meanwhile.
 
 use std::{
     fmt::Write as _,
@@ -175,4 +177,95 @@ pub(super) fn mount_cached_trees(trees: &[CachedTree]) -> String {
         );
     }
     script
+}
+
+/// The guest script's lines that give the guest lab state of its own where
+/// virtme-ng's view of `/var` (a tmpfs overlay over this machine's) would
+/// show this machine's: the tests here, running beside the guest, write
+/// containerd's root and libcni's cache there, and a lab's teardown in the
+/// guest then finds (and cannot remove) another containerd's files. The
+/// rest of the lab's directory (the releases, moto's virtualenv, kubectl
+/// and helm) stays this machine's, read through bind mounts.
+pub(super) fn private_lab_state() -> String {
+    let containerd_root = Path::new(vpcnet_lab::cri::CONTAINERD_ROOT_DIR);
+    private_state(
+        containerd_root.parent().unwrap_or(containerd_root),
+        containerd_root,
+        Path::new(vpcnet_lab::cri::CNI_CACHE_DIR),
+    )
+}
+
+/// [`private_lab_state`]'s lines for `lab_dir`, whose `written` (a child)
+/// and `cache` the guest gets empty.
+fn private_state(lab_dir: &Path, written: &Path, cache: &Path) -> String {
+    let lab_dir = shell_word(&lab_dir.to_string_lossy());
+    let containerd = written
+        .file_name()
+        .map_or_else(String::new, |name| shell_word(&name.to_string_lossy()));
+    let cni_cache = shell_word(&cache.to_string_lossy());
+    format!(
+        r#"private_lab_state() {{
+    local host entry name
+    host=$(mktemp -d) && mount --bind {lab_dir} "$host" && mount -t tmpfs tmpfs {lab_dir} || return 1
+    for entry in "$host"/*; do
+        name=${{entry##*/}}
+        [ -e "$entry" ] && [ "$name" != {containerd} ] || continue
+        mkdir -p {lab_dir}/"$name" && mount --bind "$entry" {lab_dir}/"$name" || return 1
+    done
+    mkdir -p {cni_cache} && mount -t tmpfs tmpfs {cni_cache}
+}}
+private_lab_state || {{ echo "vm: cannot give the guest lab state of its own"; exit 1; }}
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, process::Command};
+
+    use super::private_state;
+
+    #[test]
+    fn the_guest_sees_the_lab_directory_but_what_the_tests_here_write_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let lab = dir.path().join("vpcnet-lab");
+        let cache = dir.path().join("cni");
+        for made in [
+            "releases",
+            "containerd",
+            "containerd/io.containerd.metadata.v1.bolt",
+        ] {
+            fs::create_dir_all(lab.join(made)).unwrap();
+        }
+        fs::write(lab.join("releases").join("vpcnet-agent"), "release").unwrap();
+        fs::create_dir_all(cache.join("results")).unwrap();
+        let fragment = private_state(&lab, &lab.join("containerd"), &cache);
+        // What a guest's lab then does: reads a release, makes containerd's
+        // root and libcni's cache, and removes them whole at its teardown.
+        let checks = format!(
+            "{fragment}\n\
+             cat {lab}/releases/vpcnet-agent && \
+             ! [ -e {lab}/containerd ] && ! [ -e {cache}/results ] && \
+             mkdir -p {lab}/containerd/x {cache}/results && \
+             rm -r {lab}/containerd {cache}/results && echo ' clean'",
+            lab = lab.display(),
+            cache = cache.display(),
+        );
+        // In a mount namespace of its own, as the guest's are its own.
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "bash", "-c", &checks])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "release clean\n",
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            lab.join("containerd/io.containerd.metadata.v1.bolt")
+                .is_dir(),
+            "this machine's containerd root is untouched"
+        );
+    }
 }
