@@ -7,7 +7,7 @@
 //! packet never leaves for the internet un-NATed: a pod's connection
 //! through a service whose backend is on the internet, its packets marked
 //! with vpcnet's default "decided" bit by a Calico-like rule, still leaves
-//! as the node.
+//! as the node, as it does through the iptables reference.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test marks -- --test-threads=1 --nocapture`.
@@ -18,10 +18,10 @@ use std::{
     time::Duration,
 };
 
-use vpcnet_bpf_tests::{agent_binary, lab_counter};
+use vpcnet_bpf_tests::{agent_binary, differential, lab_counter};
 use vpcnet_common::{config::MARK_DECIDED, counters::Counter};
 use vpcnet_lab::{
-    ClusterIpService, Lab, LabOptions, ServiceBackend, WhoamiServer, addrs, exec_ok,
+    ClusterIpService, Datapath, Lab, LabOptions, ServiceBackend, WhoamiServer, addrs, exec_ok,
     netns::netns_path, serial, tcp_whoami,
 };
 
@@ -54,9 +54,15 @@ fn settings_in_node(env: &[(&str, &str)]) -> (bool, String) {
     )
 }
 
-#[test]
-fn a_foreign_mark_is_refused_at_start_and_never_lets_a_pod_leave_un_natted() {
-    let _lab_slot = serial();
+/// A pod's connection through a service whose backend is the internet
+/// host, in a lab of `datapath`: what the host saw it as before and after
+/// a Calico-like rule marks every pod packet the node's stack sees with
+/// vpcnet's default "decided" bit, and, with vpcnet, how many packets its
+/// programs decided again. `with_rule` runs in the lab, the rule in place.
+fn through_a_marked_service(
+    datapath: LabOptions,
+    with_rule: impl FnOnce(),
+) -> (Option<Ipv4Addr>, Option<Ipv4Addr>, Option<u64>) {
     vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
     let options = LabOptions {
         cluster_ips: vec![ClusterIpService {
@@ -64,8 +70,9 @@ fn a_foreign_mark_is_refused_at_start_and_never_lets_a_pod_leave_un_natted() {
             addr: TO_INET,
             backend: ServiceBackend::Remote(SocketAddrV4::new(addrs::INET_ADDR, PORT)),
         }],
-        ..LabOptions::ebpf(1, agent_binary())
+        ..datapath
     };
+    let ebpf = options.datapath == Datapath::Ebpf;
     let lab = Lab::up(&options).unwrap_or_else(|e| panic!("bringing the lab up: {e}"));
     let inet = WhoamiServer::start(addrs::NS_INET, SocketAddrV4::new(addrs::INET_ADDR, PORT))
         .expect("whoami in inet");
@@ -75,9 +82,7 @@ fn a_foreign_mark_is_refused_at_start_and_never_lets_a_pod_leave_un_natted() {
             .expect("entering the pod")
             .map(|seen| *seen.ip())
     };
-    assert_eq!(through_service(), Some(addrs::NODE_PRIMARY_ADDR), "SNATed");
-    // Calico's policy marks, on vpcnet's default bit, on every pod packet
-    // the node's stack sees.
+    let unmarked = through_service();
     let decided = format!("{MARK_DECIDED:#x}/{MARK_DECIDED:#x}");
     exec_ok(
         addrs::NS_NODE,
@@ -100,24 +105,49 @@ fn a_foreign_mark_is_refused_at_start_and_never_lets_a_pod_leave_un_natted() {
         ],
     )
     .expect("a Calico-like mark rule");
-    let before = lab_counter(Counter::EgressDecidedRechecked);
-    let seen = through_service();
-    let rechecked = lab_counter(Counter::EgressDecidedRechecked) - before;
-    println!(
-        "through a service to the internet, its packets marked {MARK_DECIDED:#x} by another rule: seen as {seen:?}, {rechecked} packets decided again"
-    );
-    assert_eq!(seen, Some(addrs::NODE_PRIMARY_ADDR), "still SNATed");
-    assert!(rechecked > 0, "the foreign mark was seen and set aside");
-
-    let (started, said) = settings_in_node(&[]);
-    println!("vpcnet-agent settings with that rule: {said}");
-    assert!(!started, "the default bits are refused");
-    assert!(
-        said.contains("VPCNET_MARK_DECIDED=0x200000 is a bit Calico's rule uses"),
-        "{said}"
-    );
-    let (started, said) = settings_in_node(&MOVED);
-    assert!(started, "moved bits are taken: {said}");
+    let before = ebpf.then(|| lab_counter(Counter::EgressDecidedRechecked));
+    let marked = through_service();
+    let rechecked = before.map(|before| lab_counter(Counter::EgressDecidedRechecked) - before);
+    with_rule();
     drop(inet);
     lab.down().expect("taking the lab down");
+    (unmarked, marked, rechecked)
+}
+
+#[test]
+fn a_foreign_mark_is_refused_at_start_and_never_lets_a_pod_leave_un_natted() {
+    let _lab_slot = serial();
+    let reference =
+        differential::reference_half(|| through_a_marked_service(LabOptions::iptables(1), || {}));
+    let (unmarked, marked, rechecked) =
+        through_a_marked_service(LabOptions::ebpf(1, agent_binary()), || {
+            let (started, said) = settings_in_node(&[]);
+            println!("vpcnet-agent settings with that rule: {said}");
+            assert!(!started, "the default bits are refused");
+            assert!(
+                said.contains("VPCNET_MARK_DECIDED=0x200000 is a bit Calico's rule uses"),
+                "{said}"
+            );
+            let (started, said) = settings_in_node(&MOVED);
+            assert!(started, "moved bits are taken: {said}");
+        });
+    println!(
+        "through a service to the internet, seen as (unmarked, marked {MARK_DECIDED:#x} by another rule):"
+    );
+    if let Some((unmarked, marked, _)) = reference {
+        println!("iptables: {unmarked:?}, {marked:?}");
+        assert_eq!(
+            (unmarked, marked),
+            (
+                Some(addrs::NODE_PRIMARY_ADDR),
+                Some(addrs::NODE_PRIMARY_ADDR)
+            ),
+            "the iptables reference SNATs, marked or not"
+        );
+    }
+    let rechecked = rechecked.unwrap_or_default();
+    println!("vpcnet:   {unmarked:?}, {marked:?}; {rechecked} packets decided again");
+    assert_eq!(unmarked, Some(addrs::NODE_PRIMARY_ADDR), "SNATed");
+    assert_eq!(marked, Some(addrs::NODE_PRIMARY_ADDR), "still SNATed");
+    assert!(rechecked > 0, "the foreign mark was seen and set aside");
 }
