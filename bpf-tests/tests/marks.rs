@@ -145,7 +145,7 @@ fn a_foreign_mark_is_refused_at_start_and_never_lets_a_pod_leave_un_natted() {
             "the iptables reference SNATs, marked or not"
         );
     }
-    let rechecked = rechecked.unwrap_or_default();
+    let rechecked = rechecked.expect("vpcnet's lab counts the packets it decided again");
     println!("vpcnet:   {unmarked:?}, {marked:?}; {rechecked} packets decided again");
     assert_eq!(unmarked, Some(addrs::NODE_PRIMARY_ADDR), "SNATed");
     assert_eq!(marked, Some(addrs::NODE_PRIMARY_ADDR), "still SNATed");

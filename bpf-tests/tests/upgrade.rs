@@ -26,20 +26,13 @@ use vpcnet_common::{
     maps::{self as names, PIN_DIR},
     raw_to_port,
 };
-use vpcnet_lab::{
-    Lab, addrs,
-    releases::{FIRST_ON_6_1, Release},
-    serial,
-};
+use vpcnet_lab::{Lab, addrs, releases::FIRST_ON_6_1, serial};
 
 const PORT: u16 = 8080;
 /// Echoes each connection completes in each phase.
 const ECHOES: u64 = 100;
 /// How long a connection may take to show it survived the downgrade.
 const DOWNGRADE_PATIENCE: Duration = Duration::from_secs(10);
-
-/// The release a node runs.
-const RELEASE: Release = FIRST_ON_6_1;
 
 /// The SNAT ports of `pod`'s flows in the NAT map pinned at `pin` (of
 /// whichever layout: the release's entries are narrower).
@@ -81,7 +74,7 @@ fn versioned_nat_pin() -> std::path::PathBuf {
 #[allow(clippy::too_many_lines, reason = "one story, told in order")]
 #[test]
 fn an_upgrade_from_the_release_nodes_run_breaks_no_flow_and_keeps_each_snat_port() {
-    let release = RELEASE;
+    let release = FIRST_ON_6_1;
     assert!(
         release.agent().is_file() && release.cni_plugin().is_file(),
         "release {} is not built at {}: `cargo xtask setup` builds it",

@@ -190,18 +190,19 @@ pub(super) fn private_lab_state() -> String {
     let containerd_root = Path::new(vpcnet_lab::cri::CONTAINERD_ROOT_DIR);
     private_state(
         containerd_root.parent().unwrap_or(containerd_root),
-        containerd_root,
+        &containerd_root
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy(),
         Path::new(vpcnet_lab::cri::CNI_CACHE_DIR),
     )
 }
 
-/// [`private_lab_state`]'s lines for `lab_dir`, whose `written` (a child)
-/// and `cache` the guest gets empty.
-fn private_state(lab_dir: &Path, written: &Path, cache: &Path) -> String {
+/// [`private_lab_state`]'s lines for `lab_dir`, whose child `written` and
+/// `cache` the guest gets empty.
+fn private_state(lab_dir: &Path, written: &str, cache: &Path) -> String {
     let lab_dir = shell_word(&lab_dir.to_string_lossy());
-    let containerd = written
-        .file_name()
-        .map_or_else(String::new, |name| shell_word(&name.to_string_lossy()));
+    let containerd = shell_word(written);
     let cni_cache = shell_word(&cache.to_string_lossy());
     format!(
         r#"private_lab_state() {{
@@ -239,7 +240,7 @@ mod tests {
         }
         fs::write(lab.join("releases").join("vpcnet-agent"), "release").unwrap();
         fs::create_dir_all(cache.join("results")).unwrap();
-        let fragment = private_state(&lab, &lab.join("containerd"), &cache);
+        let fragment = private_state(&lab, "containerd", &cache);
         // What a guest's lab then does: reads a release, makes containerd's
         // root and libcni's cache, and removes them whole at its teardown.
         let checks = format!(
