@@ -7,6 +7,10 @@ use std::{
     ops::Range,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
     time::{Duration, Instant},
 };
 
@@ -165,6 +169,94 @@ pub fn syn_flood_watching(
     report.max_flows = report.max_flows.max(entries()?);
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// A flood that goes on while something else happens.
+pub struct OngoingFlood {
+    pub source_addr: Ipv4Addr,
+    /// Source ports it cycles through: a range wider than the table, so
+    /// each port's earlier flow is gone when it comes round again.
+    pub ports: Range<u16>,
+    pub destination: SocketAddrV4,
+    pub per_second: u32,
+    /// The longest it lasts if nothing stops it.
+    pub longest: Duration,
+}
+
+/// Runs `work` while `flood`'s SYNs go out through `sender` from another
+/// thread, and stops the flood when `work` returns (or panics). `work`
+/// gets a function that waits until `every` more SYNs have been sent,
+/// so that each of its steps happens in the flood.
+///
+/// # Errors
+/// A SYN could not be sent.
+///
+/// # Panics
+/// When the flood sends no `every` SYNs within `flood.longest`.
+pub fn while_flooding(
+    sender: &RawSender,
+    flood: &OngoingFlood,
+    every: usize,
+    work: impl FnOnce(&dyn Fn()),
+) -> Result<FloodReport> {
+    let stop = AtomicBool::new(false);
+    let (progress, more_sent) = mpsc::channel();
+    std::thread::scope(|scope| {
+        let flooding = scope.spawn(|| {
+            syn_flood_until(sender, flood, &stop, |sent| {
+                if sent % every == 0 {
+                    // The receiver is gone once `work` has returned.
+                    let _ = progress.send(());
+                }
+            })
+        });
+        let stop_flood = StopOnDrop(&stop);
+        work(&|| {
+            more_sent
+                .recv_timeout(flood.longest)
+                .expect("the flood sent no more SYNs");
+        });
+        drop(stop_flood);
+        flooding.join().expect("the flood's thread")
+    })
+}
+
+/// Sends `flood`'s SYNs through `sender` until `stop` is set or
+/// `flood.longest` has passed, calling `sent` with the count after each.
+/// Whether it was stopped, not timed out, is `elapsed < longest`.
+fn syn_flood_until(
+    sender: &RawSender,
+    flood: &OngoingFlood,
+    stop: &AtomicBool,
+    sent: impl Fn(usize),
+) -> Result<FloodReport> {
+    let started = Instant::now();
+    let mut report = FloodReport::default();
+    let interval = Duration::from_secs(1) / flood.per_second;
+    for (count, port) in (0_u32..).zip(flood.ports.clone().cycle()) {
+        if stop.load(Ordering::Relaxed) || started.elapsed() >= flood.longest {
+            break;
+        }
+        // Pacing, not synchronisation: the flood's own rate.
+        std::thread::sleep((interval * count).saturating_sub(started.elapsed()));
+        sender.syn(
+            SocketAddrV4::new(flood.source_addr, port),
+            flood.destination,
+        )?;
+        report.sent += 1;
+        sent(report.sent);
+    }
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// Sets its flag when dropped: stops a flood however its work ends.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// How many flows the lab agent's NAT table holds now (forward entries).

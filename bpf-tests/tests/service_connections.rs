@@ -9,10 +9,13 @@
 //! would reset the connection. (A client speaking first would teach the
 //! map the flow again on its way through the stack.)
 //!
-//! A SYN flood from outside the VPC at the node port, four times what the
-//! stack flows map holds, never stops a pod's service connections either:
-//! the flood's flows, never answered, make room for new ones (conntrack's
-//! early drop), as they do in the iptables reference's conntrack.
+//! A SYN flood from outside the VPC at the node port never stops a pod's
+//! service connections either, whatever its size: four times what the
+//! stack flows map holds fills it, and the flood going on meanwhile (a
+//! map's worth of new flows before each step, for as long as it takes)
+//! neither stops the established connections nor keeps new ones out. The flood's flows, never answered, make room for new ones
+//! (conntrack's early drop), as they do in the iptables reference's
+//! conntrack.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test service_connections -- --test-threads=1 --nocapture`.
@@ -24,7 +27,10 @@ use std::{
 
 use vpcnet_bpf_tests::{
     agent_binary, differential,
-    flood::{RawSender, drop_answers_on_prem, stack_flow_entries, syn_flood_watching},
+    flood::{
+        OngoingFlood, RawSender, drop_answers_on_prem, stack_flow_entries, syn_flood_watching,
+        while_flooding,
+    },
     idle::{IdleConnection, listen},
     lab_counter,
 };
@@ -142,6 +148,14 @@ fn idle_service_connections_outlive_twice_the_stack_flows_capacity_of_newer_flow
 const FLOOD: u16 = 2 * STACK_FLOW_ENTRIES;
 /// Source ports of the flood (none of them a socket of the flooding host).
 const FLOOD_PORTS: u16 = 20000;
+/// Source ports of the flood that goes on while the connections are
+/// used: none of the first flood's, so each of its SYNs is a new flow.
+const ONGOING_PORTS: u16 = FLOOD_PORTS + FLOOD;
+/// SYNs a second of the ongoing flood: the map's flows five times over
+/// each second.
+const ONGOING_PER_SECOND: u32 = 5 * STACK_FLOW_ENTRIES as u32;
+/// The longest the ongoing flood lasts if nothing stops it.
+const ONGOING_LONGEST: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_syn_flood_at_the_node_port_never_keeps_service_connections_out() {
@@ -165,8 +179,9 @@ fn a_syn_flood_at_the_node_port_never_keeps_service_connections_out() {
 
 /// Brings up `options`' node, opens a connection through each service,
 /// floods the node port from on-prem with SYNs whose answers on-prem
-/// drops (as a spoofed flood's are never acknowledged), then exchanges on
-/// the established connections and opens new ones through each service.
+/// drops (as a spoofed flood's are never acknowledged) until its map is
+/// full, then, the flood going on, exchanges on the established
+/// connections and opens new ones through each service.
 fn flooded(options: &LabOptions) -> Vec<(String, Result<(), String>)> {
     vpcnet_lab::down_all().expect("removing a lab left by an earlier run");
     let lab = Lab::up(options).unwrap_or_else(|e| panic!("bringing the lab up: {e}"));
@@ -189,7 +204,7 @@ fn flooded(options: &LabOptions) -> Vec<(String, Result<(), String>)> {
         .zip(&backends)
         .map(|((name, ns, to), backend)| IdleConnection::open(name, ns, *to, backend))
         .collect();
-    drop_answers_on_prem(addrs::NODE_PORT, FLOOD_PORTS..FLOOD_PORTS + FLOOD)
+    drop_answers_on_prem(addrs::NODE_PORT, FLOOD_PORTS..ONGOING_PORTS + FLOOD)
         .expect("on-prem drops the flood's answers");
     let sender = RawSender::open(addrs::NS_ONPREM).expect("a raw socket on-prem");
     let entries: fn() -> anyhow::Result<usize> = match options.datapath {
@@ -216,22 +231,64 @@ fn flooded(options: &LabOptions) -> Vec<(String, Result<(), String>)> {
         );
         outcomes.push((
             "the flood's flows made room".to_owned(),
-            (lab_counter(Counter::StackFlowEarlyDrop) > 0)
-                .then_some(())
-                .ok_or_else(|| "no early drop".to_owned()),
+            made_room(lab_counter(Counter::StackFlowEarlyDrop)),
         ));
     }
-    for connection in &mut established {
+    let ebpf = options.datapath == Datapath::Ebpf;
+    let early_drops_before = ebpf.then(|| lab_counter(Counter::StackFlowEarlyDrop));
+    let ongoing_flood = OngoingFlood {
+        source_addr: addrs::ONPREM_ADDR,
+        ports: ONGOING_PORTS..ONGOING_PORTS + FLOOD,
+        destination: node_port,
+        per_second: ONGOING_PER_SECOND,
+        longest: ONGOING_LONGEST,
+    };
+    // Each step waits for a map's worth of new flows: every entry there
+    // was replaced since the step before.
+    let maps_worth = usize::from(STACK_FLOW_ENTRIES);
+    let ongoing = while_flooding(&sender, &ongoing_flood, maps_worth, |another_maps_worth| {
+        another_maps_worth();
+        for connection in &mut established {
+            outcomes.push((
+                format!("{}, established before", connection.name),
+                connection.exchange("in the flood"),
+            ));
+        }
+        another_maps_worth();
+        for ((name, ns, to), backend) in services.iter().zip(&backends) {
+            let mut fresh = IdleConnection::open(name, ns, *to, backend);
+            outcomes.push((format!("{name}, new"), fresh.exchange("new")));
+        }
+        another_maps_worth();
+    })
+    .expect("the ongoing flood");
+    println!(
+        "{} more SYNs at the node port in {:.1} s while the connections were used",
+        ongoing.sent,
+        ongoing.elapsed.as_secs_f64()
+    );
+    outcomes.push((
+        "the flood went on throughout".to_owned(),
+        (ongoing.elapsed < ONGOING_LONGEST && ongoing.sent >= 3 * maps_worth)
+            .then_some(())
+            .ok_or_else(|| format!("{ongoing:?}")),
+    ));
+    if let Some(before) = early_drops_before {
+        let early_drops = lab_counter(Counter::StackFlowEarlyDrop) - before;
+        println!("early drops meanwhile {early_drops}");
         outcomes.push((
-            format!("{}, established before", connection.name),
-            connection.exchange("after the flood"),
+            "the ongoing flood's flows made room".to_owned(),
+            made_room(early_drops),
         ));
-    }
-    for ((name, ns, to), backend) in services.iter().zip(&backends) {
-        let mut fresh = IdleConnection::open(name, ns, *to, backend);
-        outcomes.push((format!("{name}, new"), fresh.exchange("new")));
     }
     drop(established);
     lab.down().expect("taking the lab down");
     outcomes
+}
+
+/// Whether `early_drops` flows of a flood gave way to newer ones.
+fn made_room(early_drops: u64) -> Result<(), String> {
+    (early_drops > 0)
+        .then_some(())
+        .ok_or_else(|| "no early drop".to_owned())
 }
