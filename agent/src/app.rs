@@ -229,8 +229,16 @@ async fn run_node(
         excluded: snat.exclude_snat_cidrs.clone(),
         services: service_cidrs.clone(),
     });
-    let datapath =
-        start_datapath(pin_dir, args, &snat, &node, &cidr_classes.get(), &netlink).await?;
+    let datapath = start_datapath(
+        pin_dir,
+        args,
+        &snat,
+        &node,
+        &cidr_classes.get(),
+        policy.as_ref().map_or(0, PolicySettings::config_flags),
+        &netlink,
+    )
+    .await?;
     let mut parts = Parts {
         args,
         datapath: Arc::new(Mutex::new(datapath)),
@@ -293,10 +301,14 @@ async fn run_node(
         &shutdown_rx,
         &mut parts.tasks,
     )?;
+    // Before READY: a SIGTERM right after it is a shutdown, never the
+    // default action's exit half-way.
+    let stop = StopSignals::register()?;
     if args.notify_ready {
         notify_ready()?;
     }
     let result = collect_until_stopped(
+        stop,
         pin_dir,
         Duration::from_secs(args.gc_interval.max(1)),
         &collector,
@@ -479,6 +491,7 @@ impl Parts<'_> {
             let text = install::render_conflist(conflist)?;
             let path = install::write_conflist(dir, &text)?;
             info!(conflist = %path.display(), "CNI configuration written");
+            vpcnet_agent::crash_points::step("vpcnet's conflist written");
             if takeover::set_aside_aws_conflist(dir)? {
                 info!(
                     set_aside = takeover::AWS_CONFLIST_SET_ASIDE,
@@ -654,6 +667,7 @@ async fn start_datapath(
     snat: &SnatSettings,
     node: &NodeFacts,
     cidr_classes: &CidrClasses,
+    policy_flags: u32,
     netlink: &NetlinkHandle,
 ) -> Result<Datapath> {
     let mut datapath = Datapath::load(&LoadOptions {
@@ -671,6 +685,7 @@ async fn start_datapath(
         snat,
         cidr_classes,
         layout: args.layout.as_deref(),
+        policy_flags,
     };
     bring_up(&mut datapath, netlink, &plan).await?;
     Ok(datapath)
@@ -805,18 +820,38 @@ where
     }
 }
 
-/// Collects garbage until SIGTERM or SIGINT.
+/// SIGTERM (the kubelet's) and SIGINT, caught from their registration on.
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn register() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn received(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
+}
+
+/// Collects garbage until `stop` is received.
 async fn collect_until_stopped(
+    stop: StopSignals,
     pin_dir: &Path,
     gc_interval: Duration,
     report: &Arc<Mutex<CollectorReport>>,
 ) -> Result<()> {
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let collector = gc::Collector::start(pin_dir, gc_interval, report)?;
-    tokio::select! {
-        _ = sigterm.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    stop.received().await;
     collector.stop().await;
     info!("stopping: programs stay attached and maps pinned for the next agent");
     Ok(())

@@ -36,6 +36,9 @@ pub struct BringUp<'a> {
     pub cidr_classes: &'a CidrClasses,
     /// The node's ENIs and pods, `--layout`'s.
     pub layout: Option<&'a Path>,
+    /// The configuration flags network policy sets once this start has
+    /// listed the policies (`PolicySettings::config_flags`; 0 without it).
+    pub policy_flags: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,14 +76,24 @@ pub async fn bring_up(
     netlink: &NetlinkHandle,
     node: &BringUp<'_>,
 ) -> Result<(), BringUpError> {
+    let earlier = datapath.maps.config().ok();
     // Keep the hash key of a previous run so hashrandom ports stay stable.
-    let seed = match datapath.maps.config() {
-        Ok(old) if old.hash_seed != 0 => old.hash_seed,
+    let seed = match earlier {
+        Some(old) if old.hash_seed != 0 => old.hash_seed,
         _ => random_seed().map_err(BringUpError::Seed)?,
     };
-    datapath
-        .maps
-        .set_config(&node.snat.datapath_config(node.node_addr, seed))?;
+    let mut config = node.snat.datapath_config(node.node_addr, seed);
+    if let Some(earlier) = earlier {
+        // What this start writes only later (the primary ENI's link with
+        // its entry, network policy's flags once the policies are listed)
+        // stays as the earlier start left it. Cleared meanwhile, a pod's
+        // packets to the internet would go through the stack, whose
+        // conntrack may translate them as it did before a take-over, and
+        // its policies would go unenforced.
+        config.primary_ifindex = earlier.primary_ifindex;
+        config.flags |= earlier.flags & node.policy_flags;
+    }
+    datapath.maps.set_config(&config)?;
     sync_timeouts(&mut datapath.maps)?;
     node.cidr_classes
         .write(datapath)

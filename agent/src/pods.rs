@@ -605,7 +605,8 @@ impl Pods {
     }
 
     /// Adopts the pods another CNI (aws-node) wired, first step: every
-    /// address held with no datapath entry whose pod's veth (named by the
+    /// address held with no datapath entry, or one whose veth lacks its
+    /// programs (a start killed half-way), whose pod's veth (named by the
     /// VPC CNI's rule from the checkpoint's pod name) exists gets its
     /// entry, its MAC read from the veth's peer. Replies then go straight
     /// into the pod, while what the pod sends still goes through the stack
@@ -618,14 +619,23 @@ impl Pods {
         let _op = self.inner.ops.lock().await;
         let (mut adopted, mut failed) = self.adopt_branch_pods(branch_pods).await?;
         for (assigned, eni_mac) in self.inner.manager.assignments().await {
-            if self.datapath().maps.endpoint(assigned.addr)?.is_some() {
-                continue;
-            }
             let veth = vpcnet_api::pod::host_veth_name(
                 &self.inner.opts.veth_prefix,
                 &assigned.metadata.k8s_pod_namespace,
                 &assigned.metadata.k8s_pod_name,
             );
+            // A pod with its entry but not its programs is one an earlier
+            // start was adopting when it died: adopted again, whole.
+            let in_datapath = {
+                let datapath = self.datapath();
+                datapath
+                    .maps
+                    .endpoint(assigned.addr)?
+                    .is_some_and(|entry| datapath.is_attached(entry.ifindex))
+            };
+            if in_datapath {
+                continue;
+            }
             let Some(pod_mac) = self.inner.netlink.peer_mac(&veth).await? else {
                 debug!(addr = %assigned.addr, veth, "no veth to adopt");
                 continue;

@@ -22,6 +22,11 @@
 //!    1, and step 2 tracked the connections policy let through.
 //! 5. aws-node's conflist is set aside, so the runtime picks vpcnet's.
 //!
+//! Every step can be taken again: a start killed half-way (a crash, the
+//! OOM killer) leaves the next one what is left to do. A pod with its
+//! entry but not its programs is adopted again from step 1, and step 4
+//! takes aws-node's rules of every pod the datapath has whole.
+//!
 //! Branch-ENI pods (security groups for pods) are in no checkpoint: their
 //! wiring tells them ([`vpc_cni_branch_pods`]: each `vlan.eth.<id>`, its
 //! VLAN table, the pod's route or rule 1536 there). In step 1 each also
@@ -41,7 +46,7 @@ pub mod iptables;
 pub mod network_policy;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     path::{Path, PathBuf},
     process::Command,
@@ -69,6 +74,7 @@ use vpcnet_common::{
 use vpcnet_netlink::{MacAddr, NetlinkError, NetlinkHandle, route::Ipv4Route, rule::Ipv4Rule};
 
 use crate::{
+    crash_points,
     datapath::{Datapath, DatapathError, DatapathMaps, remove_pins},
     install::CONFLIST_NAME,
     ipam::checkpoint::{Checkpoint, CheckpointError},
@@ -152,11 +158,25 @@ pub(super) fn run(program: &str, args: &[&str]) -> Result<String, TakeOverError>
 /// The iptables tables ipamd writes to.
 const TABLES: [&str; 2] = ["nat", "mangle"];
 
-/// Whether ipamd's chains are on this node.
-pub fn vpc_cni_chains_present() -> Result<bool, TakeOverError> {
-    Ok(run(iptables::program(), &["-w", "-t", "nat", "-S"])?
-        .lines()
-        .any(|line| line.starts_with(&format!("-N {}", vpc_cni::CHAIN_PREFIX))))
+/// Whether any of ipamd's iptables rules or chains is on this node: a
+/// take-over killed half-way through removing them may have left only the
+/// connmark rules, with no chain.
+pub fn vpc_cni_iptables_present() -> Result<bool, TakeOverError> {
+    for table in TABLES {
+        let listing = run(iptables::program(), &["-w", "-t", table, "-S"])?;
+        let present = listing.lines().any(|line| {
+            let args = vpc_cni::split_iptables_line(line);
+            match args.first().map(String::as_str) {
+                Some("-N") => args[1].starts_with(vpc_cni::CHAIN_PREFIX),
+                Some("-A") => vpc_cni::is_vpc_cni_rule(&args),
+                _ => false,
+            }
+        });
+        if present {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Removes ipamd's iptables rules and chains (`AWS-SNAT-CHAIN-*`,
@@ -182,6 +202,7 @@ pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
                     delete.extend(args[1..].iter().map(String::as_str));
                     run(iptables::program(), &delete)?;
                     debug!(table, rule = line, "aws-node's rule removed");
+                    crash_points::step("take-over: an aws-node iptables rule removed");
                     removed += 1;
                 }
                 _ => {}
@@ -190,9 +211,11 @@ pub fn remove_vpc_cni_iptables() -> Result<usize, TakeOverError> {
         // Flushed first, all of them: one may jump to another.
         for chain in &chains {
             run(iptables::program(), &["-w", "-t", table, "-F", chain])?;
+            crash_points::step("take-over: an aws-node iptables chain flushed");
         }
         for chain in &chains {
             run(iptables::program(), &["-w", "-t", table, "-X", chain])?;
+            crash_points::step("take-over: an aws-node iptables chain removed");
             removed += 1;
         }
     }
@@ -449,25 +472,15 @@ pub async fn take_over(
     aws_policy: Option<&Path>,
 ) -> Result<TakeOver, TakeOverError> {
     let lock = || datapath.lock().unwrap_or_else(PoisonError::into_inner);
-    // A strict pod keeps its VLAN table after the take-over: one the
-    // datapath has is not aws-node's any more.
-    let mut branch_pods = vpc_cni_branch_pods(netlink).await?;
-    for pod in std::mem::take(&mut branch_pods) {
-        if lock().maps.endpoint(pod.addr)?.is_none() {
-            branch_pods.push(pod);
-        }
-    }
-    let candidates: BTreeSet<Ipv4Addr> = pods
-        .attachments()
-        .await?
-        .into_iter()
-        .filter(|pod| pod.host_veth.is_none())
-        .map(|pod| pod.addr)
-        .chain(branch_pods.iter().map(|pod| pod.addr))
-        .collect();
-    let chains = vpc_cni_chains_present()?;
+    let PodsToTake {
+        all_branch_pods,
+        already,
+        branch_pods,
+        candidates,
+    } = pods_to_take(pods, datapath, netlink).await?;
+    let iptables_left = vpc_cni_iptables_present()?;
     let mut report = TakeOver::default();
-    if candidates.is_empty() && !chains {
+    if candidates.is_empty() && !iptables_left {
         return Ok(report);
     }
     // What policy let through is tracked before the entries, which make
@@ -478,16 +491,21 @@ pub async fn take_over(
         &conntrack_connections()?,
         aws_policy,
     )?;
+    crash_points::step("take-over: the connections policy let through tracked");
     // Entries first: replies go straight into the pods from then on,
     // never rewritten by a claim and handed to a stack that knows nothing
     // of it. Then the claims, then the programs.
     let (adoptees, entry_failures) = pods.adopt(&branch_pods).await?;
+    crash_points::step("take-over: the pods' entries written");
     let mut imported = Vec::new();
     if !candidates.is_empty() {
         match conntrack_connections()
             .and_then(|connections| import_flows(&mut lock().maps, &candidates, &connections))
         {
-            Ok(imports) => imported.push(imports),
+            Ok(imports) => {
+                imported.push(imports);
+                crash_points::step("take-over: the translated connections imported");
+            }
             Err(e) => {
                 // Without the connections the pods would lose them: they
                 // stay on aws-node's wiring, whole.
@@ -501,17 +519,29 @@ pub async fn take_over(
     let failed = entry_failures + attach_failures;
     report.adopted = adopted.len();
     report.not_adopted = failed;
-    if !adopted.is_empty() {
+    // Every pod in the datapath now, with those an earlier start adopted
+    // before it was killed: their stack aliases, aws-node's rules and
+    // filters go too.
+    let in_datapath: BTreeMap<Ipv4Addr, &str> = adoptees
+        .iter()
+        .filter(|pod| adopted.contains(&pod.addr))
+        .map(|pod| (pod.addr, pod.host_veth.as_str()))
+        .chain(already.iter().map(|(addr, veth)| (*addr, veth.as_str())))
+        .collect();
+    let in_datapath_addrs: BTreeSet<Ipv4Addr> = in_datapath.keys().copied().collect();
+    if !in_datapath.is_empty() {
         // Connections opened between the first import and the programs.
         let second = conntrack_connections().and_then(|connections| {
-            let imports = import_flows(&mut lock().maps, &adopted, &connections)?;
-            let tracked = track_policy_flows(&lock().maps, &adopted, &connections, aws_policy)?;
+            let pods = &in_datapath_addrs;
+            let imports = import_flows(&mut lock().maps, pods, &connections)?;
+            let tracked = track_policy_flows(&lock().maps, pods, &connections, aws_policy)?;
             Ok((imports, tracked))
         });
         match second {
             Ok((imports, tracked)) => {
                 imported.push(imports);
                 report.policy_flows += tracked;
+                crash_points::step("take-over: the connections opened meanwhile imported");
             }
             Err(e) => warn!(error = %e, "importing the connections opened during the take-over"),
         }
@@ -523,20 +553,85 @@ pub async fn take_over(
     }
     if aws_policy.is_some() {
         // The adopted pods' programs judge them now, with their policies.
-        for pod in adoptees.iter().filter(|pod| adopted.contains(&pod.addr)) {
-            report.policy_filters_removed += network_policy::detach_filters(&pod.host_veth);
+        for veth in in_datapath.values() {
+            report.policy_filters_removed += network_policy::detach_filters(veth);
+            crash_points::step("take-over: a pod's policy filters removed");
         }
     }
-    let adopted_branch: Vec<BranchPodWiring> = branch_pods
+    let branch_in_datapath: Vec<BranchPodWiring> = all_branch_pods
         .into_iter()
-        .filter(|pod| adopted.contains(&pod.addr))
+        .filter(|pod| in_datapath.contains_key(&pod.addr))
         .collect();
-    report.ip_rules_removed =
-        remove_vpc_cni_rules(netlink, &adopted, &adopted_branch, connmark, failed == 0).await?;
-    if failed == 0 && chains {
+    report.ip_rules_removed = remove_vpc_cni_rules(
+        netlink,
+        &in_datapath_addrs,
+        &branch_in_datapath,
+        connmark,
+        failed == 0,
+    )
+    .await?;
+    crash_points::step("take-over: aws-node's ip rules removed");
+    if failed == 0 && iptables_left {
         report.iptables_removed = remove_vpc_cni_iptables()?;
     }
     Ok(report)
+}
+
+/// The node's pods as a take-over finds them.
+struct PodsToTake {
+    /// aws-node's branch-ENI pods, read from their wiring.
+    all_branch_pods: Vec<BranchPodWiring>,
+    /// Those an earlier start took over whole (entry and programs), with
+    /// their host veths.
+    already: BTreeMap<Ipv4Addr, String>,
+    /// Branch pods to adopt.
+    branch_pods: Vec<BranchPodWiring>,
+    /// Every pod to adopt: those with no entry, and those a start killed
+    /// half-way left with an entry but not their programs.
+    candidates: BTreeSet<Ipv4Addr>,
+}
+
+async fn pods_to_take(
+    pods: &Pods,
+    datapath: &Mutex<Datapath>,
+    netlink: &NetlinkHandle,
+) -> Result<PodsToTake, TakeOverError> {
+    let in_datapath = |addr: Ipv4Addr| -> Result<bool, TakeOverError> {
+        let datapath = datapath.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(datapath
+            .maps
+            .endpoint(addr)?
+            .is_some_and(|entry| datapath.is_attached(entry.ifindex)))
+    };
+    // A strict pod keeps its VLAN table after the take-over: one the
+    // datapath has is not aws-node's any more.
+    let all_branch_pods = vpc_cni_branch_pods(netlink).await?;
+    let (mut already, mut branch_pods) = (BTreeMap::new(), Vec::new());
+    for pod in &all_branch_pods {
+        if in_datapath(pod.addr)? {
+            already.insert(pod.addr, pod.host_veth.clone());
+        } else {
+            branch_pods.push(pod.clone());
+        }
+    }
+    let mut candidates = BTreeSet::new();
+    for pod in pods.attachments().await? {
+        match pod.host_veth {
+            Some(veth) if in_datapath(pod.addr)? => {
+                already.insert(pod.addr, veth);
+            }
+            _ => {
+                candidates.insert(pod.addr);
+            }
+        }
+    }
+    candidates.extend(branch_pods.iter().map(|pod| pod.addr));
+    Ok(PodsToTake {
+        all_branch_pods,
+        already,
+        branch_pods,
+        candidates,
+    })
 }
 
 /// What `vpcnet-agent uninstall` works from.

@@ -5,6 +5,7 @@
 pub mod aws_node_wiring;
 pub mod aws_policy_agent;
 pub mod bulk;
+pub mod crashes;
 pub mod cri;
 pub mod differential;
 pub mod echo;

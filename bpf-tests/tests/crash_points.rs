@@ -15,14 +15,16 @@
 //! It runs with the kernel's attach mode and with clsact filters forced.
 
 use vpcnet_agent::{
-    crash_points::{ENV_CRASH_AT, KILLED_HERE},
+    crash_points::ENV_CRASH_AT,
     datapath::{AttachMode, tc::ENV_TC_ATTACH},
 };
 use vpcnet_bpf_tests::{
-    agent_binary, echo::NodeConnections, hooks::hook_programs, pinned_nat_table,
+    agent_binary,
+    crashes::{killed_itself, one_program_per_hook},
+    echo::NodeConnections,
+    pinned_nat_table,
 };
-use vpcnet_common::maps as names;
-use vpcnet_lab::{Lab, LabOptions, addrs, agent_log_file, serial};
+use vpcnet_lab::{Lab, LabOptions, serial};
 
 const PORT: u16 = 8081;
 /// Echoes each connection must complete after each round.
@@ -31,51 +33,6 @@ const ECHOES: u64 = 50;
 const NAT_SIZES: [u32; 2] = [65_536, 131_072];
 /// More steps than a start and a shutdown have: the rounds are bounded.
 const MAX_ROUNDS: u32 = 80;
-
-/// Whether the log of the agent started last (each start begins it anew)
-/// says it killed itself.
-fn killed_itself() -> bool {
-    std::fs::read_to_string(agent_log_file())
-        .unwrap_or_default()
-        .contains(KILLED_HERE)
-}
-
-/// Every hook of the node's ENIs and pods with its one vpcnet program, or
-/// a failure naming what is missing or doubled.
-fn one_program_per_hook(lab: &Lab, round: u32) {
-    let ours = [
-        names::PROG_ENI_EGRESS,
-        names::PROG_ENI_INGRESS,
-        names::PROG_POD_EGRESS,
-        names::PROG_POD_INGRESS,
-    ];
-    let hooks = hook_programs(addrs::NS_NODE);
-    let mut links: Vec<(String, &str)> = ["eth0", "eth1"]
-        .into_iter()
-        .flat_map(|eni| [(eni.to_owned(), "ingress"), (eni.to_owned(), "egress")])
-        .collect();
-    for pod in lab.pods() {
-        links.push((pod.host_veth.clone(), "ingress"));
-        links.push((pod.host_veth.clone(), "egress"));
-    }
-    for (link, direction) in links {
-        let programs: Vec<&str> = hooks
-            .get(&(link.clone(), direction.to_owned()))
-            .map(|programs| {
-                programs
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .filter(|name| ours.contains(name))
-                    .collect()
-            })
-            .unwrap_or_default();
-        assert_eq!(
-            programs.len(),
-            1,
-            "round {round}: {link} {direction}: vpcnet's programs {programs:?}"
-        );
-    }
-}
 
 fn killed_at_every_step_keeps_every_flow(forced: Option<AttachMode>) {
     let _lock = serial();
@@ -127,7 +84,7 @@ fn killed_at_every_step_keeps_every_flow(forced: Option<AttachMode>) {
         lab.start_agent()
             .unwrap_or_else(|e| panic!("round {round}: starting again: {e}"));
         connections.wait_for_more_echoes(ECHOES, &format!("after a kill at step {round}"));
-        one_program_per_hook(&lab, round);
+        one_program_per_hook(&lab, &["eth0", "eth1"], round);
         let nat_after = pinned_nat_table();
         let lost: Vec<_> = nat_before.difference(&nat_after).collect();
         assert!(

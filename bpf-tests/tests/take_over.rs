@@ -14,6 +14,9 @@
 //! taken over with no gap: a denied pod knocking all along is never
 //! answered, the pods' connections go on, and a UDP conversation whose far
 //! end speaks first after the take-over is heard, on TCX and on clsact.
+//! A take-over killed at any of its steps (SIGKILL, the agent's test hook)
+//! and started again, as the kubelet does, loses no connection either, and
+//! leaves nothing of aws-node's wiring.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p vpcnet-bpf-tests
 //! --test take_over -- --test-threads=1 --nocapture`.
@@ -30,7 +33,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vpcnet_agent::datapath::{AttachMode, DatapathMaps, tc::ENV_TC_ATTACH};
+use vpcnet_agent::{
+    crash_points::ENV_CRASH_AT,
+    datapath::{AttachMode, DatapathMaps, tc::ENV_TC_ATTACH},
+};
 use vpcnet_api::{
     aws_network_policy::pod_identifier, policy_endpoint::PolicyEndpointSpec, vpc_cni,
 };
@@ -38,7 +44,8 @@ use vpcnet_bpf_tests::{
     agent_binary,
     aws_node_wiring::{self, AWS_CONFLIST, aws_node_parts, datapath_snat_ports, wiring_in},
     aws_policy_agent::AwsPolicyAgent,
-    echo::{EchoStream, FarEnds},
+    crashes::{killed_itself, one_program_per_hook},
+    echo::{EchoStream, FarEnds, NodeConnections},
     half_closed::{HalfClosed, await_node_state},
     ipam::FAST_AGENT_ARGS,
 };
@@ -441,6 +448,82 @@ fn take_over_and_uninstall(backend: IptablesBackend) {
     lab.down().expect("lab down");
 }
 
+/// More rounds than a take-over has steps: the rounds are bounded.
+const MAX_TAKE_OVER_ROUNDS: u32 = 80;
+
+/// Round N takes the node over with the agent killing itself at its Nth
+/// step, starts it again, checks the node as a finished take-over leaves
+/// it, then hands the node back for the next round; the rounds end with
+/// the one whose take-over passes every step.
+#[test]
+fn a_take_over_killed_at_any_step_and_started_again_keeps_every_connection() {
+    let _lock = serial();
+    let (mut lab, conf_dir) = aws_node_lab(LabOptions::iptables(PODS));
+    let aws_node = node_wiring(&lab);
+    let aws_parts = aws_node_parts(&aws_node);
+    let connections = NodeConnections::open(lab.pods(), PORT);
+    connections.wait_for_more_echoes(ECHOES, "under aws-node's wiring");
+    let snat_port = connections.snat.seen_as.port();
+    let mut killed_at = Vec::new();
+    for round in 1.. {
+        assert!(
+            round <= MAX_TAKE_OVER_ROUNDS,
+            "more than {MAX_TAKE_OVER_ROUNDS} steps: a step is passed again and again"
+        );
+        lab.set_agent_env(ENV_CRASH_AT, &round.to_string()).unwrap();
+        let started = lab.start_agent();
+        let killed = killed_itself();
+        match (started, killed) {
+            (Ok(()), false) => break,
+            (Err(e), false) => panic!("round {round}: the agent failed to start: {e}"),
+            // Killed before READY, or after it.
+            (_, true) => killed_at.push(round),
+        }
+        lab.stop_agent().expect("reaping the killed agent");
+        lab.set_agent_env(ENV_CRASH_AT, "0").unwrap();
+        lab.start_agent()
+            .unwrap_or_else(|e| panic!("round {round}: starting again: {e}"));
+        connections.wait_for_more_echoes(ECHOES, &format!("after a kill at step {round}"));
+        one_program_per_hook(&lab, &["eth0"], round);
+        assert!(
+            datapath_snat_ports()
+                .iter()
+                .any(|(_, nat)| *nat == snat_port),
+            "round {round}: the SNAT connection kept its port {snat_port}"
+        );
+        let taken_over = node_wiring(&lab);
+        let left = aws_node_parts(&taken_over);
+        assert!(
+            left.is_empty(),
+            "round {round}: aws-node's wiring left: {left:#?}"
+        );
+        assert!(
+            !conf_dir.path().join("10-aws.conflist").exists(),
+            "round {round}: aws-node's conflist set aside"
+        );
+        lab.stop_agent().expect("stopping the agent");
+        uninstall(conf_dir.path());
+        connections.wait_for_more_echoes(ECHOES, &format!("handed back after round {round}"));
+        assert_eq!(
+            aws_node_parts(&node_wiring(&lab)),
+            aws_parts,
+            "round {round}: aws-node's wiring back for the next round"
+        );
+    }
+    assert!(
+        killed_at.len() > 1,
+        "killed at steps {killed_at:?}: the hook tests nothing"
+    );
+    lab.stop_agent().expect("stopping the agent");
+    let echoes = connections.close();
+    println!(
+        "a take-over killed at each of its {} steps and started again: {echoes:?} echoes, \
+         0 broken, one program per hook, SNAT port {snat_port} kept, aws-node's wiring gone",
+        killed_at.len()
+    );
+    lab.down().expect("lab down");
+}
+
 /// The routes of a VLAN table (`table <n>: <route>` lines).
 fn table_routes(lab: &Lab, table: u32) -> BTreeSet<String> {
     lab.exec_ok(
@@ -650,6 +733,48 @@ fn probe_until(ns: &str, to: SocketAddrV4, stop: &AtomicBool) -> (u32, u32) {
         }
     }
     (tried, answered)
+}
+
+/// A pod's UDP socket sending a datagram every millisecond (bounded), so
+/// that a gap in enforcement as short as that shows.
+struct UdpKnocker {
+    stop: Arc<AtomicBool>,
+    sender: std::thread::JoinHandle<u32>,
+}
+
+impl UdpKnocker {
+    const EVERY: Duration = Duration::from_millis(1);
+    const MAX_KNOCKS: u32 = 120_000;
+
+    fn start(socket: &UdpSocket) -> Self {
+        let socket = socket.try_clone().expect("a second handle on the socket");
+        let stop = Arc::new(AtomicBool::new(false));
+        let sender = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut sent = 0;
+                while !stop.load(Ordering::Relaxed) && sent < Self::MAX_KNOCKS {
+                    socket.send(b"knock").expect("sending a knock");
+                    sent += 1;
+                    std::thread::sleep(Self::EVERY);
+                }
+                sent
+            })
+        };
+        Self { stop, sender }
+    }
+
+    /// Stops knocking: the knocks sent, and how many `receiver` heard (it
+    /// waits its read timeout for the last).
+    fn stop(self, receiver: &UdpSocket) -> (u32, u32) {
+        self.stop.store(true, Ordering::Relaxed);
+        let sent = self.sender.join().expect("the knocker");
+        let mut heard = 0;
+        while receiver.recv(&mut [0; 16]).is_ok() {
+            heard += 1;
+        }
+        (sent, heard)
+    }
 }
 
 /// A UDP conversation the test holds both ends of: a pod's socket, and a
@@ -972,6 +1097,22 @@ fn take_over_aws_node_network_policy(attach: &str) {
     println!(
         "{attach}: aws-node's network policy taken over: {tried} probes of the denied pod during the take-over, 0 answered; {report}"
     );
+
+    // An agent restart, the denied pod's UDP knocking every millisecond
+    // all along: none is heard, no connection breaks.
+    let knocker = UdpKnocker::start(&denied_socket);
+    lab.stop_agent().expect("stopping the agent");
+    lab.start_agent().expect("starting the agent again");
+    let (knocks, heard) = knocker.stop(&web_socket);
+    assert!(knocks > 0, "no knock sent during the restart");
+    assert_eq!(
+        heard, 0,
+        "{heard} of the denied pod's {knocks} knocks during an agent restart reached web"
+    );
+    for (name, stream) in streams {
+        stream.wait_for_more_echoes(ECHOES, &format!("{name} after an agent restart"));
+    }
+    println!("{attach}: an agent restart: {knocks} knocks of the denied pod, 0 heard");
 
     // The hand-back: aws-node's programs back on the veths before vpcnet's
     // go, with the connections vpcnet let through in their tracker.

@@ -183,6 +183,24 @@ impl DatapathMaps {
         }
     }
 
+    /// Whether the datapath carries `fwd` as the flow translated to
+    /// `addr:port` (both halves): one [`DatapathMaps::import_translated_flow`]
+    /// added, here or in an earlier start.
+    pub fn carries_translated_flow(&self, fwd: FlowKey, addr: u32, port: u16) -> bool {
+        let snat = FlowKind::Snat as u8;
+        let forward = self
+            .nat_fwd
+            .get(&fwd, 0)
+            .is_ok_and(|held| held.kind == snat && held.addr == addr && held.port == port);
+        forward
+            && self
+                .nat_rev
+                .get(&reply_key(&fwd, addr, port), 0)
+                .is_ok_and(|claim| {
+                    claim.kind == snat && claim.addr == fwd.saddr && claim.port == fwd.sport
+                })
+    }
+
     /// Removes the identity entry [`DatapathMaps::import_translated_flow`]
     /// gave the packets iptables translated, once the pod's programs carry
     /// the flow.

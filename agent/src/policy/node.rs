@@ -12,11 +12,7 @@ use std::{
 };
 
 use tracing::{debug, info, warn};
-use vpcnet_common::{
-    cidr::CidrKind,
-    config::{FLAG_NETWORK_POLICY, FLAG_POLICY_EVENTS},
-    policy::PodVerdicts,
-};
+use vpcnet_common::{cidr::CidrKind, policy::PodVerdicts};
 
 use super::{
     Enforcer, cluster_endpoints, cluster_policies,
@@ -189,10 +185,7 @@ impl NodePolicy {
         {
             let mut datapath = lock(&node.inner.datapath);
             let mut config = datapath.maps.config()?;
-            config.flags |= FLAG_NETWORK_POLICY;
-            if node.inner.settings.event_log.is_some() {
-                config.flags |= FLAG_POLICY_EVENTS;
-            }
+            config.flags |= node.inner.settings.config_flags();
             datapath.maps.set_config(&config)?;
         }
         info!(mode = %node.inner.settings.mode, "network policy enforced");

@@ -5,6 +5,8 @@
 
 use std::{fmt, time::Duration};
 
+use vpcnet_common::config::{FLAG_NETWORK_POLICY, FLAG_POLICY_EVENTS};
+
 use super::events::EventLog;
 use crate::env::{ConfigError, Env};
 
@@ -84,6 +86,16 @@ pub struct PolicySettings {
 const DEFAULT_ADD_WAIT: Duration = Duration::from_secs(5);
 
 impl PolicySettings {
+    /// The datapath configuration's flags this enforcement sets.
+    pub fn config_flags(&self) -> u32 {
+        let events = if self.event_log.is_some() {
+            FLAG_POLICY_EVENTS
+        } else {
+            0
+        };
+        FLAG_NETWORK_POLICY | events
+    }
+
     /// `None` with `ENABLE_NETWORK_POLICY` off (aws-node's default). On,
     /// the mode must be `standard` or `strict` (any case), as aws-node's
     /// node agent refuses to start otherwise.

@@ -180,7 +180,8 @@ pub fn plan_flow_imports(connections: &[Connection], pods: &BTreeSet<Ipv4Addr>) 
 
 /// Copies the connections of `pods` that iptables translated (and
 /// kube-proxy's) among `connections` (conntrack's) into the datapath's
-/// maps. Returns what was imported.
+/// maps. Returns what the datapath carries of them now: imported here,
+/// or by an earlier start.
 pub fn import_flows(
     maps: &mut DatapathMaps,
     pods: &BTreeSet<Ipv4Addr>,
@@ -191,7 +192,11 @@ pub fn import_flows(
     let mut imported = Vec::new();
     for (key, addr, port, state) in imports.translated {
         let raw_addr = addr_to_raw(addr.octets());
-        if maps.import_translated_flow(key, raw_addr, port_to_raw(port), state, now)? {
+        // Already carried: imported by a start killed before the pods'
+        // programs, whose stack aliases are still to go.
+        if maps.import_translated_flow(key, raw_addr, port_to_raw(port), state, now)?
+            || maps.carries_translated_flow(key, raw_addr, port_to_raw(port))
+        {
             imported.push((key, addr, port, state));
         }
     }
