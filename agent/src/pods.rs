@@ -619,23 +619,16 @@ impl Pods {
         let _op = self.inner.ops.lock().await;
         let (mut adopted, mut failed) = self.adopt_branch_pods(branch_pods).await?;
         for (assigned, eni_mac) in self.inner.manager.assignments().await {
+            // A pod with its entry but not its programs is one an earlier
+            // start was adopting when it died: adopted again, whole.
+            if self.datapath().holds_pod(assigned.addr)? {
+                continue;
+            }
             let veth = vpcnet_api::pod::host_veth_name(
                 &self.inner.opts.veth_prefix,
                 &assigned.metadata.k8s_pod_namespace,
                 &assigned.metadata.k8s_pod_name,
             );
-            // A pod with its entry but not its programs is one an earlier
-            // start was adopting when it died: adopted again, whole.
-            let in_datapath = {
-                let datapath = self.datapath();
-                datapath
-                    .maps
-                    .endpoint(assigned.addr)?
-                    .is_some_and(|entry| datapath.is_attached(entry.ifindex))
-            };
-            if in_datapath {
-                continue;
-            }
             let Some(pod_mac) = self.inner.netlink.peer_mac(&veth).await? else {
                 debug!(addr = %assigned.addr, veth, "no veth to adopt");
                 continue;

@@ -596,12 +596,11 @@ async fn pods_to_take(
     datapath: &Mutex<Datapath>,
     netlink: &NetlinkHandle,
 ) -> Result<PodsToTake, TakeOverError> {
-    let in_datapath = |addr: Ipv4Addr| -> Result<bool, TakeOverError> {
-        let datapath = datapath.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(datapath
-            .maps
-            .endpoint(addr)?
-            .is_some_and(|entry| datapath.is_attached(entry.ifindex)))
+    let in_datapath = |addr: Ipv4Addr| {
+        datapath
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .holds_pod(addr)
     };
     // A strict pod keeps its VLAN table after the take-over: one the
     // datapath has is not aws-node's any more.

@@ -16,6 +16,7 @@ pub mod verifier;
 
 use std::{
     collections::BTreeMap,
+    net::Ipv4Addr,
     path::{Path, PathBuf},
 };
 
@@ -488,6 +489,16 @@ impl Datapath {
     /// Whether the programs are attached to interface `ifindex`.
     pub fn is_attached(&self, ifindex: u32) -> bool {
         self.attached.contains_key(&ifindex)
+    }
+
+    /// Whether the pod at `addr` is in the datapath whole: its entry, and
+    /// the programs on its veth (a start killed between the two leaves
+    /// only the entry).
+    pub fn holds_pod(&self, addr: Ipv4Addr) -> Result<bool, DatapathError> {
+        Ok(self
+            .maps
+            .endpoint(addr)?
+            .is_some_and(|entry| self.is_attached(entry.ifindex)))
     }
 
     /// Removes the pins: the maps live on only while this process holds them.
